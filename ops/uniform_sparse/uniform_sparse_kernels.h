@@ -1,0 +1,75 @@
+// Shared functor header of the uniform-sparse op family.
+//
+// Layout (chosen here, see the op docstrings in uniform_sparse_ops.cc):
+//   features  [batch, num_features]          T, row-major
+//   indices   [num_labels, fan_in]           int32, row-major ("label-major")
+//   weights   [num_labels, fan_in]           T, row-major
+//   scores    [batch, num_labels]            T
+// Row j of `indices`/`weights` holds the `fan_in` incoming connections of
+// label j (Schultheis & Babbar, "Towards Memory-Efficient Training for
+// Extremely Large Output Spaces", Sec. 3.2, Fig. 1c; the paper stores the
+// transpose [s, m]).
+//
+// This header is included both by the TensorFlow kernels (g++) and by the
+// framework-free CUDA launchers (nvcc): it must not include TensorFlow.
+#ifndef XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_KERNELS_H_
+#define XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_KERNELS_H_
+
+#include <cstdint>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Framework-free CUDA launchers (implemented in uniform_sparse_kernels.cu.cc).
+//
+// All pointers are device pointers except `bad_position` (host).  `stream` is
+// a `cudaStream_t` passed as `void*` so that callers need no CUDA headers.
+// `error_scratch` is a device buffer of at least one int64 that the launcher
+// may overwrite.
+//
+// Each launcher enqueues its work on `stream`, then copies the index check
+// result back and synchronises the stream, and returns a `cudaError_t` as int
+// (0 = cudaSuccess).  On return, `*bad_position` is -1 when every index was in
+// range, else the flat position (j * fan_in + k) of an out-of-range entry of
+// `indices`; outputs are then unspecified and must not be used.
+//
+// Forward (Algorithm 1): scores[i, j] = sum_k features[i, indices[j, k]] *
+// weights[j, k].
+int XmcUniformSparseForwardGpuF32(const float* features, const int32_t* indices,
+                                  const float* weights, float* scores,
+                                  int64_t batch, int64_t num_features,
+                                  int64_t num_labels, int64_t fan_in,
+                                  int64_t* error_scratch,
+                                  int64_t* bad_position, void* stream);
+
+// Gradient w.r.t. features (Algorithm 2): grad_features[i, indices[j, k]] +=
+// backward[i, j] * weights[j, k], skipping zero backward[i, j] without reading
+// indices/weights.  `grad_features` [batch, num_features] is fully written
+// (zeroed first by the launcher).
+int XmcUniformSparseGradFeaturesGpuF32(const float* backward,
+                                       const int32_t* indices,
+                                       const float* weights,
+                                       float* grad_features, int64_t batch,
+                                       int64_t num_features,
+                                       int64_t num_labels, int64_t fan_in,
+                                       int64_t* error_scratch,
+                                       int64_t* bad_position, void* stream);
+
+// Gradient w.r.t. weights (Algorithm 3): grad_weights[j, k] = sum_i
+// backward[i, j] * features[i, indices[j, k]], skipping the features load
+// where backward[i, j] == 0.  `grad_weights` [num_labels, fan_in] is fully
+// written.
+int XmcUniformSparseGradWeightsGpuF32(const float* backward,
+                                      const float* features,
+                                      const int32_t* indices,
+                                      float* grad_weights, int64_t batch,
+                                      int64_t num_features, int64_t num_labels,
+                                      int64_t fan_in, int64_t* error_scratch,
+                                      int64_t* bad_position, void* stream);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif
+
+#endif  // XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_KERNELS_H_

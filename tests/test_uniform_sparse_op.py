@@ -1,0 +1,288 @@
+"""Tests of the uniform-sparse ops against a dense NumPy reference.
+
+The reference builds the dense [num_features, num_labels] matrix W with
+W[indices[j, k], j] += weights[j, k]; then scores = X @ W,
+grad_features = G @ W.T, grad_weights[j, k] = sum_i G[i, j] X[i, idx[j, k]].
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import xmc_tf
+from xmc_tf.ops import _loader
+
+lib = _loader.load()
+
+
+def dense_weights(indices, weights, num_features):
+    w = np.zeros((num_features, indices.shape[0]), np.float64)
+    for j in range(indices.shape[0]):
+        for k in range(indices.shape[1]):
+            w[indices[j, k], j] += weights[j, k]
+    return w
+
+
+def reference(x, indices, weights, g):
+    w = dense_weights(indices, weights, x.shape[1])
+    x64, g64 = x.astype(np.float64), g.astype(np.float64)
+    grad_w = np.einsum("ij,ijk->jk", g64, x64[:, indices])
+    return x64 @ w, g64 @ w.T, grad_w
+
+
+def make_case(rng, b, e, m, s, density=1.0, duplicates=False):
+    x = rng.normal(size=(b, e)).astype(np.float32)
+    if duplicates:
+        indices = rng.integers(0, max(1, min(e, 2)), size=(m, s))
+    else:
+        indices = np.stack([rng.choice(e, size=s, replace=s > e)
+                            for _ in range(m)]) if m else np.zeros((0, s))
+    indices = indices.astype(np.int32)
+    weights = rng.normal(size=(m, s)).astype(np.float32)
+    g = rng.normal(size=(b, m)).astype(np.float32)
+    g[rng.random((b, m)) >= density] = 0.0
+    return x, indices, weights, g
+
+
+def run_op(x, indices, weights, g):
+    """Forward and both gradients through tf.GradientTape."""
+    xt = tf.constant(x)
+    wt = tf.constant(weights)
+    with tf.GradientTape() as tape:
+        tape.watch([xt, wt])
+        y = xmc_tf.ops.uniform_sparse_matmul(xt, indices, wt)
+    gx, gw = tape.gradient(y, [xt, wt], output_gradients=tf.constant(g))
+    return y.numpy(), gx.numpy(), gw.numpy()
+
+
+CASES = {
+    "random": dict(b=9, e=70, m=301, s=7),
+    "fan_in_1": dict(b=5, e=20, m=33, s=1),
+    "batch_1": dict(b=1, e=40, m=129, s=4),
+    "labels_prime": dict(b=4, e=31, m=997, s=3),
+    "fan_in_gt_features": dict(b=3, e=4, m=17, s=9),
+    "duplicates": dict(b=6, e=50, m=40, s=8, duplicates=True),
+    "zero_signal": dict(b=6, e=50, m=40, s=8, density=0.0),
+    "dense_signal": dict(b=6, e=50, m=40, s=8, density=1.0),
+    "sparse_signal": dict(b=32, e=300, m=500, s=16, density=0.01),
+    # b < 2 * threads with many labels: the features gradient splits labels
+    # into chunks with private buffers.
+    "label_chunks": dict(b=1, e=64, m=9000, s=3, density=0.5),
+    "label_chunks_b3": dict(b=3, e=64, m=9000, s=3, density=0.3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_dense_reference(name):
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    x, indices, weights, g = make_case(rng, **CASES[name])
+    y, gx, gw = run_op(x, indices, weights, g)
+    ref_y, ref_gx, ref_gw = reference(x, indices, weights, g)
+    np.testing.assert_allclose(y, ref_y, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(gx, ref_gx, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(gw, ref_gw, rtol=1e-5, atol=1e-4)
+    if CASES[name].get("density", 1.0) == 0.0:
+        assert not gx.any() and not gw.any()
+
+
+def test_zero_sizes():
+    rng = np.random.default_rng(0)
+    for b, m in [(0, 5), (3, 0), (0, 0)]:
+        x, indices, weights, g = make_case(rng, b, 6, m, 2)
+        y, gx, gw = run_op(x, indices, weights, g)
+        assert y.shape == (b, m) and gx.shape == (b, 6) and gw.shape == (m, 2)
+        assert not y.any() and not gx.any() and not gw.any()
+
+
+@pytest.mark.parametrize("dtype,tol", [(tf.float16, 2e-2), (tf.bfloat16, 1e-1)])
+def test_reduced_precision(dtype, tol):
+    rng = np.random.default_rng(1)
+    x, indices, weights, g = make_case(rng, 5, 30, 50, 4, density=0.5)
+    ref_y, ref_gx, ref_gw = reference(x, indices, weights, g)
+    xt, wt, gt = (tf.cast(a, dtype) for a in (x, weights, g))
+    y = xmc_tf.ops.uniform_sparse_matmul(xt, indices, wt)
+    gx = lib.xmc_uniform_sparse_matmul_grad_features(gt, xt, indices, wt)
+    gw = lib.xmc_uniform_sparse_matmul_grad_weights(gt, xt, indices)
+    for got, ref in [(y, ref_y), (gx, ref_gx), (gw, ref_gw)]:
+        assert got.dtype == dtype
+        scale = np.abs(ref).max()
+        np.testing.assert_allclose(tf.cast(got, tf.float32).numpy(), ref,
+                                   atol=tol * scale)
+
+
+def test_finite_differences():
+    rng = np.random.default_rng(2)
+    x, indices, weights, _ = make_case(rng, 3, 8, 11, 3)
+    x, weights = x.astype(np.float32), weights.astype(np.float32)
+
+    def f(a, w):
+        return xmc_tf.ops.uniform_sparse_matmul(a, indices, w)
+
+    theoretical, numerical = tf.test.compute_gradient(f, [x, weights], delta=1e-2)
+    for t, n in zip(theoretical, numerical):
+        np.testing.assert_allclose(t, n, atol=2e-2)
+
+
+def test_graph_mode_and_shape_inference():
+    rng = np.random.default_rng(3)
+    x, indices, weights, g = make_case(rng, 4, 10, 12, 3)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 10], tf.float32)])
+    def f(a):
+        y = xmc_tf.ops.uniform_sparse_matmul(a, indices, weights)
+        assert y.shape.as_list() == [None, 12]
+        return y
+
+    np.testing.assert_allclose(f(x).numpy(), reference(x, indices, weights, g)[0],
+                               rtol=1e-5, atol=1e-5)
+
+    @tf.function
+    def grads(a, w, up):
+        with tf.GradientTape() as tape:
+            tape.watch([a, w])
+            y = xmc_tf.ops.uniform_sparse_matmul(a, indices, w)
+        return tape.gradient(y, [a, w], output_gradients=up)
+
+    gx, gw = grads(tf.constant(x), tf.constant(weights), tf.constant(g))
+    _, ref_gx, ref_gw = reference(x, indices, weights, g)
+    np.testing.assert_allclose(gx.numpy(), ref_gx, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gw.numpy(), ref_gw, rtol=1e-5, atol=1e-5)
+
+
+def test_shape_function_rejects_mismatch_in_graph():
+    with pytest.raises(ValueError, match="must be equal|Dimensions must be"):
+        tf.function(lambda: xmc_tf.ops.uniform_sparse_matmul(
+            tf.zeros([2, 3]), tf.zeros([4, 2], tf.int32),
+            tf.zeros([4, 3])))()
+
+
+# ---------------------------------------------------------------------------
+# Validation: every kernel reports InvalidArgument naming the problem.
+
+X = np.ones((2, 5), np.float32)
+IDX = np.array([[0, 1], [2, 4], [3, 3]], np.int32)
+W = np.ones((3, 2), np.float32)
+G = np.ones((2, 3), np.float32)
+
+ALL_OPS = {
+    "forward": lambda x, i, w, g: lib.xmc_uniform_sparse_matmul(x, i, w),
+    "grad_features": lambda x, i, w, g:
+        lib.xmc_uniform_sparse_matmul_grad_features(g, x, i, w),
+    "grad_weights": lambda x, i, w, g:
+        lib.xmc_uniform_sparse_matmul_grad_weights(g, x, i),
+}
+
+
+@pytest.mark.parametrize("op", sorted(ALL_OPS))
+@pytest.mark.parametrize("bad_value", [5, 99, -1])
+def test_out_of_range_index(op, bad_value):
+    idx = IDX.copy()
+    idx[1, 1] = bad_value
+    # Even with an all-zero signal the gradient kernels reject the index.
+    g = np.zeros_like(G)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"indices\[1, 1\] = {bad_value} is out of range \[0, 5\)"):
+        ALL_OPS[op](X, idx, W, g)
+
+
+@pytest.mark.parametrize("op", sorted(ALL_OPS))
+def test_wrong_rank(op):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="rank|must be"):
+        ALL_OPS[op](X, IDX.reshape(-1), W, G)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="rank|must be"):
+        ALL_OPS[op](X.reshape(-1), IDX, W, G)
+
+
+def test_weights_shape_mismatch():
+    for op in ("forward", "grad_features"):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="weights shape"):
+            ALL_OPS[op](X, IDX, W[:2], G)
+
+
+@pytest.mark.parametrize("op", ["grad_features", "grad_weights"])
+def test_backward_shape_mismatch(op):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"backward shape|Dimensions must be"):
+        ALL_OPS[op](X, IDX, W, G[:, :2])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"backward shape|Dimensions must be"):
+        ALL_OPS[op](X, IDX, W, G[:1])
+
+
+def test_wrong_dtypes():
+    # Tensors (not NumPy arrays, which TF would convert) of unsupported dtypes.
+    x, idx, w = tf.constant(X), tf.constant(IDX), tf.constant(W)
+    bad = [(x, tf.cast(idx, tf.int64), w),
+           (tf.cast(x, tf.float64), idx, tf.cast(w, tf.float64)),
+           (x, idx, tf.cast(w, tf.float16))]
+    for args in bad:
+        with pytest.raises((TypeError, tf.errors.InvalidArgumentError)):
+            lib.xmc_uniform_sparse_matmul(*args)
+
+
+# ---------------------------------------------------------------------------
+# SavedModel round trip in a new process.
+
+def test_saved_model_new_process(tmp_path):
+    rng = np.random.default_rng(4)
+    x, indices, weights, g = make_case(rng, 3, 12, 20, 4)
+
+    class Scorer(tf.Module):
+        def __init__(self):
+            self.indices = tf.Variable(indices, trainable=False)
+            self.weights = tf.Variable(weights)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 12], tf.float32)])
+        def __call__(self, a):
+            return xmc_tf.ops.uniform_sparse_matmul(a, self.indices, self.weights)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 12], tf.float32),
+                                      tf.TensorSpec([None, 20], tf.float32)])
+        def grads(self, a, up):
+            with tf.GradientTape() as tape:
+                tape.watch(a)
+                y = xmc_tf.ops.uniform_sparse_matmul(a, self.indices, self.weights)
+            return tape.gradient(y, [a, self.weights], output_gradients=up)
+
+    path = str(tmp_path / "scorer")
+    tf.saved_model.save(Scorer(), path)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "g.npy", g)
+    script = textwrap.dedent(f"""
+        import numpy as np, tensorflow as tf
+        import xmc_tf  # loads the op library and registers the gradient
+        m = tf.saved_model.load({path!r})
+        x = np.load({str(tmp_path / "x.npy")!r}); g = np.load({str(tmp_path / "g.npy")!r})
+        np.save({str(tmp_path / "y.npy")!r}, m(x).numpy())
+        gx, gw = m.grads(x, g)
+        np.save({str(tmp_path / "gx.npy")!r}, gx.numpy())
+        np.save({str(tmp_path / "gw.npy")!r}, gw.numpy())
+        """)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env)
+    ref_y, ref_gx, ref_gw = reference(x, indices, weights, g)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), ref_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.load(tmp_path / "gx.npy"), ref_gx, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.load(tmp_path / "gw.npy"), ref_gw, rtol=1e-5, atol=1e-5)
+
+
+def test_missing_library_error(tmp_path):
+    script = textwrap.dedent("""
+        import warnings
+        warnings.simplefilter("ignore")
+        import xmc_tf
+        try:
+            xmc_tf.ops.uniform_sparse_matmul([[1.0]], [[0]], [[1.0]])
+        except xmc_tf.ops.OpLibraryError as e:
+            print("ERR:", e)
+        """)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               XMC_TF_LIBRARY_PATH=str(tmp_path / "nope.so"))
+    out = subprocess.run([sys.executable, "-c", script], check=True, env=env,
+                         capture_output=True, text=True).stdout
+    assert "ERR:" in out and "nope.so does not exist" in out

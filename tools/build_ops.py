@@ -1,0 +1,187 @@
+"""Compiles the xmc_tf op library (one shared object for every op family).
+
+Used by ``setup.py`` (``pip install .`` / ``pip install -e .``) and usable by
+hand for development::
+
+    python tools/build_ops.py --output xmc_tf/_xmc_ops.so
+
+Sources are discovered, not listed: every ``ops/<family>/*.cc`` that is not a
+``*.cu.cc`` file is compiled with g++ and TensorFlow's own compile flags
+(``tf.sysconfig``); every ``ops/<family>/*.cu.cc`` is compiled with nvcc when
+CUDA is enabled.  A new op family therefore only needs a new folder.
+
+Environment variables:
+  XMC_TF_CUDA: ``auto`` (default: build the CUDA kernels when ``nvcc`` is
+    found), ``1`` (require nvcc) or ``0`` (CPU only).
+  XMC_TF_CUDA_ARCHS: semicolon-separated SM versions to emit SASS for
+    (default ``75;80;86;89;90``); PTX of the last one is embedded too, so
+    newer GPUs JIT-compile it.
+  XMC_TF_JOBS: parallel compile jobs (default: number of CPUs).
+  XMC_TF_OP_FAMILIES: comma-separated op families (folders under ops/) to
+    build; default all.  For development builds of one family only.
+  CXX / NVCC / CUDA_HOME: override the tools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD_INFO_MARKER = "xmc_tf_build_info:"
+DEFAULT_CUDA_ARCHS = "75;80;86;89;90"
+CXX_FLAGS = ["-std=c++17", "-O3", "-fPIC", "-Wall", "-Wno-sign-compare",
+             "-Wno-deprecated-declarations", "-Wno-unused-function"]
+
+
+def _tf_flags():
+    """Returns (compile_flags, link_flags, tf_version) of the installed TF."""
+    code = ("import json, tensorflow as tf; print(json.dumps(["
+            "tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags(), "
+            "tf.__version__]))")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", code], check=True, env=env,
+                         capture_output=True, text=True).stdout
+    compile_flags, link_flags, version = json.loads(out.strip().splitlines()[-1])
+    # TF's flags say --std=c++17; we add ours and drop the duplicate.
+    compile_flags = [f for f in compile_flags if not f.startswith("--std")]
+    return compile_flags, link_flags, version
+
+
+def find_cuda():
+    """Returns (nvcc, cuda_root) or (None, None) when CUDA is not available."""
+    nvcc = os.environ.get("NVCC") or shutil.which("nvcc")
+    if not nvcc:
+        return None, None
+    candidates = [os.environ.get("CUDA_HOME", ""),
+                  os.path.dirname(os.path.dirname(os.path.realpath(nvcc))),
+                  "/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"),
+                                              reverse=True)
+    for root in candidates:
+        if root and any(os.path.exists(os.path.join(root, d,
+                                                    "libcudart_static.a"))
+                        for d in ("lib64", "lib")):
+            return nvcc, root
+    return None, None
+
+
+def cuda_gencode_flags(archs: str):
+    """nvcc -gencode flags: SASS for each arch, PTX for the last one."""
+    arch_list = [a.strip() for a in archs.split(";") if a.strip()]
+    flags = []
+    for arch in arch_list:
+        flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
+    flags.append(f"-gencode=arch=compute_{arch_list[-1]},"
+                 f"code=compute_{arch_list[-1]}")
+    return flags
+
+
+def _run(cmd):
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError("command failed:\n  " + " ".join(cmd) + "\n" +
+                           proc.stdout + proc.stderr)
+    return cmd
+
+
+def build(output: str, cuda: str = None, verbose: bool = True) -> dict:
+    """Compiles every op family into one shared object at `output`.
+
+    Args:
+      output: path of the `.so` to write.
+      cuda: "auto", "1" or "0"; default from $XMC_TF_CUDA or "auto".
+      verbose: print each command.
+
+    Returns:
+      The build record (tf_version, cuda, cuda_archs), also embedded in the
+      library as a string after BUILD_INFO_MARKER.
+
+    Raises:
+      RuntimeError: a compiler failed, or CUDA was required and not found.
+    """
+    cuda = (cuda or os.environ.get("XMC_TF_CUDA", "auto")).lower()
+    cxx = os.environ.get("CXX", "g++")
+    tf_cflags, tf_lflags, tf_version = _tf_flags()
+    nvcc, cuda_root = find_cuda() if cuda != "0" else (None, None)
+    if cuda == "1" and not nvcc:
+        raise RuntimeError("XMC_TF_CUDA=1 but nvcc/libcudart_static.a not found")
+    archs = os.environ.get("XMC_TF_CUDA_ARCHS", DEFAULT_CUDA_ARCHS)
+
+    families = [f for f in os.environ.get("XMC_TF_OP_FAMILIES", "*").split(",")
+                if f]
+    all_cc = sorted(set(sum((glob.glob(os.path.join(ROOT, "ops", fam, "*.cc"))
+                             for fam in families), [])))
+    cc_sources = [s for s in all_cc if not s.endswith(".cu.cc")]
+    cu_sources = [s for s in all_cc if s.endswith(".cu.cc")] if nvcc else []
+    with_cuda = bool(cu_sources)
+    if not cc_sources:
+        raise RuntimeError(f"no op sources under {ROOT}/ops")
+
+    tmp = tempfile.mkdtemp(prefix="xmc_tf_build_")
+    defines = ["-DXMC_TF_WITH_CUDA=1"] if with_cuda else []
+    jobs = []
+    objects = []
+    for src in cc_sources:
+        obj = os.path.join(tmp, os.path.relpath(src, ROOT).replace(os.sep, "_")
+                           + ".o")
+        jobs.append([cxx, *CXX_FLAGS, *defines, f"-I{ROOT}", *tf_cflags, "-c",
+                     src, "-o", obj])
+        objects.append(obj)
+    for src in cu_sources:
+        obj = os.path.join(tmp, os.path.relpath(src, ROOT).replace(os.sep, "_")
+                           + ".o")
+        jobs.append([nvcc, "-x", "cu", "-std=c++17", "-O3",
+                     "-Xcompiler", "-fPIC", f"-I{ROOT}",
+                     *cuda_gencode_flags(archs), "-c", src, "-o", obj])
+        objects.append(obj)
+    # The build record is embedded in the library itself (read back by
+    # xmc_tf/ops/_loader.py), so it travels with the .so in every install mode.
+    info = {"tf_version": tf_version, "cuda": with_cuda,
+            "cuda_archs": archs if with_cuda else None}
+    info_src = os.path.join(tmp, "build_info.cc")
+    with open(info_src, "w") as f:
+        f.write('extern "C" __attribute__((used)) const char '
+                'xmc_tf_build_info[] = "' + BUILD_INFO_MARKER +
+                json.dumps(info).replace('"', '\\"') + '";\n')
+    jobs.append([cxx, "-fPIC", "-c", info_src, "-o", info_src + ".o"])
+    objects.append(info_src + ".o")
+    n_jobs = int(os.environ.get("XMC_TF_JOBS", os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n_jobs) as pool:
+        for cmd in pool.map(_run, jobs):
+            if verbose:
+                print(" ".join(cmd), flush=True)
+
+    link = [cxx, "-shared", *objects, "-o", output, *tf_lflags]
+    if with_cuda:
+        libdir = next(os.path.join(cuda_root, d) for d in ("lib64", "lib")
+                      if os.path.exists(os.path.join(cuda_root, d,
+                                                     "libcudart_static.a")))
+        link += [f"-L{libdir}", "-l:libcudart_static.a", "-ldl", "-lrt",
+                 "-lpthread"]
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    _run(link)
+    if verbose:
+        print(" ".join(link), flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return info
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", default=os.path.join(ROOT, "xmc_tf",
+                                                         "_xmc_ops.so"))
+    parser.add_argument("--cuda", default=None, choices=["auto", "0", "1"])
+    args = parser.parse_args(argv)
+    info = build(args.output, args.cuda)
+    print(f"built {args.output}: {info}")
+
+
+if __name__ == "__main__":
+    main()

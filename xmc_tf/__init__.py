@@ -1,0 +1,21 @@
+"""xmc_tf: extreme multi-label classification layers and ops for TensorFlow.
+
+Import this package before loading a SavedModel or ``.keras`` file that uses
+xmc_tf: the import loads the op library, registers the ops' gradients and the
+Keras classes.  Models using xmc_tf layers must be compiled with
+``jit_compile=False`` (XLA cannot compile custom ops).
+"""
+
+import warnings
+
+from xmc_tf.ops import _loader
+
+try:
+    _loader.load()
+except _loader.OpLibraryError as _e:  # re-raised at the first op use
+    warnings.warn(str(_e))
+
+from xmc_tf import callbacks, layers, losses, metrics, ops  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["callbacks", "layers", "losses", "metrics", "ops"]
