@@ -1,0 +1,5 @@
+"""Keras layers of xmc_tf (one module per layer family)."""
+
+from xmc_tf.layers.uniform_sparse import UniformSparseDense, random_connections
+
+__all__ = ["UniformSparseDense", "random_connections"]

@@ -1,0 +1,176 @@
+"""Keras layer with uniformly sparse connectivity (one op call per forward).
+
+Source: Schultheis & Babbar, "Towards Memory-Efficient Training for Extremely
+Large Output Spaces", Sec. 3.2 (uniform sparsity), Sec. 3.4 (put a dense
+intermediate layer before it), Sec. 4.1 (random initial connections).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from xmc_tf.ops.uniform_sparse import uniform_sparse_matmul
+
+
+def random_connections(num_labels: int, fan_in: int, num_features: int,
+                       seed=None) -> np.ndarray:
+    """Draws `fan_in` distinct sources per label, uniformly at random.
+
+    Args:
+      num_labels: m, number of labels (rows).
+      fan_in: s, connections per label; ``1 <= fan_in <= num_features``.
+      num_features: e, size of the input the label connects to.
+      seed: int or None, for ``numpy.random.default_rng``.
+
+    Returns:
+      int32 array ``[num_labels, fan_in]``; every row holds distinct values in
+      ``[0, num_features)``, sorted.  Memory is O(num_labels * fan_in) (plus
+      O(rows * num_features) for a chunk of rows when fan_in > num_features/4).
+
+    Raises:
+      ValueError: ``fan_in`` is not in ``[1, num_features]``.
+
+    >>> random_connections(2, 3, 10, seed=0).shape
+    (2, 3)
+    """
+    if not 1 <= fan_in <= num_features:
+        raise ValueError(f"connections_per_label={fan_in} must be in "
+                         f"[1, num_features={num_features}]")
+    rng = np.random.default_rng(seed)
+    out = np.empty((num_labels, fan_in), np.int32)
+    if 4 * fan_in > num_features:  # dense-ish rows: permutation prefixes
+        chunk = max(1, (1 << 22) // num_features)
+        for start in range(0, num_labels, chunk):
+            stop = min(num_labels, start + chunk)
+            keys = rng.random((stop - start, num_features))
+            out[start:stop] = np.argpartition(keys, fan_in - 1, axis=1)[:, :fan_in]
+        out.sort(axis=1)
+        return out
+    # Sparse rows: draw with replacement and redraw the duplicates.
+    out[:] = rng.integers(0, num_features, size=out.shape)
+    while True:
+        out.sort(axis=1)
+        dup = np.zeros(out.shape, bool)
+        dup[:, 1:] = out[:, 1:] == out[:, :-1]
+        n = int(dup.sum())
+        if n == 0:
+            return out
+        out[dup] = rng.integers(0, num_features, size=n)
+
+
+@keras.saving.register_keras_serializable(package="xmc_tf")
+class UniformSparseDense(keras.layers.Layer):
+    """Output layer in which every label has exactly ``s`` incoming connections.
+
+    ``outputs[i, j] = activation(sum_k x[i, indices[j, k]] * kernel[j, k] +
+    bias[j])``.  The connections are a non-trainable int32 variable
+    ``indices`` of shape ``[units, connections_per_label]`` drawn uniformly at
+    random without duplicate sources per label (seeded); the trainable
+    ``kernel`` has the same shape, so the layer stores 8 bytes per structural
+    non-zero.  Rewire it during training with
+    :class:`xmc_tf.callbacks.SetRewiring`.  Put a wide dense intermediate
+    layer before it (Sec. 3.4: sparsity alone underfits).
+
+    Models with this layer must be compiled with ``jit_compile=False``: XLA
+    cannot compile custom ops.
+
+    Args:
+      units: number of labels m.
+      connections_per_label: fan-in s, ``1 <= s <= input dim``.
+      activation: Keras activation, default linear (scores/logits).
+      use_bias: add a bias per label.
+      kernel_initializer, bias_initializer, kernel_regularizer,
+      bias_regularizer, activity_regularizer, kernel_constraint,
+      bias_constraint: as in ``keras.layers.Dense``; the kernel initializer
+        sees the shape ``[units, s]``; ``"glorot_uniform"`` uses fan-in s.
+      seed: int seed of the connection draw (None: random).
+
+    Input shape: ``[batch, num_features]`` float tensor (dense).
+    Output shape: ``[batch, units]``.
+
+    Raises:
+      ValueError: at build, when the input is not rank 2 with a known last
+        dimension or ``connections_per_label`` exceeds it.
+
+    >>> import keras, xmc_tf
+    >>> layer = xmc_tf.layers.UniformSparseDense(1000, 8, seed=0)
+    >>> layer(keras.ops.ones((2, 64))).shape
+    TensorShape([2, 1000])
+    """
+
+    def __init__(self, units, connections_per_label, activation=None,
+                 use_bias=True, kernel_initializer="glorot_uniform",
+                 bias_initializer="zeros", kernel_regularizer=None,
+                 bias_regularizer=None, activity_regularizer=None,
+                 kernel_constraint=None, bias_constraint=None, seed=None,
+                 **kwargs):
+        super().__init__(activity_regularizer=activity_regularizer, **kwargs)
+        if int(units) < 1 or int(connections_per_label) < 1:
+            raise ValueError("units and connections_per_label must be >= 1, got "
+                             f"{units} and {connections_per_label}")
+        self.units = int(units)
+        self.connections_per_label = int(connections_per_label)
+        self.activation = keras.activations.get(activation)
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        self.seed = seed
+        self.input_spec = keras.layers.InputSpec(min_ndim=2, max_ndim=2)
+
+    def build(self, input_shape):
+        num_features = input_shape[-1]
+        if len(input_shape) != 2 or num_features is None:
+            raise ValueError("UniformSparseDense needs [batch, num_features] "
+                             f"inputs with a known num_features, got {input_shape}")
+        self.num_features = int(num_features)
+        connections = random_connections(self.units, self.connections_per_label,
+                                         self.num_features, self.seed)
+        self.indices = self.add_weight(
+            name="indices", shape=connections.shape, dtype="int32",
+            initializer=lambda shape, dtype=None: connections, trainable=False)
+        self.kernel = self.add_weight(
+            name="kernel", shape=connections.shape,
+            initializer=self.kernel_initializer,
+            regularizer=self.kernel_regularizer,
+            constraint=self.kernel_constraint)
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias", shape=(self.units,),
+                initializer=self.bias_initializer,
+                regularizer=self.bias_regularizer,
+                constraint=self.bias_constraint)
+        self.input_spec = keras.layers.InputSpec(ndim=2,
+                                                 axes={-1: self.num_features})
+
+    def call(self, inputs):
+        outputs = uniform_sparse_matmul(inputs, self.indices,
+                                        keras.ops.cast(self.kernel, inputs.dtype))
+        if self.bias is not None:
+            outputs = outputs + keras.ops.cast(self.bias, outputs.dtype)
+        return self.activation(outputs)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.units)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({
+            "units": self.units,
+            "connections_per_label": self.connections_per_label,
+            "activation": keras.activations.serialize(self.activation),
+            "use_bias": self.use_bias,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+            "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+            "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
+            "bias_constraint": keras.constraints.serialize(self.bias_constraint),
+            "seed": self.seed,
+        })
+        return config
