@@ -1,0 +1,275 @@
+"""The main job: train, evaluate and export an extreme classifier.
+
+``train_and_evaluate(config, workdir)`` reads an XC-repo data set, builds
+
+    input (sparse TF-IDF or dense embeddings)
+      -> encoder Dense layers (ReLU)            [learned features]
+      -> intermediate Dense (ReLU)              [Sec. 3.4 of the paper]
+      -> output head: UniformSparseDense | Dense   [num_labels scores]
+
+trains it with ``model.fit`` (Adam; learning rate halved when validation P@3
+stops improving, down to a floor, then early stopping: Sec. 4.1), rewires the
+sparse head with SET, evaluates P@k, nDCG@k, PSP@k and recall@k on the test
+set, and writes ``metrics.json``, ``model.keras`` and ``saved_model/`` to the
+work directory.  Training resumes from ``workdir/backup`` after a crash.
+
+Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
+Extremely Large Output Spaces", Sec. 3.4 and 4.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from xmc_tf import data as xdata
+from xmc_tf import metrics as xmetrics
+from xmc_tf.callbacks import SetRewiring
+from xmc_tf.layers import UniformSparseDense
+from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge
+
+HEADS = ("uniform_sparse", "dense")
+LOSSES = {"squared_hinge": SquaredHinge, "bce": BinaryCrossEntropy}
+
+
+def peak_memory_bytes() -> int:
+    """Peak resident set size of this process so far, in bytes (Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def subset(dataset: xdata.XCDataset, rows: np.ndarray) -> xdata.XCDataset:
+    """The instances `rows` of `dataset` (a new XCDataset)."""
+    return xdata.XCDataset(features=dataset.features[rows],
+                           labels=dataset.labels[rows])
+
+
+def build_model(config, num_features: int, num_labels: int,
+                sparse_input: bool) -> keras.Model:
+    """Builds the (uncompiled) Keras model described by ``config.model``.
+
+    Args:
+      config: the ml_collections config (uses ``config.model``, ``config.seed``).
+      num_features: input dimension D.
+      num_labels: number of labels m.
+      sparse_input: whether the input is a ``tf.SparseTensor``.
+
+    Returns:
+      A functional ``keras.Model`` mapping ``[batch, D]`` to ``[batch, m]``
+      scores (logits).
+
+    Raises:
+      ValueError: unknown ``config.model.head``.
+    """
+    mc = config.model
+    if mc.head not in HEADS:
+        raise ValueError(f"config.model.head={mc.head!r}; expected one of {HEADS}")
+    inputs = keras.Input(shape=(num_features,), sparse=sparse_input,
+                         name="features")
+    x = inputs
+    for i, units in enumerate(mc.encoder_dims):
+        x = keras.layers.Dense(units, activation="relu", name=f"encoder_{i}")(x)
+        if mc.dropout:
+            x = keras.layers.Dropout(mc.dropout, seed=config.seed)(x)
+    if mc.intermediate_dim:
+        x = keras.layers.Dense(mc.intermediate_dim, activation="relu",
+                               name="intermediate")(x)
+    if mc.head == "uniform_sparse":
+        fan_in = min(mc.connections_per_label, x.shape[-1])
+        outputs = UniformSparseDense(num_labels, fan_in, seed=config.seed,
+                                     name="output")(x)
+    else:
+        outputs = keras.layers.Dense(num_labels, name="output")(x)
+    return keras.Model(inputs, outputs, name=f"xmc_{mc.head}")
+
+
+def output_layer_bytes(model: keras.Model) -> int:
+    """Bytes of the output layer's variables (weights, indices, bias)."""
+    layer = model.get_layer("output")
+    return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
+                   for v in layer.weights))
+
+
+PREPROCESSING_FILE = "preprocessing.npz"
+INV_PROPENSITIES_FILE = "inv_propensities.npy"
+
+
+def load_for_model(spec: str, workdir: str) -> xdata.XCDataset:
+    """Loads data set `spec` and applies the feature normalisation (method
+    and idf fitted on the training set) saved in `workdir` by training."""
+    dataset = xdata.load_dataset(spec)
+    saved = np.load(os.path.join(workdir, PREPROCESSING_FILE))
+    method = str(saved["method"])
+    if dataset.is_sparse:
+        idf = saved["idf"] if method == "tfidf" else None
+        dataset.features, _ = xdata.normalize_features(dataset.features, method,
+                                                       idf)
+    return dataset
+
+
+def _load(config, workdir):
+    dc = config.data
+    train = xdata.load_dataset(dc.train)
+    test = xdata.load_dataset(dc.test) if dc.test else None
+    if test is not None and (test.num_labels != train.num_labels or
+                             test.num_features != train.num_features):
+        raise ValueError(
+            f"train ({train.num_features} features, {train.num_labels} labels) "
+            f"and test ({test.num_features}, {test.num_labels}) disagree")
+    idf = None
+    if train.is_sparse:
+        train.features, idf = xdata.normalize_features(train.features,
+                                                       dc.normalize)
+        if test is not None:
+            test.features, _ = xdata.normalize_features(test.features,
+                                                        dc.normalize, idf)
+    np.savez(os.path.join(workdir, PREPROCESSING_FILE), method=dc.normalize,
+             idf=idf if idf is not None else np.zeros(0, np.float32))
+    return train, test
+
+
+def evaluate_model(model, dataset, inv_propensities, ks=(1, 3, 5),
+                   batch_size=1024) -> dict:
+    """P@k, nDCG@k, PSP@k, recall@k (percent) of `model` on `dataset`.
+
+    Scores are computed one batch at a time and reduced to the top max(ks)
+    labels, so no ``[num_instances, num_labels]`` array is held.
+    """
+    evaluator = xmetrics.XMCEvaluator(ks=ks, inv_propensities=inv_propensities)
+    top = max(ks)
+    predict = tf.function(lambda x: tf.math.top_k(model(x, training=False),
+                                                  k=top).indices)
+    start = 0
+    for features, _ in xdata.make_tf_dataset(dataset, batch_size):
+        ids = predict(features).numpy()
+        stop = start + ids.shape[0]
+        evaluator.update(ids, dataset.labels[start:stop])
+        start = stop
+    return evaluator.result()
+
+
+def predict_top_k(model, dataset, k=5, batch_size=1024):
+    """Yields ``(ids int32 [b, k], scores float32 [b, k])`` per batch."""
+    predict = tf.function(lambda x: tf.math.top_k(model(x, training=False), k=k))
+    for features, _ in xdata.make_tf_dataset(dataset, batch_size):
+        top = predict(features)
+        yield top.indices.numpy(), top.values.numpy()
+
+
+def _callbacks(config, workdir, has_sparse_head, validation):
+    tc = config.train
+    monitor = "val_precision_at_3" if validation else "precision_at_3"
+    cbs = [
+        keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup")),
+        keras.callbacks.CSVLogger(os.path.join(workdir, "history.csv"),
+                                  append=True),
+        keras.callbacks.ReduceLROnPlateau(
+            monitor=monitor, mode="max", factor=0.5, patience=tc.lr_patience,
+            min_lr=tc.min_learning_rate, verbose=1),
+        keras.callbacks.EarlyStopping(
+            monitor=monitor, mode="max", patience=tc.early_stopping_patience,
+            restore_best_weights=True, verbose=1),
+    ]
+    if has_sparse_head and config.set.enabled:
+        # First in the list so the statistics reach the loggers' epoch logs.
+        cbs.insert(0, SetRewiring(every_n_steps=config.set.every_n_steps,
+                                  fraction=config.set.fraction,
+                                  seed=config.seed))
+    if tc.tensorboard:
+        cbs.append(keras.callbacks.TensorBoard(os.path.join(workdir,
+                                                            "tensorboard")))
+    return cbs
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+    """Runs the main job; see the module docstring.
+
+    Args:
+      config: ml_collections ConfigDict (see ``configs/uniform_sparse.py``).
+      workdir: output directory (created).
+
+    Returns:
+      The metrics dict also written to ``workdir/metrics.json``: ``P@k``,
+      ``nDCG@k``, ``PSP@k``, ``R@k`` (percent), ``train_seconds``, ``epochs``,
+      ``num_labels``, ``peak_memory_bytes`` (process peak RSS, bytes),
+      ``output_layer_bytes`` and the data set sizes.
+
+    Raises:
+      ValueError: bad config values or inconsistent data files.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    keras.utils.set_random_seed(config.seed)
+    train, test = _load(config, workdir)
+    logging.info("train: %s; test: %s", train, test)
+    inv_prop = xmetrics.inverse_propensities(train.labels, A=config.eval.propensity_a,
+                                             B=config.eval.propensity_b)
+    np.save(os.path.join(workdir, INV_PROPENSITIES_FILE), inv_prop)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(config.to_json_best_effort(indent=2))
+
+    rng = np.random.default_rng(config.seed)
+    order = rng.permutation(train.num_instances)
+    num_val = int(round(config.data.validation_fraction * train.num_instances))
+    fit_data = subset(train, np.sort(order[num_val:])) if num_val else train
+    val_data = subset(train, np.sort(order[:num_val])) if num_val else None
+
+    model = build_model(config, train.num_features, train.num_labels,
+                        train.is_sparse)
+    tc = config.train
+    model.compile(
+        optimizer=keras.optimizers.Adam(learning_rate=tc.learning_rate),
+        loss=LOSSES[config.loss](),
+        metrics=[xmetrics.PrecisionAtK(1), xmetrics.PrecisionAtK(3)],
+        jit_compile=False)  # XLA cannot compile the custom ops
+    model.summary(print_fn=logging.info)
+
+    train_ds = xdata.make_tf_dataset(fit_data, tc.batch_size, shuffle=True,
+                                     seed=config.seed)
+    val_ds = (xdata.make_tf_dataset(val_data, config.eval.batch_size)
+              if val_data is not None else None)
+    start = time.perf_counter()
+    history = model.fit(train_ds, validation_data=val_ds, epochs=tc.epochs,
+                        callbacks=_callbacks(config, workdir,
+                                             config.model.head == "uniform_sparse",
+                                             val_ds is not None),
+                        verbose=tc.verbose)
+    train_seconds = time.perf_counter() - start
+
+    results = {}
+    if test is not None:
+        results = evaluate_model(model, test, inv_prop, tuple(config.eval.ks),
+                                 config.eval.batch_size)
+    results.update({
+        "train_seconds": round(train_seconds, 2),
+        "epochs": len(history.history.get("loss", [])),
+        "num_labels": train.num_labels,
+        "num_features": train.num_features,
+        "num_train_instances": train.num_instances,
+        "num_test_instances": test.num_instances if test is not None else 0,
+        "output_layer_bytes": output_layer_bytes(model),
+        "head": config.model.head,
+    })
+    model.save(os.path.join(workdir, "model.keras"))
+    model.export(os.path.join(workdir, "saved_model"), verbose=False)
+    results["peak_memory_bytes"] = peak_memory_bytes()
+    with open(os.path.join(workdir, "metrics.json"), "w") as f:
+        json.dump(results, f, indent=2, sort_keys=True)
+    return results
+
+
+def format_table(results: dict) -> str:
+    """A plain-text table of the metrics dict (percent metrics first)."""
+    keys = [k for k in results if "@" in k] + [k for k in results if "@" not in k]
+    width = max(len(k) for k in keys)
+    lines = []
+    for k in keys:
+        v = results[k]
+        lines.append(f"{k:<{width}}  {v:.2f}" if isinstance(v, float)
+                     else f"{k:<{width}}  {v}")
+    return "\n".join(lines)
