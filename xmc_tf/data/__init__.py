@@ -1,0 +1,46 @@
+"""Data sets and input pipelines for extreme multi-label classification.
+
+* :mod:`xmc_tf.data.xc_format` -- readers/writers of the Extreme
+  Classification Repository (XC repo) sparse text formats
+  (:func:`read_xc`, :func:`write_xc`, :func:`read_xc_xy`,
+  :func:`read_xc_labels`, :func:`write_xc_labels`), the
+  :class:`XCDataset` container, the bundled Bibtex data
+  (:func:`load_bundled`) and :func:`load_dataset` (string specs for the CLI).
+* :mod:`xmc_tf.data.embeddings` -- dense ``.npy``/``.npz`` embeddings plus
+  an XC labels file (:func:`read_embeddings`).
+* :mod:`xmc_tf.data.synthetic` -- power-law synthetic data with a planted,
+  linearly learnable signal (:func:`make_synthetic`).
+* :mod:`xmc_tf.data.pipeline` -- :func:`normalize_features` (l2 / tf-idf)
+  and :func:`make_tf_dataset` (``tf.data`` batches of sparse features and
+  ``-1``-padded int32 label ids).
+
+Example:
+    >>> from xmc_tf import data
+    >>> train = data.load_dataset("bibtex:train")
+    >>> train.features, idf = data.normalize_features(train.features, "tfidf")
+    >>> ds = data.make_tf_dataset(train, 256, shuffle=True, seed=0)
+"""
+
+from xmc_tf.data.embeddings import load_embedding_array, read_embeddings
+from xmc_tf.data.pipeline import make_tf_dataset, normalize_features
+from xmc_tf.data.synthetic import make_synthetic
+from xmc_tf.data.xc_format import (BUNDLED_DATASETS, XCDataset, load_bundled,
+                                   load_dataset, read_xc, read_xc_labels,
+                                   read_xc_xy, write_xc, write_xc_labels)
+
+__all__ = [
+    "BUNDLED_DATASETS",
+    "XCDataset",
+    "load_bundled",
+    "load_dataset",
+    "load_embedding_array",
+    "make_synthetic",
+    "make_tf_dataset",
+    "normalize_features",
+    "read_embeddings",
+    "read_xc",
+    "read_xc_labels",
+    "read_xc_xy",
+    "write_xc",
+    "write_xc_labels",
+]
