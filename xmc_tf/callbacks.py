@@ -114,8 +114,11 @@ class SetRewiring(keras.callbacks.Callback):
     momentum).  After every rewire each label still has exactly ``s``
     distinct, in-range sources.
 
-    Statistics of the last rewire are added to the epoch logs (so History,
-    CSVLogger and a TensorBoard callback placed after this one see them):
+    The period counts optimizer steps (``optimizer.iterations``), so it is
+    exact with ``steps_per_execution > 1`` too.  Statistics of the last
+    rewire are added to every epoch's logs, zeros before the first one (so
+    History, CSVLogger and a TensorBoard callback placed after this one see
+    them):
     ``set_moved`` (connections moved per rewire), ``set_mean_abs_pruned``
     (mean |w| of the pruned connections) and ``set_rewires`` (count so far).
 
@@ -146,9 +149,10 @@ class SetRewiring(keras.callbacks.Callback):
         self.layers = layers
         self.verbose = verbose
         self._rng = np.random.default_rng(seed)
-        self._steps = 0
+        self._periods_done = 0
         self.rewires = 0
-        self.last_stats = {}
+        self.last_stats = {"set_moved": 0, "set_mean_abs_pruned": 0.0,
+                           "set_rewires": 0}
 
     def _targets(self):
         if self.layers is not None:
@@ -161,10 +165,15 @@ class SetRewiring(keras.callbacks.Callback):
             raise ValueError("SetRewiring: the model has no UniformSparseDense layer")
         if type(self.model.optimizer) not in _SLOTS:
             _optimizer_slots(self.model.optimizer, None)  # raises the error
+        self._periods_done = int(self.model.optimizer.iterations) // (
+            self.every_n_steps)
 
     def on_train_batch_end(self, batch, logs=None):
-        self._steps += 1
-        if self._steps % self.every_n_steps == 0:
+        # Count optimizer steps, not callback calls: with
+        # compile(steps_per_execution=k) Keras calls this once per k batches.
+        periods = int(self.model.optimizer.iterations) // self.every_n_steps
+        while self._periods_done < periods:
+            self._periods_done += 1
             self.rewire_now()
 
     def rewire_now(self):
@@ -196,5 +205,7 @@ class SetRewiring(keras.callbacks.Callback):
         return self.last_stats
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is not None and self.last_stats:
+        # Always present (zeros before the first rewire) so that loggers
+        # which fix their columns after the first epoch (CSVLogger) see them.
+        if logs is not None:
             logs.update(self.last_stats)

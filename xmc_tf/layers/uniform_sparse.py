@@ -82,8 +82,10 @@ class UniformSparseDense(keras.layers.Layer):
       use_bias: add a bias per label.
       kernel_initializer, bias_initializer, kernel_regularizer,
       bias_regularizer, activity_regularizer, kernel_constraint,
-      bias_constraint: as in ``keras.layers.Dense``; the kernel initializer
-        sees the shape ``[units, s]``; ``"glorot_uniform"`` uses fan-in s.
+      bias_constraint: as in ``keras.layers.Dense``.  The kernel
+        initializer is called with the shape ``[units, s]``, which Keras reads
+        as fan_in = units, fan_out = s (``glorot_uniform``: limit
+        ``sqrt(6 / (units + s))``).
       seed: int seed of the connection draw (None: random).
 
     Input shape: ``[batch, num_features]`` float tensor (dense).
@@ -121,6 +123,8 @@ class UniformSparseDense(keras.layers.Layer):
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.seed = seed
         self.input_spec = keras.layers.InputSpec(min_ndim=2, max_ndim=2)
+        # XLA cannot compile the custom op: jit_compile="auto" then stays off.
+        self.supports_jit = False
 
     def build(self, input_shape):
         num_features = input_shape[-1]
