@@ -1,0 +1,383 @@
+"""GPU benchmark of the framework-free uniform-sparse CUDA launchers.
+
+Times ``XmcUniformSparse{Forward,GradFeatures,GradWeights}GpuF32``
+(``ops/uniform_sparse/uniform_sparse_kernels.cu.cc``; Schultheis & Babbar,
+Sec. 3.2-3.3, Algorithms 1-3) through ``ctypes`` on CuPy arrays -- no
+TensorFlow -- and compares them with a dense float32 cuBLAS layer of the
+same number of labels (``cupy.matmul``).
+
+Usage (on a GPU machine; ``--help`` works anywhere)::
+
+    python benchmarks/uniform_sparse_gpu.py --out results.json
+    python benchmarks/uniform_sparse_gpu.py --quick --out quick.json
+
+Timing: CUDA events around one launcher call on the null stream, after one
+warm-up call; the median of 3-20 repeats (adaptive, about
+``--seconds-per-case`` per case).  A launcher call includes what a
+TensorFlow op pays: initialising the 8-byte error scratch, the kernel(s),
+copying the index-check result to the host and synchronising the stream
+(~10-20 us of fixed cost).
+
+Bytes model (compulsory traffic: every byte that must cross DRAM at least
+once; gathers, L2 hits and atomics are not counted, so GB/s is an *effective*
+bandwidth, comparable to the device peak):
+
+* forward:        8*m*s (indices + weights) + 4*b*e (features)
+                  + 4*b*m (scores)
+* grad features:  4*b*m (backward) + 4*m*s (all indices, range-checked)
+                  + 4*A*s (weights of the A labels with any non-zero signal)
+                  + 4*b*e (grad_features)
+* grad weights:   4*b*m (backward) + 4*m*s (indices) + 4*b*e (features)
+                  + 4*m*s (grad_weights)
+
+The table also gives the gather rate (forward, grad weights: features loads
+per second) and the atomic rate (grad features: atomicAdds per second).
+Peak bandwidth: 2 * memory clock * bus width / 8 from the device attributes,
+and a measured device-to-device copy (bytes read + written).
+
+The dense baseline multiplies features [b, e] by W [e, m] (and, for the
+backward, backward @ W.T and features.T @ backward).  When W does not fit
+(e * m * 4 bytes; 88 GB at m = 670k, e = 32768) a block of labels is timed
+and the time is scaled by m / block ("extrapolated": true in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+FULL = dict(batches=[32, 128, 512, 1024], num_features=32768,
+            fan_ins=[32, 64], num_labels=[670_000, 3_000_000],
+            densities=[1.0, 0.1, 0.01])
+QUICK = dict(batches=[32, 128], num_features=4096, fan_ins=[32],
+             num_labels=[20_000], densities=[1.0, 0.01])
+DENSE_MAX_LABELS = 131072  # labels per timed dense block
+
+_I64 = ctypes.c_int64
+_P = ctypes.c_void_p
+_ARGTYPES = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _P,
+             ctypes.POINTER(_I64), _P]
+
+
+def _int_list(text):
+    return [int(float(x)) for x in text.split(",") if x]
+
+
+def _float_list(text):
+    return [float(x) for x in text.split(",") if x]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]))
+    parser.add_argument("--out", default="uniform_sparse_gpu.json",
+                        help="JSON results path (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny problem sizes (seconds), for smoke tests")
+    parser.add_argument("--lib", default=os.environ.get("XMC_CUDA_HARNESS_LIB"),
+                        help="prebuilt harness library (default: "
+                             "$XMC_CUDA_HARNESS_LIB, else built with "
+                             "tools/build_cuda_harness.py --archs native)")
+    parser.add_argument("--batches", type=_int_list, default=None,
+                        help="comma-separated batch sizes (overrides preset)")
+    parser.add_argument("--num-features", type=int, default=None)
+    parser.add_argument("--fan-ins", type=_int_list, default=None)
+    parser.add_argument("--num-labels", type=_int_list, default=None)
+    parser.add_argument("--densities", type=_float_list, default=None,
+                        help="fractions of non-zero backward entries")
+    parser.add_argument("--seconds-per-case", type=float, default=0.5,
+                        help="timing budget per case (default: %(default)s)")
+    parser.add_argument("--max-minutes", type=float, default=8.0,
+                        help="start no new problem size after this many "
+                             "minutes (default: %(default)s); the JSON then "
+                             "says truncated")
+    parser.add_argument("--no-dense", action="store_true",
+                        help="skip the dense cuBLAS baseline")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def load_library(path):
+    """Loads (building if needed) the harness library; sets argtypes."""
+    if not path:
+        sys.path.insert(0, os.path.join(ROOT, "tools"))
+        import build_cuda_harness  # pylint: disable=import-outside-toplevel
+        path = build_cuda_harness.build(
+            os.path.join(tempfile.mkdtemp(prefix="xmc_bench_"),
+                         "libxmc_uniform_sparse_cuda.so"), archs="native")
+    lib = ctypes.CDLL(path)
+    for name in ("XmcUniformSparseForwardGpuF32",
+                 "XmcUniformSparseGradFeaturesGpuF32",
+                 "XmcUniformSparseGradWeightsGpuF32"):
+        getattr(lib, name).argtypes = _ARGTYPES
+        getattr(lib, name).restype = ctypes.c_int
+    return lib, path
+
+
+class Bench:
+    """Timing and device helpers; holds the CuPy module."""
+
+    def __init__(self, cp, seconds_per_case):
+        self.cp = cp
+        self.seconds = seconds_per_case
+
+    def time_ms(self, fn):
+        """Median milliseconds of fn() over adaptive repeats (CUDA events)."""
+        cp = self.cp
+        t0 = time.perf_counter()
+        fn()  # warm-up
+        cp.cuda.Device().synchronize()
+        first = time.perf_counter() - t0
+        repeats = int(min(20, max(3, self.seconds / max(first, 1e-6))))
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        times = []
+        for _ in range(repeats):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end))
+        times.sort()
+        return times[len(times) // 2], repeats
+
+    def device_info(self):
+        cp = self.cp
+        dev = cp.cuda.Device()
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        name = props["name"]
+        name = name.decode() if isinstance(name, bytes) else name
+        clock_khz = props.get("memoryClockRate")
+        bus_bits = props.get("memoryBusWidth")
+        try:  # removed from cudaDeviceProp in CUDA 13; attributes remain
+            clock_khz = clock_khz or cp.cuda.runtime.deviceGetAttribute(
+                36, dev.id)  # cudaDevAttrMemoryClockRate
+            bus_bits = bus_bits or cp.cuda.runtime.deviceGetAttribute(
+                37, dev.id)  # cudaDevAttrGlobalMemoryBusWidth
+        except Exception:  # pylint: disable=broad-except
+            pass
+        peak = (2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
+                if clock_khz and bus_bits else None)
+        # Measured device-to-device copy: 1 GiB read + 1 GiB written.
+        n = (1 << 30) // 4
+        a = cp.ones(n, cp.float32)
+        b = cp.empty_like(a)
+        ms, _ = self.time_ms(lambda: b.__setitem__(Ellipsis, a))
+        copy_gbs = 2 * n * 4 / (ms * 1e-3) / 1e9
+        del a, b
+        cp.get_default_memory_pool().free_all_blocks()
+        return {
+            "name": name,
+            "compute_capability": dev.compute_capability,
+            "multiprocessors": props.get("multiProcessorCount"),
+            "l2_bytes": props.get("l2CacheSize"),
+            "memory_bytes": props.get("totalGlobalMem"),
+            "peak_bandwidth_gbs": peak,
+            "copy_bandwidth_gbs": copy_gbs,
+            "cupy": cp.__version__,
+            "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),
+            "tf32": os.environ.get("CUPY_TF32", "0"),
+        }
+
+    def free_bytes(self):
+        self.cp.get_default_memory_pool().free_all_blocks()
+        return self.cp.cuda.runtime.memGetInfo()[0]
+
+
+def call(fn, *ptrs_and_dims):
+    """Calls a launcher; raises on a CUDA error or an index error."""
+    scratch_ptr, args = ptrs_and_dims[-1], ptrs_and_dims[:-1]
+    bad = _I64(-1)
+    err = fn(*args, scratch_ptr, ctypes.byref(bad), 0)
+    if err != 0:
+        raise RuntimeError(f"CUDA error {err}")
+    if bad.value != -1:
+        raise RuntimeError(f"index check failed at {bad.value}")
+
+
+def fill_backward(cp, out, density, rng_rows=None):
+    """Fills out [b, m] with N(0, 1) values, a `density` fraction non-zero."""
+    b, m = out.shape
+    rows = max(1, min(b, rng_rows or (64 << 20) // max(m, 1)))
+    for r0 in range(0, b, rows):
+        r1 = min(b, r0 + rows)
+        vals = cp.random.standard_normal((r1 - r0, m), dtype=cp.float32)
+        if density < 1.0:
+            keep = cp.random.random((r1 - r0, m), dtype=cp.float32) < density
+            vals = cp.where(keep, vals, cp.float32(0))
+        out[r0:r1] = vals
+        del vals
+
+
+def dense_baseline(bench, b, e, m, free):
+    """Dense fp32 cuBLAS layer of m labels: forward and backward ms."""
+    cp = bench.cp
+    per_label = (e + 2 * b) * 4  # W column + scores column + backward column
+    block = min(m, DENSE_MAX_LABELS, int(0.4 * free) // per_label)
+    if block < min(m, 1024):
+        return None
+    feats = cp.random.standard_normal((b, e), dtype=cp.float32)
+    w = cp.random.standard_normal((e, block), dtype=cp.float32)
+    back = cp.random.standard_normal((b, block), dtype=cp.float32)
+    fwd_ms, _ = bench.time_ms(lambda: cp.matmul(feats, w))
+    bwd_ms, _ = bench.time_ms(
+        lambda: (cp.matmul(back, w.T), cp.matmul(feats.T, back)))
+    scale = m / block
+    del feats, w, back
+    cp.get_default_memory_pool().free_all_blocks()
+    return {"dense_labels_timed": block, "extrapolated": block < m,
+            "dense_forward_ms": fwd_ms * scale,
+            "dense_backward_ms": bwd_ms * scale}
+
+
+def run(args):
+    import cupy as cp  # pylint: disable=import-outside-toplevel
+
+    preset = dict(QUICK if args.quick else FULL)
+    for key in ("batches", "num_features", "fan_ins", "num_labels",
+                "densities"):
+        if getattr(args, key) is not None:
+            preset[key] = getattr(args, key)
+    bench = Bench(cp, args.seconds_per_case)
+    lib, lib_path = load_library(args.lib)
+    fwd = lib.XmcUniformSparseForwardGpuF32
+    gf = lib.XmcUniformSparseGradFeaturesGpuF32
+    gw = lib.XmcUniformSparseGradWeightsGpuF32
+    info = bench.device_info()
+    peak = info["peak_bandwidth_gbs"] or info["copy_bandwidth_gbs"]
+    print(f"# {info['name']}: peak {info['peak_bandwidth_gbs']} GB/s "
+          f"(attributes), copy {info['copy_bandwidth_gbs']:.0f} GB/s "
+          f"(measured); library {lib_path}", flush=True)
+    cp.random.seed(args.seed)
+    e = preset["num_features"]
+    rows = []
+    truncated = []  # problem sizes skipped for --max-minutes
+    t_start = time.time()
+    header = (f"{'m':>8} {'s':>3} {'b':>5} {'kernel':<13} {'dens':>5} "
+              f"{'ms':>9} {'GB/s':>7} {'%peak':>6} {'rate':>14} "
+              f"{'dense ms':>10} {'x dense':>8}")
+    print(header, flush=True)
+
+    def report(row):
+        rows.append(row)
+        dense = row.get("dense_ms")
+        if "ggathers_per_s" in row:
+            rate = "%.1f Ggath/s" % row["ggathers_per_s"]
+        elif "gatomics_per_s" in row:
+            rate = "%.1f Gatom/s" % row["gatomics_per_s"]
+        else:
+            rate = ""
+        gbs = "%7.0f %5.0f%%" % (row["gbs"], 100 * row["gbs"] / peak) \
+            if "gbs" in row else " " * 14
+        dense_txt = "" if dense is None else "%.2f" % dense
+        ratio = "" if dense is None else "%.1f" % (dense / row["ms"])
+        print(f"{row['num_labels']:>8} {row['fan_in']:>3} {row['batch']:>5} "
+              f"{row['kernel']:<13} {str(row.get('density', '')):>5} "
+              f"{row['ms']:>9.3f} {gbs} {rate:>14} {dense_txt:>10} "
+              f"{ratio:>8}", flush=True)
+
+    for m in preset["num_labels"]:
+        for s in preset["fan_ins"]:
+            if time.time() - t_start > 60 * args.max_minutes:
+                truncated.append(dict(num_labels=m, fan_in=s))
+                continue
+            need_static = m * s * 12  # indices, weights, grad_weights
+            if bench.free_bytes() < need_static * 1.2:
+                print(f"# skip m={m} s={s}: not enough GPU memory", flush=True)
+                continue
+            indices = cp.random.randint(0, e, size=(m, s), dtype=cp.int32)
+            weights = cp.random.standard_normal((m, s), dtype=cp.float32)
+            grad_w = cp.empty((m, s), cp.float32)
+            scratch = cp.empty(1, cp.int64)
+            for b in preset["batches"]:
+                if time.time() - t_start > 60 * args.max_minutes:
+                    truncated.append(dict(num_labels=m, fan_in=s, batch=b))
+                    continue
+                need = b * m * 4 + 2 * b * e * 4
+                if bench.free_bytes() < need * 1.2:
+                    print(f"# skip m={m} s={s} b={b}: not enough GPU memory",
+                          flush=True)
+                    continue
+                base = dict(num_labels=m, fan_in=s, batch=b, num_features=e)
+                dense = (None if args.no_dense else
+                         dense_baseline(bench, b, e, m, bench.free_bytes()))
+                features = cp.random.standard_normal((b, e), dtype=cp.float32)
+                grad_f = cp.empty((b, e), cp.float32)
+                big = cp.empty((b, m), cp.float32)  # scores, then backward
+
+                ms, reps = bench.time_ms(lambda: call(
+                    fwd, features.data.ptr, indices.data.ptr,
+                    weights.data.ptr, big.data.ptr, b, e, m, s,
+                    scratch.data.ptr))
+                nbytes = 8 * m * s + 4 * b * e + 4 * b * m
+                report(dict(base, kernel="forward", ms=ms, repeats=reps,
+                            bytes=nbytes, gbs=nbytes / ms / 1e6,
+                            ggathers_per_s=b * m * s / ms / 1e6,
+                            dense_ms=dense and dense["dense_forward_ms"],
+                            dense=dense))
+
+                for density in preset["densities"]:
+                    fill_backward(cp, big, density)
+                    nnz = int(cp.count_nonzero(big))
+                    active = int(cp.count_nonzero(cp.any(big != 0, axis=0)))
+                    ms, reps = bench.time_ms(lambda: call(
+                        gf, big.data.ptr, indices.data.ptr, weights.data.ptr,
+                        grad_f.data.ptr, b, e, m, s, scratch.data.ptr))
+                    nbytes = 4 * b * m + 4 * m * s + 4 * active * s + 4 * b * e
+                    report(dict(base, kernel="grad_features", density=density,
+                                nnz=nnz, active_labels=active, ms=ms,
+                                repeats=reps, bytes=nbytes,
+                                gbs=nbytes / ms / 1e6,
+                                gatomics_per_s=nnz * s / ms / 1e6))
+                    gf_ms = ms
+                    ms, reps = bench.time_ms(lambda: call(
+                        gw, big.data.ptr, features.data.ptr, indices.data.ptr,
+                        grad_w.data.ptr, b, e, m, s, scratch.data.ptr))
+                    nbytes = 4 * b * m + 8 * m * s + 4 * b * e
+                    report(dict(base, kernel="grad_weights", density=density,
+                                nnz=nnz, ms=ms, repeats=reps, bytes=nbytes,
+                                gbs=nbytes / ms / 1e6,
+                                ggathers_per_s=nnz * s / ms / 1e6))
+                    report(dict(base, kernel="backward", density=density,
+                                ms=gf_ms + ms,
+                                dense_ms=dense and dense["dense_backward_ms"]))
+                del features, grad_f, big
+                cp.get_default_memory_pool().free_all_blocks()
+            del indices, weights, grad_w, scratch
+            cp.get_default_memory_pool().free_all_blocks()
+    return {"device": info, "library": lib_path, "preset": preset,
+            "quick": args.quick, "python": platform.python_version(),
+            "bytes_model": __doc__[__doc__.index("Bytes model"):
+                                   __doc__.index("The table also")].strip(),
+            "note": "kernel 'backward' = grad_features + grad_weights, "
+                    "compared with the dense backward (both gradients); "
+                    "x dense = dense_ms / ms",
+            "truncated": truncated, "rows": rows}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    start = time.time()
+    results = run(args)
+    results["wall_seconds"] = time.time() - start
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    if results["truncated"]:
+        print(f"# --max-minutes reached; not run: {results['truncated']}")
+    print(f"# wrote {args.out} ({results['wall_seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
