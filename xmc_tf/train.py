@@ -89,6 +89,27 @@ def build_model(config, num_features: int, num_labels: int,
     return keras.Model(inputs, outputs, name=f"xmc_{mc.head}")
 
 
+def export_saved_model(model: keras.Model, path: str) -> None:
+    """Writes a TF SavedModel with a ``serve`` endpoint returning scores.
+
+    The endpoint takes what the model takes: a ``tf.SparseTensor`` float32
+    ``[batch, num_features]`` for sparse inputs (``keras.Model.export`` would
+    make it a dense signature), else a dense float32 tensor.  Load it after
+    ``import xmc_tf`` (the op library must be registered).
+    """
+    spec = model.inputs[0]
+    shape = [None, spec.shape[-1]]
+    signature = (tf.SparseTensorSpec(shape, tf.float32) if spec.sparse
+                 else tf.TensorSpec(shape, tf.float32))
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    # A tf.function with its own signature: ExportArchive would turn a sparse
+    # Keras input spec into a dense one.
+    archive.add_endpoint("serve", tf.function(
+        lambda x: model(x, training=False), input_signature=[signature]))
+    archive.write_out(path, verbose=False)
+
+
 def output_layer_bytes(model: keras.Model) -> int:
     """Bytes of the output layer's variables (weights, indices, bias)."""
     layer = model.get_layer("output")
@@ -235,6 +256,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
               if val_data is not None else None)
     start = time.perf_counter()
     history = model.fit(train_ds, validation_data=val_ds, epochs=tc.epochs,
+                        shuffle=False,  # make_tf_dataset shuffles per epoch
                         callbacks=_callbacks(config, workdir,
                                              config.model.head == "uniform_sparse",
                                              val_ds is not None),
@@ -256,7 +278,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         "head": config.model.head,
     })
     model.save(os.path.join(workdir, "model.keras"))
-    model.export(os.path.join(workdir, "saved_model"), verbose=False)
+    export_saved_model(model, os.path.join(workdir, "saved_model"))
     results["peak_memory_bytes"] = peak_memory_bytes()
     with open(os.path.join(workdir, "metrics.json"), "w") as f:
         json.dump(results, f, indent=2, sort_keys=True)
