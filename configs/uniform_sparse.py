@@ -27,9 +27,22 @@ def get_config():
     c.model = ml_collections.ConfigDict(dict(
         head="uniform_sparse",  # or "dense"
         encoder_dims=(1024,),
-        dropout=0.5,
+        # dropout 0.7 (was 0.5) and connections_per_label 64 (was 32), chosen
+        # on the validation metrics printed by training (val P@3, the
+        # early-stopping metric, and val P@1; 10 % of train), xcsplit, seed 0:
+        #   Bibtex  dropout .5, s=32: val P@1/P@3 63.3/39.0 (train P@1 92 %)
+        #           dropout .7, s=32: 63.3/39.1; + encoder (512,): 62.9/38.5;
+        #           + batch 32: 64.1/39.1;  dropout .7, s=64: 63.7/38.8
+        #   Delicious dropout .7, s=32: 71.1/64.4; s=64: 72.6/65.8;
+        #           dense head: 74.2/67.2
+        # 0.7 curbs the overfitting on small data; s=64 closes most of the
+        # gap to the dense head where labels/point is high (Delicious) at
+        # 8 bytes x 64 per label (Delicious: 0.5 MB vs 16 MB dense).
+        # Test P@1 with these defaults: Bibtex 62.9 (dense 62.5), Delicious
+        # 70.8 (dense 71.5).
+        dropout=0.7,
         intermediate_dim=4096,
-        connections_per_label=32,
+        connections_per_label=64,
     ))
     c.train = ml_collections.ConfigDict(dict(
         batch_size=64,
