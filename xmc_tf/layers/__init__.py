@@ -1,5 +1,6 @@
 """Keras layers of xmc_tf (one module per layer family)."""
 
+from xmc_tf.layers.mach import MachDecoder, MachHead
 from xmc_tf.layers.uniform_sparse import UniformSparseDense, random_connections
 
-__all__ = ["UniformSparseDense", "random_connections"]
+__all__ = ["MachDecoder", "MachHead", "UniformSparseDense", "random_connections"]

@@ -1,5 +1,9 @@
 """Losses of xmc_tf; targets may be label ids padded with -1 (see hinge.py)."""
 
 from xmc_tf.losses.hinge import BinaryCrossEntropy, SquaredHinge, dense_targets
+from xmc_tf.losses.mach import (MachBinaryCrossentropy, MachSoftmaxCrossentropy,
+                                mach_bucket_targets)
 
-__all__ = ["BinaryCrossEntropy", "SquaredHinge", "dense_targets"]
+__all__ = ["BinaryCrossEntropy", "MachBinaryCrossentropy",
+           "MachSoftmaxCrossentropy", "SquaredHinge", "dense_targets",
+           "mach_bucket_targets"]

@@ -1,0 +1,471 @@
+"""MACH benchmark: accuracy, head size and speed, with napkinXC/Omikuji.
+
+What it measures
+----------------
+1. ``real``: MACH (Medini et al., NeurIPS 2019, Sec. 3) trained on the
+   ``xcsplit`` files of Bibtex and Delicious (``/work/shared/data``) for each
+   ``--configs`` entry ``BxR`` (B buckets, R repetitions).  Model: TF-IDF
+   features (``xmc_tf.data.normalize_features``) -> Dense(``--hidden``, ReLU)
+   -> Dropout -> :class:`xmc_tf.layers.mach.MachHead` (kernel ``[R, d, B]``),
+   trained with each of ``--losses`` (``softmax``: per-repetition softmax
+   cross-entropy over the label buckets, ``bce``: binary cross-entropy over
+   bucket indicators; :mod:`xmc_tf.losses.mach`), Adam, ``--epochs`` epochs.
+   Reported: P@1/3/5 on the test split (``xmc_tf.metrics.XMCEvaluator``),
+   bytes of the output head (kernel + bias, float32), training seconds
+   (``model.fit`` wall time), decode throughput (queries/s of the exact
+   threshold-algorithm decoder ``Xmc>MachTopK`` on the test logits, and of
+   brute force for comparison).
+2. ``baselines``: napkinXC PLT and Omikuji (default settings, 2 threads) on
+   the same files, in the same run (``--skip-baselines`` to omit; skipped
+   automatically when not installed).
+3. ``decode``: the decoder alone at m = 1M labels, R = 16, B = 4096, k = 5 on
+   synthetic peaked ("trained-like") meta-probabilities: per query, softmax
+   over B of N(0, 1) logits plus boosts ``peak, peak - 0.5, ...`` at the
+   buckets of 5 random relevant labels, for ``--decode-peaks`` values of
+   ``peak``.  Exact top-k (checked against brute force on a subset).
+4. ``synthetic``: (``--synthetic``) the training side at m = 1M labels on
+   ``xmc_tf.data.make_synthetic`` data: seconds per epoch, head bytes versus
+   a dense head, P@k, and decode throughput on the trained model's own
+   meta-probabilities.
+
+Timing: wall clock (``time.perf_counter``) and process CPU time
+(``time.process_time``, all threads).  On a shared machine the wall time
+includes waiting for other processes; the load average is recorded in the
+JSON.  TensorFlow uses its default thread pools (all cores of the machine).
+
+Usage::
+
+    python benchmarks/mach.py --out mach.json
+    python benchmarks/mach.py --datasets delicious --configs 64x16 \\
+        --skip-baselines --no-decode --out quick.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import itertools
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+DATA_FILES = {
+    "bibtex": ("Bibtex/xc/bibtex_xcsplit_train.txt.gz",
+               "Bibtex/xc/bibtex_xcsplit_test.txt.gz"),
+    "delicious": ("Delicious/xc/delicious_xcsplit_train.txt.gz",
+                  "Delicious/xc/delicious_xcsplit_test.txt.gz"),
+}
+
+
+def _timer():
+    return time.perf_counter(), time.process_time()
+
+
+def _elapsed(start):
+    return time.perf_counter() - start[0], time.process_time() - start[1]
+
+
+def _csr_rows(labels):
+    """CSR label matrix -> list of int arrays (one per row)."""
+    return [labels.indices[labels.indptr[i]:labels.indptr[i + 1]]
+            for i in range(labels.shape[0])]
+
+
+def _precision(topk_ids, labels, ks=(1, 3, 5)):
+    """P@k in percent via xmc_tf.metrics.XMCEvaluator."""
+    from xmc_tf.metrics import XMCEvaluator
+    ev = XMCEvaluator(ks=ks)
+    ev.update(np.asarray(topk_ids), labels)
+    res = ev.result()
+    return {f"P@{k}": float(res[f"P@{k}"]) for k in ks}
+
+
+# ---------------------------------------------------------------------------
+# 1. MACH on real data.
+
+def build_model(num_features, num_labels, B, R, hidden, dropout, seed,
+                sparse_input=True):
+    import keras
+    from xmc_tf.layers.mach import MachHead
+    inputs = keras.Input((num_features,), sparse=sparse_input,
+                         name="features")
+    x = inputs
+    if hidden:
+        x = keras.layers.Dense(hidden, activation="relu", name="encoder")(x)
+        if dropout:
+            x = keras.layers.Dropout(dropout, seed=seed)(x)
+    head = MachHead(num_labels, B, R, seed=seed, name="mach_head")
+    return keras.Model(inputs, head(x)), head
+
+
+def _decode_throughput(head, logits, k, activation, method, max_queries=None):
+    """Queries/s of the MachTopK decoder on precomputed logits."""
+    import tensorflow as tf
+    from xmc_tf.ops.mach import mach_top_k
+    from xmc_tf.layers.mach import _activate
+    probs = _activate(tf.constant(logits[:max_queries]), activation)
+    mach_top_k(probs[:2], k, head.hashing, method=method)  # builds the cache
+    start = _timer()
+    ids, scores = mach_top_k(probs, k, head.hashing, method=method)
+    ids = ids.numpy()
+    wall, cpu = _elapsed(start)
+    n = probs.shape[0]
+    return ids, scores.numpy(), {"queries": int(n), "wall_s": wall,
+                                 "cpu_s": cpu, "qps": n / wall,
+                                 "cpu_ms_per_query": 1e3 * cpu / n}
+
+
+def train_mach(name, train, test, B, R, loss, args):
+    import keras
+    import tensorflow as tf
+    from xmc_tf import data as xdata
+    from xmc_tf.losses.mach import (MachBinaryCrossentropy,
+                                    MachSoftmaxCrossentropy)
+    keras.utils.set_random_seed(args.seed)
+    model, head = build_model(train.num_features, train.num_labels, B, R,
+                              args.hidden, args.dropout, args.seed)
+    loss_cls = (MachSoftmaxCrossentropy if loss == "softmax"
+                else MachBinaryCrossentropy)
+    activation = "softmax" if loss == "softmax" else "sigmoid"
+    model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),
+                  loss=loss_cls(head), jit_compile=False)
+    ds = xdata.make_tf_dataset(train, args.batch_size, shuffle=True,
+                               seed=args.seed)
+    start = _timer()
+    model.fit(ds, epochs=args.epochs, verbose=0)
+    train_wall, train_cpu = _elapsed(start)
+
+    forward = tf.function(lambda x: model(x, training=False))
+    logits = np.concatenate([forward(x).numpy() for x, _ in
+                             xdata.make_tf_dataset(test, 1024)])
+    ids, _, fast = _decode_throughput(head, logits, 5, activation, "threshold")
+    bf_ids, _, brute = _decode_throughput(head, logits, 5, activation,
+                                          "brute_force")
+    if not np.array_equal(ids, bf_ids):
+        raise AssertionError("threshold and brute-force decoders disagree")
+    # End to end: forward + decode, per batch of 256.
+    from xmc_tf.layers.mach import MachDecoder
+    decoder = MachDecoder.from_head(head, k=5, activation=activation)
+    serve = tf.function(lambda x: decoder(model(x, training=False)))
+    batches = [x for x, _ in xdata.make_tf_dataset(test, 256)]
+    serve(batches[0])
+    start = _timer()
+    for x in batches:
+        serve(x)[0].numpy()
+    e2e_wall, _ = _elapsed(start)
+    row = {"dataset": name, "method": f"MACH B={B} R={R} {loss}", "B": B,
+           "R": R, "loss": loss, **_precision(ids, test.labels),
+           "head_bytes": head.head_bytes(),
+           "dense_head_bytes": 4 * (model.get_layer("mach_head").kernel.shape[1]
+                                    + 1) * train.num_labels,
+           "train_s": train_wall, "train_cpu_s": train_cpu,
+           "decode_qps": fast["qps"],
+           "decode_cpu_ms_per_query": fast["cpu_ms_per_query"],
+           "brute_force_qps": brute["qps"],
+           "end_to_end_qps": test.num_instances / e2e_wall,
+           "epochs": args.epochs}
+    return row
+
+
+# ---------------------------------------------------------------------------
+# 2. Baselines.
+
+def _plain_copy(path, tmpdir):
+    out = os.path.join(tmpdir, os.path.basename(path).replace(".gz", ""))
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return out
+
+
+def run_napkinxc(name, train, test, threads):
+    from napkinxc.models import PLT
+    with tempfile.TemporaryDirectory() as tmp:
+        model = PLT(os.path.join(tmp, "plt"), threads=threads)
+        y = [list(map(int, r)) for r in _csr_rows(train.labels)]
+        start = _timer()
+        model.fit(train.features, y)
+        wall, _ = _elapsed(start)
+        start = _timer()
+        pred = model.predict(test.features, top_k=5)
+        pwall, _ = _elapsed(start)
+    ids = np.full((test.num_instances, 5), -1, np.int64)
+    for i, p in enumerate(pred):
+        ids[i, :len(p)] = p[:5]
+    return {"dataset": name, "method": "napkinXC PLT",
+            **_precision(ids, test.labels), "train_s": wall,
+            "decode_qps": test.num_instances / pwall}
+
+
+def run_omikuji(name, train_path, test, threads):
+    import omikuji
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = _plain_copy(train_path, tmp)
+        start = _timer()
+        model = omikuji.Model.train_on_data(plain, n_threads=threads)
+        wall, _ = _elapsed(start)
+    feats = test.features
+    ids = np.full((test.num_instances, 5), -1, np.int64)
+    start = _timer()
+    for i in range(test.num_instances):
+        lo, hi = feats.indptr[i], feats.indptr[i + 1]
+        pairs = list(zip(feats.indices[lo:hi].tolist(),
+                         feats.data[lo:hi].tolist()))
+        pred = model.predict(pairs, top_k=5)
+        ids[i, :len(pred)] = [p[0] for p in pred]
+    pwall, _ = _elapsed(start)
+    return {"dataset": name, "method": "Omikuji",
+            **_precision(ids, test.labels), "train_s": wall,
+            "decode_qps": test.num_instances / pwall}
+
+
+# ---------------------------------------------------------------------------
+# 3. Decoder at m = 1M.
+
+def peaked_probs(rng, hashing, b, peak, num_relevant=5):
+    """Softmax of N(0,1) logits plus boosts at relevant labels' buckets."""
+    R, B = hashing.num_repetitions, hashing.num_buckets
+    logits = rng.normal(0.0, 1.0, (b, R, B)).astype(np.float32)
+    rel = rng.integers(0, hashing.num_labels, (b, num_relevant))
+    hb = hashing.buckets_numpy(rel)  # [b, n, R]
+    rows = np.arange(b)
+    for t in range(num_relevant):
+        for r in range(R):
+            logits[rows, r, hb[:, t, r]] += peak - 0.5 * t
+    logits -= logits.max(-1, keepdims=True)
+    e = np.exp(logits)
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def decode_benchmark(args):
+    import tensorflow as tf
+    from xmc_tf.ops.mach import MachHashing, mach_top_k
+    m, R, B, k = args.decode_labels, 16, 4096, 5
+    h = MachHashing.random(m, B, R, seed=args.seed)
+    rng = np.random.default_rng(args.seed)
+    rows = []
+    start = _timer()
+    mach_top_k(tf.zeros([1, R, B]), k, h)  # builds the inverted lists
+    build_wall, _ = _elapsed(start)
+    for peak in args.decode_peaks:
+        probs = tf.constant(peaked_probs(rng, h, args.decode_queries, peak))
+        mach_top_k(probs[:8], k, h)  # warm-up
+        best = None
+        for _ in range(args.decode_repeats):
+            start = _timer()
+            ids, scores = mach_top_k(probs, k, h)
+            ids = ids.numpy()
+            wall, cpu = _elapsed(start)
+            if best is None or wall < best[0]:
+                best = (wall, cpu)
+        n_check = min(args.decode_check, args.decode_queries)
+        start = _timer()
+        bf_ids, bf_scores = mach_top_k(probs[:n_check], k, h,
+                                       method="brute_force")
+        bf_wall, _ = _elapsed(start)
+        exact = (np.array_equal(bf_ids.numpy(), ids[:n_check]) and
+                 np.array_equal(bf_scores.numpy(), scores.numpy()[:n_check]))
+        rows.append({"m": m, "R": R, "B": B, "k": k, "peak": peak,
+                     "queries": args.decode_queries, "wall_s": best[0],
+                     "qps": args.decode_queries / best[0],
+                     "cpu_ms_per_query": 1e3 * best[1] / args.decode_queries,
+                     "qps_per_2_cores_from_cpu_time":
+                         2 * args.decode_queries / best[1],
+                     "brute_force_qps": n_check / bf_wall,
+                     "exact_vs_brute_force": bool(exact),
+                     "mean_top1_score": float(scores.numpy()[:, 0].mean()),
+                     "list_build_s": build_wall})
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# 4. Training at m = 1M on synthetic data.
+
+def synthetic_benchmark(args):
+    import keras
+    import tensorflow as tf
+    from xmc_tf import data as xdata
+    from xmc_tf.losses.mach import MachSoftmaxCrossentropy
+    m, R, B = args.decode_labels, 16, 4096
+    n_train, n_test = args.synthetic_instances, 2000
+    start = _timer()
+    full = xdata.make_synthetic(n_train + n_test, args.synthetic_features, m,
+                                seed=args.seed)
+    gen_wall, _ = _elapsed(start)
+    train = xdata.XCDataset(full.features[:n_train], full.labels[:n_train])
+    test = xdata.XCDataset(full.features[n_train:], full.labels[n_train:])
+    train.features, idf = xdata.normalize_features(train.features, "tfidf")
+    test.features, _ = xdata.normalize_features(test.features, "tfidf", idf)
+    keras.utils.set_random_seed(args.seed)
+    model, head = build_model(train.num_features, m, B, R,
+                              args.synthetic_hidden, 0.0, args.seed)
+    model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),
+                  loss=MachSoftmaxCrossentropy(head), jit_compile=False)
+    ds = xdata.make_tf_dataset(train, args.synthetic_batch_size, shuffle=True,
+                               seed=args.seed)
+    epoch_s = []
+    for _ in range(args.synthetic_epochs):
+        start = _timer()
+        model.fit(ds, epochs=1, verbose=0)
+        epoch_s.append(_elapsed(start)[0])
+    forward = tf.function(lambda x: model(x, training=False))
+    logits = np.concatenate([forward(x).numpy() for x, _ in
+                             xdata.make_tf_dataset(test, 512)])
+    ids, scores, fast = _decode_throughput(head, logits, 5, "softmax",
+                                           "threshold")
+    bf_ids, _, brute = _decode_throughput(head, logits, 5, "softmax",
+                                          "brute_force", max_queries=100)
+    return {"m": m, "R": R, "B": B, "train_instances": n_train,
+            "features": args.synthetic_features,
+            "hidden": args.synthetic_hidden,
+            "batch_size": args.synthetic_batch_size,
+            "generate_s": gen_wall, "epoch_s": epoch_s,
+            "train_instances_per_s": n_train / float(np.median(epoch_s)),
+            "head_bytes": head.head_bytes(),
+            "dense_head_bytes": 4 * (args.synthetic_hidden + 1) * m,
+            **_precision(ids, test.labels),
+            "decode_qps_trained_probs": fast["qps"],
+            "decode_cpu_ms_per_query": fast["cpu_ms_per_query"],
+            "brute_force_qps": brute["qps"],
+            "exact_vs_brute_force": bool(np.array_equal(ids[:100], bf_ids)),
+            "mean_top1_score": float(scores[:, 0].mean())}
+
+
+# ---------------------------------------------------------------------------
+
+def _table(rows, cols):
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    for r in rows:
+        lines.append("  ".join(_fmt(r.get(c)).ljust(w)
+                               for c, w in zip(cols, widths)))
+    return "\n".join(lines)
+
+
+def _fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.2f}" if abs(v) < 1e5 else f"{v:.3g}"
+    return str(v)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-dir", default="/work/shared/data")
+    p.add_argument("--datasets", default="bibtex,delicious")
+    p.add_argument("--configs", default="32x8,64x16,128x16",
+                   help="comma-separated BxR (buckets x repetitions)")
+    p.add_argument("--losses", default="softmax,bce",
+                   help="comma-separated: softmax, bce")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--dropout", type=float, default=0.5)
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--threads", type=int, default=2,
+                   help="threads of the baselines")
+    p.add_argument("--skip-baselines", action="store_true")
+    p.add_argument("--no-real", action="store_true",
+                   help="skip the Bibtex/Delicious runs")
+    p.add_argument("--no-decode", action="store_true")
+    p.add_argument("--decode-labels", type=int, default=1_000_000)
+    p.add_argument("--decode-queries", type=int, default=4000)
+    p.add_argument("--decode-repeats", type=int, default=3)
+    p.add_argument("--decode-check", type=int, default=50,
+                   help="queries checked against brute force")
+    p.add_argument("--decode-peaks", type=float, nargs="+",
+                   default=[6.0, 4.0])
+    p.add_argument("--synthetic", action="store_true",
+                   help="also train at m = --decode-labels on synthetic data")
+    p.add_argument("--synthetic-instances", type=int, default=100_000)
+    p.add_argument("--synthetic-features", type=int, default=20_000)
+    p.add_argument("--synthetic-hidden", type=int, default=256)
+    p.add_argument("--synthetic-batch-size", type=int, default=512)
+    p.add_argument("--synthetic-epochs", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the results as JSON")
+    args = p.parse_args(argv)
+
+    import tensorflow as tf
+    from xmc_tf import data as xdata
+
+    result = {"machine": {"platform": platform.platform(),
+                          "cpus": os.cpu_count(),
+                          "loadavg_start": os.getloadavg(),
+                          "tensorflow": tf.__version__},
+              "args": vars(args), "real": [], "decode": [], "synthetic": None}
+    configs = [tuple(int(v) for v in c.lower().split("x"))
+               for c in args.configs.split(",") if c]
+    losses = [l for l in args.losses.split(",") if l]
+    for l in losses:
+        if l not in ("softmax", "bce"):
+            p.error(f"unknown loss {l!r}")
+
+    if not args.no_real:
+        for name in [d for d in args.datasets.split(",") if d]:
+            train_path, test_path = (os.path.join(args.data_dir, f)
+                                     for f in DATA_FILES[name])
+            raw_train = xdata.read_xc(train_path)
+            raw_test = xdata.read_xc(test_path)
+            if not args.skip_baselines:
+                try:
+                    result["real"].append(run_napkinxc(name, raw_train,
+                                                       raw_test, args.threads))
+                except ImportError as e:
+                    print(f"napkinXC skipped: {e}")
+                try:
+                    result["real"].append(run_omikuji(name, train_path,
+                                                      raw_test, args.threads))
+                except ImportError as e:
+                    print(f"Omikuji skipped: {e}")
+            train = xdata.XCDataset(raw_train.features, raw_train.labels)
+            test = xdata.XCDataset(raw_test.features, raw_test.labels)
+            train.features, idf = xdata.normalize_features(train.features,
+                                                           "tfidf")
+            test.features, _ = xdata.normalize_features(test.features,
+                                                        "tfidf", idf)
+            for (B, R), loss in itertools.product(configs, losses):
+                row = train_mach(name, train, test, B, R, loss, args)
+                result["real"].append(row)
+                print(_table([row], ["dataset", "method", "P@1", "P@3", "P@5",
+                                     "head_bytes", "train_s", "decode_qps"]),
+                      flush=True)
+    if not args.no_decode:
+        result["decode"] = decode_benchmark(args)
+    if args.synthetic:
+        result["synthetic"] = synthetic_benchmark(args)
+    result["machine"]["loadavg_end"] = os.getloadavg()
+
+    if result["real"]:
+        print("\n== Real data (test split, percent) ==")
+        print(_table(result["real"], [
+            "dataset", "method", "P@1", "P@3", "P@5", "head_bytes",
+            "train_s", "decode_qps", "brute_force_qps", "end_to_end_qps"]))
+    if result["decode"]:
+        print("\n== Decoder, m=1M R=16 B=4096 k=5, synthetic peaked probs ==")
+        print(_table(result["decode"], [
+            "peak", "queries", "qps", "cpu_ms_per_query",
+            "qps_per_2_cores_from_cpu_time", "brute_force_qps",
+            "exact_vs_brute_force", "mean_top1_score", "list_build_s"]))
+    if result["synthetic"]:
+        print("\n== Training at m=1M on synthetic data ==")
+        print(_table([result["synthetic"]], [
+            "m", "train_instances", "epoch_s", "train_instances_per_s",
+            "head_bytes", "dense_head_bytes", "P@1", "P@5",
+            "decode_qps_trained_probs", "brute_force_qps"]))
+    print(f"\nload average start/end: {result['machine']['loadavg_start']} / "
+          f"{result['machine']['loadavg_end']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
