@@ -83,6 +83,7 @@ def test_predict_file_matches_reported_precision(trained):
     top1 = np.array([int(line.split()[0].split(":")[0]) for line in lines])
     assert all(len(line.split()) == 3 for line in lines)
     hits = np.asarray(test.labels[np.arange(len(top1)), top1]).ravel()
+    hits = hits.astype(np.float64)  # the reported metrics are float64
     metrics = json.loads((workdir / "metrics.json").read_text())
     assert 100.0 * hits.mean() == pytest.approx(metrics["P@1"], abs=1e-6)
 
