@@ -51,8 +51,10 @@ _SCRIPT = textwrap.dedent(r"""
            "loss": [float(v) for v in hist.history["loss"]],
            "kernel_shape": list(head.kernel.shape)}
     try:
-        _loader.load()
+        has_op = hasattr(_loader.load(), "xmc_mach_top_k")
     except _loader.OpLibraryError:
+        has_op = False
+    if not has_op:
         out["p1"] = None
     else:
         ids, _ = head.decode(model.predict(x[3500:], verbose=0), 1,

@@ -493,9 +493,9 @@ class MachTopKOp : public OpKernel {
                     num_repetitions_, " (len(hash_a)), got shape ",
                     probs.shape().DebugString()));
     OP_REQUIRES(ctx, probs.dim_size(2) == num_buckets_,
-                errors::InvalidArgument("probs.shape[2] must equal num_buckets=",
-                                        num_buckets_, ", got shape ",
-                                        probs.shape().DebugString()));
+                errors::InvalidArgument(
+                    "probs.shape[2] must equal num_buckets=", num_buckets_,
+                    ", got shape ", probs.shape().DebugString()));
     const int64_t batch = probs.dim_size(0);
     Tensor* top_ids = nullptr;
     Tensor* top_scores = nullptr;

@@ -60,7 +60,8 @@ REGISTER_OP("Xmc>MachTopK")
 Exact top-k labels of MACH meta-class probabilities (no [batch, m] scores).
 
 MACH (Medini et al., "Extreme Classification in Log Memory using
-Count-Min Sketch", NeurIPS 2019, Sec. 3) hashes m labels into B buckets with R independent 2-universal hash functions
+Count-Min Sketch", NeurIPS 2019, Sec. 3) hashes m labels into B buckets
+with R independent 2-universal hash functions
 h_r(j) = ((hash_a[r] * j + hash_b[r]) mod prime) mod B (computed in 64-bit
 integers) and trains R B-way meta-classifiers.  A label's score is the
 paper's estimator (Eq. 2, without its monotone affine map B/(B-1)(x - 1/B)):

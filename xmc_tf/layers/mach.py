@@ -133,8 +133,8 @@ class MachHead(keras.layers.Layer):
     def build(self, input_shape):
         d = input_shape[-1]
         if d is None:
-            raise ValueError(
-                f"MachHead needs a known last input dimension, got {input_shape}")
+            raise ValueError("MachHead needs a known last input dimension, "
+                             f"got {input_shape}")
         self.kernel = self.add_weight(
             name="kernel",
             shape=(self.num_repetitions, int(d), self.num_buckets),

@@ -311,11 +311,22 @@ def mach_top_k(probs, k: int, hashing, *, method: str = "threshold",
                     "probs must have shape [batch, R="
                     f"{hashing.num_repetitions}, B={hashing.num_buckets}], "
                     f"got {shape}")
-        return _loader.load().xmc_mach_top_k(
-            probs, k=k, num_labels=hashing.num_labels,
-            num_buckets=hashing.num_buckets, hash_a=list(hashing.hash_a),
-            hash_b=list(hashing.hash_b), prime=hashing.prime, method=method,
-            brute_force_fallback=bool(brute_force_fallback))
+        lib = _loader.load()
+        if not hasattr(lib, "xmc_mach_top_k"):
+            raise _loader.OpLibraryError(
+                f"{_loader.library_path()} has no Xmc>MachTopK op (built "
+                "without ops/mach): rebuild the op library")
+        try:
+            return lib.xmc_mach_top_k(
+                probs, k=k, num_labels=hashing.num_labels,
+                num_buckets=hashing.num_buckets, hash_a=list(hashing.hash_a),
+                hash_b=list(hashing.hash_b), prime=hashing.prime,
+                method=method,
+                brute_force_fallback=bool(brute_force_fallback))
+        except TypeError as e:  # an op library older than this wrapper
+            raise _loader.OpLibraryError(
+                f"{_loader.library_path()}: Xmc>MachTopK does not match "
+                f"this xmc_tf ({e}); rebuild the op library") from e
 
 
 tf.no_gradient("Xmc>MachTopK")
