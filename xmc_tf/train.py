@@ -155,32 +155,30 @@ def _load(config, workdir):
     return train, test
 
 
+def predict_top_k(model, dataset, k=5, batch_size=1024):
+    """Yields ``(ids int32 [b, k], scores float32 [b, k])`` per batch, in
+    row order; scores are computed one batch at a time."""
+    predict = tf.function(lambda x: tf.math.top_k(model(x, training=False), k=k))
+    for features, _ in xdata.make_tf_dataset(dataset, batch_size):
+        top = predict(features)
+        yield top.indices.numpy(), top.values.numpy()
+
+
 def evaluate_model(model, dataset, inv_propensities, ks=(1, 3, 5),
                    batch_size=1024) -> dict:
     """P@k, nDCG@k, PSP@k, recall@k (percent) of `model` on `dataset`.
 
     Scores are computed one batch at a time and reduced to the top max(ks)
-    labels, so no ``[num_instances, num_labels]`` array is held.
+    labels (:func:`predict_top_k`), so no ``[num_instances, num_labels]``
+    array is held.
     """
     evaluator = xmetrics.XMCEvaluator(ks=ks, inv_propensities=inv_propensities)
-    top = max(ks)
-    predict = tf.function(lambda x: tf.math.top_k(model(x, training=False),
-                                                  k=top).indices)
     start = 0
-    for features, _ in xdata.make_tf_dataset(dataset, batch_size):
-        ids = predict(features).numpy()
+    for ids, _ in predict_top_k(model, dataset, max(ks), batch_size):
         stop = start + ids.shape[0]
         evaluator.update(ids, dataset.labels[start:stop])
         start = stop
     return evaluator.result()
-
-
-def predict_top_k(model, dataset, k=5, batch_size=1024):
-    """Yields ``(ids int32 [b, k], scores float32 [b, k])`` per batch."""
-    predict = tf.function(lambda x: tf.math.top_k(model(x, training=False), k=k))
-    for features, _ in xdata.make_tf_dataset(dataset, batch_size):
-        top = predict(features)
-        yield top.indices.numpy(), top.values.numpy()
 
 
 def _callbacks(config, workdir, has_sparse_head, validation):
