@@ -24,8 +24,8 @@ _SLOTS = {
 }
 
 
-def _optimizer_slots(optimizer, variable):
-    """The optimizer state variables of `variable` (same shape as it).
+def _slot_names(optimizer):
+    """Names of the optimizer's per-variable state lists.
 
     Raises:
       ValueError: an optimizer whose state layout SetRewiring does not know.
@@ -36,6 +36,16 @@ def _optimizer_slots(optimizer, variable):
             f"SetRewiring supports {sorted(c.__name__ for c in _SLOTS)}; got "
             f"{type(optimizer).__name__}: its per-weight state could not be "
             "reset for rewired connections.")
+    return names
+
+
+def _optimizer_slots(optimizer, variable):
+    """The optimizer state variables of `variable` (same shape as it).
+
+    Raises:
+      ValueError: as :func:`_slot_names`.
+    """
+    names = _slot_names(optimizer)
     if not optimizer.built:
         return []
     index = optimizer._get_variable_index(variable)  # pylint: disable=protected-access
@@ -163,8 +173,7 @@ class SetRewiring(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if not self._targets():
             raise ValueError("SetRewiring: the model has no UniformSparseDense layer")
-        if type(self.model.optimizer) not in _SLOTS:
-            _optimizer_slots(self.model.optimizer, None)  # raises the error
+        _slot_names(self.model.optimizer)  # unsupported optimizer: ValueError
         self._periods_done = int(self.model.optimizer.iterations) // (
             self.every_n_steps)
 
