@@ -106,9 +106,8 @@ def build_model(num_features, num_labels, B, R, hidden, dropout, seed,
 def _decode_throughput(head, logits, k, activation, method, max_queries=None):
     """Queries/s of the MachTopK decoder on precomputed logits."""
     import tensorflow as tf
-    from xmc_tf.ops.mach import mach_top_k
-    from xmc_tf.layers.mach import _activate
-    probs = _activate(tf.constant(logits[:max_queries]), activation)
+    from xmc_tf.ops.mach import mach_top_k, meta_probabilities
+    probs = meta_probabilities(tf.constant(logits[:max_queries]), activation)
     mach_top_k(probs[:2], k, head.hashing, method=method)  # builds the cache
     start = _timer()
     ids, scores = mach_top_k(probs, k, head.hashing, method=method)

@@ -120,3 +120,114 @@ def test_bad_command_is_usage_error():
                           env=env, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode != 0
     assert "usage: xmc-tf" in proc.stderr + proc.stdout
+
+
+# --------------------------------------------------------------------------
+# The MACH head through the same command (configs/mach.py).
+
+MACH_SMALL = ["--config.train.epochs=2", "--config.model.encoder_dims=(32,)",
+              "--config.model.intermediate_dim=16",
+              "--config.model.num_buckets=8",
+              "--config.model.num_repetitions=4",
+              "--config.train.batch_size=32", "--config.train.verbose=0"]
+
+
+@pytest.fixture(scope="module")
+def trained_mach(trained):
+    tmp = trained[0]
+    workdir = tmp / "mach"
+    xmc_tf_cmd("train", "--config=configs/mach.py",
+               f"--config.data.train={tmp / 'train.txt.gz'}",
+               f"--config.data.test={tmp / 'test.txt'}",
+               f"--workdir={workdir}", *MACH_SMALL)
+    return tmp, workdir, trained[2]
+
+
+def _mach_brute_force_top_k(workdir, data_path, k):
+    """Top-k by scoring all labels in NumPy from the saved model's logits."""
+    import keras
+    import tensorflow as tf
+    import xmc_tf
+    from xmc_tf.train import load_for_model
+    model = keras.models.load_model(workdir / "model.keras", compile=False)
+    head = model.get_layer("output")
+    assert isinstance(head, xmc_tf.layers.MachHead)
+    data = load_for_model(str(data_path), str(workdir))
+    x = data.features.tocoo()
+    sp = tf.sparse.reorder(tf.SparseTensor(
+        np.stack([x.row, x.col], 1).astype(np.int64),
+        x.data.astype(np.float32), x.shape))
+    z = model(sp).numpy().astype(np.float64)  # [n, R, B]
+    assert head.decode_activation == "sigmoid"  # the config's loss is bce
+    p = 1.0 / (1.0 + np.exp(-z))
+    h = head.hashing
+    m = h.num_labels
+    scores = np.zeros((z.shape[0], m))
+    for r, (a, b) in enumerate(zip(h.hash_a, h.hash_b)):
+        buckets = ((a * np.arange(m, dtype=np.int64) + b) % h.prime) % h.num_buckets
+        scores += p[:, r, buckets]
+    scores /= h.num_repetitions
+    return np.array([sorted(range(m), key=lambda j: (-row[j], j))[:k]
+                     for row in scores]), head
+
+
+def test_mach_train_outputs_and_evaluate(trained_mach):
+    tmp, workdir, _ = trained_mach
+    metrics = json.loads((workdir / "metrics.json").read_text())
+    assert metrics["head"] == "mach"
+    assert (metrics["num_buckets"], metrics["num_repetitions"]) == (8, 4)
+    # kernel [R, d, B] + bias [R, B], float32.
+    assert metrics["output_layer_bytes"] == 4 * 4 * 8 * (16 + 1)
+    assert metrics["model_bytes"] > metrics["output_layer_bytes"]
+    history = (workdir / "history.csv").read_text()
+    assert "val_precision_at_3" in history  # the LR schedule's monitor
+    out = xmc_tf_cmd("evaluate", f"--workdir={workdir}",
+                     f"--data={tmp / 'test.txt'}")
+    evaluated = json.loads(out.strip().splitlines()[-1])
+    for key in ["P@1", "P@3", "P@5", "nDCG@5", "PSP@5"]:
+        assert evaluated[key] == pytest.approx(metrics[key], abs=1e-6)
+
+
+def test_mach_predict_and_saved_model_match_brute_force(trained_mach):
+    tmp, workdir, test = trained_mach
+    pred = tmp / "mach_pred.txt"
+    xmc_tf_cmd("predict", f"--workdir={workdir}", f"--data={tmp / 'test.txt'}",
+               f"--output={pred}", "--k=3")
+    got = np.array([[int(t.split(":")[0]) for t in line.split()]
+                    for line in pred.read_text().splitlines()])
+    expected, _ = _mach_brute_force_top_k(workdir, tmp / "test.txt", 5)
+    # Labels sharing all R buckets tie exactly in both (lower id first).
+    np.testing.assert_array_equal(got, expected[:, :3])
+    metrics = json.loads((workdir / "metrics.json").read_text())
+    hits = np.asarray(test.labels[np.arange(len(got)), got[:, 0]]).ravel()
+    assert 100.0 * hits.astype(np.float64).mean() == pytest.approx(
+        metrics["P@1"], abs=1e-6)
+    script = f"""
+import numpy as np, tensorflow as tf
+import xmc_tf
+from xmc_tf.train import load_for_model
+sm = tf.saved_model.load({str(workdir / 'saved_model')!r})
+data = load_for_model({str(tmp / 'test.txt')!r}, {str(workdir)!r})
+x = data.features.tocoo()
+sp = tf.sparse.reorder(tf.SparseTensor(
+    np.stack([x.row, x.col], 1).astype(np.int64), x.data.astype(np.float32),
+    x.shape))
+out = sm.serve(sp)
+np.save({str(tmp / 'served.npy')!r}, out["label_ids"].numpy())
+print("OK", out["scores"].shape)
+"""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, "-c", script], env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(tmp / "served.npy"), expected)
+
+
+def test_mach_head_rejects_label_wise_loss(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, "-m", "xmc_tf", "train", "--config=configs/mach.py",
+         "--config.loss=squared_hinge", f"--workdir={tmp_path}"],
+        env=env, capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode != 0
+    assert "does not fit head 'mach'" in proc.stderr

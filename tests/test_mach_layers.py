@@ -130,6 +130,13 @@ def test_head_config_roundtrip_and_validation():
         assert key in cfg
     clone = MachHead.from_config(cfg)
     assert clone.hashing == head.hashing and clone.name == "mach"
+    assert clone.decode_activation == "softmax"
+    sig = MachHead.from_config(
+        MachHead(1000, 32, 4, seed=9, decode_activation="sigmoid").get_config())
+    assert sig.decode_activation == "sigmoid"
+    assert MachDecoder.from_head(sig, k=2).activation == "sigmoid"
+    with pytest.raises(ValueError, match="decode_activation"):
+        MachHead(1000, 32, 4, decode_activation="relu")
     with pytest.raises(ValueError):
         MachHead(1000, 32, 4, hash_a=[1, 2])
     with pytest.raises(ValueError, match="num_repetitions"):
@@ -348,3 +355,40 @@ def test_end_to_end_multilabel_bce_learns():
     top = ids.numpy()[:, 0]
     p1 = float(np.mean((top == y[4000:, 0]) | (top == y[4000:, 1])))
     assert p1 > 0.35, p1  # chance: < 1 %; measured 0.60
+
+
+@needs_ops
+@pytest.mark.parametrize("activation", ["softmax", "sigmoid"])
+def test_mach_precision_metric_matches_dense_scores(activation):
+    from xmc_tf.metrics import MachPrecisionAtK
+    rng = np.random.default_rng(11)
+    h = MachHashing.random(150, 16, 3, seed=4)
+    logits = rng.normal(size=(40, 3, 16)).astype(np.float32)
+    ids = _random_ids(rng, 40, 4, 150)
+    # Dense reference: every label's MACH score, top-k by (-score, id).
+    z = logits.astype(np.float64)
+    if activation == "softmax":
+        p = np.exp(z - z.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+    else:
+        p = 1.0 / (1.0 + np.exp(-z))
+    lb = np_buckets(h, np.arange(150))  # [m, R]
+    scores = np.stack([p[:, r, lb[:, r]] for r in range(3)]).mean(0)
+    for k in (1, 3):
+        expected = 0.0
+        for i in range(40):
+            top = sorted(range(150), key=lambda j: (-scores[i, j], j))[:k]
+            expected += len(set(top) & set(ids[i][ids[i] >= 0])) / k
+        metric = MachPrecisionAtK(k, h, activation=activation)
+        metric.update_state(tf.constant(ids[:25]), logits[:25])
+        metric.update_state(tf.constant(ids[25:]), logits[25:])
+        assert float(metric.result()) == pytest.approx(expected / 40, abs=1e-6)
+        assert metric.name == f"precision_at_{k}"
+        clone = MachPrecisionAtK.from_config(metric.get_config())
+        assert clone.hashing == h and clone.activation == activation
+    head = MachHead(150, 16, 3, seed=4, decode_activation="sigmoid")
+    assert MachPrecisionAtK(1, head).activation == "sigmoid"
+    with pytest.raises(ValueError, match="activation"):
+        MachPrecisionAtK(1, h, activation="relu")
+    with pytest.raises(ValueError, match="exceeds"):
+        MachPrecisionAtK(151, h)

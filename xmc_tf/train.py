@@ -6,12 +6,19 @@
       -> encoder Dense layers (ReLU)            [learned features]
       -> intermediate Dense (ReLU)              [Sec. 3.4 of the paper]
       -> output head: UniformSparseDense | Dense   [num_labels scores]
+                    | MachHead                     [R x B bucket logits]
 
 trains it with ``model.fit`` (Adam; learning rate halved when validation P@3
 stops improving, down to a floor, then early stopping: Sec. 4.1), rewires the
 sparse head with SET, evaluates P@k, nDCG@k, PSP@k and recall@k on the test
 set, and writes ``metrics.json``, ``model.keras`` and ``saved_model/`` to the
 work directory.  Training resumes from ``workdir/backup`` after a crash.
+
+With ``model.head = "mach"`` the output is MACH's ``R`` meta-classifiers
+over ``B`` hashed buckets (Medini et al., NeurIPS 2019, Sec. 3); top-k
+labels (training metrics, evaluation, ``predict``, the SavedModel) then come
+from the exact decoder op ``Xmc>MachTopK`` and no ``[batch, num_labels]``
+tensor is formed.
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 3.4 and 4.1.
@@ -32,11 +39,27 @@ from absl import logging
 from xmc_tf import data as xdata
 from xmc_tf import metrics as xmetrics
 from xmc_tf.callbacks import SetRewiring
-from xmc_tf.layers import UniformSparseDense
-from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge
+from xmc_tf.layers import MachDecoder, MachHead, UniformSparseDense
+from xmc_tf.losses import (BinaryCrossEntropy, MachBinaryCrossentropy,
+                           MachSoftmaxCrossentropy, SquaredHinge)
 
-HEADS = ("uniform_sparse", "dense")
+HEADS = ("uniform_sparse", "dense", "mach")
+#: config.loss -> loss class, for the heads that score every label.
 LOSSES = {"squared_hinge": SquaredHinge, "bce": BinaryCrossEntropy}
+#: config.loss -> (loss class, decoding activation) for the MACH head:
+#: "bce" over bucket indicators (multi-label), "softmax" per repetition.
+MACH_LOSSES = {"bce": (MachBinaryCrossentropy, "sigmoid"),
+               "softmax": (MachSoftmaxCrossentropy, "softmax")}
+
+
+def _check_head_and_loss(config):
+    head, loss = config.model.head, config.loss
+    if head not in HEADS:
+        raise ValueError(f"config.model.head={head!r}; expected one of {HEADS}")
+    allowed = MACH_LOSSES if head == "mach" else LOSSES
+    if loss not in allowed:
+        raise ValueError(f"config.loss={loss!r} does not fit head {head!r}; "
+                         f"expected one of {tuple(allowed)}")
 
 
 def peak_memory_bytes() -> int:
@@ -62,14 +85,16 @@ def build_model(config, num_features: int, num_labels: int,
 
     Returns:
       A functional ``keras.Model`` mapping ``[batch, D]`` to ``[batch, m]``
-      scores (logits).
+      scores (logits), or for the MACH head to ``[batch, R, B]`` bucket
+      logits (``config.model.num_repetitions``, ``num_buckets``).  The head
+      layer is named ``"output"``.
 
     Raises:
-      ValueError: unknown ``config.model.head``.
+      ValueError: unknown ``config.model.head``, or ``config.loss`` not
+        made for it.
     """
+    _check_head_and_loss(config)
     mc = config.model
-    if mc.head not in HEADS:
-        raise ValueError(f"config.model.head={mc.head!r}; expected one of {HEADS}")
     inputs = keras.Input(shape=(num_features,), sparse=sparse_input,
                          name="features")
     x = inputs
@@ -84,18 +109,53 @@ def build_model(config, num_features: int, num_labels: int,
         fan_in = min(mc.connections_per_label, x.shape[-1])
         outputs = UniformSparseDense(num_labels, fan_in, seed=config.seed,
                                      name="output")(x)
+    elif mc.head == "mach":
+        outputs = MachHead(num_labels, mc.num_buckets, mc.num_repetitions,
+                           seed=config.seed,
+                           decode_activation=MACH_LOSSES[config.loss][1],
+                           name="output")(x)
     else:
         outputs = keras.layers.Dense(num_labels, name="output")(x)
     return keras.Model(inputs, outputs, name=f"xmc_{mc.head}")
 
 
-def export_saved_model(model: keras.Model, path: str) -> None:
-    """Writes a TF SavedModel with a ``serve`` endpoint returning scores.
+def mach_head(model: keras.Model) -> MachHead | None:
+    """The model's ``"output"`` layer if it is a :class:`MachHead`, else None."""
+    try:
+        layer = model.get_layer("output")
+    except ValueError:
+        return None
+    return layer if isinstance(layer, MachHead) else None
+
+
+def top_k_function(model: keras.Model, k: int):
+    """A ``tf.function`` mapping a feature batch to its top-k labels.
+
+    Returns ``(ids int32 [b, k], scores float32 [b, k])``, best first: the
+    top-k of the ``[b, m]`` scores, or for a MACH model the exact decoder
+    (:class:`MachDecoder` with the head's hashes and activation), which never
+    forms ``[b, m]``.
+    """
+    head = mach_head(model)
+    if head is not None:
+        decoder = MachDecoder.from_head(head, k=k)
+        return tf.function(lambda x: decoder(model(x, training=False)))
+    def top_k(x):
+        top = tf.math.top_k(model(x, training=False), k=k)
+        return top.indices, top.values
+    return tf.function(top_k)
+
+
+def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
+    """Writes a TF SavedModel with a ``serve`` endpoint.
 
     The endpoint takes what the model takes: a ``tf.SparseTensor`` float32
     ``[batch, num_features]`` for sparse inputs (``keras.Model.export`` would
-    make it a dense signature), else a dense float32 tensor.  Load it after
-    ``import xmc_tf`` (the op library must be registered).
+    make it a dense signature), else a dense float32 tensor.  It returns the
+    ``[batch, num_labels]`` scores, or for a MACH model (whose point is to
+    never form those) a dict ``{"label_ids": int32 [batch, k], "scores":
+    float32 [batch, k]}`` from the exact decoder.  Load it after ``import
+    xmc_tf`` (the op library must be registered).
     """
     spec = model.inputs[0]
     shape = [None, spec.shape[-1]]
@@ -103,18 +163,36 @@ def export_saved_model(model: keras.Model, path: str) -> None:
                  else tf.TensorSpec(shape, tf.float32))
     archive = keras.export.ExportArchive()
     archive.track(model)
+    head = mach_head(model)
+    if head is not None:
+        decoder = MachDecoder.from_head(head, k=k)
+
+        def serve(x):
+            ids, scores = decoder(model(x, training=False))
+            return {"label_ids": ids, "scores": scores}
+    else:
+        def serve(x):
+            return model(x, training=False)
     # A tf.function with its own signature: ExportArchive would turn a sparse
     # Keras input spec into a dense one.
-    archive.add_endpoint("serve", tf.function(
-        lambda x: model(x, training=False), input_signature=[signature]))
+    archive.add_endpoint("serve", tf.function(serve,
+                                              input_signature=[signature]))
     archive.write_out(path, verbose=False)
+
+
+def _variable_bytes(variables) -> int:
+    return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
+                   for v in variables))
 
 
 def output_layer_bytes(model: keras.Model) -> int:
     """Bytes of the output layer's variables (weights, indices, bias)."""
-    layer = model.get_layer("output")
-    return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
-                   for v in layer.weights))
+    return _variable_bytes(model.get_layer("output").weights)
+
+
+def model_bytes(model: keras.Model) -> int:
+    """Bytes of all the model's variables (every layer; no optimizer state)."""
+    return _variable_bytes(model.weights)
 
 
 PREPROCESSING_FILE = "preprocessing.npz"
@@ -157,11 +235,12 @@ def _load(config, workdir):
 
 def predict_top_k(model, dataset, k=5, batch_size=1024):
     """Yields ``(ids int32 [b, k], scores float32 [b, k])`` per batch, in
-    row order; scores are computed one batch at a time."""
-    predict = tf.function(lambda x: tf.math.top_k(model(x, training=False), k=k))
+    row order; scores are computed one batch at a time
+    (:func:`top_k_function`)."""
+    predict = top_k_function(model, k)
     for features, _ in xdata.make_tf_dataset(dataset, batch_size):
-        top = predict(features)
-        yield top.indices.numpy(), top.values.numpy()
+        ids, scores = predict(features)
+        yield ids.numpy(), scores.numpy()
 
 
 def evaluate_model(model, dataset, inv_propensities, ks=(1, 3, 5),
@@ -217,7 +296,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
       The metrics dict also written to ``workdir/metrics.json``: ``P@k``,
       ``nDCG@k``, ``PSP@k``, ``R@k`` (percent), ``train_seconds``, ``epochs``,
       ``num_labels``, ``peak_memory_bytes`` (process peak RSS, bytes),
-      ``output_layer_bytes`` and the data set sizes.
+      ``output_layer_bytes`` and ``model_bytes`` (variables of the head /
+      of the whole model, bytes), the data set sizes, and for MACH
+      ``num_buckets`` and ``num_repetitions``.
 
     Raises:
       ValueError: bad config values or inconsistent data files.
@@ -241,10 +322,16 @@ def train_and_evaluate(config, workdir: str) -> dict:
     model = build_model(config, train.num_features, train.num_labels,
                         train.is_sparse)
     tc = config.train
+    head = mach_head(model)
+    if head is not None:
+        loss = MACH_LOSSES[config.loss][0](head)
+        train_metrics = [xmetrics.MachPrecisionAtK(k, head) for k in (1, 3)]
+    else:
+        loss = LOSSES[config.loss]()
+        train_metrics = [xmetrics.PrecisionAtK(1), xmetrics.PrecisionAtK(3)]
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate=tc.learning_rate),
-        loss=LOSSES[config.loss](),
-        metrics=[xmetrics.PrecisionAtK(1), xmetrics.PrecisionAtK(3)],
+        loss=loss, metrics=train_metrics,
         jit_compile=False)  # XLA cannot compile the custom ops
     model.summary(print_fn=logging.info)
 
@@ -273,10 +360,15 @@ def train_and_evaluate(config, workdir: str) -> dict:
         "num_train_instances": train.num_instances,
         "num_test_instances": test.num_instances if test is not None else 0,
         "output_layer_bytes": output_layer_bytes(model),
+        "model_bytes": model_bytes(model),
         "head": config.model.head,
     })
+    if head is not None:
+        results.update(num_buckets=head.num_buckets,
+                       num_repetitions=head.num_repetitions)
     model.save(os.path.join(workdir, "model.keras"))
-    export_saved_model(model, os.path.join(workdir, "saved_model"))
+    export_saved_model(model, os.path.join(workdir, "saved_model"),
+                       k=max(config.eval.ks))
     results["peak_memory_bytes"] = peak_memory_bytes()
     with open(os.path.join(workdir, "metrics.json"), "w") as f:
         json.dump(results, f, indent=2, sort_keys=True)

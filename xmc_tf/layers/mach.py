@@ -41,11 +41,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from xmc_tf.ops.mach import PRIME, MachHashing, mach_top_k
+from xmc_tf.ops.mach import (ACTIVATIONS, PRIME, MachHashing, mach_top_k,
+                             meta_probabilities)
 
 __all__ = ["MachHead", "MachDecoder"]
-
-_ACTIVATIONS = ("softmax", "sigmoid", "linear")
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
@@ -69,6 +68,11 @@ class MachHead(keras.layers.Layer):
         :meth:`get_config` stores).
       prime: hash modulus, a prime ``<= 2^31 - 1`` (default ``2^31 - 1``).
       use_bias: add a bias ``[R, B]``.
+      decode_activation: how :meth:`decode` and :meth:`MachDecoder.from_head`
+        turn logits into meta-probabilities by default: ``"softmax"`` (head
+        trained with :class:`~xmc_tf.losses.mach.MachSoftmaxCrossentropy`)
+        or ``"sigmoid"`` (:class:`~xmc_tf.losses.mach.MachBinaryCrossentropy`);
+        stored in the config so a reloaded head decodes as it was trained.
       kernel_initializer, bias_initializer, kernel_regularizer,
       bias_regularizer, kernel_constraint, bias_constraint: as for
         ``keras.layers.Dense``; they receive the full shapes ``[R, d, B]``
@@ -99,6 +103,7 @@ class MachHead(keras.layers.Layer):
 
     def __init__(self, num_labels, num_buckets, num_repetitions, seed=0,
                  hash_a=None, hash_b=None, prime=PRIME, use_bias=True,
+                 decode_activation="softmax",
                  kernel_initializer="glorot_uniform",
                  bias_initializer="zeros", kernel_regularizer=None,
                  bias_regularizer=None, kernel_constraint=None,
@@ -121,6 +126,10 @@ class MachHead(keras.layers.Layer):
         self.num_repetitions = int(num_repetitions)
         self.seed = seed
         self.use_bias = bool(use_bias)
+        if decode_activation not in ("softmax", "sigmoid"):
+            raise ValueError("decode_activation must be 'softmax' or "
+                             f"'sigmoid', got {decode_activation!r}")
+        self.decode_activation = decode_activation
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
@@ -184,21 +193,23 @@ class MachHead(keras.layers.Layer):
         """
         return self.hashing.buckets(label_ids)
 
-    def decode(self, logits, k, activation="softmax", method="threshold"):
+    def decode(self, logits, k, activation=None, method="threshold"):
         """Exact top-k labels of head logits (eager/graph helper).
 
         Args:
           logits: ``[batch, R, B]`` output of this head.
           k: labels per row.
           activation: ``"softmax"`` (over buckets; multi-class training),
-            ``"sigmoid"`` (multi-label training) or ``"linear"`` (average
-            the raw logits).
+            ``"sigmoid"`` (multi-label training), ``"linear"`` (average
+            the raw logits) or ``None``: the head's ``decode_activation``.
           method: ``"threshold"`` or ``"brute_force"``.
 
         Returns:
           ``(ids int32 [batch, k], scores float32 [batch, k])``.
         """
-        return mach_top_k(_activate(logits, activation), k, self.hashing,
+        if activation is None:
+            activation = self.decode_activation
+        return mach_top_k(meta_probabilities(logits, activation), k, self.hashing,
                           method=method)
 
     def head_bytes(self) -> int:
@@ -216,6 +227,7 @@ class MachHead(keras.layers.Layer):
             "hash_b": list(self.hashing.hash_b),
             "prime": self.hashing.prime,
             "use_bias": self.use_bias,
+            "decode_activation": self.decode_activation,
             "kernel_initializer":
                 keras.initializers.serialize(self.kernel_initializer),
             "bias_initializer":
@@ -230,17 +242,6 @@ class MachHead(keras.layers.Layer):
                 keras.constraints.serialize(self.bias_constraint),
         })
         return config
-
-
-def _activate(x, activation):
-    if activation == "softmax":
-        return tf.nn.softmax(tf.cast(x, tf.float32), axis=-1)
-    if activation == "sigmoid":
-        return tf.sigmoid(tf.cast(x, tf.float32))
-    if activation in ("linear", None):
-        return tf.cast(x, tf.float32)
-    raise ValueError(
-        f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
@@ -287,9 +288,9 @@ class MachDecoder(keras.layers.Layer):
                              f"{self.hashing.num_labels}], got {k}")
         if activation is None:
             activation = "linear"
-        if activation not in _ACTIVATIONS:
+        if activation not in ACTIVATIONS:
             raise ValueError(
-                f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
+                f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         if method not in ("threshold", "brute_force"):
             raise ValueError(
                 f"method must be 'threshold' or 'brute_force', got {method!r}")
@@ -297,16 +298,19 @@ class MachDecoder(keras.layers.Layer):
         self.method = method
 
     @classmethod
-    def from_head(cls, head: MachHead, k=5, activation="softmax",
+    def from_head(cls, head: MachHead, k=5, activation=None,
                   method="threshold", **kwargs) -> "MachDecoder":
-        """A decoder with the hash family of ``head``."""
+        """A decoder with the hash family of ``head``; ``activation=None``
+        takes the head's ``decode_activation``."""
         h = head.hashing
+        if activation is None:
+            activation = head.decode_activation
         return cls(h.num_labels, h.num_buckets, list(h.hash_a),
                    list(h.hash_b), k=k, activation=activation, prime=h.prime,
                    method=method, **kwargs)
 
     def call(self, inputs):
-        probs = _activate(inputs, self.activation)
+        probs = meta_probabilities(inputs, self.activation)
         return mach_top_k(probs, self.k, self.hashing, method=self.method)
 
     def compute_output_shape(self, input_shape):

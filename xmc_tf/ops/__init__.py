@@ -1,8 +1,8 @@
 """Thin Python wrappers over the compiled xmc_tf ops, with their gradients."""
 
 from xmc_tf.ops._loader import OpLibraryError, load
-from xmc_tf.ops.mach import MachHashing, mach_top_k
+from xmc_tf.ops.mach import MachHashing, mach_top_k, meta_probabilities
 from xmc_tf.ops.uniform_sparse import uniform_sparse_matmul
 
 __all__ = ["MachHashing", "OpLibraryError", "load", "mach_top_k",
-           "uniform_sparse_matmul"]
+           "meta_probabilities", "uniform_sparse_matmul"]

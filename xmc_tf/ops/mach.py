@@ -33,7 +33,8 @@ from xmc_tf.ops import _loader
 #: division-free fast path for it).  Products ``a_r * j`` stay below 2^62.
 PRIME = 2**31 - 1
 
-__all__ = ["PRIME", "MachHashing", "mach_top_k"]
+__all__ = ["ACTIVATIONS", "PRIME", "MachHashing", "mach_top_k",
+           "meta_probabilities"]
 
 
 def _is_prime(p: int) -> bool:
@@ -240,6 +241,37 @@ class MachHashing:
                 f"num_buckets={self._num_buckets}, "
                 f"num_repetitions={self.num_repetitions}, "
                 f"prime={self._prime})")
+
+
+ACTIVATIONS = ("softmax", "sigmoid", "linear")
+
+
+def meta_probabilities(logits, activation="softmax") -> tf.Tensor:
+    """Meta-class probabilities ``[..., R, B]`` float32 from head logits.
+
+    Args:
+      logits: float ``[..., R, B]`` outputs of a
+        :class:`~xmc_tf.layers.mach.MachHead`.
+      activation: ``"softmax"`` over the B buckets of each repetition (the
+        head was trained with the per-repetition softmax cross-entropy,
+        Medini et al. 2019, Algorithm 1), ``"sigmoid"`` per bucket (binary
+        cross-entropy, the multi-label variant) or ``"linear"``/``None``
+        (the input already holds probabilities).
+
+    Returns:
+      float32 tensor of the shape of ``logits``.
+
+    Raises:
+      ValueError: unknown ``activation``.
+    """
+    if activation == "softmax":
+        return tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)
+    if activation == "sigmoid":
+        return tf.sigmoid(tf.cast(logits, tf.float32))
+    if activation in ("linear", None):
+        return tf.cast(logits, tf.float32)
+    raise ValueError(
+        f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
 def mach_top_k(probs, k: int, hashing, *, method: str = "threshold",

@@ -1,0 +1,41 @@
+"""MACH: R meta-classifiers over B hashed buckets (Medini et al. 2019).
+
+sparse TF-IDF input -> Dense encoder (ReLU) -> intermediate Dense (ReLU; its
+width d sets the head size) -> MachHead(num_labels, B, R): one ``[R, d, B]``
+kernel, ``4 R B (d + 1)`` bytes instead of ``4 m (d + 1)`` for a dense
+output layer.  Loss ``"bce"`` (binary cross-entropy over bucket indicators,
+the paper's multi-label variant, end of Sec. 3) or ``"softmax"``
+(per-repetition softmax cross-entropy, Algorithm 1; multi-class data).
+Top-k labels come from the exact decoder op ``Xmc>MachTopK`` (Eq. 2:
+mean over repetitions of the probability of the label's bucket), in the
+training metrics (val P@3 drives the LR schedule and early stopping), the
+test metrics, ``xmc-tf predict`` and the SavedModel's ``serve`` endpoint.
+
+    xmc-tf train --config=configs/mach.py \\
+        --config.data.train=TRAIN.txt.gz --config.data.test=TEST.txt.gz \\
+        --config.model.num_buckets=4096 --config.model.num_repetitions=16 \\
+        --workdir=DIR
+
+Choosing B and R: a label is confused with another in one repetition with
+probability 1/B and in all R with probability B^-R, so B^R >> m keeps labels
+distinguishable; accuracy grows with B (fewer labels share a bucket: m/B per
+bucket) and with R (more votes per label).  MACH only saves memory over a
+dense head when R B << m.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import uniform_sparse  # noqa: E402
+
+
+def get_config():
+    c = uniform_sparse.get_config()
+    c.loss = "bce"  # or "softmax"
+    c.model.head = "mach"
+    c.model.intermediate_dim = 64
+    c.model.num_buckets = 32
+    c.model.num_repetitions = 16
+    c.set.enabled = False  # SET applies to the uniform-sparse head only
+    return c
