@@ -2,19 +2,21 @@
 
 What it measures
 ----------------
-1. ``real``: MACH (Medini et al., NeurIPS 2019, Sec. 3) trained on the
-   ``xcsplit`` files of Bibtex and Delicious (``/work/shared/data``) for each
-   ``--configs`` entry ``BxR`` (B buckets, R repetitions).  Model: TF-IDF
-   features (``xmc_tf.data.normalize_features``) -> Dense(``--hidden``, ReLU)
-   -> Dropout -> :class:`xmc_tf.layers.mach.MachHead` (kernel ``[R, d, B]``),
-   trained with each of ``--losses`` (``softmax``: per-repetition softmax
-   cross-entropy over the label buckets, ``bce``: binary cross-entropy over
-   bucket indicators; :mod:`xmc_tf.losses.mach`), Adam, ``--epochs`` epochs.
-   Reported: P@1/3/5 on the test split (``xmc_tf.metrics.XMCEvaluator``),
-   bytes of the output head (kernel + bias, float32), training seconds
-   (``model.fit`` wall time), decode throughput (queries/s of the exact
-   threshold-algorithm decoder ``Xmc>MachTopK`` on the test logits, and of
-   brute force for comparison).
+1. ``real``: the main job (``xmc_tf.train.train_and_evaluate``, what
+   ``xmc-tf train --config=configs/mach.py`` runs) on the ``xcsplit`` files
+   of Bibtex and Delicious (``/work/shared/data``) for each ``--configs``
+   entry ``BxR`` (B buckets, R repetitions; Medini et al., NeurIPS 2019,
+   Sec. 3) and each of ``--losses`` (``bce``: binary cross-entropy over
+   bucket indicators, ``softmax``: per-repetition softmax cross-entropy;
+   :mod:`xmc_tf.losses.mach`); everything else (encoder, intermediate
+   width d, dropout, LR schedule, early stopping on validation P@3) is
+   configs/mach.py.  The ``--reference`` configs (default
+   configs/uniform_sparse.py) train on the same files.  Reported: P@1/3/5
+   on the test split, bytes of the output layer (MACH: kernel ``[R, d, B]``
+   + bias, float32) and of the whole model, training seconds
+   (``model.fit`` wall time), epochs, decode throughput (queries/s of the
+   exact threshold-algorithm decoder ``Xmc>MachTopK`` on the test logits,
+   of brute force, and of forward + decode in batches of 256).
 2. ``baselines``: napkinXC PLT and Omikuji (default settings, 2 threads) on
    the same files, in the same run (``--skip-baselines`` to omit; skipped
    automatically when not installed).
@@ -23,10 +25,12 @@ What it measures
    over B of N(0, 1) logits plus boosts ``peak, peak - 0.5, ...`` at the
    buckets of 5 random relevant labels, for ``--decode-peaks`` values of
    ``peak``.  Exact top-k (checked against brute force on a subset).
-4. ``synthetic``: (``--synthetic``) the training side at m = 1M labels on
-   ``xmc_tf.data.make_synthetic`` data: seconds per epoch, head bytes versus
-   a dense head, P@k, and decode throughput on the trained model's own
-   meta-probabilities.
+4. ``synthetic``: (``--synthetic``) the main job at m = 1M labels, B = 4096,
+   R = 16, softmax loss, on ``xmc_tf.data.make_synthetic`` data written as
+   XC files (no encoder, intermediate ``--synthetic-hidden``, no validation
+   split, ``--synthetic-epochs`` epochs): training throughput, head bytes
+   versus a dense head, P@k, and decode throughput on the trained model's
+   own meta-probabilities.
 
 Timing: wall clock (``time.perf_counter``) and process CPU time
 (``time.process_time``, all threads).  On a shared machine the wall time
@@ -36,8 +40,8 @@ JSON.  TensorFlow uses its default thread pools (all cores of the machine).
 Usage::
 
     python benchmarks/mach.py --out mach.json
-    python benchmarks/mach.py --datasets delicious --configs 64x16 \\
-        --skip-baselines --no-decode --out quick.json
+    python benchmarks/mach.py --datasets delicious --configs 30x16 \\
+        --reference= --skip-baselines --no-decode --out quick.json
 """
 
 from __future__ import annotations
@@ -86,21 +90,19 @@ def _precision(topk_ids, labels, ks=(1, 3, 5)):
 
 
 # ---------------------------------------------------------------------------
-# 1. MACH on real data.
+# 1. MACH on real data, through the main job (configs/mach.py).
 
-def build_model(num_features, num_labels, B, R, hidden, dropout, seed,
-                sparse_input=True):
-    import keras
-    from xmc_tf.layers.mach import MachHead
-    inputs = keras.Input((num_features,), sparse=sparse_input,
-                         name="features")
-    x = inputs
-    if hidden:
-        x = keras.layers.Dense(hidden, activation="relu", name="encoder")(x)
-        if dropout:
-            x = keras.layers.Dropout(dropout, seed=seed)(x)
-    head = MachHead(num_labels, B, R, seed=seed, name="mach_head")
-    return keras.Model(inputs, head(x)), head
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config(name):
+    """``get_config()`` of ``configs/<name>.py``."""
+    import importlib.util
+    path = os.path.join(REPO, "configs", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"xmc_config_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
 
 
 def _decode_throughput(head, logits, k, activation, method, max_queries=None):
@@ -119,56 +121,85 @@ def _decode_throughput(head, logits, k, activation, method, max_queries=None):
                                  "cpu_ms_per_query": 1e3 * cpu / n}
 
 
-def train_mach(name, train, test, B, R, loss, args):
+def _train_config(config, name, train_path, test_path, args, tag):
+    """Runs ``xmc_tf.train.train_and_evaluate`` (what ``xmc-tf train``
+    runs); returns (metrics dict, workdir)."""
+    from xmc_tf import train as xtrain
+    config.data.train = train_path
+    config.data.test = test_path
+    config.seed = args.seed
+    config.train.verbose = 0
+    if args.max_epochs:
+        config.train.epochs = min(config.train.epochs, args.max_epochs)
+    workdir = os.path.join(args.workdir, f"{name}_{tag}")
+    shutil.rmtree(workdir, ignore_errors=True)  # no BackupAndRestore resume
+    return xtrain.train_and_evaluate(config, workdir), workdir
+
+
+def train_mach(name, train_path, test_path, B, R, loss, args,
+               overrides=None):
+    """configs/mach.py with B, R, loss (and ``overrides``: dotted config
+    key -> value) on the files; adds decode throughput to the metrics."""
     import keras
     import tensorflow as tf
     from xmc_tf import data as xdata
-    from xmc_tf.losses.mach import (MachBinaryCrossentropy,
-                                    MachSoftmaxCrossentropy)
-    keras.utils.set_random_seed(args.seed)
-    model, head = build_model(train.num_features, train.num_labels, B, R,
-                              args.hidden, args.dropout, args.seed)
-    loss_cls = (MachSoftmaxCrossentropy if loss == "softmax"
-                else MachBinaryCrossentropy)
-    activation = "softmax" if loss == "softmax" else "sigmoid"
-    model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),
-                  loss=loss_cls(head), jit_compile=False)
-    ds = xdata.make_tf_dataset(train, args.batch_size, shuffle=True,
-                               seed=args.seed)
-    start = _timer()
-    model.fit(ds, epochs=args.epochs, verbose=0)
-    train_wall, train_cpu = _elapsed(start)
-
+    from xmc_tf import train as xtrain
+    config = load_config("mach")
+    config.model.num_buckets, config.model.num_repetitions = B, R
+    config.loss = loss
+    if args.intermediate_dim:
+        config.model.intermediate_dim = args.intermediate_dim
+    for key, value in (overrides or {}).items():
+        section, field = key.split(".")
+        config[section][field] = value
+    metrics, workdir = _train_config(config, name, train_path, test_path,
+                                     args, f"mach_{B}x{R}_{loss}")
+    model = keras.models.load_model(os.path.join(workdir, "model.keras"),
+                                    compile=False)
+    head = xtrain.mach_head(model)
+    test = xtrain.load_for_model(test_path, workdir)
     forward = tf.function(lambda x: model(x, training=False))
     logits = np.concatenate([forward(x).numpy() for x, _ in
                              xdata.make_tf_dataset(test, 1024)])
+    activation = head.decode_activation
     ids, _, fast = _decode_throughput(head, logits, 5, activation, "threshold")
     bf_ids, _, brute = _decode_throughput(head, logits, 5, activation,
                                           "brute_force")
     if not np.array_equal(ids, bf_ids):
         raise AssertionError("threshold and brute-force decoders disagree")
-    # End to end: forward + decode, per batch of 256.
-    from xmc_tf.layers.mach import MachDecoder
-    decoder = MachDecoder.from_head(head, k=5, activation=activation)
-    serve = tf.function(lambda x: decoder(model(x, training=False)))
+    # End to end: forward + decode, per batch of 256 (the serving path).
+    serve = xtrain.top_k_function(model, 5)
     batches = [x for x, _ in xdata.make_tf_dataset(test, 256)]
     serve(batches[0])
     start = _timer()
     for x in batches:
         serve(x)[0].numpy()
     e2e_wall, _ = _elapsed(start)
-    row = {"dataset": name, "method": f"MACH B={B} R={R} {loss}", "B": B,
-           "R": R, "loss": loss, **_precision(ids, test.labels),
-           "head_bytes": head.head_bytes(),
-           "dense_head_bytes": 4 * (model.get_layer("mach_head").kernel.shape[1]
-                                    + 1) * train.num_labels,
-           "train_s": train_wall, "train_cpu_s": train_cpu,
-           "decode_qps": fast["qps"],
-           "decode_cpu_ms_per_query": fast["cpu_ms_per_query"],
-           "brute_force_qps": brute["qps"],
-           "end_to_end_qps": test.num_instances / e2e_wall,
-           "epochs": args.epochs}
-    return row
+    d = head.kernel.shape[1]
+    return {"dataset": name, "method": f"MACH B={B} R={R} {loss}", "B": B,
+            "R": R, "d": d, "loss": loss,
+            **{k: metrics[k] for k in ("P@1", "P@3", "P@5")},
+            "head_bytes": metrics["output_layer_bytes"],
+            "model_bytes": metrics["model_bytes"],
+            "dense_head_bytes": 4 * (d + 1) * metrics["num_labels"],
+            "train_s": metrics["train_seconds"], "epochs": metrics["epochs"],
+            "decode_qps": fast["qps"],
+            "decode_cpu_ms_per_query": fast["cpu_ms_per_query"],
+            "brute_force_qps": brute["qps"],
+            "end_to_end_qps": test.num_instances / e2e_wall,
+            "workdir": workdir}
+
+
+def train_reference(name, train_path, test_path, config_name, args):
+    """The uniform-sparse (or dense) main job on the same files."""
+    metrics, workdir = _train_config(load_config(config_name), name,
+                                     train_path, test_path, args, config_name)
+    return {"dataset": name, "method": config_name,
+            **{k: metrics[k] for k in ("P@1", "P@3", "P@5")},
+            "head_bytes": metrics["output_layer_bytes"],
+            "model_bytes": metrics["model_bytes"],
+            "train_s": metrics["train_seconds"], "epochs": metrics["epochs"],
+            "workdir": workdir}
 
 
 # ---------------------------------------------------------------------------
@@ -286,53 +317,36 @@ def decode_benchmark(args):
 # 4. Training at m = 1M on synthetic data.
 
 def synthetic_benchmark(args):
-    import keras
-    import tensorflow as tf
+    """configs/mach.py at m = --decode-labels on make_synthetic data written
+    as XC files (what a user would run with ``xmc-tf train``)."""
     from xmc_tf import data as xdata
-    from xmc_tf.losses.mach import MachSoftmaxCrossentropy
     m, R, B = args.decode_labels, 16, 4096
     n_train, n_test = args.synthetic_instances, 2000
     start = _timer()
     full = xdata.make_synthetic(n_train + n_test, args.synthetic_features, m,
                                 seed=args.seed)
     gen_wall, _ = _elapsed(start)
-    train = xdata.XCDataset(full.features[:n_train], full.labels[:n_train])
-    test = xdata.XCDataset(full.features[n_train:], full.labels[n_train:])
-    train.features, idf = xdata.normalize_features(train.features, "tfidf")
-    test.features, _ = xdata.normalize_features(test.features, "tfidf", idf)
-    keras.utils.set_random_seed(args.seed)
-    model, head = build_model(train.num_features, m, B, R,
-                              args.synthetic_hidden, 0.0, args.seed)
-    model.compile(optimizer=keras.optimizers.Adam(args.learning_rate),
-                  loss=MachSoftmaxCrossentropy(head), jit_compile=False)
-    ds = xdata.make_tf_dataset(train, args.synthetic_batch_size, shuffle=True,
-                               seed=args.seed)
-    epoch_s = []
-    for _ in range(args.synthetic_epochs):
-        start = _timer()
-        model.fit(ds, epochs=1, verbose=0)
-        epoch_s.append(_elapsed(start)[0])
-    forward = tf.function(lambda x: model(x, training=False))
-    logits = np.concatenate([forward(x).numpy() for x, _ in
-                             xdata.make_tf_dataset(test, 512)])
-    ids, scores, fast = _decode_throughput(head, logits, 5, "softmax",
-                                           "threshold")
-    bf_ids, _, brute = _decode_throughput(head, logits, 5, "softmax",
-                                          "brute_force", max_queries=100)
-    return {"m": m, "R": R, "B": B, "train_instances": n_train,
-            "features": args.synthetic_features,
-            "hidden": args.synthetic_hidden,
-            "batch_size": args.synthetic_batch_size,
-            "generate_s": gen_wall, "epoch_s": epoch_s,
-            "train_instances_per_s": n_train / float(np.median(epoch_s)),
-            "head_bytes": head.head_bytes(),
-            "dense_head_bytes": 4 * (args.synthetic_hidden + 1) * m,
-            **_precision(ids, test.labels),
-            "decode_qps_trained_probs": fast["qps"],
-            "decode_cpu_ms_per_query": fast["cpu_ms_per_query"],
-            "brute_force_qps": brute["qps"],
-            "exact_vs_brute_force": bool(np.array_equal(ids[:100], bf_ids)),
-            "mean_top1_score": float(scores[:, 0].mean())}
+    os.makedirs(args.workdir, exist_ok=True)
+    train_path = os.path.join(args.workdir, "synthetic_train.txt")
+    test_path = os.path.join(args.workdir, "synthetic_test.txt")
+    xdata.write_xc(train_path, xdata.XCDataset(full.features[:n_train],
+                                               full.labels[:n_train]))
+    xdata.write_xc(test_path, xdata.XCDataset(full.features[n_train:],
+                                              full.labels[n_train:]))
+    row = train_mach("synthetic", train_path, test_path, B, R, "softmax",
+                     args, overrides={
+                         "model.encoder_dims": (),
+                         "model.intermediate_dim": args.synthetic_hidden,
+                         "train.batch_size": args.synthetic_batch_size,
+                         "train.epochs": args.synthetic_epochs,
+                         "data.validation_fraction": 0.0})
+    row.update({"m": m, "train_instances": n_train,
+                "features": args.synthetic_features,
+                "batch_size": args.synthetic_batch_size,
+                "generate_s": gen_wall,
+                "train_instances_per_s":
+                    n_train * row["epochs"] / row["train_s"]})
+    return row
 
 
 # ---------------------------------------------------------------------------
@@ -358,15 +372,22 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", default="/work/shared/data")
     p.add_argument("--datasets", default="bibtex,delicious")
-    p.add_argument("--configs", default="32x8,64x16,128x16",
+    p.add_argument("--configs", default="32x16,64x16,128x16",
                    help="comma-separated BxR (buckets x repetitions)")
-    p.add_argument("--losses", default="softmax,bce",
+    p.add_argument("--losses", default="bce",
                    help="comma-separated: softmax, bce")
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--dropout", type=float, default=0.5)
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--intermediate-dim", type=int, default=None,
+                   help="d of the MACH head [R, d, B] (default: "
+                        "configs/mach.py)")
+    p.add_argument("--max-epochs", type=int, default=None,
+                   help="cap on the configs' epochs (early stopping "
+                        "usually ends them sooner)")
+    p.add_argument("--reference", default="uniform_sparse",
+                   help="comma-separated configs/*.py trained on the same "
+                        "files for comparison ('' for none)")
+    p.add_argument("--workdir", default=None,
+                   help="work directories of the runs (default: a "
+                        "temporary directory, removed at the end)")
     p.add_argument("--threads", type=int, default=2,
                    help="threads of the baselines")
     p.add_argument("--skip-baselines", action="store_true")
@@ -390,6 +411,10 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON")
     args = p.parse_args(argv)
+    tmp = None
+    if args.workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="mach_bench_")
+        args.workdir = tmp.name
 
     import tensorflow as tf
     from xmc_tf import data as xdata
@@ -412,6 +437,11 @@ def main(argv=None):
                                      for f in DATA_FILES[name])
             raw_train = xdata.read_xc(train_path)
             raw_test = xdata.read_xc(test_path)
+            for ref in [r for r in args.reference.split(",") if r]:
+                row = train_reference(name, train_path, test_path, ref, args)
+                result["real"].append(row)
+                print(_table([row], ["dataset", "method", "P@1", "P@3", "P@5",
+                                     "head_bytes", "train_s"]), flush=True)
             if not args.skip_baselines:
                 try:
                     result["real"].append(run_napkinxc(name, raw_train,
@@ -423,14 +453,9 @@ def main(argv=None):
                                                       raw_test, args.threads))
                 except ImportError as e:
                     print(f"Omikuji skipped: {e}")
-            train = xdata.XCDataset(raw_train.features, raw_train.labels)
-            test = xdata.XCDataset(raw_test.features, raw_test.labels)
-            train.features, idf = xdata.normalize_features(train.features,
-                                                           "tfidf")
-            test.features, _ = xdata.normalize_features(test.features,
-                                                        "tfidf", idf)
             for (B, R), loss in itertools.product(configs, losses):
-                row = train_mach(name, train, test, B, R, loss, args)
+                row = train_mach(name, train_path, test_path, B, R, loss,
+                                 args)
                 result["real"].append(row)
                 print(_table([row], ["dataset", "method", "P@1", "P@3", "P@5",
                                      "head_bytes", "train_s", "decode_qps"]),
@@ -442,10 +467,12 @@ def main(argv=None):
     result["machine"]["loadavg_end"] = os.getloadavg()
 
     if result["real"]:
-        print("\n== Real data (test split, percent) ==")
+        print("\n== Real data (test split, percent; bytes of the output "
+              "layer / whole model) ==")
         print(_table(result["real"], [
             "dataset", "method", "P@1", "P@3", "P@5", "head_bytes",
-            "train_s", "decode_qps", "brute_force_qps", "end_to_end_qps"]))
+            "model_bytes", "train_s", "epochs", "decode_qps",
+            "brute_force_qps", "end_to_end_qps"]))
     if result["decode"]:
         print("\n== Decoder, m=1M R=16 B=4096 k=5, synthetic peaked probs ==")
         print(_table(result["decode"], [
@@ -455,15 +482,17 @@ def main(argv=None):
     if result["synthetic"]:
         print("\n== Training at m=1M on synthetic data ==")
         print(_table([result["synthetic"]], [
-            "m", "train_instances", "epoch_s", "train_instances_per_s",
-            "head_bytes", "dense_head_bytes", "P@1", "P@5",
-            "decode_qps_trained_probs", "brute_force_qps"]))
+            "m", "train_instances", "train_s", "epochs",
+            "train_instances_per_s", "head_bytes", "dense_head_bytes",
+            "model_bytes", "P@1", "P@5", "decode_qps", "brute_force_qps"]))
     print(f"\nload average start/end: {result['machine']['loadavg_start']} / "
           f"{result['machine']['loadavg_end']}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1, default=str)
         print(f"wrote {args.out}")
+    if tmp is not None:
+        tmp.cleanup()
 
 
 if __name__ == "__main__":
