@@ -143,6 +143,7 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
     import keras
     import tensorflow as tf
     from xmc_tf import data as xdata
+    from xmc_tf import predict as xpredict
     from xmc_tf import train as xtrain
     config = load_config("mach")
     config.model.num_buckets, config.model.num_repetitions = B, R
@@ -156,7 +157,7 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
                                      args, f"mach_{B}x{R}_{loss}")
     model = keras.models.load_model(os.path.join(workdir, "model.keras"),
                                     compile=False)
-    head = xtrain.mach_head(model)
+    head = xpredict.mach_head(model)
     test = xtrain.load_for_model(test_path, workdir)
     forward = tf.function(lambda x: model(x, training=False))
     logits = np.concatenate([forward(x).numpy() for x, _ in
@@ -168,7 +169,7 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
     if not np.array_equal(ids, bf_ids):
         raise AssertionError("threshold and brute-force decoders disagree")
     # End to end: forward + decode, per batch of 256 (the serving path).
-    serve = xtrain.top_k_function(model, 5)
+    serve = xpredict.top_k_function(model, 5)
     batches = [x for x, _ in xdata.make_tf_dataset(test, 256)]
     serve(batches[0])
     start = _timer()

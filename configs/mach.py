@@ -7,9 +7,10 @@ output layer.  Loss ``"bce"`` (binary cross-entropy over bucket indicators,
 the paper's multi-label variant, end of Sec. 3) or ``"softmax"``
 (per-repetition softmax cross-entropy, Algorithm 1; multi-class data).
 Top-k labels come from the exact decoder op ``Xmc>MachTopK`` (Eq. 2:
-mean over repetitions of the probability of the label's bucket), in the
-training metrics (val P@3 drives the LR schedule and early stopping), the
-test metrics, ``xmc-tf predict`` and the SavedModel's ``serve`` endpoint.
+mean over repetitions of the probability of the label's bucket): validation
+P@1/P@3 once per epoch (val P@3 drives the LR schedule and early stopping;
+no P@k is computed on training batches), the test metrics, ``xmc-tf
+predict`` and the SavedModel's ``serve`` endpoint (top-k ids and scores).
 
     xmc-tf train --config=configs/mach.py \\
         --config.data.train=TRAIN.txt.gz --config.data.test=TEST.txt.gz \\

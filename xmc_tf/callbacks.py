@@ -1,6 +1,7 @@
-"""Keras callbacks of xmc_tf: SET rewiring of uniformly sparse layers.
+"""Keras callbacks of xmc_tf: SET rewiring of uniformly sparse layers, and
+held-out P@k for heads whose top-k needs a decoder (MACH).
 
-Source: Mocanu et al., "Scalable training of artificial neural networks with
+SET source: Mocanu et al., "Scalable training of artificial neural networks with
 adaptive sparse connectivity inspired by network science" (SET, Nature
 Communications 2018), as applied to the last layer by Schultheis & Babbar,
 "Towards Memory-Efficient Training for Extremely Large Output Spaces",
@@ -14,6 +15,7 @@ import keras
 import numpy as np
 
 from xmc_tf.layers.uniform_sparse import UniformSparseDense
+from xmc_tf.predict import evaluate_model
 
 # Optimizer slot lists that hold one variable per trainable variable, for the
 # optimizers whose state SetRewiring knows how to reset.
@@ -218,3 +220,56 @@ class SetRewiring(keras.callbacks.Callback):
         # which fix their columns after the first epoch (CSVLogger) see them.
         if logs is not None:
             logs.update(self.last_stats)
+
+
+class TopKEvaluation(keras.callbacks.Callback):
+    """Held-out P@k at the end of every epoch, written into the epoch logs.
+
+    For models whose top-k is expensive to compute inside every training
+    step: a :class:`~xmc_tf.layers.MachHead` is decoded by ``Xmc>MachTopK``,
+    whose threshold algorithm degrades to an ``O(m R)`` scan per row while
+    the meta-probabilities are still flat (early training), so an in-graph
+    metric would slow every training batch.  This callback decodes only the
+    held-out set, once per epoch, with :func:`xmc_tf.predict.evaluate_model`
+    (any head).
+
+    Logs ``{prefix}precision_at_{k}`` for each ``k`` as a **fraction** in
+    [0, 1] (the names and scale of :class:`xmc_tf.metrics.PrecisionAtK`), so
+    ``ReduceLROnPlateau``, ``EarlyStopping`` and ``CSVLogger`` placed
+    *after* it in the callback list can monitor them.
+
+    Args:
+      dataset: held-out :class:`xmc_tf.data.XCDataset` (features already
+        normalised as the model expects).
+      ks: cut-offs, ints >= 1.
+      prefix: prefix of the log keys.
+      batch_size: instances per prediction batch.
+
+    Raises:
+      ValueError: empty ``ks`` or a ``k < 1``.
+
+    Example:
+      >>> cb = TopKEvaluation(val_data, ks=(1, 3))  # doctest: +SKIP
+      >>> model.fit(train_ds, callbacks=[cb, keras.callbacks.EarlyStopping(
+      ...     "val_precision_at_3", mode="max")])  # doctest: +SKIP
+    """
+
+    def __init__(self, dataset, ks=(1, 3), prefix="val_", batch_size=1024):
+        super().__init__()
+        self.ks = tuple(int(k) for k in ks)
+        if not self.ks or min(self.ks) < 1:
+            raise ValueError(f"ks must be non-empty ints >= 1, got {ks!r}")
+        self.dataset = dataset
+        self.prefix = prefix
+        self.batch_size = int(batch_size)
+
+    def evaluate(self) -> dict:
+        """``{log key: P@k fraction}`` of the current model on the data."""
+        result = evaluate_model(self.model, self.dataset, ks=self.ks,
+                                batch_size=self.batch_size)
+        return {f"{self.prefix}precision_at_{k}": result[f"P@{k}"] / 100.0
+                for k in self.ks}
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.update(self.evaluate())

@@ -66,14 +66,14 @@ def _evaluate():
 
 
 def _predict():
-    from xmc_tf import train
+    from xmc_tf import predict, train
     if not FLAGS.output:
         raise app.UsageError("predict needs --output")
     model = _load_model(FLAGS.workdir)
     dataset = train.load_for_model(FLAGS.data, FLAGS.workdir)
     count = 0
     with open(FLAGS.output, "w") as f:
-        for ids, scores in train.predict_top_k(model, dataset, FLAGS.k):
+        for ids, scores in predict.predict_top_k(model, dataset, FLAGS.k):
             for row_ids, row_scores in zip(ids, scores):
                 f.write(" ".join(f"{i}:{s:.6g}" for i, s in
                                  zip(row_ids, row_scores)) + "\n")

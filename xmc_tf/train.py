@@ -16,9 +16,9 @@ work directory.  Training resumes from ``workdir/backup`` after a crash.
 
 With ``model.head = "mach"`` the output is MACH's ``R`` meta-classifiers
 over ``B`` hashed buckets (Medini et al., NeurIPS 2019, Sec. 3); top-k
-labels (training metrics, evaluation, ``predict``, the SavedModel) then come
-from the exact decoder op ``Xmc>MachTopK`` and no ``[batch, num_labels]``
-tensor is formed.
+labels (validation P@k once per epoch via ``TopKEvaluation``, evaluation,
+``predict``, the SavedModel) then come from the exact decoder op
+``Xmc>MachTopK`` and no ``[batch, num_labels]`` tensor is formed.
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 3.4 and 4.1.
@@ -38,10 +38,11 @@ from absl import logging
 
 from xmc_tf import data as xdata
 from xmc_tf import metrics as xmetrics
-from xmc_tf.callbacks import SetRewiring
+from xmc_tf.callbacks import SetRewiring, TopKEvaluation
 from xmc_tf.layers import MachDecoder, MachHead, UniformSparseDense
 from xmc_tf.losses import (BinaryCrossEntropy, MachBinaryCrossentropy,
                            MachSoftmaxCrossentropy, SquaredHinge)
+from xmc_tf.predict import evaluate_model, mach_head
 
 HEADS = ("uniform_sparse", "dense", "mach")
 #: config.loss -> loss class, for the heads that score every label.
@@ -117,33 +118,6 @@ def build_model(config, num_features: int, num_labels: int,
     else:
         outputs = keras.layers.Dense(num_labels, name="output")(x)
     return keras.Model(inputs, outputs, name=f"xmc_{mc.head}")
-
-
-def mach_head(model: keras.Model) -> MachHead | None:
-    """The model's ``"output"`` layer if it is a :class:`MachHead`, else None."""
-    try:
-        layer = model.get_layer("output")
-    except ValueError:
-        return None
-    return layer if isinstance(layer, MachHead) else None
-
-
-def top_k_function(model: keras.Model, k: int):
-    """A ``tf.function`` mapping a feature batch to its top-k labels.
-
-    Returns ``(ids int32 [b, k], scores float32 [b, k])``, best first: the
-    top-k of the ``[b, m]`` scores, or for a MACH model the exact decoder
-    (:class:`MachDecoder` with the head's hashes and activation), which never
-    forms ``[b, m]``.
-    """
-    head = mach_head(model)
-    if head is not None:
-        decoder = MachDecoder.from_head(head, k=k)
-        return tf.function(lambda x: decoder(model(x, training=False)))
-    def top_k(x):
-        top = tf.math.top_k(model(x, training=False), k=k)
-        return top.indices, top.values
-    return tf.function(top_k)
 
 
 def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
@@ -233,48 +207,33 @@ def _load(config, workdir):
     return train, test
 
 
-def predict_top_k(model, dataset, k=5, batch_size=1024):
-    """Yields ``(ids int32 [b, k], scores float32 [b, k])`` per batch, in
-    row order; scores are computed one batch at a time
-    (:func:`top_k_function`)."""
-    predict = top_k_function(model, k)
-    for features, _ in xdata.make_tf_dataset(dataset, batch_size):
-        ids, scores = predict(features)
-        yield ids.numpy(), scores.numpy()
-
-
-def evaluate_model(model, dataset, inv_propensities, ks=(1, 3, 5),
-                   batch_size=1024) -> dict:
-    """P@k, nDCG@k, PSP@k, recall@k (percent) of `model` on `dataset`.
-
-    Scores are computed one batch at a time and reduced to the top max(ks)
-    labels (:func:`predict_top_k`), so no ``[num_instances, num_labels]``
-    array is held.
-    """
-    evaluator = xmetrics.XMCEvaluator(ks=ks, inv_propensities=inv_propensities)
-    start = 0
-    for ids, _ in predict_top_k(model, dataset, max(ks), batch_size):
-        stop = start + ids.shape[0]
-        evaluator.update(ids, dataset.labels[start:stop])
-        start = stop
-    return evaluator.result()
-
-
-def _callbacks(config, workdir, has_sparse_head, validation):
+def _callbacks(config, workdir, val_data, is_mach):
+    """Checkpoint/resume, CSV log, LR halving and early stopping on val P@3
+    (MACH: computed by TopKEvaluation; without validation data the training
+    P@3, or the training loss for MACH), SET for the sparse head."""
     tc = config.train
-    monitor = "val_precision_at_3" if validation else "precision_at_3"
+    if val_data is not None:
+        monitor, mode = "val_precision_at_3", "max"
+    elif is_mach:
+        monitor, mode = "loss", "min"
+    else:
+        monitor, mode = "precision_at_3", "max"
     cbs = [
         keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup")),
         keras.callbacks.CSVLogger(os.path.join(workdir, "history.csv"),
                                   append=True),
         keras.callbacks.ReduceLROnPlateau(
-            monitor=monitor, mode="max", factor=0.5, patience=tc.lr_patience,
+            monitor=monitor, mode=mode, factor=0.5, patience=tc.lr_patience,
             min_lr=tc.min_learning_rate, verbose=1),
         keras.callbacks.EarlyStopping(
-            monitor=monitor, mode="max", patience=tc.early_stopping_patience,
+            monitor=monitor, mode=mode, patience=tc.early_stopping_patience,
             restore_best_weights=True, verbose=1),
     ]
-    if has_sparse_head and config.set.enabled:
+    if is_mach and val_data is not None:
+        # Before the loggers and schedules, which read its logs.
+        cbs.insert(0, TopKEvaluation(val_data, ks=(1, 3),
+                                     batch_size=config.eval.batch_size))
+    if config.model.head == "uniform_sparse" and config.set.enabled:
         # First in the list so the statistics reach the loggers' epoch logs.
         cbs.insert(0, SetRewiring(every_n_steps=config.set.every_n_steps,
                                   fraction=config.set.fraction,
@@ -325,7 +284,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     head = mach_head(model)
     if head is not None:
         loss = MACH_LOSSES[config.loss][0](head)
-        train_metrics = [xmetrics.MachPrecisionAtK(k, head) for k in (1, 3)]
+        # Decoding every training batch would cost O(m R) per row while the
+        # head is untrained; TopKEvaluation decodes the validation set once
+        # per epoch instead.
+        train_metrics = []
     else:
         loss = LOSSES[config.loss]()
         train_metrics = [xmetrics.PrecisionAtK(1), xmetrics.PrecisionAtK(3)]
@@ -342,9 +304,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     start = time.perf_counter()
     history = model.fit(train_ds, validation_data=val_ds, epochs=tc.epochs,
                         shuffle=False,  # make_tf_dataset shuffles per epoch
-                        callbacks=_callbacks(config, workdir,
-                                             config.model.head == "uniform_sparse",
-                                             val_ds is not None),
+                        callbacks=_callbacks(config, workdir, val_data,
+                                             head is not None),
                         verbose=tc.verbose)
     train_seconds = time.perf_counter() - start
 

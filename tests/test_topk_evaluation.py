@@ -1,0 +1,75 @@
+"""TopKEvaluation and xmc_tf.predict against NumPy top-k of dense scores."""
+
+import keras
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from xmc_tf import data as xdata
+from xmc_tf.callbacks import TopKEvaluation
+from xmc_tf.layers import MachHead
+from xmc_tf.predict import mach_head, predict_top_k
+from xmc_tf.ops import _loader
+
+try:
+    _HAS_MACH = hasattr(_loader.load(), "xmc_mach_top_k")
+except _loader.OpLibraryError:  # pragma: no cover - CI builds it
+    _HAS_MACH = False
+
+
+def _data(seed=0, n=120, d=20, m=30):
+    rng = np.random.default_rng(seed)
+    x = sp.random(n, d, density=0.3, format="csr", random_state=seed,
+                  dtype=np.float32)
+    labels = sp.random(n, m, density=0.1, format="csr", random_state=seed + 1)
+    labels.data[:] = 1.0
+    return xdata.XCDataset(features=x, labels=labels.astype(np.float32)), rng
+
+
+def _np_precision(scores, labels, k):
+    top = np.array([sorted(range(scores.shape[1]),
+                           key=lambda j: (-row[j], j))[:k] for row in scores])
+    dense = labels.toarray() > 0
+    return np.mean([dense[i, top[i]].sum() / k for i in range(len(top))])
+
+
+def test_dense_head_logs_val_precision():
+    data, _ = _data()
+    inputs = keras.Input((20,), sparse=True)
+    model = keras.Model(inputs, keras.layers.Dense(30)(inputs))
+    cb = TopKEvaluation(data, ks=(1, 3), batch_size=50)
+    cb.set_model(model)
+    logs = {"loss": 1.0}
+    cb.on_epoch_end(0, logs)
+    scores = model(xdata.make_tf_dataset(data, 1000).get_single_element()[0])
+    for k in (1, 3):
+        assert logs[f"val_precision_at_{k}"] == pytest.approx(
+            _np_precision(np.asarray(scores), data.labels, k), abs=1e-9)
+    assert logs["loss"] == 1.0
+    assert mach_head(model) is None
+    with pytest.raises(ValueError):
+        TopKEvaluation(data, ks=())
+
+
+@pytest.mark.skipif(not _HAS_MACH, reason="op library without ops/mach")
+def test_mach_head_is_decoded_exactly():
+    data, _ = _data(seed=2)
+    inputs = keras.Input((20,), sparse=True)
+    head = MachHead(30, 8, 3, seed=1, decode_activation="sigmoid")
+    model = keras.Model(inputs, head(keras.layers.Dense(16)(inputs)))
+    assert mach_head(model) is head
+    x = xdata.make_tf_dataset(data, 1000).get_single_element()[0]
+    z = np.asarray(model(x), np.float64)  # [n, R, B]
+    p = 1.0 / (1.0 + np.exp(-z))
+    buckets = head.hashing.buckets_numpy(np.arange(30))  # [m, R]
+    scores = np.stack([p[:, r, buckets[:, r]] for r in range(3)]).mean(0)
+    ids = np.concatenate([i for i, _ in predict_top_k(model, data, 3, 40)])
+    expected = np.array([sorted(range(30), key=lambda j: (-row[j], j))[:3]
+                         for row in scores])
+    np.testing.assert_array_equal(ids, expected)
+    logs = {}
+    cb = TopKEvaluation(data, ks=(1,), prefix="held_out_")
+    cb.set_model(model)
+    cb.on_epoch_end(0, logs)
+    assert logs["held_out_precision_at_1"] == pytest.approx(
+        _np_precision(scores, data.labels, 1), abs=1e-9)
