@@ -475,13 +475,15 @@ def main(argv=None):
             "model_bytes", "train_s", "epochs", "decode_qps",
             "brute_force_qps", "end_to_end_qps"]))
     if result["decode"]:
-        print("\n== Decoder, m=1M R=16 B=4096 k=5, synthetic peaked probs ==")
+        print(f"\n== Decoder, m={args.decode_labels} R=16 B=4096 k=5, "
+              "synthetic peaked probs ==")
         print(_table(result["decode"], [
             "peak", "queries", "qps", "cpu_ms_per_query",
             "qps_per_2_cores_from_cpu_time", "brute_force_qps",
             "exact_vs_brute_force", "mean_top1_score", "list_build_s"]))
     if result["synthetic"]:
-        print("\n== Training at m=1M on synthetic data ==")
+        print(f"\n== Training at m={args.decode_labels} on synthetic data "
+              "(B=4096, R=16, softmax) ==")
         print(_table([result["synthetic"]], [
             "m", "train_instances", "train_s", "epochs",
             "train_instances_per_s", "head_bytes", "dense_head_bytes",
