@@ -35,6 +35,21 @@ def get_config():
     c = uniform_sparse.get_config()
     c.loss = "bce"  # or "softmax"
     c.model.head = "mach"
+    # Chosen on validation P@3 (10 % of train, the early-stopping metric),
+    # Delicious xcsplit, seed 0, heads of <= 126 KB (a quarter of the
+    # uniform-sparse layer); val P@1 / P@3 (test P@1):
+    #   d=64  B=30 R=16 dropout .7  69.97 / 63.26 (68.70)
+    #   d=64  B=30 R=16 dropout .5  70.59 / 63.39 (68.57)   <- defaults
+    #   d=64  B=30 R=16 softmax     67.18 / 61.74 (66.15)
+    #   d=48  B=26 R=24 dropout .5  70.90 / 62.85 (68.73)
+    #   d=128 B=30 R=8              69.43 / 62.87 (68.29)
+    #   d=64  B=60 R=8              71.13 / 62.95 (68.16)
+    #   d=32  B=58 R=16             70.59 / 62.31 (67.94)
+    #   d=32  B=28 R=32             69.66 / 61.48 (67.66)
+    #   d=256 B=30 R=4              68.27 / 53.56 (64.93)
+    # BCE beat softmax on this multi-label data; R >= 8 matters more than d.
+    # B=32 is a round default: set B (and R) for your m.
+    c.model.dropout = 0.5
     c.model.intermediate_dim = 64
     c.model.num_buckets = 32
     c.model.num_repetitions = 16
