@@ -25,7 +25,8 @@ import os
 
 import numpy as np
 
-from xmc_tf.data.xc_format import PathLike, XCDataset, read_xc_labels
+from xmc_tf.data.dataset import PathLike, XCDataset
+from xmc_tf.data.xc_format import read_xc_labels
 
 __all__ = ["read_embeddings", "load_embedding_array"]
 

@@ -53,7 +53,7 @@ import numpy as np
 import scipy.sparse as sp
 import tensorflow as tf
 
-from xmc_tf.data.xc_format import XCDataset
+from xmc_tf.data.dataset import XCDataset
 
 __all__ = ["make_tf_dataset", "normalize_features"]
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from xmc_tf.data.xc_format import XCDataset
+from xmc_tf.data.dataset import XCDataset
 
 __all__ = ["make_synthetic"]
 

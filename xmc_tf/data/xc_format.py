@@ -20,6 +20,10 @@ multi-label data sets as sparse text files. Three layouts are supported:
 * **Dense embeddings** plus such a labels file: see
   :func:`xmc_tf.data.read_embeddings`.
 
+The container :class:`~xmc_tf.data.XCDataset` is defined in
+:mod:`xmc_tf.data.dataset`; named data sets and CLI specs are in
+:mod:`xmc_tf.data.specs`.
+
 A path ending in ``.gz`` is read and written with gzip transparently.
 
 Parsing rules (all readers):
@@ -56,115 +60,26 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import io
 import os
 import re
-from typing import Union
 
 import numpy as np
 import scipy.sparse as sp
 
+from xmc_tf.data.dataset import PathLike, XCDataset
+
 __all__ = [
-    "XCDataset",
     "read_xc",
     "write_xc",
     "read_xc_xy",
     "read_xc_labels",
     "write_xc_labels",
-    "load_bundled",
-    "load_dataset",
-    "BUNDLED_DATASETS",
 ]
-
-PathLike = Union[str, os.PathLike]
 
 # Text read per parsing chunk (bytes, approximately; whole lines).
 _CHUNK_BYTES = 1 << 24
-
-# Bundled data sets: name -> {split: file name inside xmc_tf/data/bundled}.
-BUNDLED_DATASETS = {
-    "bibtex": {
-        "train": "bibtex_xcsplit_train.txt.gz",
-        "test": "bibtex_xcsplit_test.txt.gz",
-    },
-}
-
-
-@dataclasses.dataclass(repr=False)
-class XCDataset:
-    """A multi-label data set: instance features and their label sets.
-
-    Attributes:
-      features: ``[num_instances, num_features]`` float32 -- a
-        ``scipy.sparse.csr_matrix`` for sparse (bag-of-words / tf-idf)
-        features, or a dense ``np.ndarray`` for dense embeddings.
-      labels: ``[num_instances, num_labels]`` float32
-        ``scipy.sparse.csr_matrix`` with 1.0 for every relevant label and
-        sorted column indices (row ``i`` lists the label ids of instance
-        ``i``).
-
-    Raises:
-      ValueError: from the constructor, when ``features`` or ``labels`` is
-        not 2-D or their numbers of rows differ.
-
-    Example:
-        >>> import numpy as np, scipy.sparse as sp
-        >>> ds = XCDataset(np.zeros((3, 4), np.float32),
-        ...                sp.csr_matrix((3, 10), dtype=np.float32))
-        >>> ds.num_instances, ds.num_features, ds.num_labels
-        (3, 4, 10)
-    """
-
-    features: Union[sp.csr_matrix, np.ndarray]
-    labels: sp.csr_matrix
-
-    def __post_init__(self):
-        if sp.issparse(self.features) and not isinstance(
-                self.features, sp.csr_matrix):
-            self.features = sp.csr_matrix(self.features)
-        if sp.issparse(self.labels):
-            if not isinstance(self.labels, sp.csr_matrix):
-                self.labels = sp.csr_matrix(self.labels)
-        else:
-            raise ValueError(
-                "XCDataset.labels must be a scipy.sparse matrix, got "
-                f"{type(self.labels).__name__}")
-        if len(self.features.shape) != 2 or len(self.labels.shape) != 2:
-            raise ValueError("XCDataset.features and .labels must be 2-D")
-        if self.features.shape[0] != self.labels.shape[0]:
-            raise ValueError(
-                f"XCDataset: features have {self.features.shape[0]} rows but "
-                f"labels have {self.labels.shape[0]}")
-
-    @property
-    def num_instances(self) -> int:
-        """Number of instances (rows), ``N``."""
-        return int(self.features.shape[0])
-
-    @property
-    def num_features(self) -> int:
-        """Feature dimension ``D`` (vocabulary size or embedding size)."""
-        return int(self.features.shape[1])
-
-    @property
-    def num_labels(self) -> int:
-        """Number of labels ``L`` (size of the label space)."""
-        return int(self.labels.shape[1])
-
-    @property
-    def is_sparse(self) -> bool:
-        """True when ``features`` is a CSR matrix (False for embeddings)."""
-        return sp.issparse(self.features)
-
-    def __repr__(self) -> str:
-        kind = "sparse" if self.is_sparse else "dense"
-        nnz = (f", feature_nnz={self.features.nnz}" if self.is_sparse else "")
-        return (f"XCDataset(num_instances={self.num_instances}, "
-                f"num_features={self.num_features} ({kind}), "
-                f"num_labels={self.num_labels}{nnz}, "
-                f"label_nnz={self.labels.nnz})")
 
 
 # ---------------------------------------------------------------------------
@@ -653,115 +568,3 @@ def write_xc_labels(path: PathLike, labels) -> None:
                 for s in _row_strings(y, start, stop, with_values=False)))
 
 
-# ---------------------------------------------------------------------------
-# Named data sets.
-
-
-def load_bundled(name: str = "bibtex", split: str = "train") -> XCDataset:
-    """Loads a data set shipped inside the package (``xmc_tf/data/bundled``).
-
-    Bundled: ``"bibtex"`` (Katakis et al. 2008; the XC repo's train/test
-    split: 4,880 / 2,515 instances, 1,836 binary bag-of-words features, 159
-    labels). See ``xmc_tf/data/bundled/README.md`` for provenance and
-    citation.
-
-    Args:
-      name: data set name (case-insensitive), a key of ``BUNDLED_DATASETS``.
-      split: ``"train"`` or ``"test"``.
-
-    Returns:
-      The :class:`XCDataset` (CSR float32 features, CSR 1.0 labels).
-
-    Raises:
-      ValueError: unknown name or split.
-
-    Example:
-        >>> load_bundled("bibtex", "test").num_instances
-        2515
-    """
-    import importlib.resources as resources
-
-    files = BUNDLED_DATASETS.get(name.lower())
-    if files is None:
-        raise ValueError(f"unknown bundled data set {name!r}; available: "
-                         f"{sorted(BUNDLED_DATASETS)}")
-    if split not in files:
-        raise ValueError(f"unknown split {split!r} of {name!r}; available: "
-                         f"{sorted(files)}")
-    res = resources.files("xmc_tf.data").joinpath("bundled", files[split])
-    with resources.as_file(res) as p:
-        return read_xc(p)
-
-
-def _parse_synthetic_spec(rest: str) -> dict:
-    kwargs = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, sep, val = item.partition("=")
-        if not sep:
-            raise ValueError(f"synthetic spec item {item!r} is not key=value")
-        try:
-            num = int(val)
-        except ValueError:
-            try:
-                num = float(val)
-            except ValueError:
-                raise ValueError(f"synthetic spec value {item!r} is not a "
-                                 "number") from None
-        kwargs[key.strip()] = num
-    return kwargs
-
-
-def load_dataset(spec: PathLike) -> XCDataset:
-    """Loads a data set from a short string spec (used by the CLI).
-
-    Conventions, tried in this order:
-
-    * ``"NAME:SPLIT"`` -- a bundled data set, e.g. ``"bibtex:train"``,
-      ``"bibtex:test"`` (``"bibtex"`` alone means the train split).
-    * ``"synthetic:num_instances=N,num_features=D,num_labels=L[,k=v...]"``
-      -- :func:`xmc_tf.data.make_synthetic` with these keyword arguments.
-    * ``"EMB.npy|LABELS.txt"`` or ``"EMB.npz|LABELS.txt"`` -- dense
-      embeddings plus an XC labels file (:func:`read_embeddings`).
-    * ``"X.txt|Y.txt"`` -- separate XC features and labels files
-      (:func:`read_xc_xy`).
-    * ``"DATA.txt"`` (any other single path, ``.gz`` allowed) -- a combined
-      XC repo file (:func:`read_xc`).
-
-    Args:
-      spec: the spec string, or a path-like for a combined XC file.
-
-    Returns:
-      The loaded :class:`XCDataset`.
-
-    Raises:
-      ValueError: a malformed spec (e.g. an ``.npy`` path without ``|``) or
-        malformed file contents.
-      OSError: a file cannot be opened.
-
-    Example:
-        >>> load_dataset("bibtex:test").num_labels
-        159
-    """
-    if not isinstance(spec, str):
-        return read_xc(spec)
-    head, sep, rest = spec.partition(":")
-    if sep and head.lower() in BUNDLED_DATASETS and "|" not in spec:
-        return load_bundled(head, rest)
-    if spec.lower() in BUNDLED_DATASETS:
-        return load_bundled(spec, "train")
-    if sep and head.lower() == "synthetic":
-        from xmc_tf.data.synthetic import make_synthetic
-        return make_synthetic(**_parse_synthetic_spec(rest))
-    if "|" in spec:
-        first, _, second = spec.partition("|")
-        if not first or not second:
-            raise ValueError(f"dataset spec {spec!r}: expected 'A|B'")
-        if first.endswith((".npy", ".npz")):
-            from xmc_tf.data.embeddings import read_embeddings
-            return read_embeddings(first, second)
-        return read_xc_xy(first, second)
-    if spec.endswith((".npy", ".npz")):
-        raise ValueError(
-            f"dataset spec {spec!r}: embeddings need a labels file, "
-            "write 'EMBEDDINGS.npy|LABELS.txt'")
-    return read_xc(spec)
