@@ -1,0 +1,185 @@
+"""The negative-sampler interface shared by sampled training heads.
+
+A sampled head scores, per instance, only its positive labels and ``k``
+candidate negatives instead of all ``num_labels`` labels.  A
+:class:`NegativeSampler` draws those candidates for a batch; the sampled
+losses (:mod:`xmc_tf.losses.sampled`) turn the candidates' scores into an
+estimate of the full one-vs-all or softmax loss, using the importance
+``weights`` (one-vs-all losses) or ``log_q`` (sampled softmax, log-Q
+correction) that the sampler returns with them.
+
+Contract of :meth:`NegativeSampler.sample` (called inside the trainer's
+``tf.function`` train step, so it must be graph-compatible; samplers whose
+core is NumPy or faiss wrap it in ``tf.numpy_function``):
+
+* ``queries``: float32 ``[b, d]``, the input of the head layer (the
+  instances' embeddings after the intermediate layer).
+* ``positives``: int32 ``[b, n]`` label ids, ``-1`` = padding (what
+  :func:`xmc_tf.data.make_tf_dataset` yields).
+* ``step``: int64 scalar, the optimizer step.  Random draws are
+  *stateless*, keyed by ``(seed, step)``: the same step draws the same
+  candidates, so a resumed run samples exactly what an uninterrupted run
+  would (no RNG state to checkpoint).
+
+It returns :class:`Candidates` with ``k = num_candidates`` columns.  A
+candidate equal to one of the row's positives (an "accidental hit") must be
+masked out (``mask = False``): the losses treat every unmasked candidate as
+a negative.
+
+Samplers that follow the head's weights (ANN, LSH) are *bound* to the head
+layer with :meth:`NegativeSampler.bind` before training and rebuilt from the
+current weights by :meth:`NegativeSampler.refresh` (driven by
+:class:`xmc_tf.callbacks.RefreshIndex`).  Their state (a stale index, hash
+tables) is returned by :meth:`get_state` as NumPy arrays and restored by
+:meth:`set_state`, so a checkpoint holds exactly what the sampler used.
+
+Sources: ASTRA (Mehta et al.), Algorithm 1 and Eq. 2 (hard + uniform
+negatives, importance weights); Bengio & Senecal / Jean et al. (sampled
+softmax, log-Q correction), as used by ``tf.nn.sampled_softmax_loss``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["Candidates", "NegativeSampler", "mask_accidental_hits"]
+
+
+class Candidates(NamedTuple):
+    """Per-instance candidate negatives for one batch.
+
+    Attributes:
+      ids: int32 ``[b, k]`` label ids in ``[0, num_labels)`` (masked entries
+        hold any valid id, e.g. 0, so they can be gathered safely).
+      mask: bool ``[b, k]``; False for padding and for accidental hits
+        (a candidate that is one of the row's positives).
+      log_q: float32 ``[b, k]``, log of the expected number of times the
+        sampler draws this id for this row (``log(k * q(id))`` for ``k``
+        draws from a distribution ``q``): subtracted from the logits by the
+        sampled softmax (log-Q correction).  0 where a sampler has no
+        proposal distribution (deterministic hard negatives).
+      weights: float32 ``[b, k]``, importance weights for one-vs-all
+        losses: ``sum_j weights[i, j] * loss(-1, score[i, j])`` estimates
+        the loss over all of row ``i``'s negatives (uniform draws of ``k``
+        out of ``N`` negatives: ``N / k``; ASTRA Eq. 2: 1 for the ``k_h``
+        hard negatives, ``(N - k_h) / k_r`` for the ``k_r`` uniform ones).
+        0 where ``mask`` is False.
+    """
+
+    ids: tf.Tensor
+    mask: tf.Tensor
+    log_q: tf.Tensor
+    weights: tf.Tensor
+
+
+class NegativeSampler:
+    """Base class of the negative samplers (see the module docstring).
+
+    Subclasses implement :meth:`sample` and, when they follow the head's
+    weights, :meth:`refresh`, :meth:`get_state` and :meth:`set_state`.
+
+    Args:
+      num_labels: m, the size of the label space (>= 1).
+      num_candidates: k, candidates per instance (>= 1).
+      seed: int seed of the stateless random draws.
+
+    Raises:
+      ValueError: ``num_labels`` or ``num_candidates`` < 1.
+    """
+
+    #: Whether :meth:`refresh` must run (with a bound head) before sampling.
+    needs_refresh = False
+
+    def __init__(self, num_labels: int, num_candidates: int, seed: int = 0):
+        if int(num_labels) < 1:
+            raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+        if int(num_candidates) < 1:
+            raise ValueError(
+                f"num_candidates must be >= 1, got {num_candidates}")
+        self.num_labels = int(num_labels)
+        self.num_candidates = int(num_candidates)
+        self.seed = int(seed)
+        self.head = None
+
+    def bind(self, head_layer) -> None:
+        """Gives the sampler the head layer whose label vectors it indexes.
+
+        Args:
+          head_layer: a built head layer exposing ``label_vectors()`` (NumPy
+            float32 ``[num_labels, d]``; see the head layers).
+
+        Raises:
+          ValueError: the layer's number of labels differs from
+            ``num_labels``.
+        """
+        units = getattr(head_layer, "units", None)
+        if units is not None and int(units) != self.num_labels:
+            raise ValueError(f"{type(self).__name__}: head has {units} labels, "
+                             f"sampler was made for {self.num_labels}")
+        self.head = head_layer
+
+    def sample(self, queries, positives, step) -> Candidates:
+        """Draws ``num_candidates`` negatives per row (graph-compatible).
+
+        Args:
+          queries: float32 ``[b, d]`` head inputs.
+          positives: int32 ``[b, n]`` label ids padded with -1.
+          step: int64 scalar optimizer step (keys the stateless draws).
+
+        Returns:
+          :class:`Candidates` with ``[b, num_candidates]`` fields.
+        """
+        raise NotImplementedError
+
+    def refresh(self) -> dict:
+        """Rebuilds the sampler's index from the bound head's weights.
+
+        Returns:
+          Statistics for the epoch logs, e.g. ``{"index_refresh_seconds":
+          1.2}``; ``{}`` for samplers without an index.
+        """
+        return {}
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """The sampler's mutable state as NumPy arrays (for checkpoints)."""
+        return {}
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Restores what :meth:`get_state` returned.
+
+        Raises:
+          ValueError: the state does not fit this sampler.
+        """
+        if state:
+            raise ValueError(f"{type(self).__name__} has no state; got keys "
+                             f"{sorted(state)}")
+
+    def get_config(self) -> dict:
+        """Constructor arguments (JSON-serialisable)."""
+        return {"num_labels": self.num_labels,
+                "num_candidates": self.num_candidates, "seed": self.seed}
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
+
+
+def mask_accidental_hits(ids, positives):
+    """Bool ``[b, k]``: True where ``ids[i, j]`` is not among row i's positives.
+
+    Args:
+      ids: int32 ``[b, k]`` candidate ids.
+      positives: int32 ``[b, n]`` positive ids padded with -1.
+
+    Returns:
+      bool ``[b, k]``.  Cost ``O(b k n)``; fine for the tens of positives
+      of XMC rows.
+    """
+    ids = tf.cast(ids, tf.int32)
+    positives = tf.cast(positives, tf.int32)
+    hit = tf.reduce_any(tf.equal(ids[:, :, None], positives[:, None, :]),
+                        axis=-1)
+    return tf.logical_not(hit)
