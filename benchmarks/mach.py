@@ -157,7 +157,7 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
                                      args, f"mach_{B}x{R}_{loss}")
     model = keras.models.load_model(os.path.join(workdir, "model.keras"),
                                     compile=False)
-    head = xpredict.mach_head(model)
+    head = model.get_layer("output")
     test = xtrain.load_for_model(test_path, workdir)
     forward = tf.function(lambda x: model(x, training=False))
     logits = np.concatenate([forward(x).numpy() for x, _ in

@@ -103,9 +103,18 @@ x = data.features[:4].tocoo()
 sp = tf.SparseTensor(np.stack([x.row, x.col], 1).astype(np.int64),
                      x.data.astype(np.float32), x.shape)
 sp = tf.sparse.reorder(sp)
-a = sm.serve(sp).numpy(); b = model(sp).numpy()
+b = model(sp).numpy()
+parts = dict(indices=sp.indices, values=sp.values, dense_shape=sp.dense_shape)
+a = sm.score_all_labels(**parts)["label_scores"].numpy()
 assert a.shape == (4, 50), a.shape
 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+top = sm.signatures["serve"](**parts)      # the named serving signature
+ids, scores = top["label_ids"].numpy(), top["scores"].numpy()
+assert ids.shape == (4, 5), ids.shape
+np.testing.assert_allclose(scores, -np.sort(-b, axis=1)[:, :5], rtol=1e-5,
+                           atol=1e-5)
+np.testing.assert_allclose(np.take_along_axis(b, ids, 1), scores, rtol=1e-5,
+                           atol=1e-5)
 print("OK")
 """
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
@@ -212,7 +221,8 @@ x = data.features.tocoo()
 sp = tf.sparse.reorder(tf.SparseTensor(
     np.stack([x.row, x.col], 1).astype(np.int64), x.data.astype(np.float32),
     x.shape))
-out = sm.serve(sp)
+out = sm.signatures["serve"](indices=sp.indices, values=sp.values,
+                             dense_shape=sp.dense_shape)
 np.save({str(tmp / 'served.npy')!r}, out["label_ids"].numpy())
 print("OK", out["scores"].shape)
 """

@@ -8,7 +8,8 @@ import scipy.sparse as sp
 from xmc_tf import data as xdata
 from xmc_tf.callbacks import TopKEvaluation
 from xmc_tf.layers import MachHead
-from xmc_tf.predict import mach_head, predict_top_k
+from xmc_tf import heads
+from xmc_tf.predict import predict_top_k
 from xmc_tf.ops import _loader
 
 try:
@@ -46,7 +47,7 @@ def test_dense_head_logs_val_precision():
         assert logs[f"val_precision_at_{k}"] == pytest.approx(
             _np_precision(np.asarray(scores), data.labels, k), abs=1e-9)
     assert logs["loss"] == 1.0
-    assert mach_head(model) is None
+    assert heads.head_for_model(model) is heads.DenseHead
     with pytest.raises(ValueError):
         TopKEvaluation(data, ks=())
 
@@ -57,7 +58,7 @@ def test_mach_head_is_decoded_exactly():
     inputs = keras.Input((20,), sparse=True)
     head = MachHead(30, 8, 3, seed=1, decode_activation="sigmoid")
     model = keras.Model(inputs, head(keras.layers.Dense(16)(inputs)))
-    assert mach_head(model) is head
+    assert heads.head_for_model(model) is heads.MachOutputHead
     x = xdata.make_tf_dataset(data, 1000).get_single_element()[0]
     z = np.asarray(model(x), np.float64)  # [n, R, B]
     p = 1.0 / (1.0 + np.exp(-z))

@@ -1,12 +1,12 @@
-"""Top-k prediction for any xmc_tf model, without ``[batch, m]`` for MACH.
+"""Top-k prediction and evaluation for any xmc_tf model.
 
-A model whose last layer scores every label (``UniformSparseDense``,
-``keras.layers.Dense``) is reduced with ``tf.math.top_k``; a model whose
-last layer is a :class:`~xmc_tf.layers.MachHead` is decoded exactly by the
-op ``Xmc>MachTopK`` (Medini et al., NeurIPS 2019, Eq. 2) with the head's
-hashes and ``decode_activation``, so no ``[batch, num_labels]`` tensor is
-formed.  Used by training (validation P@k), evaluation, ``xmc-tf predict``
-and the SavedModel export.
+The head of a (loaded) model is found by :func:`xmc_tf.heads.head_for_model`
+and decodes its outputs: heads that score every label
+(``UniformSparseDense``, ``Dense``) keep the ``tf.math.top_k`` of the
+scores; a :class:`~xmc_tf.layers.MachHead` is decoded exactly by the op
+``Xmc>MachTopK`` (Medini et al., NeurIPS 2019, Eq. 2) without a
+``[batch, num_labels]`` tensor.  Used by training (validation P@k),
+evaluation, ``xmc-tf predict`` and the SavedModel export.
 """
 
 from __future__ import annotations
@@ -15,24 +15,18 @@ import keras
 import tensorflow as tf
 
 from xmc_tf import data as xdata
+from xmc_tf import heads
 from xmc_tf import metrics as xmetrics
-from xmc_tf.layers import MachDecoder, MachHead
 
-__all__ = ["mach_head", "top_k_function", "predict_top_k", "evaluate_model"]
-
-
-def mach_head(model: keras.Model) -> MachHead | None:
-    """The model's last layer if it is a :class:`MachHead`, else ``None``."""
-    layers = getattr(model, "layers", None) or []
-    return layers[-1] if layers and isinstance(layers[-1], MachHead) else None
+__all__ = ["top_k_function", "predict_top_k", "evaluate_model"]
 
 
 def top_k_function(model: keras.Model, k: int):
     """A ``tf.function`` mapping a feature batch to its top-k labels.
 
     Args:
-      model: a Keras model mapping features to ``[b, m]`` label scores, or
-        ending in a :class:`MachHead` (``[b, R, B]`` logits).
+      model: a Keras model built by xmc_tf (or any model whose last layer
+        is one a registered head recognises).
       k: labels per row (``1 <= k <= m``).
 
     Returns:
@@ -41,17 +35,9 @@ def top_k_function(model: keras.Model, k: int):
       ``tf.SparseTensor`` or a dense ``[b, D]`` tensor).
 
     Raises:
-      ValueError: ``k`` out of range for a MACH head.
+      ValueError: ``k`` out of range; no head recognises the model.
     """
-    head = mach_head(model)
-    if head is not None:
-        decoder = MachDecoder.from_head(head, k=k)
-        return tf.function(lambda x: decoder(model(x, training=False)))
-
-    def top_k(x):
-        top = tf.math.top_k(model(x, training=False), k=k)
-        return top.indices, top.values
-    return tf.function(top_k)
+    return tf.function(heads.head_for_model(model).top_k_function(model, k))
 
 
 def predict_top_k(model, dataset, k=5, batch_size=1024):

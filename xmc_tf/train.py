@@ -1,24 +1,22 @@
 """The main job: train, evaluate and export an extreme classifier.
 
 ``train_and_evaluate(config, workdir)`` reads an XC-repo data set, builds
+the model of :func:`xmc_tf.models.build_model`
 
     input (sparse TF-IDF or dense embeddings)
-      -> encoder Dense layers (ReLU)            [learned features]
+      -> encoder layers (ReLU)                  [learned features]
       -> intermediate Dense (ReLU)              [Sec. 3.4 of the paper]
-      -> output head: UniformSparseDense | Dense   [num_labels scores]
-                    | MachHead                     [R x B bucket logits]
+      -> output head (xmc_tf.heads registry: uniform_sparse | dense | mach)
 
-trains it with ``model.fit`` (Adam; learning rate halved when validation P@3
-stops improving, down to a floor, then early stopping: Sec. 4.1), rewires the
-sparse head with SET, evaluates P@k, nDCG@k, PSP@k and recall@k on the test
-set, and writes ``metrics.json``, ``model.keras`` and ``saved_model/`` to the
-work directory.  Training resumes from ``workdir/backup`` after a crash.
-
-With ``model.head = "mach"`` the output is MACH's ``R`` meta-classifiers
-over ``B`` hashed buckets (Medini et al., NeurIPS 2019, Sec. 3); top-k
-labels (validation P@k once per epoch via ``TopKEvaluation``, evaluation,
-``predict``, the SavedModel) then come from the exact decoder op
-``Xmc>MachTopK`` and no ``[batch, num_labels]`` tensor is formed.
+trains it with ``model.fit`` (Adam; learning rate halved when the head's
+monitor -- validation P@3 -- stops improving, down to a floor, then early
+stopping: Sec. 4.1) with the head's own callbacks (SET rewiring for the
+uniform-sparse head, held-out P@k for heads without full scores in
+training), evaluates P@k, nDCG@k, PSP@k and recall@k on the test set with
+the head's decoder, and writes ``metrics.json``, ``model.keras`` and
+``saved_model/`` to the work directory.  Training resumes from
+``workdir/backup`` after a crash.  Nothing here branches on the head's
+name: see :mod:`xmc_tf.heads`.
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 3.4 and 4.1.
@@ -37,30 +35,13 @@ import tensorflow as tf
 from absl import logging
 
 from xmc_tf import data as xdata
+from xmc_tf import heads as xheads
 from xmc_tf import metrics as xmetrics
-from xmc_tf.callbacks import SetRewiring, TopKEvaluation
-from xmc_tf.layers import MachDecoder, MachHead, UniformSparseDense
-from xmc_tf.losses import (BinaryCrossEntropy, MachBinaryCrossentropy,
-                           MachSoftmaxCrossentropy, SquaredHinge)
-from xmc_tf.predict import evaluate_model, mach_head
+from xmc_tf.models import build_model
+from xmc_tf.predict import evaluate_model
 
-HEADS = ("uniform_sparse", "dense", "mach")
-#: config.loss -> loss class, for the heads that score every label.
-LOSSES = {"squared_hinge": SquaredHinge, "bce": BinaryCrossEntropy}
-#: config.loss -> (loss class, decoding activation) for the MACH head:
-#: "bce" over bucket indicators (multi-label), "softmax" per repetition.
-MACH_LOSSES = {"bce": (MachBinaryCrossentropy, "sigmoid"),
-               "softmax": (MachSoftmaxCrossentropy, "softmax")}
-
-
-def _check_head_and_loss(config):
-    head, loss = config.model.head, config.loss
-    if head not in HEADS:
-        raise ValueError(f"config.model.head={head!r}; expected one of {HEADS}")
-    allowed = MACH_LOSSES if head == "mach" else LOSSES
-    if loss not in allowed:
-        raise ValueError(f"config.loss={loss!r} does not fit head {head!r}; "
-                         f"expected one of {tuple(allowed)}")
+__all__ = ["train_and_evaluate", "build_model", "export_saved_model",
+           "load_for_model", "format_table"]
 
 
 def peak_memory_bytes() -> int:
@@ -74,83 +55,72 @@ def subset(dataset: xdata.XCDataset, rows: np.ndarray) -> xdata.XCDataset:
                            labels=dataset.labels[rows])
 
 
-def build_model(config, num_features: int, num_labels: int,
-                sparse_input: bool) -> keras.Model:
-    """Builds the (uncompiled) Keras model described by ``config.model``.
+def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
+    """Writes a TF SavedModel whose signatures have named inputs and outputs.
+
+    Signatures (``tf.saved_model.load(path).signatures[...]``, also callable
+    as methods of the loaded object):
+
+    * ``serve``: the top ``k`` labels, ``{"label_ids": int32 [batch, k],
+      "scores": float32 [batch, k]}``, best first, decoded by the model's
+      head (``tf.math.top_k`` of the scores, or MACH's exact decoder).
+    * ``score_all_labels`` (heads that score every label):
+      ``{"label_scores": float32 [batch, num_labels]}``.
+
+    Inputs, for a model on sparse features: the parts of a
+    ``tf.SparseTensor`` ``[batch, num_features]`` in row-major order,
+    ``indices`` int64 ``[nnz, 2]``, ``values`` float32 ``[nnz]``,
+    ``dense_shape`` int64 ``[2]``; for dense features ``features`` float32
+    ``[batch, num_features]``.  Load it after ``import xmc_tf`` (the op
+    library must be registered), e.g. with
+    :func:`xmc_tf.saving.load_saved_model`.
 
     Args:
-      config: the ml_collections config (uses ``config.model``, ``config.seed``).
-      num_features: input dimension D.
-      num_labels: number of labels m.
-      sparse_input: whether the input is a ``tf.SparseTensor``.
-
-    Returns:
-      A functional ``keras.Model`` mapping ``[batch, D]`` to ``[batch, m]``
-      scores (logits), or for the MACH head to ``[batch, R, B]`` bucket
-      logits (``config.model.num_repetitions``, ``num_buckets``).  The head
-      layer is named ``"output"``.
-
-    Raises:
-      ValueError: unknown ``config.model.head``, or ``config.loss`` not
-        made for it.
-    """
-    _check_head_and_loss(config)
-    mc = config.model
-    inputs = keras.Input(shape=(num_features,), sparse=sparse_input,
-                         name="features")
-    x = inputs
-    for i, units in enumerate(mc.encoder_dims):
-        x = keras.layers.Dense(units, activation="relu", name=f"encoder_{i}")(x)
-        if mc.dropout:
-            x = keras.layers.Dropout(mc.dropout, seed=config.seed)(x)
-    if mc.intermediate_dim:
-        x = keras.layers.Dense(mc.intermediate_dim, activation="relu",
-                               name="intermediate")(x)
-    if mc.head == "uniform_sparse":
-        fan_in = min(mc.connections_per_label, x.shape[-1])
-        outputs = UniformSparseDense(num_labels, fan_in, seed=config.seed,
-                                     name="output")(x)
-    elif mc.head == "mach":
-        outputs = MachHead(num_labels, mc.num_buckets, mc.num_repetitions,
-                           seed=config.seed,
-                           decode_activation=MACH_LOSSES[config.loss][1],
-                           name="output")(x)
-    else:
-        outputs = keras.layers.Dense(num_labels, name="output")(x)
-    return keras.Model(inputs, outputs, name=f"xmc_{mc.head}")
-
-
-def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
-    """Writes a TF SavedModel with a ``serve`` endpoint.
-
-    The endpoint takes what the model takes: a ``tf.SparseTensor`` float32
-    ``[batch, num_features]`` for sparse inputs (``keras.Model.export`` would
-    make it a dense signature), else a dense float32 tensor.  It returns the
-    ``[batch, num_labels]`` scores, or for a MACH model (whose point is to
-    never form those) a dict ``{"label_ids": int32 [batch, k], "scores":
-    float32 [batch, k]}`` from the exact decoder.  Load it after ``import
-    xmc_tf`` (the op library must be registered).
+      model: a model built by :func:`xmc_tf.models.build_model`.
+      path: output directory (created or replaced).
+      k: labels per instance of ``serve``.
     """
     spec = model.inputs[0]
-    shape = [None, spec.shape[-1]]
-    signature = (tf.SparseTensorSpec(shape, tf.float32) if spec.sparse
-                 else tf.TensorSpec(shape, tf.float32))
+    num_features = spec.shape[-1]
+    head = xheads.head_for_model(model)
+    top_k = head.top_k_function(model, k)
     archive = keras.export.ExportArchive()
     archive.track(model)
-    head = mach_head(model)
-    if head is not None:
-        decoder = MachDecoder.from_head(head, k=k)
 
-        def serve(x):
-            ids, scores = decoder(model(x, training=False))
-            return {"label_ids": ids, "scores": scores}
+    def top(x):
+        ids, scores = top_k(x)
+        return {"label_ids": ids, "scores": scores}
+
+    def all_scores(x):
+        return {"label_scores": model(x, training=False)}
+
+    # Named parameters name the signature inputs; tf.functions with their own
+    # signatures because ExportArchive would make a sparse input dense.
+    if spec.sparse:
+        signature = [tf.TensorSpec([None, 2], tf.int64, name="indices"),
+                     tf.TensorSpec([None], tf.float32, name="values"),
+                     tf.TensorSpec([2], tf.int64, name="dense_shape")]
+
+        def serve(indices, values, dense_shape):
+            return top(tf.SparseTensor(indices, values, dense_shape))
+
+        def score_all_labels(indices, values, dense_shape):
+            return all_scores(tf.SparseTensor(indices, values, dense_shape))
     else:
-        def serve(x):
-            return model(x, training=False)
-    # A tf.function with its own signature: ExportArchive would turn a sparse
-    # Keras input spec into a dense one.
+        signature = [tf.TensorSpec([None, num_features], tf.float32,
+                                   name="features")]
+
+        def serve(features):
+            return top(features)
+
+        def score_all_labels(features):
+            return all_scores(features)
+
     archive.add_endpoint("serve", tf.function(serve,
-                                              input_signature=[signature]))
+                                              input_signature=signature))
+    if head.full_scores_in_training:
+        archive.add_endpoint("score_all_labels", tf.function(
+            score_all_labels, input_signature=signature))
     archive.write_out(path, verbose=False)
 
 
@@ -207,18 +177,14 @@ def _load(config, workdir):
     return train, test
 
 
-def _callbacks(config, workdir, val_data, is_mach):
-    """Checkpoint/resume, CSV log, LR halving and early stopping on val P@3
-    (MACH: computed by TopKEvaluation; without validation data the training
-    P@3, or the training loss for MACH), SET for the sparse head."""
+def _callbacks(config, workdir, head, layer, val_data):
+    """The head's own callbacks (SET, held-out P@k, ...) first, so their
+    epoch logs reach the rest; then checkpoint/resume, CSV log, LR halving
+    and early stopping on the head's monitor (val P@3 when a validation
+    split exists)."""
     tc = config.train
-    if val_data is not None:
-        monitor, mode = "val_precision_at_3", "max"
-    elif is_mach:
-        monitor, mode = "loss", "min"
-    else:
-        monitor, mode = "precision_at_3", "max"
-    cbs = [
+    monitor, mode = head.monitor(val_data is not None)
+    cbs = head.callbacks(layer, val_data) + [
         keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup")),
         keras.callbacks.CSVLogger(os.path.join(workdir, "history.csv"),
                                   append=True),
@@ -229,15 +195,6 @@ def _callbacks(config, workdir, val_data, is_mach):
             monitor=monitor, mode=mode, patience=tc.early_stopping_patience,
             restore_best_weights=True, verbose=1),
     ]
-    if is_mach and val_data is not None:
-        # Before the loggers and schedules, which read its logs.
-        cbs.insert(0, TopKEvaluation(val_data, ks=(1, 3),
-                                     batch_size=config.eval.batch_size))
-    if config.model.head == "uniform_sparse" and config.set.enabled:
-        # First in the list so the statistics reach the loggers' epoch logs.
-        cbs.insert(0, SetRewiring(every_n_steps=config.set.every_n_steps,
-                                  fraction=config.set.fraction,
-                                  seed=config.seed))
     if tc.tensorboard:
         cbs.append(keras.callbacks.TensorBoard(os.path.join(workdir,
                                                             "tensorboard")))
@@ -278,22 +235,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
     fit_data = subset(train, np.sort(order[num_val:])) if num_val else train
     val_data = subset(train, np.sort(order[:num_val])) if num_val else None
 
+    head = xheads.get_head(config)
     model = build_model(config, train.num_features, train.num_labels,
-                        train.is_sparse)
+                        train.is_sparse, head)
+    layer = xheads.output_layer(model)
     tc = config.train
-    head = mach_head(model)
-    if head is not None:
-        loss = MACH_LOSSES[config.loss][0](head)
-        # Decoding every training batch would cost O(m R) per row while the
-        # head is untrained; TopKEvaluation decodes the validation set once
-        # per epoch instead.
-        train_metrics = []
-    else:
-        loss = LOSSES[config.loss]()
-        train_metrics = [xmetrics.PrecisionAtK(1), xmetrics.PrecisionAtK(3)]
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate=tc.learning_rate),
-        loss=loss, metrics=train_metrics,
+        loss=head.make_loss(layer), metrics=head.train_metrics(layer),
         jit_compile=False)  # XLA cannot compile the custom ops
     model.summary(print_fn=logging.info)
 
@@ -304,8 +253,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     start = time.perf_counter()
     history = model.fit(train_ds, validation_data=val_ds, epochs=tc.epochs,
                         shuffle=False,  # make_tf_dataset shuffles per epoch
-                        callbacks=_callbacks(config, workdir, val_data,
-                                             head is not None),
+                        callbacks=_callbacks(config, workdir, head, layer,
+                                             val_data),
                         verbose=tc.verbose)
     train_seconds = time.perf_counter() - start
 
@@ -324,9 +273,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
         "model_bytes": model_bytes(model),
         "head": config.model.head,
     })
-    if head is not None:
-        results.update(num_buckets=head.num_buckets,
-                       num_repetitions=head.num_repetitions)
+    results.update(head.results(layer))
     model.save(os.path.join(workdir, "model.keras"))
     export_saved_model(model, os.path.join(workdir, "saved_model"),
                        k=max(config.eval.ks))

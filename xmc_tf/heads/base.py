@@ -1,0 +1,219 @@
+"""The output-head abstraction: one class per head, asked through a registry.
+
+A *head* is the last stage of an xmc_tf model -- the layer that scores
+labels -- together with everything that depends on it: the losses it trains
+with, the metrics computed on training batches, the callbacks it needs
+(SET rewiring, index refresh, held-out P@k), how top-k labels are decoded
+from a trained model (full scores + ``tf.math.top_k``, or MACH's exact
+decoder), and what the trained model reports in ``metrics.json``.
+``xmc_tf.train``, ``xmc_tf.predict`` and the ``xmc-tf`` command never branch
+on the head's name: they ask the registry (:func:`get_head` for a config,
+:func:`head_for_model` for a loaded model).  Adding a head means adding one
+module to ``xmc_tf/heads/`` that subclasses :class:`Head` and decorates it
+with :func:`register`.
+
+Example:
+    >>> from xmc_tf import heads
+    >>> sorted(heads.names())[:2]
+    ['dense', 'mach']
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import keras
+import tensorflow as tf
+
+__all__ = ["Head", "register", "get_head", "head_for_model", "names",
+           "output_layer"]
+
+_REGISTRY: dict[str, type["Head"]] = {}
+
+#: Name of the head layer in every model built by xmc_tf.
+OUTPUT_LAYER = "output"
+
+
+def register(cls: type["Head"]) -> type["Head"]:
+    """Class decorator adding a :class:`Head` subclass to the registry.
+
+    Raises:
+      ValueError: the class has no ``name`` or the name is taken.
+    """
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"head {cls.name!r} is already registered "
+                         f"({_REGISTRY[cls.name].__name__})")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def names() -> tuple[str, ...]:
+    """Names of the registered heads (what ``config.model.head`` accepts)."""
+    return tuple(_REGISTRY)
+
+
+def get_head(config) -> "Head":
+    """The head that ``config.model.head`` names, checked against the config.
+
+    Args:
+      config: the ml_collections job config (``config.model.head``,
+        ``config.loss`` and the head's own fields).
+
+    Returns:
+      A :class:`Head` instance bound to ``config``.
+
+    Raises:
+      ValueError: an unknown head name, or a config value the head rejects
+        (e.g. a loss it cannot train with).
+    """
+    name = config.model.head
+    if name not in _REGISTRY:
+        raise ValueError(f"config.model.head={name!r}; expected one of "
+                         f"{names()}")
+    return _REGISTRY[name](config)
+
+
+def output_layer(model: keras.Model):
+    """The model's head layer: the layer named ``"output"``, else the last."""
+    try:
+        return model.get_layer(OUTPUT_LAYER)
+    except ValueError:
+        layers = getattr(model, "layers", None) or []
+        if not layers:
+            raise ValueError("the model has no layers") from None
+        return layers[-1]
+
+
+def head_for_model(model: keras.Model) -> type["Head"]:
+    """The registered head class that decodes a (loaded) model's outputs.
+
+    Sampled heads train a full-scoring layer (uniform-sparse or dense), so a
+    model trained with one is decoded by the head of that layer.
+
+    Raises:
+      ValueError: no registered head recognises the model's output layer.
+    """
+    layer = output_layer(model)
+    for cls in _REGISTRY.values():
+        if cls.matches(layer):
+            return cls
+    raise ValueError(f"no xmc_tf head recognises the output layer "
+                     f"{layer.name!r} ({type(layer).__name__})")
+
+
+class Head:
+    """Base class of the output heads.
+
+    Subclasses set :attr:`name`, :attr:`losses` and :attr:`layer_types` and
+    implement :meth:`build_layer` and :meth:`make_loss`; the defaults here
+    describe a head that scores every label (``[batch, num_labels]``
+    logits), decoded with ``tf.math.top_k``.
+
+    Args:
+      config: the job config (ml_collections ``ConfigDict``).
+
+    Raises:
+      ValueError: ``config.loss`` is not one of :attr:`losses`, or another
+        head-specific config value is invalid (:meth:`check_config`).
+    """
+
+    #: ``config.model.head`` value.
+    name: ClassVar[str] = ""
+    #: ``config.loss`` values the head trains with.
+    losses: ClassVar[tuple[str, ...]] = ()
+    #: Output layer classes whose trained models this head decodes.
+    layer_types: ClassVar[tuple[type, ...]] = ()
+    #: Whether P@k can be computed in-graph on every training batch (full
+    #: scores are available); otherwise validation P@k comes from
+    #: :class:`xmc_tf.callbacks.TopKEvaluation` once per epoch.
+    full_scores_in_training: ClassVar[bool] = True
+
+    def __init__(self, config):
+        self.config = config
+        self.check_config()
+
+    # -- training -----------------------------------------------------------
+
+    def check_config(self) -> None:
+        """Validates the head's config fields.
+
+        Raises:
+          ValueError: ``config.loss`` not in :attr:`losses`.
+        """
+        if self.config.loss not in self.losses:
+            raise ValueError(
+                f"config.loss={self.config.loss!r} does not fit head "
+                f"{self.name!r}; expected one of {self.losses}")
+
+    def build_layer(self, num_labels: int, input_dim: int):
+        """The head layer, named ``"output"``, for ``num_labels`` labels."""
+        raise NotImplementedError
+
+    def make_loss(self, layer):
+        """The Keras loss for ``config.loss`` (``layer`` is built)."""
+        raise NotImplementedError
+
+    def train_metrics(self, layer) -> list:
+        """Metrics computed on training (and Keras validation) batches."""
+        if not self.full_scores_in_training:
+            return []
+        from xmc_tf.metrics import PrecisionAtK
+        return [PrecisionAtK(1), PrecisionAtK(3)]
+
+    def callbacks(self, layer, val_data) -> list:
+        """Callbacks the head needs, run before the loggers and schedules.
+
+        Args:
+          layer: the built head layer.
+          val_data: the held-out :class:`xmc_tf.data.XCDataset` or None.
+        """
+        if self.full_scores_in_training or val_data is None:
+            return []
+        from xmc_tf.callbacks import TopKEvaluation
+        return [TopKEvaluation(val_data, ks=(1, 3),
+                               batch_size=self.config.eval.batch_size)]
+
+    def monitor(self, has_validation: bool) -> tuple[str, str]:
+        """``(log key, mode)`` driving LR halving and early stopping."""
+        if has_validation:
+            return "val_precision_at_3", "max"
+        if self.full_scores_in_training:
+            return "precision_at_3", "max"
+        return "loss", "min"
+
+    def training_model(self, model: keras.Model, layer) -> keras.Model:
+        """The model ``fit`` runs (``model`` itself unless the head trains
+        through a wrapper, e.g. a sampled trainer)."""
+        return model
+
+    def results(self, layer) -> dict:
+        """Head-specific entries of ``metrics.json``."""
+        return {}
+
+    # -- inference (a loaded model; no config) --------------------------------
+
+    @classmethod
+    def matches(cls, layer) -> bool:
+        """Whether this head decodes models whose output layer is ``layer``."""
+        return bool(cls.layer_types) and isinstance(layer, cls.layer_types)
+
+    @classmethod
+    def top_k_function(cls, model: keras.Model, k: int):
+        """``x -> (ids int32 [b, k], scores float32 [b, k])``, best first.
+
+        The default scores every label and keeps the top ``k``
+        (``tf.math.top_k``: ties go to the lower label id).
+
+        Raises:
+          ValueError: ``k`` not in ``[1, num_labels]``.
+        """
+        num_labels = model.outputs[0].shape[-1] if model.outputs else None
+        if k < 1 or (num_labels is not None and k > num_labels):
+            raise ValueError(f"k={k} must be in [1, num_labels={num_labels}]")
+
+        def top_k(x):
+            top = tf.math.top_k(model(x, training=False), k=k)
+            return top.indices, top.values
+        return top_k

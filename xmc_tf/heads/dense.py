@@ -1,0 +1,34 @@
+"""The dense output head: ``keras.layers.Dense(num_labels)``.
+
+The paper's baseline (Schultheis & Babbar, Sec. 4): every label is
+connected to every unit of the intermediate layer, ``4 (d + 1) m`` bytes.
+Losses: squared hinge or binary cross-entropy over all labels
+(:mod:`xmc_tf.losses.hinge`).
+"""
+
+from __future__ import annotations
+
+import keras
+
+from xmc_tf.heads.base import OUTPUT_LAYER, Head, register
+from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge
+
+__all__ = ["DenseHead", "LABEL_WISE_LOSSES"]
+
+#: ``config.loss`` -> loss class of the heads that score every label.
+LABEL_WISE_LOSSES = {"squared_hinge": SquaredHinge, "bce": BinaryCrossEntropy}
+
+
+@register
+class DenseHead(Head):
+    """``config.model.head = "dense"``: a fully connected output layer."""
+
+    name = "dense"
+    losses = tuple(LABEL_WISE_LOSSES)
+    layer_types = (keras.layers.Dense,)
+
+    def build_layer(self, num_labels, input_dim):
+        return keras.layers.Dense(num_labels, name=OUTPUT_LAYER)
+
+    def make_loss(self, layer):
+        return LABEL_WISE_LOSSES[self.config.loss]()

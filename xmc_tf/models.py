@@ -1,0 +1,61 @@
+"""Builds the Keras model of the main job from a config.
+
+::
+
+    input (sparse TF-IDF [b, D] or dense embeddings [b, D])
+      -> encoder layers (ReLU, dropout)          config.model.encoder_dims
+      -> intermediate Dense (ReLU)               config.model.intermediate_dim
+      -> head layer named "output"               xmc_tf.heads (config.model.head)
+
+Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
+Extremely Large Output Spaces", Sec. 3.4 (a wide dense intermediate layer
+before the sparse output layer).
+"""
+
+from __future__ import annotations
+
+import keras
+
+from xmc_tf import heads as xheads
+
+__all__ = ["build_model"]
+
+
+def build_model(config, num_features: int, num_labels: int,
+                sparse_input: bool, head: xheads.Head | None = None
+                ) -> keras.Model:
+    """Builds the (uncompiled) Keras model described by ``config.model``.
+
+    Args:
+      config: the ml_collections config (uses ``config.model``,
+        ``config.seed``, ``config.loss``).
+      num_features: input dimension D.
+      num_labels: number of labels m.
+      sparse_input: whether the input is a ``tf.SparseTensor``.
+      head: the :class:`xmc_tf.heads.Head` (default
+        ``xmc_tf.heads.get_head(config)``).
+
+    Returns:
+      A functional ``keras.Model`` named ``xmc_<head>`` whose input is
+      named ``"features"`` and whose head layer is named ``"output"``; its
+      output is what the head layer returns (``[b, m]`` logits, or
+      ``[b, R, B]`` bucket logits for MACH).
+
+    Raises:
+      ValueError: unknown ``config.model.head``, or ``config.loss`` not
+        made for it.
+    """
+    head = head or xheads.get_head(config)
+    mc = config.model
+    inputs = keras.Input(shape=(num_features,), sparse=sparse_input,
+                         name="features")
+    x = inputs
+    for i, units in enumerate(mc.encoder_dims):
+        x = keras.layers.Dense(units, activation="relu", name=f"encoder_{i}")(x)
+        if mc.dropout:
+            x = keras.layers.Dropout(mc.dropout, seed=config.seed)(x)
+    if mc.intermediate_dim:
+        x = keras.layers.Dense(mc.intermediate_dim, activation="relu",
+                               name="intermediate")(x)
+    outputs = head.build_layer(num_labels, int(x.shape[-1]))(x)
+    return keras.Model(inputs, outputs, name=f"xmc_{mc.head}")
