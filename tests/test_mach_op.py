@@ -281,3 +281,55 @@ def test_inverted_lists_layout():
             members = labels[r, offsets[r, c]:offsets[r, c + 1]]
             assert np.all(np.diff(members) > 0)
             assert np.all(hb[members, r] == c)
+
+
+@pytest.mark.parametrize("m,R,B,k,seed", [
+    (600, 2, 21, 9, 0),
+    (2112, 5, 4, 20, 1),
+    (143, 2, 39, 14, 2),
+    (2500, 4, 8, 3, 3),
+    (4000, 3, 64, 10, 4),
+])
+def test_overflowing_scores_match_brute_force(m, R, B, k, seed):
+    """Regression (issue 14): finite probabilities near the float32 limit
+    overflow float partial sums (3e38 + 3e38 - 3e38 is inf in float32); the
+    threshold scan pruned with a double-precision bound that ignored this and
+    returned other ids than brute force.  Scores +-inf rank as floats, ties
+    by the lower id."""
+    rng = np.random.default_rng(seed)
+    h = MachHashing.random(m, B, R, seed=seed)
+    values = np.array([3e38, -3e38, 2e38, 3.4e38, -3.4e38, 1.0, 0.0, -1.0],
+                      np.float32)
+    probs = rng.choice(values, size=(6, R, B))
+    with np.errstate(over="ignore"):
+        ref_ids, ref_scores = assert_all_equal(probs, h, k)
+    assert np.isinf(ref_scores).any()  # the case exercises overflow
+
+
+@pytest.mark.parametrize("value", [3e38, -3e38])
+def test_all_scores_infinite_tie_by_lower_id(value):
+    h = MachHashing.random(5000, 16, 3, seed=20)
+    probs = np.full((2, 3, 16), value, np.float32)
+    with np.errstate(over="ignore"):
+        ids, scores = assert_all_equal(probs, h, 7)
+    np.testing.assert_array_equal(ids, np.tile(np.arange(7), (2, 1)))
+    assert np.all(scores == np.float32(np.sign(value) * np.inf))
+
+
+def test_mixed_infinite_and_finite_scores_rank_as_floats():
+    # Labels hashed to the 3e38 buckets of both repetitions score +inf and
+    # come first; the rest are finite; huge negatives give -inf last.
+    h = MachHashing.random(3000, 32, 2, seed=21)
+    rng = np.random.default_rng(21)
+    probs = rng.random((4, 2, 32), dtype=np.float32)
+    probs[:, :, 0] = 3e38
+    probs[:, :, 1] = -3e38
+    with np.errstate(over="ignore"):
+        ids, scores = assert_all_equal(probs, h, 3000)  # full ranking
+    hb = h.buckets_numpy(np.arange(3000))
+    pos_inf = np.flatnonzero((hb == 0).all(axis=1))
+    neg_inf = np.flatnonzero((hb == 1).all(axis=1))
+    assert len(pos_inf) and len(neg_inf)
+    np.testing.assert_array_equal(ids[0, :len(pos_inf)], pos_inf)
+    np.testing.assert_array_equal(ids[0, -len(neg_inf):], neg_inf)
+    assert not np.isnan(scores).any()

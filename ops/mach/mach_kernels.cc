@@ -310,9 +310,27 @@ RowStatus MachTopKThreshold(const float* probs, const MachHasher& hasher,
 
   // Pruning a label early from a partial upper bound (computed in double) is
   // only done when the bound is below the k-th score by more than the float
-  // rounding error of a score: |fl(score) - score| * R <= R (R + 1) u maxabs.
+  // rounding error of a score.  Without overflow, the float sum of R values
+  // is within R (R - 1) / 2 u maxabs of the exact sum (u = 2^-24), and the
+  // division by R rounds by at most max(u |score|, 2^-150) (the absolute
+  // term covers subnormal scores); a label whose exact upper bound is below
+  // R * kth - margin therefore has a float score strictly below the k-th.
+  // When a float partial sum can overflow (R maxabs near FLT_MAX), a float
+  // score may be +-inf although the exact sum is finite (e.g. 3e38 + 3e38 -
+  // 3e38 is inf in float), so the double bound says nothing about it: the
+  // margin is then +inf, which turns the double-bound pruning off (every
+  // comparison `bound + margin < kth_sum` is false).  The float stopping rule
+  // below stays exact in that case (float addition is monotone, also when
+  // it overflows).
+  const double u = std::ldexp(1.0, -24);
+  const bool may_overflow =
+      static_cast<double>(R) * static_cast<double>(maxabs) *
+          (1.0 + 2.0 * R * u) >=
+      static_cast<double>(std::numeric_limits<float>::max());
   const double margin =
-      2.0 * R * (R + 1) * std::ldexp(1.0, -24) * static_cast<double>(maxabs);
+      may_overflow ? std::numeric_limits<double>::infinity()
+                   : 2.0 * R * (R + 1) * u * static_cast<double>(maxabs) +
+                         2.0 * R * std::ldexp(1.0, -149);
   TopK topk(k);
   double kth_sum = -std::numeric_limits<double>::infinity();
   // Label entries visited so far (the work, in units of about one

@@ -16,7 +16,10 @@
 //   score(i, j) = (sum_{r=0}^{R-1} probs[i, r, h_r(j)]) / R,
 // summed in float in the order r = 0, 1, ..., R-1 in every code path, so the
 // exact and the fast decoder return bit-identical scores.  Ties are broken by
-// the lower label id.
+// the lower label id.  Inputs must be finite (both decoders return
+// RowStatus::kNonFinite otherwise); a score may still overflow to +-inf
+// (|probs| near FLT_MAX) and then ranks as that float does.  NaN scores are
+// impossible: a float sum of finite values saturates at +-inf.
 //
 // This header must not include TensorFlow: the functors can be tested and
 // reused without it.

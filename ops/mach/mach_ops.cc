@@ -71,6 +71,14 @@ paper's estimator (Eq. 2, without its monotone affine map B/(B-1)(x - 1/B)):
 summed in float in repetition order.  The op returns, per row, the k labels
 with the largest scores, best first; ties are broken by the lower label id.
 
+Order of special values: probs must be finite (NaN and +-inf are rejected,
+see below).  Finite probabilities can still give infinite scores when a float
+partial sum overflows (|probs| near 3.4e38): such a score is +inf or -inf and
+ranks as that float does (+inf above every finite score, -inf below; ties
+among infinite scores again by the lower label id), in both methods alike.
+A NaN score cannot arise: a float sum of finite values saturates at +-inf
+and never computes inf - inf.
+
 method="threshold" (default) runs the threshold algorithm (Fagin, Lotem &
 Naor, PODS 2001) over per-repetition inverted lists bucket -> labels (CSR,
 int32, 4 R (m + B) bytes, built on the first call and cached in the kernel):
@@ -83,8 +91,10 @@ brute_force_fallback (default), method="threshold" uses brute force where it
 is cheaper: for small label sets (m <= 16 B), and to finish a scan that has
 visited more than 2 m label entries (near-uniform rows, where the threshold
 never drops), which bounds the worst case at about 3x brute force.  Both are
-exact and return bit-identical ids and scores.  Rows are processed in
-parallel on the CPU worker thread pool.
+exact and return bit-identical ids and scores, also when scores overflow
+(the threshold scan then stops only by the exact float stopping rule and
+skips its double-precision pruning).  Rows are processed in parallel on the
+CPU worker thread pool.
 
 probs: [batch, R, B] float32 meta-class probabilities (softmax or sigmoid
   outputs of the R meta-classifiers; any finite values are accepted, e.g.

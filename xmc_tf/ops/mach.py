@@ -289,6 +289,14 @@ def mach_top_k(probs, k: int, hashing, *, method: str = "threshold",
     ``method="brute_force"`` scores every label (``O(m R)`` per row).  Both
     are exact and return identical ids and scores.  Not differentiable.
 
+    Special values: ``probs`` must be finite (NaN or +-inf raise
+    ``InvalidArgumentError``).  Finite ``probs`` near the float32 limit can
+    still overflow a score to ``+inf`` or ``-inf``; such a score ranks as
+    that float does (``+inf`` first, ``-inf`` after every finite score, ties
+    by the lower label id), identically in both methods.  A NaN score cannot
+    occur: a float32 sum of finite values saturates at +-inf and never
+    computes ``inf - inf``.
+
     Args:
       probs: float ``[batch, R, B]`` meta-class probabilities (cast to
         float32); softmax or sigmoid outputs of the R meta-classifiers (any
