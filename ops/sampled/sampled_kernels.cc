@@ -1,0 +1,679 @@
+// CPU kernels (and, when built with nvcc, GPU registrations) of the
+// sampled-scoring op family.  See sampled_ops.cc for the op contracts.
+//
+// Sources: Schultheis & Babbar, "Towards Memory-Efficient Training for
+// Extremely Large Output Spaces", Sec. 3.2-3.3 (uniform-sparse layer,
+// zero-skipping backward); Mehta et al., ASTRA, Algorithm 1 (score only the
+// positives and the sampled negatives of each instance).
+//
+// Notation: b = batch, e = num_features, m = num_labels, s = fan_in,
+// c = num_candidates; a "position" p = i * c + j is one (instance,
+// candidate) pair.
+//
+// CPU design (all kernels run on TensorFlow's intra-op thread pool):
+//  * Every kernel first checks ranks and shapes, then range-checks every
+//    candidate (b * c int32 reads, cheap) and fails with InvalidArgument
+//    naming the first bad entry.
+//  * Forward and the weight gradient shard the b * c positions; the feature
+//    gradient shards instances (each unit owns its output row, or a private
+//    buffer row when c is split into chunks for small batches), so no two
+//    threads write the same memory and no atomics are needed.
+//  * The rows indices[r, :] / weights[r, :] of the candidate labels are
+//    scattered over the [m, s] matrices (128 MiB each at m = 1M, s = 32), so
+//    the kernels are bound by the latency of those cache misses: the rows of
+//    the position kAhead ahead are prefetched.  The feature row of an
+//    instance (e floats) stays in L1/L2 across its c candidates.
+//  * A label row is range-checked where it is read (one vectorisable pass of
+//    s compares before its use); checking all m * s indices would cost more
+//    than the sampled product.  A bad entry is recorded (smallest flat
+//    position r * s + k wins), never used as an address, and reported after
+//    the pass.
+//  * The backward kernels skip a zero backward[i, j] without reading the
+//    candidate's indices, weights or the features (squared hinge: most
+//    entries are zero).
+//
+// Hot loops are compiled for AVX2/FMA and for baseline x86-64 and picked at
+// run time (GCC function multiversioning), as in ops/uniform_sparse/.
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "ops/sampled/sampled_kernels.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/register_types.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+#if XMC_TF_WITH_CUDA
+#include "xla/stream_executor/stream.h"
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define XMC_SAMPLED_MULTIVERSION \
+  __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define XMC_SAMPLED_MULTIVERSION
+#endif
+
+namespace xmc_tf {
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::DEVICE_GPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+namespace errors = ::tensorflow::errors;
+
+namespace {
+
+constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+constexpr int64_t kAhead = 8;  // prefetch distance, in positions
+
+// ---------------------------------------------------------------------------
+// Validation shared by the CPU and GPU kernels.
+
+struct SampledDims {
+  int64_t batch = 0, num_features = 0, num_labels = 0, fan_in = 0,
+          num_candidates = 0;
+};
+
+Status CheckRank2(const Tensor& t, const char* name) {
+  if (t.dims() != 2) {
+    return errors::InvalidArgument(name,
+                                   " must be a matrix (rank 2), got shape ",
+                                   t.shape().DebugString());
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// Checks ranks and shapes; `weights` and `backward` may be absent (nullptr).
+Status ValidateSampledShapes(const Tensor& features, const Tensor& indices,
+                             const Tensor* weights, const Tensor& candidates,
+                             const Tensor* backward, SampledDims* d) {
+  TF_RETURN_IF_ERROR(CheckRank2(features, "features"));
+  TF_RETURN_IF_ERROR(CheckRank2(indices, "indices"));
+  TF_RETURN_IF_ERROR(CheckRank2(candidates, "candidates"));
+  d->batch = features.dim_size(0);
+  d->num_features = features.dim_size(1);
+  d->num_labels = indices.dim_size(0);
+  d->fan_in = indices.dim_size(1);
+  d->num_candidates = candidates.dim_size(1);
+  if (d->num_features > std::numeric_limits<int32_t>::max()) {
+    return errors::InvalidArgument("num_features = ", d->num_features,
+                                   " does not fit int32 indices");
+  }
+  if (weights != nullptr) {
+    TF_RETURN_IF_ERROR(CheckRank2(*weights, "weights"));
+    if (weights->shape() != indices.shape()) {
+      return errors::InvalidArgument(
+          "weights shape ", weights->shape().DebugString(),
+          " must equal indices shape ", indices.shape().DebugString(),
+          " ([num_labels, fan_in])");
+    }
+  }
+  if (candidates.dim_size(0) != d->batch) {
+    return errors::InvalidArgument(
+        "candidates shape ", candidates.shape().DebugString(),
+        " must be [batch, num_candidates] with batch = ", d->batch,
+        " (rows of features)");
+  }
+  if (backward != nullptr) {
+    TF_RETURN_IF_ERROR(CheckRank2(*backward, "backward"));
+    if (backward->shape() != candidates.shape()) {
+      return errors::InvalidArgument(
+          "backward shape ", backward->shape().DebugString(),
+          " must equal candidates shape ", candidates.shape().DebugString(),
+          " ([batch, num_candidates])");
+    }
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// The smallest flat position recorded by any thread.
+class FirstBad {
+ public:
+  void Record(int64_t position) {
+    int64_t cur = first_.load(std::memory_order_relaxed);
+    while (position < cur && !first_.compare_exchange_weak(cur, position)) {
+    }
+  }
+  int64_t get() const { return first_.load(); }
+  bool found() const { return get() != kNone; }
+
+ private:
+  std::atomic<int64_t> first_{kNone};
+};
+
+// Parallel range check of every candidate against [0, num_labels).
+Status ValidateCandidates(OpKernelContext* ctx, const Tensor& candidates,
+                          int64_t num_labels) {
+  const int32_t* cand = candidates.flat<int32_t>().data();
+  const int64_t n = candidates.NumElements();
+  if (n == 0) return ::tensorflow::OkStatus();
+  FirstBad bad;
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(workers->num_threads, workers->workers, n, 1,
+                      [&](int64_t start, int64_t limit) {
+                        for (int64_t p = start; p < limit; ++p) {
+                          if (cand[p] < 0 || cand[p] >= num_labels) {
+                            bad.Record(p);
+                            return;
+                          }
+                        }
+                      });
+  if (!bad.found()) return ::tensorflow::OkStatus();
+  const int64_t p = bad.get();
+  const int64_t c = candidates.dim_size(1);
+  return errors::InvalidArgument("candidates[", p / c, ", ", p % c,
+                                 "] = ", cand[p], " is out of range [0, ",
+                                 num_labels, ") (num_labels)");
+}
+
+// Error for the bad entry at flat position `position` of indices.  Names the
+// first position p (i * c + j) whose candidate is that label and for which
+// used(p) holds (the pair that read the row).
+Status BadIndexError(const Tensor& indices, const Tensor& candidates,
+                     int64_t position, int64_t num_features,
+                     const std::function<bool(int64_t)>& used) {
+  const int64_t fan_in = indices.dim_size(1);
+  const int64_t label = position / fan_in;
+  const int32_t value = indices.flat<int32_t>().data()[position];
+  const int32_t* cand = candidates.flat<int32_t>().data();
+  const int64_t c = candidates.dim_size(1);
+  int64_t where = -1;
+  for (int64_t p = 0; p < candidates.NumElements(); ++p) {
+    if (cand[p] == label && used(p)) {
+      where = p;
+      break;
+    }
+  }
+  if (where < 0) {
+    return errors::InvalidArgument("indices[", label, ", ", position % fan_in,
+                                   "] = ", value, " is out of range [0, ",
+                                   num_features, ") (num_features)");
+  }
+  return errors::InvalidArgument(
+      "indices[", label, ", ", position % fan_in, "] = ", value,
+      " is out of range [0, ", num_features, ") (num_features); label ", label,
+      " is candidates[", where / c, ", ", where % c, "]");
+}
+
+// ---------------------------------------------------------------------------
+// Hot loops.
+
+// True when every idx[k] < bound (unsigned: negative values fail too).
+XMC_SAMPLED_MULTIVERSION
+bool RowInRange(const int32_t* idx, int64_t n, uint32_t bound) {
+  uint32_t bad = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    bad |= static_cast<uint32_t>(static_cast<uint32_t>(idx[k]) >= bound);
+  }
+  return bad == 0;
+}
+
+// Records the first out-of-range entry of label row `label` (known bad).
+void RecordBadRow(const int32_t* row, int64_t label, int64_t fan_in,
+                  uint32_t bound, FirstBad* bad) {
+  for (int64_t k = 0; k < fan_in; ++k) {
+    if (static_cast<uint32_t>(row[k]) >= bound) {
+      bad->Record(label * fan_in + k);
+      return;
+    }
+  }
+}
+
+// sum_k x[idx[k]] * w[k] with eight independent partial sums (a plain float
+// reduction is not vectorised without -ffast-math).
+XMC_SAMPLED_MULTIVERSION
+float GatherDot(const float* x, const int32_t* idx, const float* w,
+                int64_t n) {
+  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += x[idx[k + l]] * w[k + l];
+  }
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
+            ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; k < n; ++k) s += x[idx[k]] * w[k];
+  return s;
+}
+
+// out[k] = g * x[idx[k]].
+XMC_SAMPLED_MULTIVERSION
+void ScaledGather(float g, const float* x, const int32_t* idx, int64_t n,
+                  float* out) {
+  for (int64_t k = 0; k < n; ++k) out[k] = g * x[idx[k]];
+}
+
+template <typename T>
+void ScaledGatherT(float g, const T* x, const int32_t* idx, int64_t n,
+                   T* out) {
+  for (int64_t k = 0; k < n; ++k) {
+    out[k] = static_cast<T>(g * static_cast<float>(x[idx[k]]));
+  }
+}
+template <>
+void ScaledGatherT<float>(float g, const float* x, const int32_t* idx,
+                          int64_t n, float* out) {
+  ScaledGather(g, x, idx, n, out);
+}
+
+// out[idx[k]] += g * w[k] (a scatter: duplicates within a row are allowed).
+template <typename T>
+void ScatterAxpy(float g, const int32_t* idx, const T* w, int64_t n,
+                 float* out) {
+  for (int64_t k = 0; k < n; ++k) out[idx[k]] += g * static_cast<float>(w[k]);
+}
+
+// `n` values at `src` as float32: `src` itself for float, else a converted
+// copy in `buffer`.
+template <typename T>
+const float* RowAsFloat(const T* src, int64_t n, std::vector<float>* buffer) {
+  buffer->resize(n);
+  for (int64_t k = 0; k < n; ++k) (*buffer)[k] = static_cast<float>(src[k]);
+  return buffer->data();
+}
+template <>
+const float* RowAsFloat<float>(const float* src, int64_t, std::vector<float>*) {
+  return src;
+}
+
+// Prefetches the first `bytes` (at most 512) of a label row.
+inline void PrefetchRow(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  const int64_t end = std::min<int64_t>(bytes, 512);
+  for (int64_t off = 0; off < end; off += 64) __builtin_prefetch(p + off);
+}
+
+// ---------------------------------------------------------------------------
+// CPU kernels.
+
+template <typename T>
+class SampledMatmulOp : public OpKernel {
+ public:
+  explicit SampledMatmulOp(OpKernelConstruction* c) : OpKernel(c) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& features = ctx->input(0);
+    const Tensor& indices = ctx->input(1);
+    const Tensor& weights = ctx->input(2);
+    const Tensor& candidates = ctx->input(3);
+    SampledDims d;
+    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
+                                              candidates, nullptr, &d));
+    OP_REQUIRES_OK(ctx, ValidateCandidates(ctx, candidates, d.num_labels));
+    Tensor* scores = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, candidates.shape(), &scores));
+    const int64_t total = d.batch * d.num_candidates;
+    if (total == 0) return;
+
+    T* out = scores->flat<T>().data();
+    const T* feat = features.flat<T>().data();
+    const T* w = weights.flat<T>().data();
+    const int32_t* idx = indices.flat<int32_t>().data();
+    const int32_t* cand = candidates.flat<int32_t>().data();
+    const int64_t c = d.num_candidates, s = d.fan_in, e = d.num_features;
+    const uint32_t bound = static_cast<uint32_t>(e);
+    FirstBad bad;
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, total, 40 + 12 * s,
+        [&](int64_t start, int64_t limit) {
+          std::vector<float> x_buffer, w_buffer;
+          int64_t current = -1;
+          const float* x = nullptr;
+          for (int64_t p = start; p < limit; ++p) {
+            if (p + kAhead < limit) {
+              const int64_t ahead = cand[p + kAhead];
+              PrefetchRow(idx + ahead * s, s * 4);
+              PrefetchRow(w + ahead * s, s * static_cast<int64_t>(sizeof(T)));
+            }
+            const int64_t i = p / c;
+            if (i != current) {
+              x = RowAsFloat<T>(feat + i * e, e, &x_buffer);
+              current = i;
+            }
+            const int64_t r = cand[p];
+            const int32_t* row = idx + r * s;
+            if (!RowInRange(row, s, bound)) {
+              RecordBadRow(row, r, s, bound, &bad);
+              out[p] = static_cast<T>(0.0f);
+              continue;
+            }
+            const float* wr = RowAsFloat<T>(w + r * s, s, &w_buffer);
+            out[p] = static_cast<T>(GatherDot(x, row, wr, s));
+          }
+        });
+    if (bad.found()) {
+      ctx->CtxFailure(BadIndexError(indices, candidates, bad.get(), e,
+                                    [](int64_t) { return true; }));
+    }
+  }
+};
+
+template <typename T>
+class SampledMatmulGradFeaturesOp : public OpKernel {
+ public:
+  explicit SampledMatmulGradFeaturesOp(OpKernelConstruction* c)
+      : OpKernel(c) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& backward = ctx->input(0);
+    const Tensor& features = ctx->input(1);
+    const Tensor& indices = ctx->input(2);
+    const Tensor& weights = ctx->input(3);
+    const Tensor& candidates = ctx->input(4);
+    SampledDims d;
+    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
+                                              candidates, &backward, &d));
+    OP_REQUIRES_OK(ctx, ValidateCandidates(ctx, candidates, d.num_labels));
+    Tensor* grad = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &grad));
+    if (d.batch == 0) return;
+    const int64_t c = d.num_candidates, s = d.fan_in, e = d.num_features;
+    const int64_t out_size = d.batch * e;
+
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    // Split the candidates into chunks when the batch alone cannot keep every
+    // thread busy; each (chunk, instance) unit then owns a private row.
+    const int64_t threads = std::max(1, workers->num_threads);
+    int64_t chunks = 1;
+    if (d.batch < 2 * threads && c >= 2048) {
+      chunks = std::min<int64_t>((2 * threads + d.batch - 1) / d.batch,
+                                 c / 1024);
+    }
+    const bool direct = chunks == 1 && std::is_same<T, float>::value;
+    Tensor buffer_t;
+    float* buffer = nullptr;
+    if (direct) {
+      buffer = reinterpret_cast<float*>(grad->flat<T>().data());
+    } else {
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(
+                              ::tensorflow::DT_FLOAT,
+                              TensorShape({chunks, d.batch, e}), &buffer_t));
+      buffer = buffer_t.flat<float>().data();
+    }
+    const T* back = backward.flat<T>().data();
+    const T* w = weights.flat<T>().data();
+    const int32_t* idx = indices.flat<int32_t>().data();
+    const int32_t* cand = candidates.flat<int32_t>().data();
+    const uint32_t bound = static_cast<uint32_t>(e);
+    const int64_t per_chunk = chunks == 1 ? c : (c + chunks - 1) / chunks;
+    FirstBad bad;
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, d.batch * chunks,
+        1 + per_chunk * (4 + 6 * s) + e, [&](int64_t start, int64_t limit) {
+          for (int64_t u = start; u < limit; ++u) {
+            const int64_t chunk = u / d.batch, i = u % d.batch;
+            float* row_out = buffer + (chunk * d.batch + i) * e;
+            std::fill(row_out, row_out + e, 0.0f);
+            const int64_t j0 = chunk * per_chunk;
+            const int64_t j1 = std::min(c, j0 + per_chunk);
+            const T* back_i = back + i * c;
+            const int32_t* cand_i = cand + i * c;
+            for (int64_t j = j0; j < j1; ++j) {
+              if (j + kAhead < j1 &&
+                  static_cast<float>(back_i[j + kAhead]) != 0.0f) {
+                const int64_t ahead = cand_i[j + kAhead];
+                PrefetchRow(idx + ahead * s, s * 4);
+                PrefetchRow(w + ahead * s, s * static_cast<int64_t>(sizeof(T)));
+              }
+              const float g = static_cast<float>(back_i[j]);
+              if (g == 0.0f) continue;  // nothing of the label is read
+              const int64_t r = cand_i[j];
+              const int32_t* row = idx + r * s;
+              if (!RowInRange(row, s, bound)) {
+                RecordBadRow(row, r, s, bound, &bad);
+                continue;
+              }
+              ScatterAxpy<T>(g, row, w + r * s, s, row_out);
+            }
+          }
+        });
+    if (bad.found()) {
+      ctx->CtxFailure(BadIndexError(
+          indices, candidates, bad.get(), e, [back](int64_t p) {
+            return static_cast<float>(back[p]) != 0.0f;
+          }));
+      return;
+    }
+    if (direct || out_size == 0) return;
+    T* out = grad->flat<T>().data();
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, out_size, chunks,
+        [&](int64_t start, int64_t limit) {
+          for (int64_t q = start; q < limit; ++q) {
+            float sum = 0.0f;
+            for (int64_t k = 0; k < chunks; ++k) sum += buffer[k * out_size + q];
+            out[q] = static_cast<T>(sum);
+          }
+        });
+  }
+};
+
+template <typename T>
+class SampledMatmulGradWeightsOp : public OpKernel {
+ public:
+  explicit SampledMatmulGradWeightsOp(OpKernelConstruction* c)
+      : OpKernel(c) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& backward = ctx->input(0);
+    const Tensor& features = ctx->input(1);
+    const Tensor& indices = ctx->input(2);
+    const Tensor& candidates = ctx->input(3);
+    SampledDims d;
+    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, nullptr,
+                                              candidates, &backward, &d));
+    OP_REQUIRES_OK(ctx, ValidateCandidates(ctx, candidates, d.num_labels));
+    const int64_t total = d.batch * d.num_candidates;
+    Tensor* grad = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({total, d.fan_in}), &grad));
+    if (total == 0 || d.fan_in == 0) return;
+    T* out = grad->flat<T>().data();
+    const T* back = backward.flat<T>().data();
+    const T* feat = features.flat<T>().data();
+    const int32_t* idx = indices.flat<int32_t>().data();
+    const int32_t* cand = candidates.flat<int32_t>().data();
+    const int64_t c = d.num_candidates, s = d.fan_in, e = d.num_features;
+    const uint32_t bound = static_cast<uint32_t>(e);
+    FirstBad bad;
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, total, 20 + 8 * s,
+        [&](int64_t start, int64_t limit) {
+          for (int64_t p = start; p < limit; ++p) {
+            if (p + kAhead < limit &&
+                static_cast<float>(back[p + kAhead]) != 0.0f) {
+              PrefetchRow(idx + static_cast<int64_t>(cand[p + kAhead]) * s,
+                          s * 4);
+            }
+            T* o = out + p * s;
+            const float g = static_cast<float>(back[p]);
+            if (g == 0.0f) {  // no signal: indices and features are not read
+              std::fill(o, o + s, static_cast<T>(0.0f));
+              continue;
+            }
+            const int64_t r = cand[p];
+            const int32_t* row = idx + r * s;
+            if (!RowInRange(row, s, bound)) {
+              RecordBadRow(row, r, s, bound, &bad);
+              std::fill(o, o + s, static_cast<T>(0.0f));
+              continue;
+            }
+            ScaledGatherT<T>(g, feat + (p / c) * e, row, s, o);
+          }
+        });
+    if (bad.found()) {
+      ctx->CtxFailure(BadIndexError(
+          indices, candidates, bad.get(), e, [back](int64_t p) {
+            return static_cast<float>(back[p]) != 0.0f;
+          }));
+    }
+  }
+};
+
+#define REGISTER_CPU(T)                                                    \
+  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmul")           \
+                              .Device(DEVICE_CPU)                          \
+                              .TypeConstraint<T>("T"),                     \
+                          SampledMatmulOp<T>);                             \
+  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradFeatures") \
+                              .Device(DEVICE_CPU)                          \
+                              .TypeConstraint<T>("T"),                     \
+                          SampledMatmulGradFeaturesOp<T>);                 \
+  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradWeights") \
+                              .Device(DEVICE_CPU)                          \
+                              .TypeConstraint<T>("T"),                     \
+                          SampledMatmulGradWeightsOp<T>);
+
+REGISTER_CPU(float);
+REGISTER_CPU(Eigen::half);
+REGISTER_CPU(Eigen::bfloat16);
+#undef REGISTER_CPU
+
+// ---------------------------------------------------------------------------
+// GPU kernels: framework-free CUDA launchers (sampled_kernels.cu.cc) called
+// on TensorFlow's stream.  float32 only.
+
+#if XMC_TF_WITH_CUDA
+
+void* SampledCudaStream(OpKernelContext* ctx) {
+  auto* device_context = ctx->op_device_context();
+  if (device_context == nullptr || device_context->stream() == nullptr) {
+    return nullptr;
+  }
+  return device_context->stream()->platform_specific_handle().stream;
+}
+
+// Runs `launch(error_scratch, bad_positions, stream)` and turns its result
+// into the op status.  The bad values live on the device: the message names
+// the position only.
+template <typename Launch>
+void RunSampledGpu(OpKernelContext* ctx, const SampledDims& d,
+                   Launch launch) {
+  void* stream = SampledCudaStream(ctx);
+  OP_REQUIRES(ctx, stream != nullptr,
+              errors::Internal("xmc_tf: no CUDA stream for this GPU kernel"));
+  Tensor scratch;
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
+                                         TensorShape({2}), &scratch));
+  int64_t bad[2] = {-1, -1};
+  const int err = launch(scratch.flat<int64_t>().data(), bad, stream);
+  OP_REQUIRES(ctx, err == 0,
+              errors::Internal("xmc_tf: CUDA error ", err,
+                               " in a sampled uniform-sparse kernel"));
+  if (bad[0] >= 0) {
+    ctx->CtxFailure(errors::InvalidArgument(
+        "candidates[", bad[0] / d.num_candidates, ", ",
+        bad[0] % d.num_candidates, "] is out of range [0, ", d.num_labels,
+        ") (num_labels)"));
+  } else if (bad[1] >= 0) {
+    ctx->CtxFailure(errors::InvalidArgument(
+        "indices[", bad[1] / d.fan_in, ", ", bad[1] % d.fan_in,
+        "] is out of range [0, ", d.num_features,
+        ") (num_features); it is a connection of a candidate label"));
+  }
+}
+
+class SampledMatmulGpuOp : public OpKernel {
+ public:
+  explicit SampledMatmulGpuOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& features = ctx->input(0);
+    const Tensor& indices = ctx->input(1);
+    const Tensor& weights = ctx->input(2);
+    const Tensor& candidates = ctx->input(3);
+    SampledDims d;
+    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
+                                              candidates, nullptr, &d));
+    Tensor* scores = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, candidates.shape(), &scores));
+    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
+      return XmcSampledForwardGpuF32(
+          features.flat<float>().data(), indices.flat<int32_t>().data(),
+          weights.flat<float>().data(), candidates.flat<int32_t>().data(),
+          scores->flat<float>().data(), d.batch, d.num_features, d.num_labels,
+          d.fan_in, d.num_candidates, scratch, bad, stream);
+    });
+  }
+};
+
+class SampledMatmulGradFeaturesGpuOp : public OpKernel {
+ public:
+  explicit SampledMatmulGradFeaturesGpuOp(OpKernelConstruction* c)
+      : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& backward = ctx->input(0);
+    const Tensor& features = ctx->input(1);
+    const Tensor& indices = ctx->input(2);
+    const Tensor& weights = ctx->input(3);
+    const Tensor& candidates = ctx->input(4);
+    SampledDims d;
+    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
+                                              candidates, &backward, &d));
+    Tensor* grad = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &grad));
+    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
+      return XmcSampledGradFeaturesGpuF32(
+          backward.flat<float>().data(), indices.flat<int32_t>().data(),
+          weights.flat<float>().data(), candidates.flat<int32_t>().data(),
+          grad->flat<float>().data(), d.batch, d.num_features, d.num_labels,
+          d.fan_in, d.num_candidates, scratch, bad, stream);
+    });
+  }
+};
+
+class SampledMatmulGradWeightsGpuOp : public OpKernel {
+ public:
+  explicit SampledMatmulGradWeightsGpuOp(OpKernelConstruction* c)
+      : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& backward = ctx->input(0);
+    const Tensor& features = ctx->input(1);
+    const Tensor& indices = ctx->input(2);
+    const Tensor& candidates = ctx->input(3);
+    SampledDims d;
+    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, nullptr,
+                                              candidates, &backward, &d));
+    Tensor* grad = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0,
+                            TensorShape({d.batch * d.num_candidates, d.fan_in}),
+                            &grad));
+    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
+      return XmcSampledGradWeightsGpuF32(
+          backward.flat<float>().data(), features.flat<float>().data(),
+          indices.flat<int32_t>().data(), candidates.flat<int32_t>().data(),
+          grad->flat<float>().data(), d.batch, d.num_features, d.num_labels,
+          d.fan_in, d.num_candidates, scratch, bad, stream);
+    });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmul")
+                            .Device(DEVICE_GPU)
+                            .TypeConstraint<float>("T"),
+                        SampledMatmulGpuOp);
+REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradFeatures")
+                            .Device(DEVICE_GPU)
+                            .TypeConstraint<float>("T"),
+                        SampledMatmulGradFeaturesGpuOp);
+REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradWeights")
+                            .Device(DEVICE_GPU)
+                            .TypeConstraint<float>("T"),
+                        SampledMatmulGradWeightsGpuOp);
+
+#endif  // XMC_TF_WITH_CUDA
+
+}  // namespace
+}  // namespace xmc_tf
