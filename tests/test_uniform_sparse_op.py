@@ -286,3 +286,75 @@ def test_missing_library_error(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], check=True, env=env,
                          capture_output=True, text=True).stdout
     assert "ERR:" in out and "nope.so does not exist" in out
+
+
+def _skip_zeros_reference(x, indices, g):
+    """grad_weights with the documented zero-skip semantics, in float64:
+    grad_weights[j, k] = sum over i with g[i, j] != 0 of
+    g[i, j] * x[i, indices[j, k]] (a zero g[i, j] contributes exactly 0, even
+    against an inf/NaN feature)."""
+    x64, g64 = x.astype(np.float64), g.astype(np.float64)
+    gathered = x64[:, indices]                     # [b, m, s]
+    with np.errstate(invalid="ignore"):
+        terms = g64[:, :, None] * gathered
+    terms[np.broadcast_to((g64 == 0)[:, :, None], terms.shape)] = 0.0
+    return terms.sum(axis=0)
+
+
+# (batch, num_features, density): which CPU path computes grad_weights
+# depends on the density of backward (see uniform_sparse_kernels.cc).
+@pytest.mark.parametrize("b,e,density", [
+    (64, 8, 1.0),      # transposed features, dense dot product per label
+    (64, 8, 0.05),     # transposed features, sparse gather per label
+    (64, 3000, 0.05),  # no transpose, sparse gather from features
+    (64, 8, 0.0),      # all-zero columns: zeros without reading indices
+])
+def test_grad_weights_zero_signal_against_non_finite_features(b, e, density):
+    """Regression (issue 14): the weight gradient was NaN or finite for the
+    same inputs depending on the density of backward (0 * inf in the dense
+    dot product, skipped in the sparse path)."""
+    rng = np.random.default_rng(int(density * 100) + e)
+    m, s = 40, 4
+    x = rng.normal(size=(b, e)).astype(np.float32)
+    indices = rng.integers(0, min(e, 8), size=(m, s)).astype(np.int32)
+    x[3, :8] = np.inf
+    x[5, :8] = np.nan
+    x[7, :8] = -np.inf
+    g = rng.normal(size=(b, m)).astype(np.float32)
+    g[rng.random((b, m)) >= density] = 0.0
+    g[3, :] = 0.0           # zero signal against inf features: contributes 0
+    g[5, :] = 0.0           # ... against NaN features
+    g[7, : m // 2] = 0.0    # -inf features with signal on half the labels
+    gw = lib.xmc_uniform_sparse_matmul_grad_weights(
+        backward=g, features=x, indices=indices).numpy()
+    ref = _skip_zeros_reference(x, indices, g)
+    np.testing.assert_array_equal(np.isnan(gw), np.isnan(ref))
+    np.testing.assert_array_equal(np.isposinf(gw), np.isposinf(ref))
+    np.testing.assert_array_equal(np.isneginf(gw), np.isneginf(ref))
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(gw[finite], ref[finite], rtol=1e-5, atol=1e-4)
+    if density > 0:
+        # Labels with signal only from the finite rows stay finite.
+        assert finite[: m // 2].all()
+    # Every backward entry that multiplies a non-finite feature is zero on
+    # the first half of the labels, so their gradient is finite in all paths.
+    assert np.isfinite(gw[: m // 2]).all()
+
+
+def test_grad_features_zero_signal_against_non_finite_weights():
+    """The features gradient skips zero backward entries too: a zero
+    backward[i, j] never multiplies an inf/NaN weight of label j."""
+    rng = np.random.default_rng(14)
+    b, e, m, s = 6, 10, 30, 3
+    x, indices, weights, g = make_case(rng, b, e, m, s)
+    weights[2, :] = np.inf
+    weights[4, :] = np.nan
+    g[:, 2] = 0.0
+    g[:, 4] = 0.0
+    gx = lib.xmc_uniform_sparse_matmul_grad_features(
+        backward=g, features=x, indices=indices, weights=weights).numpy()
+    w_ok = weights.copy()
+    w_ok[2, :] = w_ok[4, :] = 0.0
+    _, ref_gx, _ = reference(x, indices, w_ok, g)
+    assert np.isfinite(gx).all()
+    np.testing.assert_allclose(gx, ref_gx, rtol=1e-5, atol=1e-4)

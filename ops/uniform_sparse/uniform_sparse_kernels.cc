@@ -19,7 +19,11 @@
 //    backward columns are gathered once, a label whose column is all zero
 //    writes zeros without reading its indices, a sparse column visits only
 //    its non-zero instances, a dense one does a vectorised dot product over
-//    featT.
+//    featT.  In every path (and on the GPU) a zero backward[i, j] contributes
+//    exactly 0 to grad_weights[j, :], even where features[i, indices[j, k]]
+//    is inf or NaN (no 0 * inf = NaN): which outputs are non-finite does not
+//    depend on the density of backward.  The same holds for the gradient
+//    w.r.t. features (zero entries are skipped there too).
 //  * Every kernel validates ranks, shapes and the index range first and fails
 //    with InvalidArgument naming the offending entry.
 //
@@ -29,6 +33,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -200,6 +205,35 @@ float DenseDot(const float* a, const float* b, int64_t n) {
             ((acc[4] + acc[5]) + (acc[6] + acc[7]));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// sum_i a[i] * b[i] over the terms with a[i] != 0: a zero entry of the
+// backward signal `a` contributes exactly 0, also against an inf or NaN
+// feature in `b` (where the product would be NaN).  This is what skipping
+// zero entries means (Sec. 3.3), so the dense path of the weight gradient
+// agrees with its sparse path on which outputs are NaN/inf whatever the
+// density (they may still differ in rounding: other summation order).
+// The plain vectorised DenseDot runs first; a finite result implies that
+// every product was finite, and it then equals the masked sum (adding a +-0
+// product to a sum that starts at +0 changes nothing).  Only a non-finite
+// result is recomputed with the zero terms left out (rare: inf/NaN features
+// or overflow), so the common case keeps the vectorised loop.
+float DenseDotSkipZeros(const float* a, const float* b, int64_t n) {
+  const float s = DenseDot(a, b, n);
+  if (std::isfinite(s)) return s;
+  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) {
+      if (a[i + l] != 0.0f) acc[l] += a[i + l] * b[i + l];
+    }
+  }
+  float t = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
+            ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) {
+    if (a[i] != 0.0f) t += a[i] * b[i];
+  }
+  return t;
 }
 
 // Tiled parallel transpose of features [batch, num_features] into float32
@@ -461,7 +495,7 @@ class UniformSparseMatmulGradWeightsOp : public OpKernel {
               const int32_t* ij = idx + j * d.fan_in;
               if (featT != nullptr && nnz[t] * 4 >= d.batch) {
                 for (int64_t k = 0; k < d.fan_in; ++k) {
-                  gj[k] = static_cast<T>(DenseDot(
+                  gj[k] = static_cast<T>(DenseDotSkipZeros(
                       col, featT + static_cast<int64_t>(ij[k]) * d.batch,
                       d.batch));
                 }
