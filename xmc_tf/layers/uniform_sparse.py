@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import tensorflow as tf
 
+from xmc_tf.ops.sampled import uniform_sparse_sampled_matmul
 from xmc_tf.ops.uniform_sparse import uniform_sparse_matmul
 
 
@@ -158,6 +160,54 @@ class UniformSparseDense(keras.layers.Layer):
         if self.bias is not None:
             outputs = outputs + keras.ops.cast(self.bias, outputs.dtype)
         return self.activation(outputs)
+
+    def score_candidates(self, inputs, candidates):
+        """Logits of per-instance candidate labels (no activation).
+
+        ``scores[i, j] = sum_k inputs[i, indices[r, k]] * kernel[r, k] +
+        bias[r]`` with ``r = candidates[i, j]``: equal to
+        ``tf.gather(logits, candidates, batch_dims=1)`` of the full layer at
+        ``O(batch * num_candidates * s)`` cost, without the
+        ``[batch, units]`` logits (op ``Xmc>UniformSparseSampledMatmul``,
+        :func:`xmc_tf.ops.uniform_sparse_sampled_matmul`, plus the gathered
+        bias).  The gradients w.r.t. ``kernel`` and ``bias`` are
+        ``tf.IndexedSlices`` over the flattened candidates, so an optimizer
+        updates only the scored label rows.  Used by sampled training (ASTRA,
+        Mehta et al., Algorithm 1: positives plus sampled negatives).
+
+        Args:
+          inputs: ``[batch, num_features]`` float.
+          candidates: int32 ``[batch, num_candidates]`` label ids in
+            ``[0, units)``, repeats allowed.
+
+        Returns:
+          ``[batch, num_candidates]`` logits, dtype of ``inputs``.
+
+        Raises:
+          ValueError: the layer is not built (call it once first).
+          tf.errors.InvalidArgumentError: a candidate is out of range, or the
+            shapes disagree (the message names the entry).
+
+        >>> import keras, numpy as np, xmc_tf
+        >>> layer = xmc_tf.layers.UniformSparseDense(1000, 8, seed=0)
+        >>> x = keras.ops.ones((2, 64))
+        >>> _ = layer(x)
+        >>> layer.score_candidates(x, np.array([[5, 9], [0, 5]], np.int32)).shape
+        TensorShape([2, 2])
+        """
+        if not self.built:
+            raise ValueError(f"{self.name} is not built: call the layer on an "
+                             "input (or build it) before score_candidates")
+        inputs = tf.convert_to_tensor(inputs)
+        candidates = tf.convert_to_tensor(candidates, tf.int32)
+        scores = uniform_sparse_sampled_matmul(
+            inputs, self.indices, keras.ops.cast(self.kernel, inputs.dtype),
+            candidates)
+        if self.bias is not None:
+            # A bad candidate fails the op, so this gather needs no check.
+            scores = scores + tf.gather(
+                keras.ops.cast(self.bias, scores.dtype), candidates)
+        return scores
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.units)
