@@ -11,6 +11,8 @@ random) and Sec. 4.1 (every 1000 steps, 10 %).
 
 from __future__ import annotations
 
+import time
+
 import keras
 import numpy as np
 
@@ -273,3 +275,145 @@ class TopKEvaluation(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs.update(self.evaluate())
+
+
+class RefreshIndex(keras.callbacks.Callback):
+    """Rebuilds a negative sampler's index on a schedule (ASTRA's stale index).
+
+    ASTRA (Mehta et al.), Algorithm 1 lines 10-13: from epoch ``tau_s``
+    (``start_epoch``) on, rebuild the ANN index over the classifier weights
+    every ``tau_r`` epochs (``every_epochs``; the paper uses 5 and 5,
+    Appendix B.2), and sample hard negatives from the stale index in
+    between.  Calls ``sampler.refresh()``:
+
+    * at the beginning of every epoch ``e >= start_epoch`` with
+      ``(e - start_epoch) % every_epochs == 0``, and at the first epoch
+      ``>= start_epoch`` of a ``fit`` whenever the sampler has no index yet
+      (so a resumed run rebuilds it before its first step: this is the "at
+      train begin" refresh);
+    * additionally every ``every_steps`` optimizer steps (counted with
+      ``optimizer.iterations``, exact with ``steps_per_execution``), once
+      ``start_epoch`` is reached;
+    * after a SET rewire (``after_rewire``) and after
+      :meth:`request_refresh`.
+
+    Before ``start_epoch`` a :class:`~xmc_tf.samplers.MixtureSampler` draws
+    only uniform negatives (Algorithm 1 lines 6-8).
+
+    Epoch logs get ``index_refresh_seconds`` (seconds spent refreshing
+    during the epoch, 0 if none) and ``index_refreshes`` (refreshes so far),
+    always present so CSVLogger/TensorBoard callbacks placed after this one
+    see them.
+
+    SET cooperation: :class:`SetRewiring` moves connections of a
+    uniform-sparse head, which changes those labels' vectors; the index
+    keeps the old vectors until its next refresh (a rewired label is
+    re-indexed then).  Pass the SetRewiring callback as ``after_rewire`` to
+    refresh right after each rewire (detected at the end of the batch in
+    which it happened, or the next one when this callback comes first in the
+    list), or call :meth:`request_refresh` from any other code.
+
+    Args:
+      sampler: a bound :class:`~xmc_tf.samplers.NegativeSampler` (``bind``
+        done by the trainer).
+      start_epoch: tau_s, first epoch (0-based) with an index.
+      every_epochs: tau_r, refresh period in epochs (None: no epoch schedule).
+      every_steps: refresh period in optimizer steps (None: off).
+      after_rewire: a :class:`SetRewiring` instance, or None.
+      verbose: print a line per refresh.
+
+    Raises:
+      ValueError: ``start_epoch < 0``, a period < 1, or ``after_rewire`` is
+        not a SetRewiring callback.
+
+    >>> cb = RefreshIndex(sampler, start_epoch=5, every_epochs=5)  # doctest: +SKIP
+    >>> model.fit(ds, epochs=20, callbacks=[cb])                  # doctest: +SKIP
+    """
+
+    def __init__(self, sampler, start_epoch=0, every_epochs=1, every_steps=None,
+                 after_rewire=None, verbose=0):
+        super().__init__()
+        if int(start_epoch) < 0:
+            raise ValueError(f"start_epoch must be >= 0, got {start_epoch}")
+        for name, value in [("every_epochs", every_epochs),
+                            ("every_steps", every_steps)]:
+            if value is not None and int(value) < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        if after_rewire is not None and not isinstance(after_rewire, SetRewiring):
+            raise ValueError("after_rewire must be a SetRewiring callback, got "
+                             f"{type(after_rewire).__name__}")
+        self.sampler = sampler
+        self.start_epoch = int(start_epoch)
+        self.every_epochs = None if every_epochs is None else int(every_epochs)
+        self.every_steps = None if every_steps is None else int(every_steps)
+        self.after_rewire = after_rewire
+        self.verbose = verbose
+        self.refreshes = 0
+        self.last_stats: dict = {}
+        self._epoch = None
+        self._epoch_seconds = 0.0
+        self._periods_done = 0
+        self._rewires_seen = 0
+        self._requested = False
+
+    def request_refresh(self) -> None:
+        """Asks for a refresh at the end of the current training batch."""
+        self._requested = True
+
+    def _has_index(self) -> bool:
+        ready = getattr(self.sampler, "ready", None)
+        return self.refreshes > 0 if ready is None else bool(ready)
+
+    def _started(self) -> bool:
+        return self._epoch is not None and self._epoch >= self.start_epoch
+
+    def refresh_now(self) -> dict:
+        """Refreshes the sampler once; returns its statistics."""
+        start = time.perf_counter()
+        stats = dict(self.sampler.refresh() or {})
+        seconds = float(stats.get("index_refresh_seconds",
+                                  time.perf_counter() - start))
+        self.refreshes += 1
+        self._epoch_seconds += seconds
+        self.last_stats = stats
+        if self.verbose:
+            print(f"\nRefreshIndex: refresh {self.refreshes} took {seconds:.3g} s")
+        return stats
+
+    def on_train_begin(self, logs=None):
+        self._epoch = None
+        if self.every_steps is not None:
+            self._periods_done = (int(self.model.optimizer.iterations)
+                                  // self.every_steps)
+        if self.after_rewire is not None:
+            self._rewires_seen = self.after_rewire.rewires
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = int(epoch)
+        self._epoch_seconds = 0.0
+        if not self._started():
+            return
+        scheduled = (self.every_epochs is not None and
+                     (self._epoch - self.start_epoch) % self.every_epochs == 0)
+        if scheduled or not self._has_index():
+            self.refresh_now()
+
+    def on_train_batch_end(self, batch, logs=None):
+        due = self._requested
+        if self.every_steps is not None:
+            periods = int(self.model.optimizer.iterations) // self.every_steps
+            if periods > self._periods_done:
+                self._periods_done = periods
+                due = due or self._started()
+        if self.after_rewire is not None and (
+                self.after_rewire.rewires > self._rewires_seen):
+            self._rewires_seen = self.after_rewire.rewires
+            due = due or self._started()
+        if due:
+            self._requested = False
+            self.refresh_now()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.update({"index_refresh_seconds": self._epoch_seconds,
+                         "index_refreshes": self.refreshes})
