@@ -182,3 +182,41 @@ def test_keras_fit_sparse_inputs_padded_int_targets():
     lab = lab.numpy()
     p1 = np.mean([top1[i] in lab[i] for i in range(len(top1))])
     assert p1 > 0.5, p1
+
+
+def _epoch_orders(tfds, num_epochs, per_epoch):
+    ids = [_batch_row_ids(x) for x, _ in tfds.take(num_epochs * per_epoch)]
+    return [np.concatenate(ids[e * per_epoch:(e + 1) * per_epoch])
+            for e in range(num_epochs)]
+
+
+def test_shuffle_is_keyed_by_seed_and_epoch():
+    """A stream started at epoch 2 (a resumed run) sees the batches that an
+    uninterrupted stream sees from its third epoch on, in a new data set
+    object; every epoch is a permutation and consecutive epochs differ."""
+    n, bs = 37, 5
+    per_epoch = math.ceil(n / bs)
+
+    def stream(first_epoch, seed=7):
+        return data.make_tf_dataset(_identity_dataset(n), bs, shuffle=True,
+                                    seed=seed, repeat=True,
+                                    first_epoch=first_epoch)
+
+    full = _epoch_orders(stream(0), 5, per_epoch)
+    for order in full:
+        assert sorted(order.tolist()) == list(range(n))
+    assert not np.array_equal(full[0], full[1])
+    resumed = _epoch_orders(stream(2), 3, per_epoch)
+    for a, b in zip(full[2:], resumed):
+        np.testing.assert_array_equal(a, b)
+    other_seed = _epoch_orders(stream(2, seed=8), 1, per_epoch)
+    assert not np.array_equal(other_seed[0], full[2])
+
+    # Without repeat: iteration k of the object is epoch first_epoch + k.
+    once = data.make_tf_dataset(_identity_dataset(n), bs, shuffle=True,
+                                seed=7, first_epoch=3)
+    for e in (3, 4):
+        np.testing.assert_array_equal(
+            np.concatenate([_batch_row_ids(x) for x, _ in once]), full[e])
+    with pytest.raises(ValueError, match="first_epoch"):
+        data.make_tf_dataset(_identity_dataset(n), bs, first_epoch=-1)

@@ -42,12 +42,15 @@ Keras 3 notes (verified with Keras 3.15 / TF 2.21, see
 * With ``repeat=True`` the data set is infinite: pass ``steps_per_epoch`` to
   ``fit``. With ``repeat=False`` its cardinality is known, and Keras
   re-iterates it each epoch (a fresh shuffle each time when
-  ``shuffle=True``).
+  ``shuffle=True``).  Shuffled orders are keyed by ``(seed, epoch)``
+  (``first_epoch`` names the first), never by how many epochs the process
+  has run, so a resumed run sees the batches of an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 
 import numpy as np
 import scipy.sparse as sp
@@ -159,26 +162,37 @@ def normalize_features(features, method: str = "l2", idf=None):
 
 
 def _batch_rows(num_instances: int, batch_size: int, shuffle: bool,
-                seed, drop_remainder: bool, repeat: bool) -> tf.data.Dataset:
-    """Dataset of int64 row-id vectors, one per batch."""
+                seed, drop_remainder: bool, repeat: bool,
+                first_epoch: int) -> tf.data.Dataset:
+    """Dataset of int64 row-id vectors, one per batch.
+
+    Epoch ``e``'s order is a pure function of ``(seed, e)``, so a process
+    that starts at epoch ``e`` (a resumed run) sees the same batches as one
+    that ran epochs ``0 .. e-1`` before.
+    """
     n = num_instances
     num_batches = n // batch_size if drop_remainder else math.ceil(
         n / batch_size)
-    if shuffle:
-        # One random int64 per epoch, re-drawn for every new iterator.
-        epochs = tf.data.Dataset.random(seed=seed,
-                                        rerandomize_each_iteration=True)
+    if shuffle and seed is None:
+        seed = secrets.randbits(63)
+    if repeat:
+        # first_epoch, first_epoch + 1, ... in one stream.
+        epochs = tf.data.Dataset.counter(start=first_epoch)
+    elif shuffle:
+        # One epoch per iteration of this Dataset object: iteration k is
+        # epoch first_epoch + k (the counter lives with the object).
+        counter = tf.Variable(int(first_epoch), dtype=tf.int64,
+                              trainable=False, name="xmc_tf_epoch_counter")
+        epochs = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).map(
+            lambda _: counter.assign_add(1) - 1)
     else:
         epochs = tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
-        epochs = epochs.repeat()
-    if not repeat:
-        epochs = epochs.take(1)
 
-    def epoch_batches(epoch_seed):
+    def epoch_batches(epoch):
         if shuffle:
             perm = tf.random.experimental.stateless_shuffle(
                 tf.range(n, dtype=tf.int64),
-                seed=tf.stack([epoch_seed, tf.constant(0x5EED, tf.int64)]))
+                seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
         else:
             perm = tf.range(n, dtype=tf.int64)
 
@@ -205,7 +219,8 @@ def make_tf_dataset(data: XCDataset,
                     shuffle: bool = False,
                     seed: int | None = None,
                     drop_remainder: bool = False,
-                    repeat: bool = False) -> tf.data.Dataset:
+                    repeat: bool = False,
+                    first_epoch: int = 0) -> tf.data.Dataset:
     """Builds a ``tf.data.Dataset`` of ``(features, label_ids)`` batches.
 
     Args:
@@ -214,11 +229,20 @@ def make_tf_dataset(data: XCDataset,
       batch_size: instances per batch (the last batch of an epoch may be
         smaller unless ``drop_remainder``).
       shuffle: visit the instances in a new random order every epoch (each
-        epoch still covers every instance exactly once).
+        epoch still covers every instance exactly once).  The order of
+        epoch ``e`` is ``stateless_shuffle`` keyed by ``(seed, e)``: it does
+        not depend on the process, so a run resumed at epoch ``e`` sees the
+        batches an uninterrupted run sees.
       seed: seed of the shuffle; with a fixed seed the sequence of epochs is
         reproducible. ``None``: nondeterministic.
       drop_remainder: drop the last incomplete batch of each epoch.
-      repeat: repeat epochs forever (pass ``steps_per_epoch`` to ``fit``).
+      repeat: repeat epochs forever (pass ``steps_per_epoch`` to ``fit``):
+        the stream is epoch ``first_epoch``, then ``first_epoch + 1``, ...
+        Without ``repeat`` the data set is one epoch, and with ``shuffle``
+        its ``k``-th iteration (0-based; a new iterator per Keras epoch) is
+        epoch ``first_epoch + k``.
+      first_epoch: number of the first epoch (0-based), e.g. the
+        ``initial_epoch`` of a resumed ``fit``; only the shuffle uses it.
 
     Returns:
       A ``tf.data.Dataset`` yielding ``(features, label_ids)``:
@@ -233,8 +257,9 @@ def make_tf_dataset(data: XCDataset,
       ``N // batch_size`` with ``drop_remainder``).
 
     Raises:
-      ValueError: ``batch_size < 1``, an empty data set, or
-        ``drop_remainder`` with fewer instances than ``batch_size``.
+      ValueError: ``batch_size < 1``, ``first_epoch < 0``, an empty data
+        set, or ``drop_remainder`` with fewer instances than
+        ``batch_size``.
 
     Example:
         >>> from xmc_tf.data import load_bundled
@@ -248,6 +273,8 @@ def make_tf_dataset(data: XCDataset,
     n = data.num_instances
     if n == 0:
         raise ValueError("make_tf_dataset: the data set has no instances")
+    if int(first_epoch) < 0:
+        raise ValueError(f"first_epoch must be >= 0, got {first_epoch}")
     if drop_remainder and n < batch_size:
         raise ValueError(f"make_tf_dataset: drop_remainder with batch_size "
                          f"{batch_size} > num_instances {n} leaves no batch")
@@ -301,7 +328,8 @@ def make_tf_dataset(data: XCDataset,
             features = tf.gather(dense, rows)
         return features, label_ids
 
-    rows = _batch_rows(n, batch_size, shuffle, seed, drop_remainder, repeat)
+    rows = _batch_rows(n, batch_size, shuffle, seed, drop_remainder, repeat,
+                       int(first_epoch))
     ds = rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE,
                   deterministic=True)
     return ds.prefetch(tf.data.AUTOTUNE)
