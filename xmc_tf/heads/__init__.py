@@ -1,15 +1,18 @@
 """Output heads of xmc_tf and their registry (see :mod:`xmc_tf.heads.base`).
 
 Registered heads (``config.model.head``): ``"dense"``, ``"uniform_sparse"``,
-``"mach"``.
+``"mach"``, ``"sampled"`` (uniform-sparse or dense layer trained on sampled
+negatives).
 """
 
 from xmc_tf.heads.base import (OUTPUT_LAYER, Head, get_head, head_for_model,
-                               names, output_layer, register)
+                               inference_model, names, output_layer, register)
 from xmc_tf.heads.dense import DenseHead
 from xmc_tf.heads.mach import MachOutputHead
+from xmc_tf.heads.sampled import SampledHead, SampledTrainer
 from xmc_tf.heads.uniform_sparse import UniformSparseHead
 
 __all__ = ["OUTPUT_LAYER", "DenseHead", "Head", "MachOutputHead",
-           "UniformSparseHead", "get_head", "head_for_model", "names",
-           "output_layer", "register"]
+           "SampledHead", "SampledTrainer", "UniformSparseHead", "get_head",
+           "head_for_model", "inference_model", "names", "output_layer",
+           "register"]

@@ -25,8 +25,8 @@ from typing import ClassVar
 import keras
 import tensorflow as tf
 
-__all__ = ["Head", "register", "get_head", "head_for_model", "names",
-           "output_layer"]
+__all__ = ["Head", "register", "get_head", "head_for_model", "inference_model",
+           "names", "output_layer"]
 
 _REGISTRY: dict[str, type["Head"]] = {}
 
@@ -75,8 +75,17 @@ def get_head(config) -> "Head":
     return _REGISTRY[name](config)
 
 
+def inference_model(model: keras.Model) -> keras.Model:
+    """The model that scores labels: ``model.inference_model`` when ``model``
+    is a training wrapper (e.g. :class:`xmc_tf.heads.sampled.SampledTrainer`),
+    else ``model`` itself."""
+    return getattr(model, "inference_model", None) or model
+
+
 def output_layer(model: keras.Model):
-    """The model's head layer: the layer named ``"output"``, else the last."""
+    """The model's head layer: the layer named ``"output"``, else the last
+    (of the :func:`inference_model`)."""
+    model = inference_model(model)
     try:
         return model.get_layer(OUTPUT_LAYER)
     except ValueError:
@@ -209,6 +218,7 @@ class Head:
         Raises:
           ValueError: ``k`` not in ``[1, num_labels]``.
         """
+        model = inference_model(model)
         num_labels = model.outputs[0].shape[-1] if model.outputs else None
         if k < 1 or (num_labels is not None and k > num_labels):
             raise ValueError(f"k={k} must be in [1, num_labels={num_labels}]")

@@ -1,5 +1,9 @@
 """The dense output head: ``keras.layers.Dense(num_labels)``.
 
+Trained models whose head layer is a label-major
+:class:`~xmc_tf.layers.LabelDense` (the dense layer of sampled heads) are
+decoded by this head too.
+
 The paper's baseline (Schultheis & Babbar, Sec. 4): every label is
 connected to every unit of the intermediate layer, ``4 (d + 1) m`` bytes.
 Losses: squared hinge or binary cross-entropy over all labels
@@ -11,6 +15,7 @@ from __future__ import annotations
 import keras
 
 from xmc_tf.heads.base import OUTPUT_LAYER, Head, register
+from xmc_tf.layers import LabelDense
 from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge
 
 __all__ = ["DenseHead", "LABEL_WISE_LOSSES"]
@@ -25,7 +30,7 @@ class DenseHead(Head):
 
     name = "dense"
     losses = tuple(LABEL_WISE_LOSSES)
-    layer_types = (keras.layers.Dense,)
+    layer_types = (keras.layers.Dense, LabelDense)
 
     def build_layer(self, num_labels, input_dim):
         return keras.layers.Dense(num_labels, name=OUTPUT_LAYER)

@@ -11,7 +11,8 @@ training batch would cost ``O(m R)`` per row while the head is untrained
 
 from __future__ import annotations
 
-from xmc_tf.heads.base import OUTPUT_LAYER, Head, register
+from xmc_tf.heads.base import (OUTPUT_LAYER, Head, inference_model,
+                               output_layer, register)
 from xmc_tf.layers import MachDecoder, MachHead as MachHeadLayer
 from xmc_tf.losses import MachBinaryCrossentropy, MachSoftmaxCrossentropy
 
@@ -49,6 +50,6 @@ class MachOutputHead(Head):
 
     @classmethod
     def top_k_function(cls, model, k):
-        from xmc_tf.heads.base import output_layer
+        model = inference_model(model)
         decoder = MachDecoder.from_head(output_layer(model), k=k)
         return lambda x: decoder(model(x, training=False))

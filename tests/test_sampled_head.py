@@ -1,0 +1,173 @@
+"""SampledTrainer against the full-output model it trains.
+
+With a sampler that returns every negative with weight 1, the sampled
+squared hinge / BCE equal the full losses, so the trainer's loss and
+gradients must equal those of the full model with SquaredHinge /
+BinaryCrossEntropy (independent reference: the full op and Keras' own
+gradient).  With a real sampler only the scored label rows receive a
+gradient, and LazyAdam leaves every other row (and its slots) untouched.
+"""
+
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import tensorflow as tf
+
+from xmc_tf import data as xdata
+from xmc_tf import heads
+from xmc_tf.heads.sampled import SampledTrainer
+from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge
+from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy,
+                                   SampledSquaredHinge)
+from xmc_tf.models import build_model
+from xmc_tf.ops import _loader
+from xmc_tf.samplers import (Candidates, NegativeSampler,
+                             UniformNegativeSampler, mask_accidental_hits)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "configs"))
+import uniform_sparse  # noqa: E402
+
+try:
+    _HAS_SAMPLED_OP = hasattr(_loader.load(),
+                              "xmc_uniform_sparse_sampled_matmul")
+except _loader.OpLibraryError:  # pragma: no cover - CI builds it
+    _HAS_SAMPLED_OP = False
+
+M, D = 24, 30
+
+
+class AllNegatives(NegativeSampler):
+    """Every label as a candidate, positives masked, weight 1 (test)."""
+
+    def sample(self, queries, positives, step):
+        b = tf.shape(positives)[0]
+        ids = tf.tile(tf.range(self.num_labels, dtype=tf.int32)[None], [b, 1])
+        mask = mask_accidental_hits(ids, positives)
+        return Candidates(ids, mask, tf.zeros(tf.shape(ids)),
+                          tf.cast(mask, tf.float32))
+
+
+def _config(layer, loss="squared_hinge", kind="uniform"):
+    c = uniform_sparse.get_config()
+    c.model.head = "sampled"
+    c.model.sampled_layer = layer
+    c.loss = loss
+    c.model.encoder_dims = (16,)
+    c.model.dropout = 0.0
+    c.model.intermediate_dim = 12
+    c.model.connections_per_label = 5
+    c.sampler = uniform_sparse.ml_collections.ConfigDict(dict(
+        kind=kind, num_negatives=6, num_hard=3, num_uniform=4, index="flat",
+        nprobe=4, refresh_start_epoch=0, refresh_every_epochs=1,
+        refresh_every_steps=0, hash="simhash", K=4, L=8, query="embedding"))
+    c.set.enabled = False
+    return c
+
+
+def _data(seed=0, n=64):
+    x = sp.random(n, D, density=0.3, format="csr", random_state=seed,
+                  dtype=np.float32)
+    y = sp.random(n, M, density=0.12, format="csr", random_state=seed + 1)
+    y.data[:] = 1.0
+    return xdata.XCDataset(x, y.astype(np.float32))
+
+
+def _model(layer, loss="squared_hinge", kind="uniform"):
+    config = _config(layer, loss, kind)
+    head = heads.get_head(config)
+    keras.utils.set_random_seed(0)
+    model = build_model(config, D, M, sparse_input=True, head=head)
+    return config, head, model
+
+
+needs_op = pytest.mark.skipif(not _HAS_SAMPLED_OP,
+                              reason="op library without ops/sampled")
+
+
+@needs_op
+@pytest.mark.parametrize("layer", ["uniform_sparse", "dense"])
+@pytest.mark.parametrize("loss,full_loss,sampled_loss", [
+    ("squared_hinge", SquaredHinge, SampledSquaredHinge),
+    ("bce", BinaryCrossEntropy, SampledBinaryCrossEntropy)])
+def test_all_negatives_equal_the_full_loss_and_gradient(layer, loss, full_loss,
+                                                        sampled_loss):
+    _, _, model = _model(layer, loss)
+    trainer = SampledTrainer(model, AllNegatives(M, M), sampled_loss())
+    trainer.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=False)
+    x, y = xdata.make_tf_dataset(_data(), 64).get_single_element()
+    variables = model.trainable_variables
+    with tf.GradientTape() as tape:
+        sampled, _ = trainer._loss(x, y, training=False)
+    got = tape.gradient(sampled, variables)
+    with tf.GradientTape() as tape:
+        full = full_loss()(y, model(x, training=False))
+    want = tape.gradient(full, variables)
+    np.testing.assert_allclose(float(sampled), float(full), rtol=1e-5)
+    for v, g, w in zip(variables, got, want):
+        np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(),
+                                   tf.convert_to_tensor(w).numpy(),
+                                   rtol=1e-4, atol=1e-6, err_msg=v.path)
+
+
+@needs_op
+@pytest.mark.parametrize("layer", ["uniform_sparse", "dense"])
+def test_only_scored_rows_move_with_lazy_adam(layer):
+    from xmc_tf.optimizers import LazyAdam
+    _, _, model = _model(layer)
+    sampler = UniformNegativeSampler(M, 2, seed=1)
+    trainer = SampledTrainer(model, sampler, SampledSquaredHinge())
+    trainer.compile(optimizer=LazyAdam(0.01), jit_compile=False)
+    data = _data(n=4)
+    x, y = xdata.make_tf_dataset(data, 4).get_single_element()
+    kernel = heads.output_layer(model).kernel
+    before = kernel.numpy().copy()
+    cands = sampler.sample(tf.zeros([4, 12]), y,
+                           tf.constant(0, tf.int64)).ids.numpy()
+    trainer.train_on_batch(x, y)
+    after = kernel.numpy()
+    rows = set(np.asarray(y).ravel().tolist()) | set(cands.ravel().tolist())
+    rows.discard(-1)
+    changed = set(np.flatnonzero(np.any(before != after, axis=1)).tolist())
+    assert changed and changed <= rows
+
+
+@needs_op
+@pytest.mark.parametrize("layer,kind", [("uniform_sparse", "uniform"),
+                                        ("dense", "mixture"),
+                                        ("dense", "in_batch")])
+def test_fit_improves_and_evaluates_exactly(layer, kind):
+    if kind == "mixture":
+        pytest.importorskip("faiss")
+    config, head, model = _model(layer, "squared_hinge", kind)
+    out = heads.output_layer(model)
+    trainer = head.training_model(model, out)
+    trainer.compile(optimizer=keras.optimizers.Adam(0.02), jit_compile=False)
+    data = _data(n=128)
+    ds = xdata.make_tf_dataset(data, 32, shuffle=True, seed=0)
+    cbs = head.callbacks(out, val_data=data)
+    history = trainer.fit(ds, epochs=6, verbose=0, callbacks=cbs, shuffle=False)
+    losses = history.history["loss"]
+    assert losses[-1] < losses[0]
+    assert "val_precision_at_1" in history.history
+    # Evaluation goes through the full-scoring layer: top-k of model(x).
+    assert heads.head_for_model(trainer) is heads.head_for_model(model)
+    from xmc_tf.predict import predict_top_k
+    ids = np.concatenate([i for i, _ in predict_top_k(trainer, data, 3, 50)])
+    scores = model(xdata.make_tf_dataset(data, 1000).get_single_element()[0])
+    expected = np.argsort(-np.asarray(scores), axis=1, kind="stable")[:, :3]
+    np.testing.assert_array_equal(ids, expected)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="sampled_layer"):
+        c = _config("nope")
+        heads.get_head(c)
+    with pytest.raises(ValueError, match="sampler.kind"):
+        heads.get_head(_config("dense", kind="nope"))
+    with pytest.raises(ValueError, match="does not fit head 'sampled'"):
+        heads.get_head(_config("dense", loss="hinge"))

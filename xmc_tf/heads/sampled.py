@@ -1,0 +1,281 @@
+"""Sampled heads: train a full-scoring layer on positives + sampled negatives.
+
+During training the head layer scores, per instance, only its positive
+labels and ``k`` candidate negatives drawn by a
+:class:`~xmc_tf.samplers.NegativeSampler` (uniform, in-batch, ANN hard
+negatives, ASTRA's hard + uniform mix, LSH), through the layer's
+``score_candidates`` (the op ``Xmc>UniformSparseSampledMatmul`` for a
+uniform-sparse layer, gather + einsum for a label-major dense layer).  The
+gradient of the label weights is an ``IndexedSlices`` over the scored rows,
+so with a row-sparse optimizer (:class:`xmc_tf.optimizers.LazyAdam`) a step
+costs ``O(b (n + k) s)`` instead of ``O(b m s)``.  The sampled losses of
+:mod:`xmc_tf.losses.sampled` weight the candidates so that the loss is an
+estimate of the full one-vs-all loss (importance weights, ASTRA Eq. 2) or
+of the full softmax (log-Q correction).
+
+Evaluation stays exact: the trained model is an ordinary model whose head
+layer scores every label (it is decoded by the head of that layer, see
+:func:`xmc_tf.heads.head_for_model`), and held-out P@k is computed once per
+epoch over all labels by :class:`xmc_tf.callbacks.TopKEvaluation`.
+
+Labels reach the head inside ``fit`` through :class:`SampledTrainer`, a
+``keras.Model`` wrapping the functional model with its own ``train_step``
+(Keras passes a loss only ``(y_true, y_pred)``, which cannot express
+per-instance candidates).
+
+Config (``config.model.head = "sampled"``):
+
+* ``config.model.sampled_layer``: ``"uniform_sparse"`` (fan-in
+  ``config.model.connections_per_label``) or ``"dense"`` (a label-major
+  :class:`~xmc_tf.layers.LabelDense`).
+* ``config.loss``: ``"squared_hinge"``, ``"bce"`` or ``"softmax"``.
+* ``config.sampler``: ``kind`` (``"uniform"``, ``"in_batch"``, ``"ann"``,
+  ``"mixture"``, ``"lsh"``), ``num_negatives`` (k of uniform / in-batch /
+  ann / lsh), ``num_hard`` / ``num_uniform`` (k_h / k_r of the mixture),
+  ``index`` / ``nprobe`` (faiss), ``refresh_start_epoch`` (tau_s),
+  ``refresh_every_epochs`` (tau_r), ``refresh_every_steps``, and for LSH
+  ``hash``, ``K``, ``L``, ``query``.
+
+Source: ASTRA (Mehta et al.), Algorithm 1 and Eq. 2; the LSH paper
+(``lsh-constant-time-negative-sampling``), Algorithm 1.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from xmc_tf.heads.base import OUTPUT_LAYER, Head, output_layer, register
+from xmc_tf.layers import LabelDense, UniformSparseDense
+from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy,
+                                   SampledSoftmax, SampledSquaredHinge)
+
+__all__ = ["SampledHead", "SampledTrainer", "SAMPLED_LOSSES", "make_sampler"]
+
+#: ``config.loss`` -> sampled loss class.
+SAMPLED_LOSSES = {"squared_hinge": SampledSquaredHinge,
+                  "bce": SampledBinaryCrossEntropy,
+                  "softmax": SampledSoftmax}
+
+SAMPLED_LAYERS = ("uniform_sparse", "dense")
+SAMPLER_KINDS = ("uniform", "in_batch", "ann", "mixture", "lsh")
+
+
+def make_sampler(sampler_config, num_labels: int, seed: int):
+    """The :class:`~xmc_tf.samplers.NegativeSampler` a config describes.
+
+    Args:
+      sampler_config: ``config.sampler`` (see the module docstring).
+      num_labels: m.
+      seed: seed of the draws (and of an index's k-means / projection).
+
+    Returns:
+      The (unbound) sampler.
+
+    Raises:
+      ValueError: unknown ``kind`` or bad sizes.
+      ImportError: ``"ann"``/``"mixture"`` without faiss installed (at the
+        first refresh).
+    """
+    from xmc_tf import samplers
+    sc = sampler_config
+    kind = sc.kind
+    if kind == "uniform":
+        return samplers.UniformNegativeSampler(num_labels, sc.num_negatives,
+                                               seed=seed)
+    if kind == "in_batch":
+        return samplers.InBatchSampler(num_labels, sc.num_negatives, seed=seed)
+    if kind == "ann":
+        return samplers.AnnNegativeSampler(num_labels, sc.num_negatives,
+                                           index=sc.index, nprobe=sc.nprobe,
+                                           seed=seed)
+    if kind == "mixture":
+        hard = samplers.AnnNegativeSampler(num_labels, sc.num_hard,
+                                           index=sc.index, nprobe=sc.nprobe,
+                                           seed=seed)
+        uniform = samplers.UniformNegativeSampler(num_labels, sc.num_uniform,
+                                                  seed=seed + 1)
+        return samplers.MixtureSampler(hard, uniform)
+    if kind == "lsh":
+        from xmc_tf.samplers.lsh import LshNegativeSampler
+        return LshNegativeSampler(num_labels, sc.num_negatives, hash=sc.hash,
+                                  K=sc.K, L=sc.L, query=sc.query, seed=seed)
+    raise ValueError(f"config.sampler.kind={kind!r}; expected one of "
+                     f"{SAMPLER_KINDS}")
+
+
+@keras.saving.register_keras_serializable(package="xmc_tf")
+class SampledTrainer(keras.Model):
+    """Trains a model's head on positives + sampled negatives only.
+
+    ``call`` is the wrapped model (full scores: prediction and evaluation
+    are exact); ``train_step`` / ``test_step`` run the model up to the head
+    layer's input (``queries`` ``[b, e]``), draw candidates with
+    ``sampler.sample(queries, label_ids, optimizer.iterations)``, score the
+    row's positives and candidates with ``head.score_candidates`` in one op
+    call and apply the sampled loss.  Logged: ``loss`` and
+    ``sampled_fraction`` (mean number of scored labels per row over
+    ``num_labels``).
+
+    Args:
+      model: functional ``keras.Model`` whose head layer (named
+        ``"output"``) has ``score_candidates(inputs, candidates)``
+        (:class:`~xmc_tf.layers.UniformSparseDense`,
+        :class:`~xmc_tf.layers.LabelDense`).
+      sampler: a :class:`~xmc_tf.samplers.NegativeSampler` (bound to the
+        head here).
+      loss: a :class:`~xmc_tf.losses.sampled.SampledLoss`.
+
+    Targets ``y``: int ``[b, n]`` label ids padded with -1 (what
+    :func:`xmc_tf.data.make_tf_dataset` yields).
+
+    Raises:
+      ValueError: the head layer cannot score candidates.
+
+    Example:
+      >>> trainer = SampledTrainer(model, UniformNegativeSampler(m, 256),
+      ...                          SampledSquaredHinge())    # doctest: +SKIP
+      >>> trainer.compile(optimizer=xmc_tf.optimizers.LazyAdam(),
+      ...                 jit_compile=False)                   # doctest: +SKIP
+      >>> trainer.fit(make_tf_dataset(train, 256))            # doctest: +SKIP
+    """
+
+    def __init__(self, model, sampler, loss, **kwargs):
+        super().__init__(**kwargs)
+        self.inference_model = model
+        self.head_layer = output_layer(model)
+        if not hasattr(self.head_layer, "score_candidates"):
+            raise ValueError(
+                f"{type(self.head_layer).__name__} cannot score candidates; "
+                "use UniformSparseDense or LabelDense")
+        self.body = keras.Model(model.inputs, self.head_layer.input,
+                                name=f"{model.name}_body")
+        self.sampler = sampler
+        self.sampler.bind(self.head_layer)
+        self.sampled_loss = loss
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.fraction_tracker = keras.metrics.Mean(name="sampled_fraction")
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker, self.fraction_tracker]
+
+    def call(self, inputs, training=False):
+        return self.inference_model(inputs, training=training)
+
+    def _loss(self, x, y, training):
+        y = tf.cast(y, tf.int32)
+        if y.shape.rank == 1:
+            y = y[:, None]
+        queries = self.body(x, training=training)
+        candidates = self.sampler.sample(tf.stop_gradient(queries), y,
+                                         self.optimizer.iterations)
+        pos_mask = y >= 0
+        scored = tf.concat([tf.maximum(y, 0), candidates.ids], axis=1)
+        scores = self.head_layer.score_candidates(queries, scored)
+        n = tf.shape(y)[1]
+        loss = self.sampled_loss(scores[:, :n], pos_mask, scores[:, n:],
+                                 candidates)
+        if self.losses:
+            loss = loss + tf.add_n(self.losses)
+        scored_per_row = (tf.reduce_sum(tf.cast(pos_mask, tf.float32), 1) +
+                          tf.reduce_sum(tf.cast(candidates.mask, tf.float32), 1))
+        return loss, scored_per_row / float(self.sampler.num_labels)
+
+    def train_step(self, data):
+        x, y = data[0], data[1]
+        with tf.GradientTape() as tape:
+            loss, fraction = self._loss(x, y, training=True)
+        variables = self.trainable_variables
+        grads = tape.gradient(loss, variables)
+        self.optimizer.apply(grads, variables)
+        self.loss_tracker.update_state(loss)
+        self.fraction_tracker.update_state(fraction)
+        return {m.name: m.result() for m in self.metrics}
+
+    def test_step(self, data):
+        x, y = data[0], data[1]
+        loss, fraction = self._loss(x, y, training=False)
+        self.loss_tracker.update_state(loss)
+        self.fraction_tracker.update_state(fraction)
+        return {m.name: m.result() for m in self.metrics}
+
+    def get_state(self) -> dict:
+        """The sampler's state (index, tables) for an exact resume."""
+        return self.sampler.get_state()
+
+    def set_state(self, state: dict) -> None:
+        """Restores :meth:`get_state`'s result into the sampler."""
+        self.sampler.set_state(state)
+
+
+@register
+class SampledHead(Head):
+    """``config.model.head = "sampled"``: see the module docstring."""
+
+    name = "sampled"
+    losses = tuple(SAMPLED_LOSSES)
+    layer_types = ()  # decoded by the head of its (full-scoring) layer
+    full_scores_in_training = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._sampler = None
+
+    def check_config(self):
+        super().check_config()
+        layer = self.config.model.sampled_layer
+        if layer not in SAMPLED_LAYERS:
+            raise ValueError(f"config.model.sampled_layer={layer!r}; expected "
+                             f"one of {SAMPLED_LAYERS}")
+        if self.config.sampler.kind not in SAMPLER_KINDS:
+            raise ValueError(f"config.sampler.kind={self.config.sampler.kind!r}"
+                             f"; expected one of {SAMPLER_KINDS}")
+
+    def build_layer(self, num_labels, input_dim):
+        mc = self.config.model
+        if mc.sampled_layer == "uniform_sparse":
+            fan_in = min(mc.connections_per_label, input_dim)
+            return UniformSparseDense(num_labels, fan_in,
+                                      seed=self.config.seed, name=OUTPUT_LAYER)
+        return LabelDense(num_labels, name=OUTPUT_LAYER)
+
+    def sampler(self, layer):
+        """The head's sampler (made once, for ``layer.units`` labels)."""
+        if self._sampler is None:
+            self._sampler = make_sampler(self.config.sampler, layer.units,
+                                         self.config.seed)
+        return self._sampler
+
+    def make_loss(self, layer):
+        return SAMPLED_LOSSES[self.config.loss]()
+
+    def training_model(self, model, layer):
+        return SampledTrainer(model, self.sampler(layer),
+                              self.make_loss(layer), name=f"{model.name}_trainer")
+
+    def callbacks(self, layer, val_data):
+        from xmc_tf import callbacks as xcallbacks
+        sc = self.config.sampler
+        sampler = self.sampler(layer)
+        cbs = []
+        set_cb = None
+        if (self.config.model.sampled_layer == "uniform_sparse" and
+                self.config.set.enabled):
+            set_cb = xcallbacks.SetRewiring(
+                every_n_steps=self.config.set.every_n_steps,
+                fraction=self.config.set.fraction, seed=self.config.seed)
+            cbs.append(set_cb)
+        if sc.kind == "lsh":
+            cbs.append(xcallbacks.Rehash(sampler))
+        elif sampler.needs_refresh:
+            cbs.append(xcallbacks.RefreshIndex(
+                sampler, start_epoch=sc.refresh_start_epoch,
+                every_epochs=sc.refresh_every_epochs or None,
+                every_steps=sc.refresh_every_steps or None,
+                after_rewire=set_cb))
+        return cbs + super().callbacks(layer, val_data)
+
+    def results(self, layer):
+        return {"sampler": repr(self.sampler(layer)),
+                "sampled_layer": self.config.model.sampled_layer}
