@@ -17,30 +17,22 @@ import keras
 import numpy as np
 
 from xmc_tf.layers.uniform_sparse import UniformSparseDense
+from xmc_tf.optimizers.slots import slot_names, slot_variables
 from xmc_tf.predict import evaluate_model
-
-# Optimizer slot lists that hold one variable per trainable variable, for the
-# optimizers whose state SetRewiring knows how to reset.
-_SLOTS = {
-    keras.optimizers.Adam: ("_momentums", "_velocities", "_velocity_hats"),
-    keras.optimizers.AdamW: ("_momentums", "_velocities", "_velocity_hats"),
-    keras.optimizers.SGD: ("momentums",),
-}
 
 
 def _slot_names(optimizer):
     """Names of the optimizer's per-variable state lists.
 
     Raises:
-      ValueError: an optimizer whose state layout SetRewiring does not know.
+      ValueError: an optimizer whose state layout SetRewiring does not know
+        (see :func:`xmc_tf.optimizers.slot_names`).
     """
-    names = _SLOTS.get(type(optimizer))
-    if names is None:
-        raise ValueError(
-            f"SetRewiring supports {sorted(c.__name__ for c in _SLOTS)}; got "
-            f"{type(optimizer).__name__}: its per-weight state could not be "
-            "reset for rewired connections.")
-    return names
+    try:
+        return slot_names(optimizer)
+    except ValueError as e:
+        raise ValueError(f"SetRewiring: {e}: its per-weight state could not "
+                         "be reset for rewired connections.") from None
 
 
 def _optimizer_slots(optimizer, variable):
@@ -49,16 +41,8 @@ def _optimizer_slots(optimizer, variable):
     Raises:
       ValueError: as :func:`_slot_names`.
     """
-    names = _slot_names(optimizer)
-    if not optimizer.built:
-        return []
-    index = optimizer._get_variable_index(variable)  # pylint: disable=protected-access
-    slots = []
-    for name in names:
-        values = getattr(optimizer, name, None)
-        if values:  # absent or empty (e.g. SGD without momentum, no amsgrad)
-            slots.append(values[index])
-    return slots
+    _slot_names(optimizer)
+    return slot_variables(optimizer, variable)
 
 
 def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
@@ -146,7 +130,9 @@ class SetRewiring(keras.callbacks.Callback):
 
     Raises:
       ValueError: bad arguments; at train begin, an optimizer other than
-        Adam, AdamW or SGD, or a model without UniformSparseDense layer.
+        Adam, AdamW or SGD or a subclass of them (e.g.
+        :class:`xmc_tf.optimizers.LazyAdam`, ``LazySGD``), or a model without
+        UniformSparseDense layer.
 
     >>> cb = SetRewiring(every_n_steps=1000, fraction=0.1)
     """
