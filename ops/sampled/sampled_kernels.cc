@@ -32,8 +32,10 @@
 //    candidate's indices, weights or the features (squared hinge: most
 //    entries are zero).
 //
-// Hot loops are compiled for AVX2/FMA and for baseline x86-64 and picked at
-// run time (GCC function multiversioning), as in ops/uniform_sparse/.
+// Hot loops: the gathers use AVX2 hardware gathers (vgatherdps) when the CPU
+// has AVX2/FMA, else portable code, picked once at run time; the index check
+// is compiled for both (GCC function multiversioning), so the library runs
+// on any x86-64 CPU that TensorFlow runs on.
 
 #include <algorithm>
 #include <atomic>
@@ -54,9 +56,12 @@
 #endif
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define XMC_SAMPLED_X86 1
 #define XMC_SAMPLED_MULTIVERSION \
   __attribute__((target_clones("arch=haswell", "default")))
 #else
+#define XMC_SAMPLED_X86 0
 #define XMC_SAMPLED_MULTIVERSION
 #endif
 
@@ -230,27 +235,96 @@ void RecordBadRow(const int32_t* row, int64_t label, int64_t fan_in,
   }
 }
 
-// sum_k x[idx[k]] * w[k] with eight independent partial sums (a plain float
-// reduction is not vectorised without -ffast-math).
-XMC_SAMPLED_MULTIVERSION
-float GatherDot(const float* x, const int32_t* idx, const float* w,
-                int64_t n) {
-  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+// sum_k x[idx[k]] * w[k] and out[k] = g * x[idx[k]]: portable versions
+// (independent partial sums: a plain float reduction is not vectorised
+// without -ffast-math) and AVX2 versions with hardware gathers, picked once
+// at run time.  The indices must have been range-checked (RowInRange): a
+// gather never sees an out-of-range index.
+float GatherDotPortable(const float* x, const int32_t* idx, const float* w,
+                        int64_t n) {
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   int64_t k = 0;
-  for (; k + 8 <= n; k += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] += x[idx[k + l]] * w[k + l];
+  for (; k + 4 <= n; k += 4) {
+    for (int l = 0; l < 4; ++l) acc[l] += x[idx[k + l]] * w[k + l];
   }
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
-            ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   for (; k < n; ++k) s += x[idx[k]] * w[k];
   return s;
 }
 
-// out[k] = g * x[idx[k]].
-XMC_SAMPLED_MULTIVERSION
-void ScaledGather(float g, const float* x, const int32_t* idx, int64_t n,
-                  float* out) {
+void ScaledGatherPortable(float g, const float* x, const int32_t* idx,
+                          int64_t n, float* out) {
   for (int64_t k = 0; k < n; ++k) out[k] = g * x[idx[k]];
+}
+
+#if XMC_SAMPLED_X86
+__attribute__((target("avx2,fma"))) float GatherDotAvx2(const float* x,
+                                                         const int32_t* idx,
+                                                         const float* w,
+                                                         int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) {
+    const __m256i i0 =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + k));
+    const __m256i i1 =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + k + 8));
+    acc0 = _mm256_fmadd_ps(_mm256_i32gather_ps(x, i0, 4),
+                           _mm256_loadu_ps(w + k), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_i32gather_ps(x, i1, 4),
+                           _mm256_loadu_ps(w + k + 8), acc1);
+  }
+  if (k + 8 <= n) {
+    const __m256i i0 =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + k));
+    acc0 = _mm256_fmadd_ps(_mm256_i32gather_ps(x, i0, 4),
+                           _mm256_loadu_ps(w + k), acc0);
+    k += 8;
+  }
+  const __m256 acc = _mm256_add_ps(acc0, acc1);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc),
+                        _mm256_extractf128_ps(acc, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  float s = _mm_cvtss_f32(h);
+  for (; k < n; ++k) s += x[idx[k]] * w[k];
+  return s;
+}
+
+__attribute__((target("avx2,fma"))) void ScaledGatherAvx2(
+    float g, const float* x, const int32_t* idx, int64_t n, float* out) {
+  const __m256 gv = _mm256_set1_ps(g);
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    const __m256i iv =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + k));
+    _mm256_storeu_ps(out + k,
+                     _mm256_mul_ps(gv, _mm256_i32gather_ps(x, iv, 4)));
+  }
+  for (; k < n; ++k) out[k] = g * x[idx[k]];
+}
+
+bool HasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2") &&
+                          __builtin_cpu_supports("fma");
+  return has;
+}
+#endif  // XMC_SAMPLED_X86
+
+inline float GatherDot(const float* x, const int32_t* idx, const float* w,
+                       int64_t n) {
+#if XMC_SAMPLED_X86
+  if (HasAvx2()) return GatherDotAvx2(x, idx, w, n);
+#endif
+  return GatherDotPortable(x, idx, w, n);
+}
+
+inline void ScaledGather(float g, const float* x, const int32_t* idx,
+                         int64_t n, float* out) {
+#if XMC_SAMPLED_X86
+  if (HasAvx2()) return ScaledGatherAvx2(g, x, idx, n, out);
+#endif
+  ScaledGatherPortable(g, x, idx, n, out);
 }
 
 template <typename T>
