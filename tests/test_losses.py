@@ -266,3 +266,19 @@ def test_package_exports():
     assert xmc_tf.losses.SquaredHinge is SquaredHinge
     assert xmc_tf.losses.BinaryCrossEntropy is BinaryCrossEntropy
     assert xmc_tf.losses.dense_targets is dense_targets
+
+
+def test_softmax_cross_entropy_against_numpy():
+    from xmc_tf.losses import SoftmaxCrossEntropy
+    rng = np.random.default_rng(7)
+    scores = rng.normal(size=(4, 6)).astype(np.float32) * 3
+    ids = np.array([[1, 3, -1], [0, -1, -1], [-1, -1, -1], [5, 5, 2]])
+    got = SoftmaxCrossEntropy(reduction=None)(tf.constant(ids),
+                                              tf.constant(scores)).numpy()
+    log_p = scores - np.log(np.exp(scores.astype(np.float64)).sum(1,
+                                                                   keepdims=True))
+    want = [-(log_p[0, 1] + log_p[0, 3]) / 2, -log_p[1, 0], 0.0,
+            -(log_p[3, 5] + log_p[3, 2]) / 2]  # a repeated id counts once
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    mean = SoftmaxCrossEntropy()(tf.constant(ids), tf.constant(scores))
+    np.testing.assert_allclose(float(mean), np.mean(want), rtol=1e-5)

@@ -4,6 +4,9 @@
 
     input (sparse TF-IDF [b, D] or dense embeddings [b, D])
       -> encoder layers (ReLU, dropout)          config.model.encoder_dims
+         (on sparse input the first one is a SparseEmbeddingBag: its
+         gradient covers only the batch's feature rows; config.model.encoder
+         = "dense" keeps keras.layers.Dense, whose gradient is [D, d])
       -> intermediate Dense (ReLU)               config.model.intermediate_dim
       -> head layer named "output"               xmc_tf.heads (config.model.head)
 
@@ -17,8 +20,14 @@ from __future__ import annotations
 import keras
 
 from xmc_tf import heads as xheads
+from xmc_tf.layers import SparseEmbeddingBag
 
-__all__ = ["build_model"]
+__all__ = ["build_model", "build_optimizer", "ENCODERS", "OPTIMIZERS"]
+
+#: ``config.model.encoder``: the first encoder layer on sparse input.
+ENCODERS = ("sparse_embedding", "dense")
+#: ``config.train.optimizer``.
+OPTIMIZERS = ("lazy_adam", "adam")
 
 
 def build_model(config, num_features: int, num_labels: int,
@@ -47,15 +56,49 @@ def build_model(config, num_features: int, num_labels: int,
     """
     head = head or xheads.get_head(config)
     mc = config.model
+    encoder = mc.get("encoder", "sparse_embedding")
+    if encoder not in ENCODERS:
+        raise ValueError(f"config.model.encoder={encoder!r}; expected one of "
+                         f"{ENCODERS}")
     inputs = keras.Input(shape=(num_features,), sparse=sparse_input,
                          name="features")
     x = inputs
     for i, units in enumerate(mc.encoder_dims):
-        x = keras.layers.Dense(units, activation="relu", name=f"encoder_{i}")(x)
+        if i == 0 and sparse_input and encoder == "sparse_embedding":
+            layer = SparseEmbeddingBag(units, activation="relu",
+                                       name=f"encoder_{i}")
+        else:
+            layer = keras.layers.Dense(units, activation="relu",
+                                       name=f"encoder_{i}")
+        x = layer(x)
         if mc.dropout:
             x = keras.layers.Dropout(mc.dropout, seed=config.seed)(x)
     if mc.intermediate_dim:
         x = keras.layers.Dense(mc.intermediate_dim, activation="relu",
                                name="intermediate")(x)
-    outputs = head.build_layer(num_labels, int(x.shape[-1]))(x)
+    linear = x is inputs
+    outputs = head.build_layer(num_labels, int(x.shape[-1]),
+                               sparse_input=sparse_input and linear)(x)
     return keras.Model(inputs, outputs, name=f"xmc_{mc.head}")
+
+
+def build_optimizer(config) -> keras.optimizers.Optimizer:
+    """The optimizer ``config.train`` names, at ``config.train.learning_rate``.
+
+    ``"lazy_adam"`` (default): :class:`xmc_tf.optimizers.LazyAdam` -- Adam
+    on dense gradients, and on ``IndexedSlices`` gradients (the sparse-input
+    encoder, sampled heads) updates of the present rows only; ``"adam"``:
+    ``keras.optimizers.Adam`` (densifies ``IndexedSlices``).
+
+    Raises:
+      ValueError: unknown ``config.train.optimizer``.
+    """
+    from xmc_tf.optimizers import LazyAdam
+    tc = config.train
+    name = tc.get("optimizer", "lazy_adam")
+    if name == "lazy_adam":
+        return LazyAdam(learning_rate=tc.learning_rate)
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate=tc.learning_rate)
+    raise ValueError(f"config.train.optimizer={name!r}; expected one of "
+                     f"{OPTIMIZERS}")

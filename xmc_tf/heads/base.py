@@ -156,8 +156,16 @@ class Head:
                 f"config.loss={self.config.loss!r} does not fit head "
                 f"{self.name!r}; expected one of {self.losses}")
 
-    def build_layer(self, num_labels: int, input_dim: int):
-        """The head layer, named ``"output"``, for ``num_labels`` labels."""
+    def build_layer(self, num_labels: int, input_dim: int,
+                    sparse_input: bool = False):
+        """The head layer, named ``"output"``, for ``num_labels`` labels.
+
+        Args:
+          num_labels: m.
+          input_dim: width of the layer's input.
+          sparse_input: the layer sits directly on the sparse input
+            features (a linear model: no encoder or intermediate layer).
+        """
         raise NotImplementedError
 
     def make_loss(self, layer):

@@ -34,7 +34,7 @@ class MachOutputHead(Head):
     layer_types = (MachHeadLayer,)
     full_scores_in_training = False
 
-    def build_layer(self, num_labels, input_dim):
+    def build_layer(self, num_labels, input_dim, sparse_input=False):
         mc = self.config.model
         return MachHeadLayer(num_labels, mc.num_buckets, mc.num_repetitions,
                              seed=self.config.seed,

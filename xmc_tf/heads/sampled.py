@@ -232,7 +232,7 @@ class SampledHead(Head):
             raise ValueError(f"config.sampler.kind={self.config.sampler.kind!r}"
                              f"; expected one of {SAMPLER_KINDS}")
 
-    def build_layer(self, num_labels, input_dim):
+    def build_layer(self, num_labels, input_dim, sparse_input=False):
         mc = self.config.model
         if mc.sampled_layer == "uniform_sparse":
             fan_in = min(mc.connections_per_label, input_dim)

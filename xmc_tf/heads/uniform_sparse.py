@@ -25,7 +25,7 @@ class UniformSparseHead(Head):
     losses = tuple(LABEL_WISE_LOSSES)
     layer_types = (UniformSparseDense,)
 
-    def build_layer(self, num_labels, input_dim):
+    def build_layer(self, num_labels, input_dim, sparse_input=False):
         fan_in = min(self.config.model.connections_per_label, input_dim)
         return UniformSparseDense(num_labels, fan_in, seed=self.config.seed,
                                   name=OUTPUT_LAYER)

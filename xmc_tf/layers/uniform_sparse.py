@@ -90,7 +90,9 @@ class UniformSparseDense(keras.layers.Layer):
         ``sqrt(6 / (units + s))``).
       seed: int seed of the connection draw (None: random).
 
-    Input shape: ``[batch, num_features]`` float tensor (dense).
+    Input shape: ``[batch, num_features]`` float tensor; a
+    ``tf.SparseTensor`` (the layer directly on sparse input features, a
+    linear model) is densified per batch (``4 b e`` bytes).
     Output shape: ``[batch, units]``.
 
     Raises:
@@ -155,6 +157,10 @@ class UniformSparseDense(keras.layers.Layer):
                                                  axes={-1: self.num_features})
 
     def call(self, inputs):
+        if isinstance(inputs, tf.SparseTensor):
+            # Directly on sparse input features (a linear model): the op
+            # reads dense rows, so the batch is densified ([b, e] floats).
+            inputs = tf.sparse.to_dense(tf.sparse.reorder(inputs))
         outputs = uniform_sparse_matmul(inputs, self.indices,
                                         keras.ops.cast(self.kernel, inputs.dtype))
         if self.bias is not None:

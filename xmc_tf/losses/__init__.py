@@ -3,10 +3,12 @@
 from xmc_tf.losses.hinge import BinaryCrossEntropy, SquaredHinge, dense_targets
 from xmc_tf.losses.mach import (MachBinaryCrossentropy, MachSoftmaxCrossentropy,
                                 mach_bucket_targets)
+from xmc_tf.losses.softmax import SoftmaxCrossEntropy
 from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy, SampledSoftmax,
                                    SampledSquaredHinge)
 
 __all__ = ["BinaryCrossEntropy", "MachBinaryCrossentropy",
            "MachSoftmaxCrossentropy", "SquaredHinge", "dense_targets",
            "mach_bucket_targets"]
+__all__ += ["SoftmaxCrossEntropy"]
 __all__ += ["SampledBinaryCrossEntropy", "SampledSoftmax", "SampledSquaredHinge"]

@@ -1,0 +1,86 @@
+"""build_model / build_optimizer: the encoder on sparse input, the linear
+(no hidden layer) models, and the optimizer choice."""
+
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import tensorflow as tf
+
+from xmc_tf import data as xdata
+from xmc_tf import heads
+from xmc_tf.layers import SparseEmbeddingBag, UniformSparseDense
+from xmc_tf.models import build_model, build_optimizer
+from xmc_tf.optimizers import LazyAdam
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "configs"))
+import uniform_sparse  # noqa: E402
+
+
+def _config(head="uniform_sparse", encoder_dims=(8,), intermediate=16,
+            encoder="sparse_embedding"):
+    c = uniform_sparse.get_config()
+    c.model.head = head
+    c.model.encoder = encoder
+    c.model.encoder_dims = encoder_dims
+    c.model.intermediate_dim = intermediate
+    c.model.connections_per_label = 4
+    return c
+
+
+def _batch(n=6, d=20, seed=0):
+    x = sp.random(n, d, density=0.3, format="csr", random_state=seed,
+                  dtype=np.float32)
+    y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), np.arange(n) % 5)),
+                      shape=(n, 5))
+    return xdata.make_tf_dataset(xdata.XCDataset(x, y), n).get_single_element()
+
+
+@pytest.mark.parametrize("encoder,layer_type", [
+    ("sparse_embedding", SparseEmbeddingBag), ("dense", keras.layers.Dense)])
+def test_encoder_choice_same_function(encoder, layer_type):
+    model = build_model(_config(encoder=encoder), 20, 5, sparse_input=True)
+    first = model.get_layer("encoder_0")
+    assert type(first) is layer_type
+    # Dense embeddings never use the sparse layer.
+    dense = build_model(_config(encoder=encoder), 20, 5, sparse_input=False)
+    assert type(dense.get_layer("encoder_0")) is keras.layers.Dense
+    x, _ = _batch()
+    got = first(x).numpy()
+    kernel, bias = (w.numpy() for w in first.weights)
+    want = np.maximum(tf.sparse.to_dense(x).numpy() @ kernel + bias, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_unknown_encoder_and_optimizer():
+    with pytest.raises(ValueError, match="config.model.encoder"):
+        build_model(_config(encoder="tree"), 20, 5, sparse_input=True)
+    c = _config()
+    c.train.optimizer = "adagrad"
+    with pytest.raises(ValueError, match="config.train.optimizer"):
+        build_optimizer(c)
+    c.train.optimizer = "lazy_adam"
+    assert isinstance(build_optimizer(c), LazyAdam)
+
+
+@pytest.mark.parametrize("head,layer_type", [
+    ("dense", SparseEmbeddingBag), ("uniform_sparse", UniformSparseDense)])
+def test_linear_model_on_sparse_input(head, layer_type):
+    model = build_model(_config(head, encoder_dims=(), intermediate=0), 20, 5,
+                        sparse_input=True)
+    out = heads.output_layer(model)
+    assert isinstance(out, layer_type) and len(model.layers) == 2
+    assert heads.head_for_model(model).name == head
+    x, y = _batch()
+    dense_x = tf.sparse.to_dense(x).numpy()
+    if head == "dense":
+        kernel, bias = (w.numpy() for w in out.weights)
+        want = dense_x @ kernel + bias
+    else:
+        idx, w = out.indices.numpy(), out.kernel.numpy()
+        want = np.einsum("bmk,mk->bm", dense_x[:, idx], w) + out.bias.numpy()
+    np.testing.assert_allclose(model(x).numpy(), want, rtol=1e-5, atol=1e-6)
