@@ -205,6 +205,13 @@ class Head:
         through a wrapper, e.g. a sampled trainer)."""
         return model
 
+    def compile(self, model: keras.Model, layer, optimizer) -> None:
+        """Compiles the model ``fit`` runs (see :meth:`training_model`) with
+        the head's loss and metrics; ``jit_compile=False`` because XLA
+        cannot compile the custom ops."""
+        model.compile(optimizer=optimizer, loss=self.make_loss(layer),
+                      metrics=self.train_metrics(layer), jit_compile=False)
+
     def results(self, layer) -> dict:
         """Head-specific entries of ``metrics.json``."""
         return {}

@@ -254,6 +254,10 @@ class SampledHead(Head):
         return SampledTrainer(model, self.sampler(layer),
                               self.make_loss(layer), name=f"{model.name}_trainer")
 
+    def compile(self, model, layer, optimizer):
+        # SampledTrainer computes its own loss in train_step.
+        model.compile(optimizer=optimizer, jit_compile=False)
+
     def callbacks(self, layer, val_data):
         from xmc_tf import callbacks as xcallbacks
         sc = self.config.sampler
