@@ -10,3 +10,8 @@ __all__ = ["MachHashing", "OpLibraryError", "load", "mach_top_k",
            "meta_probabilities", "uniform_sparse_matmul"]
 __all__ += ["check_candidates", "dense_sampled_matmul",
             "uniform_sparse_sampled_matmul"]
+from xmc_tf.ops.lsh import (LshHashFamily, lsh_build_tables,  # noqa: E402
+                            lsh_query, lsh_update_tables)
+
+__all__ += ["LshHashFamily", "lsh_build_tables", "lsh_query",
+            "lsh_update_tables"]

@@ -1,0 +1,773 @@
+"""Tests of the LSH op family (xmc_tf.ops.lsh, ops/lsh/).
+
+Every op is checked against an independent NumPy reference: SimHash bits
+from a float64 projection, DWTA from a per-bin loop with the documented
+densification rule, tables from a stable argsort, the query union from set
+operations.  Statistical tests (collision probability 1 - theta/pi, sampling
+frequency 1 - (1 - alpha^K)^L) use fixed seeds and tolerances of several
+standard errors.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from xmc_tf.ops import _loader
+from xmc_tf.ops.lsh import (LshHashFamily, collision_inclusion_probability,
+                            dwta_bins, lsh_build_tables, lsh_dwta_hash,
+                            lsh_dwta_hash_sparse, lsh_query, lsh_simhash,
+                            lsh_simhash_sparse, lsh_sparse_cosine,
+                            lsh_update_tables, simhash_inclusion_probability,
+                            simhash_projection)
+
+try:
+    _OPS = _loader.load()
+    _MISSING = None
+    if not hasattr(_OPS, "xmc_lsh_query"):  # pragma: no cover
+        _OPS, _MISSING = None, "library built without ops/lsh: rebuild it"
+except _loader.OpLibraryError as e:  # pragma: no cover - CI builds it
+    _OPS = None
+    _MISSING = str(e)
+
+pytestmark = pytest.mark.skipif(
+    _OPS is None, reason=f"xmc_tf op library not built: {_MISSING}")
+
+M64 = (1 << 64) - 1
+BAD = (tf.errors.InvalidArgumentError, ValueError)
+
+
+# ----------------------------------------------------------------------------
+# NumPy references.
+
+
+def mix64(x):
+    """splitmix64 finaliser (ops/lsh/lsh_kernels.h Mix64), Python ints."""
+    x = (x + 0x9E3779B97F4A7C15) & M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def fold(raw, table, code_bits, bucket_bits):
+    if code_bits <= bucket_bits:
+        return raw
+    return mix64(raw ^ mix64(table + 1)) >> (64 - bucket_bits)
+
+
+def ref_simhash_bits(x, proj):
+    """float64 projections and bits [n, H]."""
+    p = np.asarray(x, np.float64) @ np.asarray(proj, np.float64)
+    return p, p > 0
+
+
+def ref_codes_from_values(values, K, bits, bucket_bits):
+    """Concatenate K values of `bits` bits per table, fold as the op."""
+    n, H = values.shape
+    L = H // K
+    out = np.zeros((n, L), np.int64)
+    for i in range(n):
+        for l in range(L):
+            raw = 0
+            for k in range(K):
+                raw |= int(values[i, l * K + k]) << (k * bits)
+            out[i, l] = fold(raw, l, K * bits, bucket_bits)
+    return out
+
+
+def ref_dwta_values(x, bins, seed):
+    """Per-function DWTA values [n, H] with the documented densification."""
+    n = x.shape[0]
+    H, w = bins.shape
+    seed_mix = mix64((seed & M64) ^ 0x4457544148415348)
+    out = np.zeros((n, H), np.int64)
+    for i in range(n):
+        pos = np.full(H, -1)
+        for j in range(H):
+            best = None
+            for p in range(w):
+                v = x[i, bins[j, p]]
+                if v != 0 and (best is None or v > best):
+                    best, pos[j] = v, p
+        if (pos < 0).all():
+            continue
+        for j in range(H):
+            if pos[j] >= 0:
+                out[i, j] = pos[j]
+                continue
+            donor = None
+            for t in range(1, 33):
+                c = mix64((seed_mix + (j << 32) + t) & M64) % H
+                if pos[c] >= 0:
+                    donor = c
+                    break
+            if donor is None:
+                donor = next((j + t) % H for t in range(1, H)
+                             if pos[(j + t) % H] >= 0)
+            out[i, j] = pos[donor]
+    return out
+
+
+def ref_tables(codes, B):
+    codes = np.asarray(codes)
+    m, L = codes.shape
+    offsets = np.zeros((L, B + 1), np.int32)
+    labels = np.zeros((L, m), np.int32)
+    for l in range(L):
+        order = np.argsort(codes[:, l], kind="stable")
+        labels[l] = order
+        offsets[l, 1:] = np.cumsum(np.bincount(codes[:, l], minlength=B))
+    return offsets, labels
+
+
+def densify(indices, weights, e):
+    x = np.zeros((indices.shape[0], e), np.float32)
+    for i in range(indices.shape[0]):
+        np.add.at(x[i], indices[i], weights[i])
+    return x
+
+
+def sparse_rows(rng, n, s, e, dup=True):
+    """Random sparse rows with duplicates, exact zeros and a zero row."""
+    indices = rng.integers(0, e, (n, s)).astype(np.int32)
+    weights = rng.normal(size=(n, s)).astype(np.float32)
+    if dup:
+        indices[:, 1] = indices[:, 0]  # duplicate index in every row
+    weights[:, 2] = 0.0  # explicit zero
+    weights[0] = 0.0  # all-zero row
+    if n > 1:  # weights cancelling on a duplicate
+        weights[1, 1] = -weights[1, 0]
+    return indices, weights
+
+
+# ----------------------------------------------------------------------------
+# Hash parameters.
+
+
+def test_parameters_deterministic_given_seed():
+    a = simhash_projection(7, 3, 4, seed=5)
+    assert a.shape == (7, 12) and a.dtype == np.float32
+    np.testing.assert_array_equal(a, simhash_projection(7, 3, 4, seed=5))
+    assert not np.array_equal(a, simhash_projection(7, 3, 4, seed=6))
+    b = dwta_bins(20, 30, bin_size=4, seed=2)
+    assert b.shape == (30, 4) and b.dtype == np.int32
+    np.testing.assert_array_equal(b, dwta_bins(20, 30, bin_size=4, seed=2))
+    assert not np.array_equal(b, dwta_bins(20, 30, bin_size=4, seed=3))
+    # Bins are blocks of permutations: distinct coordinates within a bin,
+    # each permutation's 5 bins cover 20 distinct coordinates.
+    for j in range(30):
+        assert len(set(b[j])) == 4
+    assert len(set(b[:5].ravel())) == 20
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(input_dim=0, num_bits=1, num_tables=1),
+    dict(input_dim=3, num_bits=0, num_tables=1),
+])
+def test_projection_validation(kwargs):
+    with pytest.raises(ValueError):
+        simhash_projection(**kwargs)
+
+
+@pytest.mark.parametrize("args", [(8, 4, 3), (8, 4, 6), (2, 4, 4), (8, 0, 4)])
+def test_bins_validation(args):
+    d, H, w = args
+    with pytest.raises(ValueError):
+        dwta_bins(d, H, bin_size=w)
+
+
+def test_family_validation():
+    with pytest.raises(ValueError, match="hash"):
+        LshHashFamily("minhash", 2, 2, 8)
+    with pytest.raises(ValueError, match="bucket_bits"):
+        LshHashFamily("simhash", 2, 2, 8, bucket_bits=30)
+    with pytest.raises(ValueError, match="shape"):
+        LshHashFamily("simhash", 2, 2, 8, params=np.zeros((8, 3), np.float32))
+    with pytest.raises(ValueError, match="<= 64"):
+        LshHashFamily("dwta", 33, 1, 8, bin_size=4)
+    f = LshHashFamily("dwta", 6, 2, 64, bin_size=8, bucket_bits=10)
+    assert f.code_bits == 18 and f.num_buckets == 1024
+
+
+# ----------------------------------------------------------------------------
+# SimHash.
+
+
+def test_simhash_matches_numpy_reference():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50, 12)).astype(np.float32)
+    x[3, ::2] = 0.0  # zero entries are skipped: same result
+    K, L = 5, 7
+    proj = simhash_projection(12, K, L, seed=1)
+    codes = lsh_simhash(x, proj, K).numpy()
+    p, bits = ref_simhash_bits(x, proj)
+    ref = ref_codes_from_values(bits.astype(np.int64), K, 1, 16)
+    # float32 accumulation may flip a bit only where |projection| is tiny.
+    tiny = np.abs(p) < 1e-4
+    ok = (codes == ref) | ref_codes_differ_only_on_tiny(tiny, K, L)
+    assert ok.all()
+    assert codes.shape == (50, L) and codes.dtype == np.int32
+    assert codes.min() >= 0 and codes.max() < 2**K
+
+
+def ref_codes_differ_only_on_tiny(tiny, K, L):
+    return tiny.reshape(tiny.shape[0], L, K).any(-1)
+
+
+def test_simhash_folded_codes():
+    """K > bucket_bits: the K bits are folded by the documented mixing hash."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(20, 6)).astype(np.float32)
+    K, L, bb = 12, 3, 5
+    proj = simhash_projection(6, K, L, seed=2)
+    codes = lsh_simhash(x, proj, K, bucket_bits=bb).numpy()
+    _, bits = ref_simhash_bits(x, proj)
+    ref = ref_codes_from_values(bits.astype(np.int64), K, 1, bb)
+    np.testing.assert_array_equal(codes, ref)
+    assert codes.max() < 2**bb
+
+
+@pytest.mark.parametrize("theta", [0.3, 1.0, 2.0, 2.8])
+def test_simhash_collision_probability_is_one_minus_theta_over_pi(theta):
+    """LNS Eq. 3: Pr[h(x) = h(y)] = 1 - theta / pi, per hash function."""
+    rng = np.random.default_rng(42)
+    d, pairs, H = 16, 40, 500
+    xs, ys = [], []
+    for _ in range(pairs):
+        u = rng.normal(size=d)
+        u /= np.linalg.norm(u)
+        v = rng.normal(size=d)
+        v -= (v @ u) * u
+        v /= np.linalg.norm(v)
+        xs.append(u)
+        ys.append(math.cos(theta) * u + math.sin(theta) * v)
+    x = np.array(xs + ys, np.float32)
+    proj = simhash_projection(d, 1, H, seed=7)  # K = 1: one bit per table
+    codes = lsh_simhash(x, proj, 1).numpy()
+    agree = (codes[:pairs] == codes[pairs:]).mean()
+    expected = 1.0 - theta / math.pi
+    se = math.sqrt(expected * (1 - expected) / (pairs * H))
+    assert abs(agree - expected) < 5 * se + 1e-3, (agree, expected)
+
+
+def test_simhash_table_collision_is_alpha_to_the_k():
+    """A K-bit table collides with probability alpha^K."""
+    rng = np.random.default_rng(3)
+    d, pairs, K, L, theta = 16, 60, 3, 400, 0.8
+    u = rng.normal(size=(pairs, d))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    v = rng.normal(size=(pairs, d))
+    v -= (v * u).sum(1, keepdims=True) * u
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    y = math.cos(theta) * u + math.sin(theta) * v
+    proj = simhash_projection(d, K, L, seed=4)
+    cu = lsh_simhash(u.astype(np.float32), proj, K).numpy()
+    cy = lsh_simhash(y.astype(np.float32), proj, K).numpy()
+    expected = (1 - theta / math.pi) ** K
+    se = math.sqrt(expected * (1 - expected) / (pairs * L))
+    assert abs((cu == cy).mean() - expected) < 5 * se
+
+
+@pytest.mark.parametrize("K,bb", [(6, 16), (20, 8)])
+def test_simhash_sparse_equals_densified(K, bb):
+    rng = np.random.default_rng(5)
+    e, n, s, L = 40, 60, 7, 9
+    indices, weights = sparse_rows(rng, n, s, e)
+    proj = simhash_projection(e, K, L, seed=6)
+    sparse = lsh_simhash_sparse(indices, weights, proj, K, bb).numpy()
+    dense = lsh_simhash(densify(indices, weights, e), proj, K, bb).numpy()
+    np.testing.assert_array_equal(sparse, dense)
+    if K <= bb:
+        assert (sparse[0] == 0).all()  # zero vector: every bit 0
+
+
+def test_simhash_order_of_sparse_entries_is_irrelevant():
+    rng = np.random.default_rng(8)
+    e, n, s = 30, 20, 6
+    indices = np.stack([rng.choice(e, s, replace=False) for _ in range(n)]
+                       ).astype(np.int32)
+    weights = rng.normal(size=(n, s)).astype(np.float32)
+    perm = np.stack([rng.permutation(s) for _ in range(n)])
+    proj = simhash_projection(e, 4, 5, seed=9)
+    a = lsh_simhash_sparse(indices, weights, proj, 4).numpy()
+    b = lsh_simhash_sparse(np.take_along_axis(indices, perm, 1),
+                           np.take_along_axis(weights, perm, 1), proj, 4).numpy()
+    np.testing.assert_array_equal(a, b)
+
+
+def test_simhash_validation():
+    proj = simhash_projection(4, 2, 3)
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(BAD, match="rank|shape"):
+        lsh_simhash(np.ones(4, np.float32), proj, 2)
+    with pytest.raises(BAD):
+        lsh_simhash(np.ones((2, 5), np.float32), proj, 2)
+    with pytest.raises(BAD, match="multiple"):
+        lsh_simhash(x, proj, 4)  # 6 hash functions, K = 4
+    with pytest.raises(BAD, match="bucket_bits"):
+        lsh_simhash(x, proj, 2, bucket_bits=25)
+    bad = x.copy()
+    bad[1, 2] = np.nan
+    with pytest.raises(BAD, match=r"vectors\[1\]"):
+        lsh_simhash(bad, proj, 2)
+    bad_proj = proj.copy()
+    bad_proj[0, 0] = np.inf
+    with pytest.raises(BAD, match="projection"):
+        lsh_simhash(x, bad_proj, 2)
+    idx = np.zeros((2, 3), np.int32)
+    w = np.ones((2, 3), np.float32)
+    with pytest.raises(BAD, match="shape"):
+        lsh_simhash_sparse(idx, np.ones((2, 2), np.float32), proj, 2)
+    bad_idx = idx.copy()
+    bad_idx[1, 2] = 4
+    with pytest.raises(BAD, match=r"indices\[1, 2\] = 4"):
+        lsh_simhash_sparse(bad_idx, w, proj, 2)
+    bad_idx[1, 2] = -1
+    with pytest.raises(BAD, match=r"indices\[1, 2\] = -1"):
+        lsh_simhash_sparse(bad_idx, w, proj, 2)
+    bad_w = w.copy()
+    bad_w[0, 1] = np.nan
+    with pytest.raises(BAD, match=r"weights\[0\]"):
+        lsh_simhash_sparse(idx, bad_w, proj, 2)
+
+
+def test_simhash_empty_batch_and_graph_shape():
+    proj = simhash_projection(4, 2, 3)
+    assert lsh_simhash(np.zeros((0, 4), np.float32), proj, 2).shape == (0, 3)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    def f(x):
+        out = lsh_simhash(x, proj, 2)
+        assert out.shape.as_list() == [None, 3]
+        return out
+
+    assert f(tf.ones((5, 4))).shape == (5, 3)
+
+
+# ----------------------------------------------------------------------------
+# DWTA.
+
+
+@pytest.mark.parametrize("w,K,bb", [(4, 3, 16), (8, 6, 10), (2, 5, 16)])
+def test_dwta_matches_numpy_reference(w, K, bb):
+    rng = np.random.default_rng(10)
+    d, n, L, seed = 24, 25, 4, 11
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    x[x < 0.3] = 0.0  # ReLU-like sparsity: some bins empty
+    x[0] = 0.0  # all-zero vector
+    x[1] = 0.0
+    x[1, 5] = 2.0  # one non-zero: heavy densification
+    x[2, :4] = 1.0  # ties: the lowest position wins
+    bins = dwta_bins(d, K * L, w, seed=12)
+    codes = lsh_dwta_hash(x, bins, K, bb, seed=seed).numpy()
+    values = ref_dwta_values(x, bins, seed)
+    ref = ref_codes_from_values(values, K, int(math.log2(w)), bb)
+    np.testing.assert_array_equal(codes, ref)
+    if K * math.log2(w) <= bb:
+        assert (codes[0] == 0).all()  # all-zero vector: value 0 everywhere
+
+
+def test_dwta_sparse_equals_densified():
+    rng = np.random.default_rng(13)
+    e, n, s, K, L, w = 64, 80, 6, 4, 10, 8
+    indices, weights = sparse_rows(rng, n, s, e)
+    bins = dwta_bins(e, K * L, w, seed=14)
+    sparse = lsh_dwta_hash_sparse(indices, weights, bins, e, K, seed=3).numpy()
+    dense = lsh_dwta_hash(densify(indices, weights, e), bins, K,
+                          seed=3).numpy()
+    np.testing.assert_array_equal(sparse, dense)
+    # Negative values compete as values (largest non-zero wins).
+    neg_idx = np.array([[1, 2, 3]], np.int32)
+    neg_w = np.array([[-3.0, -1.0, -2.0]], np.float32)
+    np.testing.assert_array_equal(
+        lsh_dwta_hash_sparse(neg_idx, neg_w, bins, e, K).numpy(),
+        lsh_dwta_hash(densify(neg_idx, neg_w, e), bins, K).numpy())
+
+
+def test_dwta_seed_changes_only_densification():
+    rng = np.random.default_rng(15)
+    d, K, L, w = 32, 2, 8, 4
+    bins = dwta_bins(d, K * L, w, seed=1)
+    dense_x = rng.uniform(0.1, 1.0, size=(10, d)).astype(np.float32)
+    np.testing.assert_array_equal(lsh_dwta_hash(dense_x, bins, K, seed=1),
+                                  lsh_dwta_hash(dense_x, bins, K, seed=2))
+    sparse_x = np.zeros((10, d), np.float32)
+    sparse_x[:, 0] = rng.uniform(0.1, 1, 10)
+    sparse_x[:, 7] = rng.uniform(0.1, 1, 10)
+    a = lsh_dwta_hash(sparse_x, bins, K, seed=1).numpy()
+    assert np.array_equal(a, lsh_dwta_hash(sparse_x, bins, K, seed=1).numpy())
+
+
+def test_dwta_validation():
+    bins = dwta_bins(8, 6, 4, seed=0)
+    x = np.ones((2, 8), np.float32)
+    with pytest.raises(BAD, match="power of two"):
+        lsh_dwta_hash(x, np.zeros((6, 3), np.int32), 2)
+    with pytest.raises(BAD, match="multiple"):
+        lsh_dwta_hash(x, bins, 4)
+    with pytest.raises(BAD, match=r"bins\[0, 0\] = 8"):
+        lsh_dwta_hash(x, np.full((6, 4), 8, np.int32), 2)
+    with pytest.raises(BAD, match="<= 64"):
+        lsh_dwta_hash(x, dwta_bins(8, 33, 4), 33)
+    bad = x.copy()
+    bad[0, 0] = np.inf
+    with pytest.raises(BAD, match=r"vectors\[0\]"):
+        lsh_dwta_hash(bad, bins, 2)
+    idx = np.zeros((2, 3), np.int32)
+    w = np.ones((2, 3), np.float32)
+    with pytest.raises(BAD, match=r"bins\[0, 0\] = 8"):
+        lsh_dwta_hash_sparse(idx, w, np.full((6, 4), 8, np.int32), 8, 2)
+    idx[0, 1] = 9
+    with pytest.raises(BAD, match=r"indices\[0, 1\] = 9"):
+        lsh_dwta_hash_sparse(idx, w, bins, 8, 2)
+
+
+# ----------------------------------------------------------------------------
+# Tables.
+
+
+def random_codes(rng, m, L, B):
+    return rng.integers(0, B, (m, L)).astype(np.int32)
+
+
+def test_build_tables_matches_reference():
+    rng = np.random.default_rng(20)
+    codes = random_codes(rng, 500, 6, 16)
+    codes[:, 2] = 3  # one bucket holds every label
+    offsets, labels = lsh_build_tables(codes, 16)
+    ref_off, ref_lab = ref_tables(codes, 16)
+    np.testing.assert_array_equal(offsets, ref_off)
+    np.testing.assert_array_equal(labels, ref_lab)
+
+
+def test_build_tables_validation():
+    codes = np.zeros((4, 2), np.int32)
+    codes[2, 1] = 8
+    with pytest.raises(BAD, match=r"codes\[2, 1\] = 8"):
+        lsh_build_tables(codes, 8)
+    codes[2, 1] = -1
+    with pytest.raises(BAD, match=r"codes\[2, 1\] = -1"):
+        lsh_build_tables(codes, 8)
+    with pytest.raises(BAD):
+        lsh_build_tables(np.zeros(4, np.int32), 8)
+
+
+@pytest.mark.parametrize("case", ["few", "all", "repeated", "none", "same"])
+def test_update_equals_full_rebuild(case):
+    rng = np.random.default_rng(21)
+    m, L, B = 400, 5, 32
+    codes = random_codes(rng, m, L, B)
+    offsets, labels = lsh_build_tables(codes, B)
+    if case == "few":
+        rows = np.array([3, 399, 0, 200], np.int32)
+    elif case == "all":
+        rows = rng.permutation(m).astype(np.int32)
+    elif case == "repeated":
+        rows = np.array([7, 8, 7, 9, 7], np.int32)
+    elif case == "none":
+        rows = np.zeros(0, np.int32)
+    else:
+        rows = np.array([1, 2], np.int32)
+    new = random_codes(rng, len(rows), L, B)
+    if case == "same":
+        new = codes[rows]
+    o2, l2, c2 = lsh_update_tables(offsets, labels, codes, rows, new)
+    expect = codes.copy()
+    for r, c in zip(rows, new):  # the last occurrence wins
+        expect[r] = c
+    ref_off, ref_lab = ref_tables(expect, B)
+    np.testing.assert_array_equal(c2, expect)
+    np.testing.assert_array_equal(o2, ref_off)
+    np.testing.assert_array_equal(l2, ref_lab)
+    # Chained updates stay exact.
+    rows2 = rng.integers(0, m, 30).astype(np.int32)
+    new2 = random_codes(rng, 30, L, B)
+    o3, l3, c3 = lsh_update_tables(o2, l2, c2, rows2, new2)
+    for r, c in zip(rows2, new2):
+        expect[r] = c
+    ref_off, ref_lab = ref_tables(expect, B)
+    np.testing.assert_array_equal(o3, ref_off)
+    np.testing.assert_array_equal(l3, ref_lab)
+    np.testing.assert_array_equal(c3, expect)
+
+
+def test_update_validation():
+    rng = np.random.default_rng(22)
+    m, L, B = 20, 3, 8
+    codes = random_codes(rng, m, L, B)
+    offsets, labels = lsh_build_tables(codes, B)
+    rows = np.array([1], np.int32)
+    new = np.zeros((1, L), np.int32)
+    with pytest.raises(BAD, match=r"rows\[0\] = 20"):
+        lsh_update_tables(offsets, labels, codes, [20], new)
+    with pytest.raises(BAD, match=r"rows\[0\] = -1"):
+        lsh_update_tables(offsets, labels, codes, [-1], new)
+    with pytest.raises(BAD, match=r"row_codes\[0, 1\] = 8"):
+        lsh_update_tables(offsets, labels, codes, rows, [[0, 8, 0]])
+    with pytest.raises(BAD, match="row_codes shape"):
+        lsh_update_tables(offsets, labels, codes, rows, np.zeros((2, L), np.int32))
+    with pytest.raises(BAD, match="codes shape"):
+        lsh_update_tables(offsets, labels, codes[:, :2], rows, new)
+    with pytest.raises(BAD, match="labels.shape"):
+        lsh_update_tables(offsets, labels[:2], codes, rows, new)
+    bad_off = offsets.numpy().copy()
+    bad_off[1, 3], bad_off[1, 4] = 15, 2
+    with pytest.raises(BAD, match="decreases"):
+        lsh_update_tables(bad_off, labels, codes, rows, new)
+    # Codes that do not match the tables: label 1 is not where codes say.
+    lying = codes.copy()
+    lying[1] = (codes[1] + 1) % B
+    with pytest.raises(BAD, match="does not match codes"):
+        lsh_update_tables(offsets, labels, lying, rows, codes[1:2])
+
+
+# ----------------------------------------------------------------------------
+# Query.
+
+
+def union_of_probes(offsets, labels, query_codes):
+    offsets, labels = np.asarray(offsets), np.asarray(labels)
+    out, total = set(), 0
+    for q in query_codes:
+        for l, c in enumerate(q):
+            if c < 0:
+                continue
+            bucket = labels[l, offsets[l, c]:offsets[l, c + 1]]
+            total += len(bucket)
+            out.update(bucket.tolist())
+    return out, total
+
+
+def test_query_exact_union_when_buckets_are_small():
+    rng = np.random.default_rng(30)
+    m, L, B = 300, 4, 64
+    codes = random_codes(rng, m, L, B)
+    offsets, labels = lsh_build_tables(codes, B)
+    qc = np.stack([codes[[5, 9]], codes[[11, 11]], -np.ones((2, L), int)]
+                  ).astype(np.int32)
+    qc[0, 1, 2] = -1  # one probe switched off
+    k = 200
+    res = lsh_query(offsets, labels, codes, qc, k, step=3, seed=1)
+    for i in range(3):
+        union, total = union_of_probes(offsets, labels, qc[i])
+        assert total <= k
+        got = res.ids.numpy()[i][res.valid.numpy()[i]]
+        assert len(got) == len(set(got.tolist()))
+        assert set(got.tolist()) == union
+        assert int(res.probed[i]) == total
+        assert float(res.rate[i]) == 1.0
+        assert (res.ids.numpy()[i][~res.valid.numpy()[i]] == 0).all()
+        assert res.valid.numpy()[i][:len(got)].all()  # valid first
+        # Collisions: number of probed (query, table) buckets holding j.
+        for j, c in zip(got, res.collisions.numpy()[i][:len(got)]):
+            expect = sum(int(codes[j, l] == qc[i, q, l])
+                         for q in range(2) for l in range(L))
+            assert c == expect
+    assert not res.valid.numpy()[2].any()  # no probe at all
+
+
+def test_query_subsamples_k_distinct_labels():
+    rng = np.random.default_rng(31)
+    m, L, B, k = 5000, 6, 4, 50  # huge buckets: T >> k
+    codes = random_codes(rng, m, L, B)
+    offsets, labels = lsh_build_tables(codes, B)
+    qc = codes[[1, 2, 3]][:, None, :]
+    res = lsh_query(offsets, labels, codes, qc, k, step=7, seed=2)
+    for i in range(3):
+        union, total = union_of_probes(offsets, labels, qc[i])
+        valid = res.valid.numpy()[i]
+        got = res.ids.numpy()[i][valid]
+        assert set(got.tolist()) <= union
+        assert len(got) == len(set(got.tolist())) and len(got) >= k * 0.7
+        assert int(res.probed[i]) == total
+        assert float(res.rate[i]) == pytest.approx(k / total, rel=1e-6)
+    # Stateless draws: same (seed, step) -> same; another step or seed differs.
+    again = lsh_query(offsets, labels, codes, qc, k, step=7, seed=2)
+    np.testing.assert_array_equal(res.ids, again.ids)
+    other_step = lsh_query(offsets, labels, codes, qc, k, step=8, seed=2)
+    other_seed = lsh_query(offsets, labels, codes, qc, k, step=7, seed=3)
+    assert not np.array_equal(res.ids, other_step.ids)
+    assert not np.array_equal(res.ids, other_seed.ids)
+
+
+def test_query_entries_drawn_uniformly():
+    """Each probed entry is read with probability k / T."""
+    m, L, B, k = 400, 1, 2, 20
+    codes = np.zeros((m, L), np.int32)
+    codes[300:] = 1  # bucket 0 holds labels 0..299
+    offsets, labels = lsh_build_tables(codes, B)
+    qc = np.zeros((1, 1, 1), np.int32)
+    counts = np.zeros(m)
+    draws = 1500
+    for step in range(draws):
+        res = lsh_query(offsets, labels, codes, qc, k, step=step, seed=0,
+                        count_collisions=False)
+        counts[res.ids.numpy()[0][res.valid.numpy()[0]]] += 1
+    assert counts[300:].sum() == 0
+    p = k / 300
+    freq = counts[:300] / draws
+    se = math.sqrt(p * (1 - p) / draws)
+    assert abs(freq.mean() - p) < 3 * se / math.sqrt(300) + 1e-3
+    assert np.abs(freq - p).max() < 5 * se
+    # Chi-square-like check of the spread across labels.
+    assert freq.std() < 1.5 * se
+
+
+def controlled_label_set(rng, d, angles, per_angle, background):
+    """A unit query and labels at the given angles to it, plus random ones."""
+    q = rng.normal(size=d)
+    q /= np.linalg.norm(q)
+    vecs, thetas = [], []
+    for theta in angles:
+        for _ in range(per_angle):
+            v = rng.normal(size=d)
+            v -= (v @ q) * q
+            v /= np.linalg.norm(v)
+            vecs.append(math.cos(theta) * q + math.sin(theta) * v)
+            thetas.append(theta)
+    for _ in range(background):
+        v = rng.normal(size=d)
+        vecs.append(v / np.linalg.norm(v))
+        thetas.append(math.acos(np.clip(vecs[-1] @ q, -1, 1)))
+    return q.astype(np.float32), np.array(vecs, np.float32), np.array(thetas)
+
+
+@pytest.mark.parametrize("subsample", [False, True])
+def test_sampling_frequency_matches_lsh_inclusion_probability(subsample):
+    """LNS Sec. 1.3: label j is drawn with prob. 1 - (1 - r alpha_j^K)^L.
+
+    Without subsampling (k >= T) r = 1, the paper's formula; with it, each
+    probed entry is read with probability r = k / T.  The empirical
+    frequency over independent hash draws (seeds) must match the mean
+    predicted probability for every angle class.
+    """
+    rng = np.random.default_rng(40)
+    d, K, L = 24, 3, 4
+    angles = [0.15, 0.5, 0.9, 1.3, 1.8]
+    per_angle = 12
+    background = 400 if subsample else 0
+    q, vecs, thetas = controlled_label_set(rng, d, angles, per_angle, background)
+    m = len(vecs)
+    k = 40 if subsample else L * m  # r = 1: every probed entry is read
+    trials = 250
+    hits = np.zeros(m)
+    predicted = np.zeros(m)
+    cos = np.cos(thetas).astype(np.float32)
+    for seed in range(trials):
+        proj = simhash_projection(d, K, L, seed=1000 + seed)
+        codes = lsh_simhash(vecs, proj, K)
+        offsets, labels = lsh_build_tables(codes, 2**K)
+        qc = lsh_simhash(q[None], proj, K)[:, None, :]
+        res = lsh_query(offsets, labels, codes, qc, k, step=seed, seed=seed,
+                        count_collisions=False)
+        hits[res.ids.numpy()[0][res.valid.numpy()[0]]] += 1
+        predicted += simhash_inclusion_probability(
+            np.tile(cos, (1, 1))[:, :, None], np.ones((1, 1), bool), K, L,
+            res.rate).numpy()[0]
+    freq = hits / trials
+    predicted /= trials
+    if not subsample:
+        alpha = 1 - thetas / math.pi
+        np.testing.assert_allclose(predicted, 1 - (1 - alpha**K)**L,
+                                   rtol=1e-5)
+    for a in range(len(angles)):
+        sl = slice(a * per_angle, (a + 1) * per_angle)
+        f, p = freq[sl].mean(), predicted[sl].mean()
+        se = math.sqrt(max(p * (1 - p), 0.01) / (trials * per_angle))
+        assert abs(f - p) < 4.5 * se, (angles[a], f, p)
+    # Monotone in the similarity (LNS Theorem 2).
+    means = [freq[a * per_angle:(a + 1) * per_angle].mean()
+             for a in range(len(angles))]
+    assert means == sorted(means, reverse=True)
+
+
+def test_query_validation():
+    rng = np.random.default_rng(32)
+    m, L, B = 30, 3, 8
+    codes = random_codes(rng, m, L, B)
+    offsets, labels = lsh_build_tables(codes, B)
+    qc = codes[:2][:, None, :].copy()
+    bad = qc.copy()
+    bad[1, 0, 2] = 8
+    with pytest.raises(BAD, match=r"query_codes\[1, 0, 2\] = 8"):
+        lsh_query(offsets, labels, codes, bad, 5)
+    bad[1, 0, 2] = -2
+    with pytest.raises(BAD, match=r"query_codes\[1, 0, 2\] = -2"):
+        lsh_query(offsets, labels, codes, bad, 5)
+    with pytest.raises(BAD):
+        lsh_query(offsets, labels, codes, qc[:, :, :2], 5)
+    with pytest.raises(BAD):
+        lsh_query(offsets, labels, codes, qc[:, 0], 5)
+    with pytest.raises(BAD, match="step"):
+        _OPS.xmc_lsh_query(offsets, labels, codes, qc,
+                           tf.constant([1, 2], tf.int64), num_candidates=5)
+    with pytest.raises(BAD):
+        lsh_query(offsets, labels, codes, qc, 0)
+    with pytest.raises(BAD, match="codes shape"):
+        lsh_query(offsets, labels, codes[:5], qc, 5)
+    corrupt = labels.numpy().copy()
+    corrupt[:, :] = m + 5
+    with pytest.raises(BAD, match="corrupt"):
+        lsh_query(offsets, corrupt, codes, qc, 50)
+    bad_off = offsets.numpy().copy()
+    bad_off[:, 1:] = 10 * m
+    with pytest.raises(BAD, match="corrupt"):
+        lsh_query(bad_off, labels, codes, qc, 50)
+
+
+# ----------------------------------------------------------------------------
+# Cosines and inclusion probabilities.
+
+
+def test_sparse_cosine_matches_densified():
+    rng = np.random.default_rng(50)
+    m, s, e = 40, 5, 30
+    indices, weights = sparse_rows(rng, m, s, e)
+    ids = rng.integers(0, m, (3, 6)).astype(np.int32)
+    qids = np.array([[4, -1], [0, 7], [9, 9]], np.int32)  # row 0 is zero
+    cos = lsh_sparse_cosine(indices, weights, ids, qids, e).numpy()
+    x = densify(indices, weights, e).astype(np.float64)
+    norms = np.linalg.norm(x, axis=1)
+    for i in range(3):
+        for j in range(6):
+            for p in range(2):
+                if qids[i, p] < 0:
+                    expect = 0.0
+                else:
+                    den = norms[ids[i, j]] * norms[qids[i, p]]
+                    expect = (x[ids[i, j]] @ x[qids[i, p]] / den
+                              if den > 0 else 0.0)
+                assert cos[i, j, p] == pytest.approx(expect, abs=1e-6)
+
+
+def test_sparse_cosine_validation():
+    idx = np.zeros((4, 2), np.int32)
+    w = np.ones((4, 2), np.float32)
+    with pytest.raises(BAD, match=r"ids\[0, 1\] = 4"):
+        lsh_sparse_cosine(idx, w, [[0, 4]], [[0]], 3)
+    with pytest.raises(BAD, match=r"query_ids\[0, 0\] = -2"):
+        lsh_sparse_cosine(idx, w, [[0, 1]], [[-2]], 3)
+    with pytest.raises(BAD, match="batch size"):
+        lsh_sparse_cosine(idx, w, [[0, 1]], [[0], [1]], 3)
+    bad = idx.copy()
+    bad[1, 1] = 3
+    with pytest.raises(BAD, match=r"indices\[1, 1\] = 3"):
+        lsh_sparse_cosine(bad, w, [[1]], [[0]], 3)
+
+
+def test_inclusion_probability_formulas():
+    cos = np.array([[[1.0, 0.0], [0.5, -1.0]]], np.float32)  # [1, 2, 2]
+    mask = np.array([[True, False]])
+    K, L = 2, 3
+    p = simhash_inclusion_probability(cos, mask, K, L, [0.5]).numpy()
+    alpha = 1 - np.arccos(cos[0, :, 0].astype(np.float64)) / np.pi
+    np.testing.assert_allclose(p[0], 1 - (1 - 0.5 * alpha**K)**L, rtol=1e-6)
+    both = simhash_inclusion_probability(cos, np.ones((1, 2), bool), K, L,
+                                         [1.0]).numpy()
+    a = 1 - np.arccos(cos[0].astype(np.float64)) / np.pi
+    expect = 1 - np.prod((1 - a**K)**L, axis=1)
+    np.testing.assert_allclose(both[0], expect, rtol=1e-6)
+    c = collision_inclusion_probability([[3, 0]], [12], [0.25]).numpy()
+    np.testing.assert_allclose(c[0], [1 - (1 - 0.25 * 3 / 12)**12, 0.0],
+                               rtol=1e-6)
