@@ -413,13 +413,15 @@ def test_sparse_head_recall_with_and_without_projection(projection, basis, floor
     sampler = AnnNegativeSampler(m, k, index="flat", projection=projection,
                                  query_sample_size=0 if basis == "gaussian" else 1024)
     sampler.bind(head)
-    sampler.refresh()
+    stats = sampler.refresh()
     if basis == "queries":
+        assert stats["index_projection"] == "gaussian"  # nothing recorded yet
         train = queries(1024)
         assert sampler.recorded_queries() is None
         sampler.sample(train, -np.ones((1024, 1), np.int32), 0)  # records them
         np.testing.assert_array_equal(sampler.recorded_queries(), train)
-        sampler.refresh()
+        stats = sampler.refresh()
+    assert stats["index_projection"] == (basis or "none")
     x = queries(100)
     pos = -np.ones((100, 1), np.int32)
     ids = sampler.sample(x, pos, 0).ids.numpy()

@@ -17,7 +17,10 @@ When it projects, the sampler keeps the last ``query_sample_size`` head
 inputs it was queried with and projects onto their top principal directions
 at the next refresh (a Gaussian projection until it has seen enough of
 them): the recall of a Gaussian projection is poor (see
-:mod:`xmc_tf.samplers.vectors`).  Classifier weights are unnormalised, so
+:mod:`xmc_tf.samplers.vectors`), so with a projected head start the hard
+negatives after some training steps (``RefreshIndex(start_epoch >= 1)``; a
+:class:`~xmc_tf.samplers.MixtureSampler` records queries during its
+uniform-only epochs).  Classifier weights are unnormalised, so
 this is maximum-inner-product search (MIPS).
 
 Index kinds (``index=``):
@@ -298,8 +301,12 @@ class AnnNegativeSampler(NegativeSampler):
           retrain: also re-train the IVF centroids.
 
         Returns:
-          statistics for the epoch logs (:meth:`build_from_vectors`); the
-          seconds include reading the weights and forming the vectors.
+          statistics (:meth:`build_from_vectors`; the seconds include
+          reading the weights and forming the vectors) and
+          ``"index_projection"``: ``"none"`` (exact vectors), ``"queries"``
+          (projected on the recorded queries' principal directions) or
+          ``"gaussian"`` (projected, no queries recorded yet: low recall,
+          see :mod:`xmc_tf.samplers.vectors`).
 
         Raises:
           RuntimeError: no head bound (:meth:`bind`).
@@ -309,11 +316,16 @@ class AnnNegativeSampler(NegativeSampler):
             raise RuntimeError(f"{type(self).__name__}.refresh: bind() the "
                                "head layer first")
         start = time.perf_counter()
+        queries = self.recorded_queries()
         vectors, transform = label_vectors(
             self.head, self.projection, self.max_bytes,
-            self.seed + self.refresh_count, queries=self.recorded_queries())
+            self.seed + self.refresh_count, queries=queries)
         stats = self.build_from_vectors(vectors, transform, retrain=retrain)
         stats["index_refresh_seconds"] = time.perf_counter() - start
+        stats["index_projection"] = (
+            "none" if transform.matrix is None else
+            "queries" if queries is not None and len(queries) >= transform.matrix.shape[1]
+            else "gaussian")
         return stats
 
     # ----------------------------------------------------------------- search
