@@ -403,3 +403,175 @@ class RefreshIndex(keras.callbacks.Callback):
         if logs is not None:
             logs.update({"index_refresh_seconds": self._epoch_seconds,
                          "index_refreshes": self.refreshes})
+
+
+class Rehash(keras.callbacks.Callback):
+    """Re-hashes an LSH sampler's tables as the label weights move (LNS).
+
+    LNS ("A Truly Constant-Time Distribution-Aware Negative Sampling",
+    Sec. 2 "Update hash tables" and Sec. 3.3) re-inserts updated label
+    vectors into the hash tables, "with an initial update period of 50
+    iterations and then exponentially decaying the updating frequency (as we
+    need less updates near convergence)".  Two schedules, counted in
+    optimizer steps (``optimizer.iterations``, exact with
+    ``steps_per_execution``):
+
+    * ``schedule="period"``: a full re-hash (``sampler.refresh()``) after
+      ``every_n_steps`` steps, then after each period the period is divided
+      by ``frequency_decay`` (frequency multiplied by it; 1 keeps it
+      constant), capped at ``max_period``.  The paper gives no decay rate.
+    * ``schedule="threshold"``: every ``every_n_steps`` steps, only the
+      labels whose vector changed by more than ``threshold`` (relative L2
+      norm ``|w - w_0| / |w_0|`` against the vector last hashed; any change
+      of a uniform-sparse label's connections counts) are re-hashed with
+      ``sampler.rehash_rows`` (``2 K L`` hashes per row instead of ``K L m``
+      for all).  Keeps a float32 copy of the label weights (``4 m d``
+      bytes).
+
+    The sampler's tables are built at train begin if it has none.  Epoch
+    logs get ``lsh_rehash_seconds`` (seconds spent re-hashing during the
+    epoch), ``lsh_rows_rehashed`` (labels re-hashed during the epoch),
+    ``lsh_rehashes`` (re-hashes so far) and ``lsh_rehash_period`` (current
+    period in steps), always present so that CSVLogger / TensorBoard
+    callbacks placed after this one see them.
+
+    Args:
+      sampler: a bound :class:`xmc_tf.samplers.LshNegativeSampler` (or any
+        sampler with ``refresh()``, ``ready``, and for the threshold
+        schedule ``rehash_rows(rows)`` and ``label_rows()``).
+      schedule: ``"period"`` or ``"threshold"``.
+      every_n_steps: the (initial) period in optimizer steps (LNS: 50).
+      frequency_decay: in (0, 1]; period schedule only.
+      max_period: cap on the period in steps (None: no cap).
+      threshold: relative change that triggers a label's re-hash (> 0);
+        threshold schedule only.
+      verbose: print a line per re-hash.
+
+    Raises:
+      ValueError: an unknown schedule or an argument out of range; at train
+        begin, a threshold schedule with a sampler lacking ``rehash_rows``.
+
+    >>> cb = Rehash(sampler, schedule="period", every_n_steps=50,
+    ...             frequency_decay=0.9)                    # doctest: +SKIP
+    >>> model.fit(ds, callbacks=[cb])                       # doctest: +SKIP
+    """
+
+    def __init__(self, sampler, schedule="period", every_n_steps=50,
+                 frequency_decay=0.95, max_period=None, threshold=0.1,
+                 verbose=0):
+        super().__init__()
+        if schedule not in ("period", "threshold"):
+            raise ValueError("schedule must be 'period' or 'threshold', got "
+                             f"{schedule!r}")
+        if int(every_n_steps) < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        if not 0.0 < float(frequency_decay) <= 1.0:
+            raise ValueError("frequency_decay must be in (0, 1], got "
+                             f"{frequency_decay}")
+        if max_period is not None and int(max_period) < int(every_n_steps):
+            raise ValueError(f"max_period ({max_period}) must be >= "
+                             f"every_n_steps ({every_n_steps})")
+        if not float(threshold) > 0.0:
+            raise ValueError(f"threshold must be > 0, got {threshold}")
+        self.sampler = sampler
+        self.schedule = schedule
+        self.every_n_steps = int(every_n_steps)
+        self.frequency_decay = float(frequency_decay)
+        self.max_period = None if max_period is None else int(max_period)
+        self.threshold = float(threshold)
+        self.verbose = verbose
+        self.period = float(self.every_n_steps)
+        self.rehashes = 0
+        self._next_step = None
+        self._snapshot = None
+        self._epoch_seconds = 0.0
+        self._epoch_rows = 0
+
+    def _ensure_tables(self):
+        # The initial build is not counted as a re-hash.
+        if not bool(getattr(self.sampler, "ready", False)):
+            self.sampler.refresh()
+
+    def on_train_begin(self, logs=None):
+        if self.schedule == "threshold" and not (
+                hasattr(self.sampler, "rehash_rows")
+                and hasattr(self.sampler, "label_rows")):
+            raise ValueError("Rehash(schedule='threshold') needs a sampler "
+                             "with rehash_rows() and label_rows(), got "
+                             f"{type(self.sampler).__name__}")
+        self._ensure_tables()
+        step = int(self.model.optimizer.iterations)
+        if self._next_step is None or self._next_step <= step:
+            self._next_step = step + int(round(self.period))
+        if self.schedule == "threshold" and self._snapshot is None:
+            self._snapshot = self.sampler.label_rows()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_seconds = 0.0
+        self._epoch_rows = 0
+
+    def _timed(self, fn, rows):
+        start = time.perf_counter()
+        if rows is None:
+            fn()
+            count = int(self.sampler.num_labels)
+        else:
+            fn(rows)
+            count = int(len(rows))
+        seconds = time.perf_counter() - start
+        self.rehashes += 1
+        self._epoch_seconds += seconds
+        self._epoch_rows += count
+        if self.verbose:
+            print(f"\nRehash: {count} labels re-hashed in {seconds:.3g} s")
+
+    def changed_rows(self, current=None) -> np.ndarray:
+        """Label ids whose vector moved by more than ``threshold`` since it
+        was last hashed (threshold schedule); updates nothing.
+
+        Args:
+          current: ``sampler.label_rows()`` if already read.
+
+        Returns:
+          int32 ``[r]`` sorted label ids.
+        """
+        if current is None:
+            current = self.sampler.label_rows()
+        old = self._snapshot
+        diff = np.linalg.norm(current["weights"] - old["weights"], axis=1)
+        base = np.maximum(np.linalg.norm(old["weights"], axis=1), 1e-12)
+        changed = diff > self.threshold * base
+        if "indices" in current:
+            changed |= np.any(current["indices"] != old["indices"], axis=1)
+        return np.flatnonzero(changed).astype(np.int32)
+
+    def rehash_now(self) -> int:
+        """Re-hashes once per the schedule; returns the labels re-hashed."""
+        if self.schedule == "period":
+            self._timed(self.sampler.refresh, None)
+            return int(self.sampler.num_labels)
+        current = self.sampler.label_rows()
+        rows = self.changed_rows(current)
+        if len(rows):
+            self._timed(self.sampler.rehash_rows, rows)
+            for key, value in current.items():
+                self._snapshot[key][rows] = value[rows]
+        return int(len(rows))
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations)
+        if self._next_step is None or step < self._next_step:
+            return
+        self.rehash_now()
+        if self.schedule == "period":
+            self.period /= self.frequency_decay
+            if self.max_period is not None:
+                self.period = min(self.period, float(self.max_period))
+        self._next_step = step + max(1, int(round(self.period)))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.update({"lsh_rehash_seconds": self._epoch_seconds,
+                         "lsh_rows_rehashed": self._epoch_rows,
+                         "lsh_rehashes": self.rehashes,
+                         "lsh_rehash_period": float(self.period)})

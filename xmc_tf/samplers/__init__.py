@@ -10,3 +10,6 @@ from xmc_tf.samplers.vectors import label_vectors
 __all__ = ["Candidates", "NegativeSampler", "mask_accidental_hits"]
 __all__ += ["AnnNegativeSampler", "InBatchSampler", "MixtureSampler",
             "UniformNegativeSampler", "label_vectors"]
+from xmc_tf.samplers.lsh import LshNegativeSampler  # noqa: E402
+
+__all__ += ["LshNegativeSampler"]
