@@ -220,3 +220,27 @@ def test_shuffle_is_keyed_by_seed_and_epoch():
             np.concatenate([_batch_row_ids(x) for x, _ in once]), full[e])
     with pytest.raises(ValueError, match="first_epoch"):
         data.make_tf_dataset(_identity_dataset(n), bs, first_epoch=-1)
+
+
+def test_with_example_ids_names_the_rows_of_each_batch():
+    """The third element is each instance's row in the data set: on the
+    identity data set it equals the feature id and the label of the row,
+    shuffled or not, and the default output keeps two elements."""
+    n, bs = 47, 6
+    plain = data.make_tf_dataset(_identity_dataset(n), bs)
+    assert len(plain.element_spec) == 2
+    for shuffle, drop in ((False, False), (True, True)):
+        tfds = data.make_tf_dataset(_identity_dataset(n), bs, shuffle=shuffle,
+                                    seed=3, drop_remainder=drop,
+                                    with_example_ids=True)
+        spec = tfds.element_spec
+        assert len(spec) == 3 and spec[2].dtype == tf.int64
+        assert spec[2].shape.as_list() == [bs if drop else None]
+        seen = []
+        for x, lab, ids in tfds:
+            np.testing.assert_array_equal(ids.numpy(), _batch_row_ids(x))
+            np.testing.assert_array_equal(ids.numpy(), lab.numpy()[:, 0])
+            seen.extend(ids.numpy().tolist())
+        assert len(seen) == len(set(seen)) == (n // bs * bs if drop else n)
+        if not shuffle:
+            assert seen == list(range(n))

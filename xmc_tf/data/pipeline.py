@@ -10,6 +10,12 @@
   each instance in increasing order, right-padded with ``-1``. This is the
   integer-target contract of the xmc_tf losses and metrics (ids, ``-1`` =
   padding). An instance without labels is a row of ``-1``.
+* with ``with_example_ids=True`` a third element, ``example_ids``: int64
+  ``[b]``, the row number of each instance in ``data`` (``0 ..
+  num_instances - 1``), for losses that keep per-instance state such as
+  SCENT's dual variables (:class:`xmc_tf.losses.ScentLoss`).  Keras' default
+  ``train_step`` would take a third element for sample weights: use it with
+  a trainer that reads ids (:class:`xmc_tf.heads.scent.ScentTrainer`).
 
 The CSR arrays are held once as constant tensors; each batch is a slice of
 a (shuffled) permutation of row ids, gathered with ragged ``tf.gather`` on
@@ -220,7 +226,8 @@ def make_tf_dataset(data: XCDataset,
                     seed: int | None = None,
                     drop_remainder: bool = False,
                     repeat: bool = False,
-                    first_epoch: int = 0) -> tf.data.Dataset:
+                    first_epoch: int = 0,
+                    with_example_ids: bool = False) -> tf.data.Dataset:
     """Builds a ``tf.data.Dataset`` of ``(features, label_ids)`` batches.
 
     Args:
@@ -243,6 +250,9 @@ def make_tf_dataset(data: XCDataset,
         epoch ``first_epoch + k``.
       first_epoch: number of the first epoch (0-based), e.g. the
         ``initial_epoch`` of a resumed ``fit``; only the shuffle uses it.
+      with_example_ids: also yield each instance's row number in ``data``
+        (SCENT's dual variables, Algorithm 26 of
+        ``scent-extreme-multiclass``, are indexed by it).
 
     Returns:
       A ``tf.data.Dataset`` yielding ``(features, label_ids)``:
@@ -252,6 +262,9 @@ def make_tf_dataset(data: XCDataset,
         for embeddings.
       * ``label_ids``: int32 ``[b, max(1, max_labels_in_batch)]`` label ids,
         sorted per row, padded with ``-1``.
+      * only with ``with_example_ids``, a third element ``example_ids``:
+        int64 ``[b]``, row numbers in ``data`` (static ``[batch_size]``
+        with ``drop_remainder``).
 
       Without ``repeat`` the cardinality is ``ceil(N / batch_size)`` (or
       ``N // batch_size`` with ``drop_remainder``).
@@ -326,6 +339,8 @@ def make_tf_dataset(data: XCDataset,
                                                      tf.int64)]))
         else:
             features = tf.gather(dense, rows)
+        if with_example_ids:
+            return features, label_ids, rows
         return features, label_ids
 
     rows = _batch_rows(n, batch_size, shuffle, seed, drop_remainder, repeat,
