@@ -723,37 +723,51 @@ def test_query_validation():
 def test_sparse_cosine_matches_densified():
     rng = np.random.default_rng(50)
     m, s, e = 40, 5, 30
-    indices, weights = sparse_rows(rng, m, s, e)
-    ids = rng.integers(0, m, (3, 6)).astype(np.int32)
-    qids = np.array([[4, -1], [0, 7], [9, 9]], np.int32)  # row 0 is zero
-    cos = lsh_sparse_cosine(indices, weights, ids, qids, e).numpy()
+    indices, weights = sparse_rows(rng, m, s, e)  # row 0 is zero
+    ids = rng.integers(0, m, (3, 6))
+    qids = np.array([[4, 0], [1, 7], [9, 9]])
+    cos = lsh_sparse_cosine(indices[ids], weights[ids], indices[qids],
+                            weights[qids], e).numpy()
+    assert cos.shape == (3, 6, 2)
     x = densify(indices, weights, e).astype(np.float64)
     norms = np.linalg.norm(x, axis=1)
     for i in range(3):
         for j in range(6):
             for p in range(2):
-                if qids[i, p] < 0:
-                    expect = 0.0
-                else:
-                    den = norms[ids[i, j]] * norms[qids[i, p]]
-                    expect = (x[ids[i, j]] @ x[qids[i, p]] / den
-                              if den > 0 else 0.0)
+                den = norms[ids[i, j]] * norms[qids[i, p]]
+                expect = (x[ids[i, j]] @ x[qids[i, p]] / den if den > 0
+                          else 0.0)
                 assert cos[i, j, p] == pytest.approx(expect, abs=1e-6)
+    # Rows of different widths.
+    wide = lsh_sparse_cosine(indices[ids], weights[ids],
+                             np.concatenate([indices[qids]] * 2, -1),
+                             np.concatenate([weights[qids]] * 2, -1), e)
+    np.testing.assert_allclose(wide, cos, atol=1e-6)
 
 
 def test_sparse_cosine_validation():
-    idx = np.zeros((4, 2), np.int32)
-    w = np.ones((4, 2), np.float32)
-    with pytest.raises(BAD, match=r"ids\[0, 1\] = 4"):
-        lsh_sparse_cosine(idx, w, [[0, 4]], [[0]], 3)
-    with pytest.raises(BAD, match=r"query_ids\[0, 0\] = -2"):
-        lsh_sparse_cosine(idx, w, [[0, 1]], [[-2]], 3)
+    idx = np.zeros((2, 3, 2), np.int32)
+    w = np.ones((2, 3, 2), np.float32)
+    qi = np.zeros((2, 1, 4), np.int32)
+    qw = np.ones((2, 1, 4), np.float32)
     with pytest.raises(BAD, match="batch size"):
-        lsh_sparse_cosine(idx, w, [[0, 1]], [[0], [1]], 3)
+        lsh_sparse_cosine(idx, w, qi[:1], qw[:1], 5)
+    with pytest.raises(BAD, match="shape"):
+        lsh_sparse_cosine(idx, w[:, :, :1], qi, qw, 5)
+    with pytest.raises(BAD):
+        lsh_sparse_cosine(idx[0], w[0], qi, qw, 5)
     bad = idx.copy()
-    bad[1, 1] = 3
-    with pytest.raises(BAD, match=r"indices\[1, 1\] = 3"):
-        lsh_sparse_cosine(bad, w, [[1]], [[0]], 3)
+    bad[1, 2, 1] = 5
+    with pytest.raises(BAD, match=r"a_indices\[1, 2, 1\] = 5"):
+        lsh_sparse_cosine(bad, w, qi, qw, 5)
+    bad = qi.copy()
+    bad[1, 0, 3] = -1
+    with pytest.raises(BAD, match=r"b_indices\[1, 0, 3\] = -1"):
+        lsh_sparse_cosine(idx, w, bad, qw, 5)
+    bad_w = qw.copy()
+    bad_w[0, 0, 0] = np.nan
+    with pytest.raises(BAD, match=r"b_weights\[0, 0\]"):
+        lsh_sparse_cosine(idx, w, qi, bad_w, 5)
 
 
 def test_inclusion_probability_formulas():

@@ -178,6 +178,27 @@ def test_sample_contract(kind, hash_, query):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.parametrize("kind", ["label_dense", "sparse"])
+@pytest.mark.parametrize("query", ["embedding", "label"])
+def test_sample_and_rehash_read_variables_densely(kind, query):
+    """No ResourceGather on a variable: it would switch the variable to
+    copy-on-read, after which every read copies all m rows (O(m) per
+    step)."""
+    head = make_head(kind)
+    s = sampler_for(head, K=3, L=4, query=query)
+    graphs = [
+        tf.function(s.sample).get_concrete_function(
+            tf.TensorSpec([None, 16], tf.float32),
+            tf.TensorSpec([None, 3], tf.int32), tf.TensorSpec([], tf.int64)),
+        tf.function(s.rehash_rows).get_concrete_function(
+            tf.TensorSpec([None], tf.int32)),
+    ]
+    for g in graphs:
+        ops = {op.type for op in g.graph.get_operations()}
+        assert "Xmc>LshQuery" in ops or "Xmc>LshUpdateTables" in ops, ops
+        assert "ResourceGather" not in ops
+
+
 def test_label_query_retrieves_and_masks_the_positive_itself():
     head = make_head("label_dense", m=300)
     s = sampler_for(head, K=3, L=4, query="label", num_candidates=4 * 300)

@@ -1119,7 +1119,19 @@ class LshQueryOp : public OpKernel {
   bool count_collisions_ = true;
 };
 
-// ----- Cosines between sparse label rows ---------------------------------------
+// ----- Cosines between sparse rows ----------------------------------------------
+
+// Validates a batch of sparse rows [b, r, s] (indices, weights).
+absl::Status CheckSparseBatch(const Tensor& indices, const Tensor& weights,
+                              const char* name) {
+  TF_RETURN_IF_ERROR(CheckRank(indices, 3, name, "[batch, rows, s]"));
+  if (weights.shape() != indices.shape()) {
+    return errors::InvalidArgument(
+        name, " weights shape ", weights.shape().DebugString(),
+        " must equal its indices shape ", indices.shape().DebugString());
+  }
+  return absl::OkStatus();
+}
 
 class LshSparseCosineOp : public OpKernel {
  public:
@@ -1128,80 +1140,63 @@ class LshSparseCosineOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& indices = ctx->input(0);
-    const Tensor& weights = ctx->input(1);
-    const Tensor& ids = ctx->input(2);
-    const Tensor& query_ids = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckSparseRows(indices, weights));
-    OP_REQUIRES_OK(ctx, CheckRank(ids, 2, "ids", "[batch, k]"));
-    OP_REQUIRES_OK(ctx, CheckRank(query_ids, 2, "query_ids", "[batch, n]"));
-    OP_REQUIRES(ctx, ids.dim_size(0) == query_ids.dim_size(0),
+    const Tensor& a_idx = ctx->input(0);
+    const Tensor& a_w = ctx->input(1);
+    const Tensor& b_idx = ctx->input(2);
+    const Tensor& b_w = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckSparseBatch(a_idx, a_w, "a"));
+    OP_REQUIRES_OK(ctx, CheckSparseBatch(b_idx, b_w, "b"));
+    OP_REQUIRES(ctx, a_idx.dim_size(0) == b_idx.dim_size(0),
                 errors::InvalidArgument(
-                    "ids and query_ids must have the same batch size, got "
-                    "shapes ",
-                    ids.shape().DebugString(), " and ",
-                    query_ids.shape().DebugString()));
-    const int64_t m = indices.dim_size(0), s = indices.dim_size(1);
-    const int64_t b = ids.dim_size(0), k = ids.dim_size(1);
-    const int64_t n = query_ids.dim_size(1);
-    const int32_t* id = ids.flat<int32_t>().data();
-    const int32_t* qid = query_ids.flat<int32_t>().data();
-    for (int64_t t = 0; t < b * k; ++t) {
-      OP_REQUIRES(ctx, id[t] >= 0 && id[t] < m,
-                  errors::InvalidArgument("ids[", t / k, ", ", t % k, "] = ",
-                                          id[t], " is not in [0, ", m,
-                                          ") (num_labels)"));
-    }
-    for (int64_t t = 0; t < b * n; ++t) {
-      OP_REQUIRES(ctx, qid[t] >= -1 && qid[t] < m,
-                  errors::InvalidArgument("query_ids[", t / n, ", ", t % n,
-                                          "] = ", qid[t], " is not -1 or in "
-                                          "[0, ", m, ") (num_labels)"));
-    }
+                    "a and b must have the same batch size, got shapes ",
+                    a_idx.shape().DebugString(), " and ",
+                    b_idx.shape().DebugString()));
+    const int64_t batch = a_idx.dim_size(0), k = a_idx.dim_size(1);
+    const int64_t sa = a_idx.dim_size(2);
+    const int64_t n = b_idx.dim_size(1), sb = b_idx.dim_size(2);
     Tensor* cos = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b, k, n}), &cos));
-    if (b == 0 || k == 0 || n == 0) return;
-    const int32_t* idx = indices.flat<int32_t>().data();
-    const float* w = weights.flat<float>().data();
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(0, TensorShape({batch, k, n}), &cos));
+    if (batch == 0 || k == 0 || n == 0) return;
+    const int32_t* ai = a_idx.flat<int32_t>().data();
+    const float* aw = a_w.flat<float>().data();
+    const int32_t* bi = b_idx.flat<int32_t>().data();
+    const float* bw = b_w.flat<float>().data();
     float* out = cos->flat<float>().data();
-    SparseErrors errs;
     const int64_t e = num_features_;
+    // Failing rows, as flat row numbers of a ([batch * k]) and b.
+    FirstError a_index, a_finite, b_index, b_finite;
     auto work = [&](int64_t start, int64_t limit) {
       std::vector<double> dense(e, 0.0);
-      std::vector<std::vector<std::pair<int32_t, float>>> cands(k);
-      std::vector<double> cand_norm(k);
+      std::vector<std::vector<std::pair<int32_t, float>>> rows(k);
+      std::vector<double> norm(k);
       std::vector<std::pair<int32_t, float>> query;
       for (int64_t i = start; i < limit; ++i) {
         bool ok = true;
         for (int64_t j = 0; j < k && ok; ++j) {
-          const int64_t row = id[i * k + j];
-          if (lsh::CanonicalSparse(idx + row * s, w + row * s, s, e,
-                                   &cands[j]) >= 0) {
-            errs.index_row.Set(row);
+          const int64_t r = i * k + j;
+          if (lsh::CanonicalSparse(ai + r * sa, aw + r * sa, sa, e,
+                                   &rows[j]) >= 0) {
+            a_index.Set(r);
             ok = false;
-          } else if (FirstNonFinite(w + row * s, s) >= 0) {
-            errs.finite_row.Set(row);
+          } else if (FirstNonFinite(aw + r * sa, sa) >= 0) {
+            a_finite.Set(r);
             ok = false;
           }
           double sq = 0.0;
-          for (const auto& c : cands[j]) sq += double(c.second) * c.second;
-          cand_norm[j] = std::sqrt(sq);
+          for (const auto& c : rows[j]) sq += double(c.second) * c.second;
+          norm[j] = std::sqrt(sq);
         }
         for (int64_t p = 0; p < n && ok; ++p) {
-          float* o = out + (i * k) * n + p;
-          const int64_t row = qid[i * n + p];
-          if (row < 0) {
-            for (int64_t j = 0; j < k; ++j) o[j * n] = 0.0f;
-            continue;
-          }
-          if (lsh::CanonicalSparse(idx + row * s, w + row * s, s, e, &query) >=
+          const int64_t r = i * n + p;
+          if (lsh::CanonicalSparse(bi + r * sb, bw + r * sb, sb, e, &query) >=
               0) {
-            errs.index_row.Set(row);
+            b_index.Set(r);
             ok = false;
             break;
           }
-          if (FirstNonFinite(w + row * s, s) >= 0) {
-            errs.finite_row.Set(row);
+          if (FirstNonFinite(bw + r * sb, sb) >= 0) {
+            b_finite.Set(r);
             ok = false;
             break;
           }
@@ -1211,10 +1206,11 @@ class LshSparseCosineOp : public OpKernel {
             sq += double(c.second) * c.second;
           }
           const double qn = std::sqrt(sq);
+          float* o = out + i * k * n + p;
           for (int64_t j = 0; j < k; ++j) {
             double dot = 0.0;
-            for (const auto& c : cands[j]) dot += dense[c.first] * c.second;
-            const double den = qn * cand_norm[j];
+            for (const auto& c : rows[j]) dot += dense[c.first] * c.second;
+            const double den = qn * norm[j];
             o[j * n] = den > 0.0 ? static_cast<float>(dot / den) : 0.0f;
           }
           for (const auto& c : query) dense[c.first] = 0.0;
@@ -1222,9 +1218,36 @@ class LshSparseCosineOp : public OpKernel {
       }
     };
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(workers->num_threads, workers->workers, b,
-                        20 * k * s + 4 * n * k * s + e, work);
-    OP_REQUIRES_OK(ctx, ReportSparseErrors(errs, indices, e));
+    ::tensorflow::Shard(workers->num_threads, workers->workers, batch,
+                        20 * k * sa + 4 * n * (k * sa + sb) + e, work);
+    const struct {
+      const FirstError& err;
+      const Tensor& idx;
+      const char* what;
+      int64_t rows;
+      bool index;
+    } checks[] = {{a_index, a_idx, "a", k, true},
+                  {a_finite, a_idx, "a", k, false},
+                  {b_index, b_idx, "b", n, true},
+                  {b_finite, b_idx, "b", n, false}};
+    for (const auto& c : checks) {
+      if (!c.err.any()) continue;
+      const int64_t r = c.err.row.load();
+      const int64_t s = c.idx.dim_size(2);
+      if (!c.index) {
+        ctx->CtxFailure(errors::InvalidArgument(
+            c.what, "_weights[", r / c.rows, ", ", r % c.rows,
+            "] contains a NaN or infinite value"));
+        return;
+      }
+      const int32_t* idx = c.idx.flat<int32_t>().data() + r * s;
+      int64_t t = 0;
+      while (t < s && idx[t] >= 0 && idx[t] < e) ++t;
+      ctx->CtxFailure(errors::InvalidArgument(
+          c.what, "_indices[", r / c.rows, ", ", r % c.rows, ", ", t, "] = ",
+          idx[t], " is not in [0, ", e, ") (num_features)"));
+      return;
+    }
   }
 
  private:

@@ -351,41 +351,45 @@ non-scalar step, or (checked on the entries read) malformed tables.
 )doc");
 
 REGISTER_OP("Xmc>LshSparseCosine")
-    .Input("indices: int32")
-    .Input("weights: float")
-    .Input("ids: int32")
-    .Input("query_ids: int32")
+    .Input("a_indices: int32")
+    .Input("a_weights: float")
+    .Input("b_indices: int32")
+    .Input("b_weights: float")
     .Output("cosines: float")
     .Attr("num_features: int >= 1")
     .SetShapeFn([](InferenceContext* c) -> absl::Status {
-      ShapeHandle rows, ids, query_ids;
-      TF_RETURN_IF_ERROR(SparseRows(c, &rows));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &ids));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 2, &query_ids));
+      ShapeHandle ai, aw, bi, bw, a, b;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &ai));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 3, &aw));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 3, &bi));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 3, &bw));
+      TF_RETURN_IF_ERROR(c->Merge(ai, aw, &a));
+      TF_RETURN_IF_ERROR(c->Merge(bi, bw, &b));
       DimensionHandle batch;
-      TF_RETURN_IF_ERROR(
-          c->Merge(c->Dim(ids, 0), c->Dim(query_ids, 0), &batch));
-      c->set_output(0, c->MakeShape({batch, c->Dim(ids, 1),
-                                     c->Dim(query_ids, 1)}));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(a, 0), c->Dim(b, 0), &batch));
+      c->set_output(0, c->MakeShape({batch, c->Dim(a, 1), c->Dim(b, 1)}));
       return absl::OkStatus();
     })
     .Doc(R"doc(
-Cosines between uniform-sparse label rows: candidates x query labels.
+Cosines between two batches of uniform-sparse vectors: a x b per instance.
 
-cosines[i, j, p] = cos(x_{ids[i, j]}, x_{query_ids[i, p]}) where x_r is row r
-of (indices, weights) densified to num_features coordinates (duplicates
-summed), accumulated in float64; 0 where query_ids[i, p] = -1 or a vector is
-zero.  Gives the SimHash collision probability 1 - acos(cos) / pi of
-LSH-label candidates (LNS Theorem 1) without densifying the rows.
-O(n k s) per instance plus O(k s log s) to sort the candidates' entries.
+cosines[i, j, p] = cos(a_ij, b_ip), where a_ij is a_weights[i, j, :] at the
+coordinates a_indices[i, j, :] of a num_features-dimensional space
+(duplicates summed), likewise b_ip; accumulated in float64; 0 when a vector
+is zero.  With the gathered rows of a uniform-sparse head (candidates as a,
+positive labels as b) this gives the SimHash collision probability
+1 - acos(cos) / pi of LSH-label candidates (LNS Theorem 1) without
+densifying the head.  O(n (s_a k + s_b)) per instance plus the sort of the
+k rows of a.
 
-indices: [m, s] int32 in [0, num_features); weights: [m, s] float32.
-ids: [batch, k] int32 in [0, m).
-query_ids: [batch, n] int32, -1 or in [0, m).
+a_indices: [batch, k, s_a] int32 in [0, num_features).
+a_weights: [batch, k, s_a] float32, finite.
+b_indices: [batch, n, s_b] int32 in [0, num_features).
+b_weights: [batch, n, s_b] float32, finite.
 cosines: [batch, k, n] float32.
 
-Raises InvalidArgument for wrong ranks or shapes, ids out of range, an index
-out of range or a NaN/inf weight in a row that is read.
+Raises InvalidArgument for wrong ranks or shapes, an index out of range or a
+NaN/inf weight.
 )doc");
 
 }  // namespace xmc_tf

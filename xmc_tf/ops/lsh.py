@@ -372,30 +372,35 @@ def lsh_query(offsets, labels, codes, query_codes, num_candidates: int,
     return LshQueryResult(*out)
 
 
-def lsh_sparse_cosine(indices, weights, ids, query_ids, num_features: int):
-    """Cosines between sparse label rows (op ``Xmc>LshSparseCosine``).
+def lsh_sparse_cosine(a_indices, a_weights, b_indices, b_weights,
+                      num_features: int):
+    """Cosines between batches of sparse vectors (op ``Xmc>LshSparseCosine``).
 
-    ``cos[i, j, p] = cos(x_{ids[i, j]}, x_{query_ids[i, p]})`` with ``x_r``
-    row ``r`` of ``(indices, weights)`` densified (accumulated in float64);
-    0 for ``query_ids = -1`` or a zero vector.
+    ``cos[i, j, p] = cos(a_ij, b_ip)`` where ``a_ij`` is ``a_weights[i, j]``
+    at coordinates ``a_indices[i, j]`` (duplicates summed), accumulated in
+    float64; 0 when a vector is zero.  Feed it the gathered rows of a
+    uniform-sparse head (candidates, positives) to get LSH-label collision
+    probabilities without densifying the head.
 
     Args:
-      indices: int32 ``[m, s]``; weights: float32 ``[m, s]``.
-      ids: int32 ``[b, k]`` in ``[0, m)``.
-      query_ids: int32 ``[b, n]``, -1 or in ``[0, m)``.
+      a_indices: int32 ``[b, k, s_a]`` in ``[0, num_features)``.
+      a_weights: float32 ``[b, k, s_a]``.
+      b_indices: int32 ``[b, n, s_b]`` in ``[0, num_features)``.
+      b_weights: float32 ``[b, n, s_b]``.
       num_features: e.
 
     Returns:
       float32 ``[b, k, n]``.
 
     Raises:
-      tf.errors.InvalidArgumentError: ids or indices out of range, shapes.
+      tf.errors.InvalidArgumentError: an index out of range, NaN/inf,
+        shapes.
     """
     return _ops().xmc_lsh_sparse_cosine(
-        tf.convert_to_tensor(indices, tf.int32),
-        tf.convert_to_tensor(weights, tf.float32),
-        tf.convert_to_tensor(ids, tf.int32),
-        tf.convert_to_tensor(query_ids, tf.int32),
+        tf.convert_to_tensor(a_indices, tf.int32),
+        tf.convert_to_tensor(a_weights, tf.float32),
+        tf.convert_to_tensor(b_indices, tf.int32),
+        tf.convert_to_tensor(b_weights, tf.float32),
         num_features=int(num_features))
 
 

@@ -81,6 +81,17 @@ WEIGHTINGS = ("inverse_probability", "none")
 _CPU = "/CPU:0"
 
 
+def _read(variable):
+    """Dense read of a variable (aliases its buffer).
+
+    Rows are then taken with ``tf.gather`` on the tensor, never on the
+    variable: a ``ResourceGather`` puts a TensorFlow resource variable in
+    copy-on-read mode, after which *every* dense read copies the whole
+    buffer (measured: 0.4 s per read of a [10^6, 50] int32 variable).
+    """
+    return tf.convert_to_tensor(variable)
+
+
 class LshNegativeSampler(NegativeSampler):
     """LSH-label / LSH-embedding negatives (LNS, see the module docstring).
 
@@ -240,14 +251,14 @@ class LshNegativeSampler(NegativeSampler):
     def _hash_rows(self, rows=None):
         """Codes ``[r, L]`` of the head's label rows (all when ``rows`` is None)."""
         head = self.head
-        params = self._vars["params"]
+        params = _read(self._vars["params"])
         if self._sparse:
-            indices, kernel = head.indices, head.kernel
+            indices, kernel = _read(head.indices), _read(head.kernel)
             if rows is not None:
                 indices, kernel = tf.gather(indices, rows), tf.gather(kernel, rows)
             return self.family.hash_sparse(tf.cast(indices, tf.int32),
                                            tf.cast(kernel, tf.float32), params)
-        kernel = tf.convert_to_tensor(head.kernel)
+        kernel = _read(head.kernel)
         if self._feature_major:
             vectors = (tf.transpose(kernel) if rows is None
                        else tf.transpose(tf.gather(kernel, rows, axis=1)))
@@ -306,8 +317,8 @@ class LshNegativeSampler(NegativeSampler):
             rows = tf.reshape(tf.cast(rows, tf.int32), [-1])
             row_codes = self._hash_rows_checked(rows)
             offsets, labels, codes = lsh_update_tables(
-                self._vars["offsets"], self._vars["labels"],
-                self._vars["codes"], rows, row_codes)
+                _read(self._vars["offsets"]), _read(self._vars["labels"]),
+                _read(self._vars["codes"]), rows, row_codes)
             self._vars["offsets"].assign(offsets)
             self._vars["labels"].assign(labels)
             self._vars["codes"].assign(codes)
@@ -325,18 +336,25 @@ class LshNegativeSampler(NegativeSampler):
             return self._hash_rows(tf.identity(rows))
 
     # --------------------------------------------------------------- sample
-    def query_codes(self, queries, positives):
+    def query_codes(self, queries, positives, codes=None):
         """Codes probed per row: int32 ``[b, q, L]``, -1 = no probe.
 
         ``query="embedding"``: the hashed head inputs (``q = 1``);
         ``query="label"``: the stored codes of the positives (``q = n``).
+
+        Args:
+          queries: float ``[b, d]`` head inputs.
+          positives: int ``[b, n]``, -1 = padding.
+          codes: the label codes as a tensor, if already read.
         """
         if self.query == "embedding":
             return tf.expand_dims(self.family.hash_dense(
-                tf.cast(queries, tf.float32), self._vars["params"]), 1)
+                tf.cast(queries, tf.float32), _read(self._vars["params"])), 1)
         positives = tf.cast(positives, tf.int32)
-        codes = tf.gather(self._vars["codes"], tf.maximum(positives, 0))
-        return tf.where(positives[..., None] >= 0, codes, -1)
+        if codes is None:
+            codes = _read(self._vars["codes"])
+        rows = tf.gather(codes, tf.maximum(positives, 0))
+        return tf.where(positives[..., None] >= 0, rows, -1)
 
     def sample(self, queries, positives, step) -> Candidates:
         """``k`` LSH candidates per row (see the class docstring).
@@ -355,10 +373,12 @@ class LshNegativeSampler(NegativeSampler):
                         f"{self.num_labels}")]):
             positives = tf.identity(positives)
         with tf.device(_CPU):
-            qcodes = self.query_codes(queries, positives)
+            codes = _read(self._vars["codes"])
+            qcodes = self.query_codes(queries, positives, codes)
             mode = self._inclusion
-            res = lsh_query(self._vars["offsets"], self._vars["labels"],
-                            self._vars["codes"], qcodes, self.num_candidates,
+            res = lsh_query(_read(self._vars["offsets"]),
+                            _read(self._vars["labels"]), codes, qcodes,
+                            self.num_candidates,
                             step=step, seed=self.seed,
                             count_collisions=mode == "collisions")
             mask = tf.logical_and(res.valid,
@@ -388,7 +408,7 @@ class LshNegativeSampler(NegativeSampler):
 
     def _rows_dense(self, ids):
         """Current dense label vectors ``[..., d]`` of the ids (dense heads)."""
-        kernel = tf.convert_to_tensor(self.head.kernel)
+        kernel = _read(self.head.kernel)
         if self._feature_major:
             rows = tf.gather(kernel, tf.reshape(ids, [-1]), axis=1)
             rows = tf.transpose(rows)
@@ -402,8 +422,9 @@ class LshNegativeSampler(NegativeSampler):
             x = tf.cast(queries, tf.float32)
             x_norm = tf.norm(x, axis=-1)[:, None]  # [b, 1]
             if self._sparse:
-                idx = tf.gather(tf.cast(self.head.indices, tf.int32), ids)
-                w = tf.cast(tf.gather(self.head.kernel, ids), tf.float32)
+                idx = tf.gather(tf.cast(_read(self.head.indices), tf.int32),
+                                ids)
+                w = tf.cast(tf.gather(_read(self.head.kernel), ids), tf.float32)
                 xv = tf.gather(x, idx, batch_dims=1)  # [b, k, s]
                 dot = tf.reduce_sum(xv * w, axis=-1)
                 # UniformSparseDense rows have distinct indices.
@@ -416,9 +437,14 @@ class LshNegativeSampler(NegativeSampler):
             return cos[..., None], tf.ones([tf.shape(ids)[0], 1], tf.bool)
         query_mask = positives >= 0
         if self._sparse:
-            cos = lsh_sparse_cosine(self.head.indices,
-                                    tf.cast(self.head.kernel, tf.float32), ids,
-                                    positives, self.family.input_dim)
+            indices = tf.cast(_read(self.head.indices), tf.int32)
+            kernel = tf.cast(_read(self.head.kernel), tf.float32)
+            safe = tf.maximum(positives, 0)  # padding: masked by query_mask
+            cos = lsh_sparse_cosine(tf.gather(indices, ids),
+                                    tf.gather(kernel, ids),
+                                    tf.gather(indices, safe),
+                                    tf.gather(kernel, safe),
+                                    self.family.input_dim)
         else:
             w = tf.cast(self._rows_dense(ids), tf.float32)  # [b, k, d]
             v = tf.cast(self._rows_dense(tf.maximum(positives, 0)), tf.float32)
