@@ -69,7 +69,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from xmc_tf.optimizers.rows import deduplicate, gather_rows
+from xmc_tf.optimizers.rows import deduplicate, gather_rows, tf_variable
 
 __all__ = ["LazyAdam", "LazyAdamW", "LazySGD"]
 
@@ -313,8 +313,10 @@ class LazySGD(_RowSparseMixin, keras.optimizers.SGD):
         w[R] += m[R]                                  (nesterov=False)
         w[R] += momentum * m[R] - learning_rate * g   (nesterov=True)
 
-    Rows outside ``R`` keep weights and velocity.  Without momentum this is
-    a ``scatter_sub`` of ``learning_rate * g``.
+    Rows outside ``R`` keep weights and velocity.  The momentum update runs
+    as TensorFlow's fused in-place row kernel
+    (``ResourceSparseApplyKerasMomentum``, which has Keras' convention);
+    without momentum it is a ``scatter_sub`` of ``learning_rate * g``.
 
     This is the weight update of SCENT (Algorithm 26, "SCENT for solving
     XMC", in ``scent-extreme-multiclass``): ``V[C] = (1 - beta) V[C] +
@@ -395,16 +397,17 @@ class LazySGD(_RowSparseMixin, keras.optimizers.SGD):
                           ops.multiply(grad, lr))
             return None
         m = self.momentums[self._get_variable_index(variable)]
-        momentum = ops.cast(self.momentum, variable.dtype)
-        m_rows = ops.subtract(ops.multiply(gather_rows(m, indices), momentum),
-                              self._scaled(grad, lr))
-        self._scatter(self.assign, m, indices, m_rows)
-        if self.nesterov:
-            step = ops.subtract(ops.multiply(m_rows, momentum),
-                                ops.multiply(grad, lr))
-        else:
-            step = m_rows
-        self._scatter(self.assign_add, variable, indices, step)
+        if self.dampening != 0:
+            grad = ops.multiply(grad, ops.cast(1 - self.dampening, grad.dtype))
+        # TensorFlow's fused row update in Keras' convention (one pass over
+        # the rows, in place; rows must be unique):
+        # accum[R] = momentum * accum[R] - lr * grad;
+        # var[R] += accum[R]   or, Nesterov, momentum * accum[R] - lr * grad.
+        tf.raw_ops.ResourceSparseApplyKerasMomentum(
+            var=tf_variable(variable).handle, accum=tf_variable(m).handle,
+            lr=lr, grad=grad, indices=indices,
+            momentum=ops.cast(self.momentum, variable.dtype),
+            use_locking=False, use_nesterov=self.nesterov)
         return None
 
     def get_config(self):
