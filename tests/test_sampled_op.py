@@ -6,6 +6,12 @@ uniform-sparse op followed by ``tf.gather(..., batch_dims=1)``, and finite
 differences.
 """
 
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -165,6 +171,45 @@ def test_zero_signal_skipping_gives_identical_results():
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"indices\[39, 2\] = 10000 .*candidates\[0, 0\]"):
         grad_weights_op(g, x, bad_idx, cand)
+
+
+def test_portable_kernels_match_avx2():
+    """XMC_TF_NO_AVX2=1 (read once per process) selects the portable gather
+    loops; they must give the same results as this process's kernels."""
+    rng = np.random.default_rng(12)
+    x, idx, w, cand, g = make_case(rng, 6, 50, 80, 37, 11, density=0.6)
+    here = [forward_op(x, idx, w, cand).numpy(),
+            grad_weights_op(g, x, idx, cand).numpy()]
+    script = textwrap.dedent("""
+        import sys, numpy as np
+        import xmc_tf
+        from xmc_tf.ops import _loader
+        lib = _loader.load()
+        d = np.load(sys.argv[1])
+        x, idx, w, cand, g = (d[k] for k in ("x", "idx", "w", "cand", "g"))
+        np.save(sys.argv[2], np.concatenate([
+            lib.xmc_uniform_sparse_sampled_matmul(x, idx, w, cand).numpy().ravel(),
+            lib.xmc_uniform_sparse_sampled_matmul_grad_weights(
+                g, x, idx, cand).numpy().ravel()]))
+    """)
+    with tempfile.TemporaryDirectory() as tmp:
+        inputs, output = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npy")
+        np.savez(inputs, x=x, idx=idx, w=w, cand=cand, g=g)
+        env = dict(os.environ, XMC_TF_NO_AVX2="1", TF_CPP_MIN_LOG_LEVEL="3")
+        subprocess.run([sys.executable, "-c", script, inputs, output],
+                       check=True, env=env, cwd=os.path.dirname(
+                           os.path.dirname(os.path.abspath(__file__))))
+        portable = np.load(output)
+    np.testing.assert_allclose(portable, np.concatenate([a.ravel() for a in here]),
+                               rtol=1e-5, atol=1e-5)
+    ref_y, _, ref_values, _ = reference(x, idx, w, cand, g)
+    np.testing.assert_allclose(portable[:ref_y.size], ref_y.ravel(), rtol=1e-5,
+                               atol=1e-4)
+    np.testing.assert_allclose(portable[ref_y.size:], ref_values.ravel(),
+                               rtol=1e-5, atol=1e-5)
+    # Another summation order (4 partial sums, not 16 lanes) ran: the sums of
+    # 37 products are not all bitwise equal.
+    assert not np.array_equal(portable[:ref_y.size], here[0].ravel())
 
 
 def test_finite_differences():

@@ -40,6 +40,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <type_traits>
@@ -304,9 +305,11 @@ __attribute__((target("avx2,fma"))) void ScaledGatherAvx2(
   for (; k < n; ++k) out[k] = g * x[idx[k]];
 }
 
+// XMC_TF_NO_AVX2=1 forces the portable code (read once; for tests).
 bool HasAvx2() {
   static const bool has = __builtin_cpu_supports("avx2") &&
-                          __builtin_cpu_supports("fma");
+                          __builtin_cpu_supports("fma") &&
+                          std::getenv("XMC_TF_NO_AVX2") == nullptr;
   return has;
 }
 #endif  // XMC_SAMPLED_X86
