@@ -446,8 +446,14 @@ QueryStatus QueryRow(const Tables& t, const int32_t* query_codes, int64_t q,
     collisions[i] = 0;
   }
   if (count_collisions) {
+    // Prefetch every cache line of every candidate's codes row first, so
+    // that the misses overlap instead of serialising (rows are L * 4 bytes).
     for (int i = 0; i < n; ++i) {
-      __builtin_prefetch(t.codes + static_cast<int64_t>(found[i]) * L);
+      const char* row = reinterpret_cast<const char*>(
+          t.codes + static_cast<int64_t>(found[i]) * L);
+      for (int64_t byte = 0; byte < L * 4; byte += 64) {
+        __builtin_prefetch(row + byte);
+      }
     }
     for (int i = 0; i < n; ++i) {
       const int32_t* row = t.codes + static_cast<int64_t>(found[i]) * L;

@@ -56,7 +56,12 @@ label vector (LNS hashes the weight vectors).
 
 The tables live in non-trainable ``tf.Variable`` s on the CPU (the ops are
 CPU-only), so :meth:`sample` and :meth:`rehash_rows` run inside a
-``tf.function`` without ``numpy_function``.
+``tf.function`` without ``numpy_function``; label rows are gathered where the
+head lives (only ``[b, k]`` rows travel to the CPU).  Variables are always
+read densely and rows gathered from the tensor: a ``ResourceGather`` on a
+variable switches it to copy-on-read, after which every read copies all of
+it (this made LSH-label sampling 11x slower at m = 10^6 before it was
+removed).
 """
 
 from __future__ import annotations
@@ -249,22 +254,29 @@ class LshNegativeSampler(NegativeSampler):
             raise RuntimeError(f"{type(self).__name__}: bind() a head first")
 
     def _hash_rows(self, rows=None):
-        """Codes ``[r, L]`` of the head's label rows (all when ``rows`` is None)."""
+        """Codes ``[r, L]`` of the head's label rows (all when ``rows`` is None).
+
+        The rows are gathered where the head lives (a GPU head sends only
+        the ``r`` rows to the CPU); the hash ops run on the CPU.
+        """
         head = self.head
-        params = _read(self._vars["params"])
         if self._sparse:
             indices, kernel = _read(head.indices), _read(head.kernel)
             if rows is not None:
                 indices, kernel = tf.gather(indices, rows), tf.gather(kernel, rows)
-            return self.family.hash_sparse(tf.cast(indices, tf.int32),
-                                           tf.cast(kernel, tf.float32), params)
+            with tf.device(_CPU):
+                return self.family.hash_sparse(
+                    tf.cast(indices, tf.int32), tf.cast(kernel, tf.float32),
+                    _read(self._vars["params"]))
         kernel = _read(head.kernel)
         if self._feature_major:
             vectors = (tf.transpose(kernel) if rows is None
                        else tf.transpose(tf.gather(kernel, rows, axis=1)))
         else:
             vectors = kernel if rows is None else tf.gather(kernel, rows)
-        return self.family.hash_dense(tf.cast(vectors, tf.float32), params)
+        with tf.device(_CPU):
+            return self.family.hash_dense(tf.cast(vectors, tf.float32),
+                                          _read(self._vars["params"]))
 
     # --------------------------------------------------------------- tables
     def refresh(self) -> dict:
@@ -278,8 +290,8 @@ class LshNegativeSampler(NegativeSampler):
         """
         self._check_bound()
         start = time.perf_counter()
+        codes = self._hash_rows()
         with tf.device(_CPU):
-            codes = self._hash_rows()
             offsets, labels = lsh_build_tables(codes, self.family.num_buckets)
             self._vars["codes"].assign(codes)
             self._vars["offsets"].assign(offsets)
@@ -313,9 +325,9 @@ class LshNegativeSampler(NegativeSampler):
         if not self._ready:
             raise RuntimeError(f"{type(self).__name__}: refresh() before "
                                "rehash_rows()")
+        rows = tf.reshape(tf.cast(rows, tf.int32), [-1])
+        row_codes = self._hash_rows_checked(rows)
         with tf.device(_CPU):
-            rows = tf.reshape(tf.cast(rows, tf.int32), [-1])
-            row_codes = self._hash_rows_checked(rows)
             offsets, labels, codes = lsh_update_tables(
                 _read(self._vars["offsets"]), _read(self._vars["labels"]),
                 _read(self._vars["codes"]), rows, row_codes)
@@ -347,14 +359,16 @@ class LshNegativeSampler(NegativeSampler):
           positives: int ``[b, n]``, -1 = padding.
           codes: the label codes as a tensor, if already read.
         """
-        if self.query == "embedding":
-            return tf.expand_dims(self.family.hash_dense(
-                tf.cast(queries, tf.float32), _read(self._vars["params"])), 1)
-        positives = tf.cast(positives, tf.int32)
-        if codes is None:
-            codes = _read(self._vars["codes"])
-        rows = tf.gather(codes, tf.maximum(positives, 0))
-        return tf.where(positives[..., None] >= 0, rows, -1)
+        with tf.device(_CPU):
+            if self.query == "embedding":
+                return tf.expand_dims(self.family.hash_dense(
+                    tf.cast(queries, tf.float32),
+                    _read(self._vars["params"])), 1)
+            positives = tf.cast(positives, tf.int32)
+            if codes is None:
+                codes = _read(self._vars["codes"])
+            rows = tf.gather(codes, tf.maximum(positives, 0))
+            return tf.where(positives[..., None] >= 0, rows, -1)
 
     def sample(self, queries, positives, step) -> Candidates:
         """``k`` LSH candidates per row (see the class docstring).
@@ -372,6 +386,8 @@ class LshNegativeSampler(NegativeSampler):
                 message=f"positives: label id >= num_labels = "
                         f"{self.num_labels}")]):
             positives = tf.identity(positives)
+        # The LSH ops and the tables are on the CPU; the cosines gather the
+        # candidates' rows where the head lives.
         with tf.device(_CPU):
             codes = _read(self._vars["codes"])
             qcodes = self.query_codes(queries, positives, codes)
@@ -381,29 +397,29 @@ class LshNegativeSampler(NegativeSampler):
                             self.num_candidates,
                             step=step, seed=self.seed,
                             count_collisions=mode == "collisions")
-            mask = tf.logical_and(res.valid,
-                                  mask_accidental_hits(res.ids, positives))
-            if mode == "cosine":
-                cosines, query_mask = self._cosines(queries, positives, res.ids)
-                p = simhash_inclusion_probability(cosines, query_mask, self.K,
-                                                  self.L, res.rate)
-            else:
-                valid_probes = tf.reduce_sum(
-                    tf.cast(tf.reduce_all(qcodes >= 0, axis=-1), tf.int32),
-                    axis=1) * self.L
-                p = collision_inclusion_probability(res.collisions,
-                                                    valid_probes, res.rate)
-            floor = (self.min_probability if self.min_probability is not None
-                     else 1.0 / self.num_labels)
-            p = tf.maximum(p, floor)
-            log_q = tf.where(mask, tf.math.log(p), 0.0)
-            if self.weighting == "inverse_probability":
-                # In float64: graph rewrites of a float32 1 / p (an
-                # approximate reciprocal) would differ from eager by an ulp.
-                inv = tf.cast(1.0 / tf.cast(p, tf.float64), tf.float32)
-                weights = tf.where(mask, inv, 0.0)
-            else:
-                weights = tf.cast(mask, tf.float32)
+        mask = tf.logical_and(res.valid,
+                              mask_accidental_hits(res.ids, positives))
+        if mode == "cosine":
+            cosines, query_mask = self._cosines(queries, positives, res.ids)
+            p = simhash_inclusion_probability(cosines, query_mask, self.K,
+                                              self.L, res.rate)
+        else:
+            valid_probes = tf.reduce_sum(
+                tf.cast(tf.reduce_all(qcodes >= 0, axis=-1), tf.int32),
+                axis=1) * self.L
+            p = collision_inclusion_probability(res.collisions,
+                                                valid_probes, res.rate)
+        floor = (self.min_probability if self.min_probability is not None
+                 else 1.0 / self.num_labels)
+        p = tf.maximum(p, floor)
+        log_q = tf.where(mask, tf.math.log(p), 0.0)
+        if self.weighting == "inverse_probability":
+            # In float64: graph rewrites of a float32 1 / p (an approximate
+            # reciprocal) would differ from eager by an ulp.
+            inv = tf.cast(1.0 / tf.cast(p, tf.float64), tf.float32)
+            weights = tf.where(mask, inv, 0.0)
+        else:
+            weights = tf.cast(mask, tf.float32)
         return Candidates(res.ids, mask, log_q, weights)
 
     def _rows_dense(self, ids):
@@ -440,11 +456,10 @@ class LshNegativeSampler(NegativeSampler):
             indices = tf.cast(_read(self.head.indices), tf.int32)
             kernel = tf.cast(_read(self.head.kernel), tf.float32)
             safe = tf.maximum(positives, 0)  # padding: masked by query_mask
-            cos = lsh_sparse_cosine(tf.gather(indices, ids),
-                                    tf.gather(kernel, ids),
-                                    tf.gather(indices, safe),
-                                    tf.gather(kernel, safe),
-                                    self.family.input_dim)
+            rows = [tf.gather(indices, ids), tf.gather(kernel, ids),
+                    tf.gather(indices, safe), tf.gather(kernel, safe)]
+            with tf.device(_CPU):
+                cos = lsh_sparse_cosine(*rows, self.family.input_dim)
         else:
             w = tf.cast(self._rows_dense(ids), tf.float32)  # [b, k, d]
             v = tf.cast(self._rows_dense(tf.maximum(positives, 0)), tf.float32)
