@@ -107,6 +107,33 @@ def test_score_candidates_gradients_update_only_candidate_rows():
     np.testing.assert_array_equal(layer.kernel.numpy()[20:], kernel0[20:])
 
 
+def _dense_reads(fn, *args):
+    """Captured tensors that fn's graph reads with ReadVariableOp."""
+    graph = tf.function(fn).get_concrete_function(*args).graph
+    external = {internal.name: ext for ext, internal in graph.captures}
+    return ([op.type for op in graph.get_operations()],
+            [external.get(op.inputs[0].name) for op in graph.get_operations()
+             if op.type == "ReadVariableOp"])
+
+
+def test_score_candidates_reads_only_candidate_rows():
+    """No dense read of kernel or bias (copy-on-read after sparse updates):
+    rows come from ResourceGather, in the forward and in the gradient."""
+    layer = LabelDense(20)
+    x = tf.ones((2, 3))
+    layer(x)
+    cand = tf.constant([[1, 2], [3, 19]])
+
+    def step(a):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer.score_candidates(a, cand))
+        return tape.gradient(loss, layer.trainable_variables)
+
+    types, reads = _dense_reads(step, x)
+    assert "ResourceGather" in types
+    assert reads == []
+
+
 def test_label_vectors():
     layer = LabelDense(9, bias_initializer="random_normal")
     layer(np.ones((1, 4), np.float32))
@@ -223,6 +250,27 @@ def test_uniform_sparse_score_candidates_gradients_are_row_sparse():
     assert (layer.kernel.numpy()[np.unique(cand)] != kernel0[np.unique(cand)]
             ).any()
     np.testing.assert_array_equal(layer.indices.numpy(), indices0)
+
+
+@needs_sampled_op
+def test_uniform_sparse_score_candidates_reads_kernel_in_place():
+    layer = UniformSparseDense(40, 3, seed=0)
+    x = tf.ones((2, 8))
+    layer(x)
+    cand = tf.constant([[1, 2], [3, 39]])
+
+    def step(a):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer.score_candidates(a, cand))
+        return tape.gradient(loss, layer.trainable_variables)
+
+    grads = step(x)
+    assert all(isinstance(g, tf.IndexedSlices) for g in grads)
+    types, reads = _dense_reads(step, x)
+    assert "Xmc>ResourceUniformSparseSampledMatmul" in types
+    kernel, bias = layer.kernel.value.handle, layer.bias.value.handle
+    assert len(reads) == 1 and reads[0] is layer.indices.value.handle
+    assert not any(r is kernel or r is bias for r in reads)
 
 
 @needs_sampled_op

@@ -439,6 +439,90 @@ def test_tape_through_variable_gives_indexed_slices_and_sparse_update():
 
 
 # ---------------------------------------------------------------------------
+# Variables are read in place (Xmc>ResourceUniformSparseSampledMatmul).
+
+def graph_reads(fn, *args):
+    """(op types, captured tensors read by ReadVariableOp) of fn's graph."""
+    concrete = tf.function(fn).get_concrete_function(*args)
+    graph = concrete.graph
+    external = {internal.name: ext for ext, internal in graph.captures}
+    types = [op.type for op in graph.get_operations()]
+    read = [external.get(op.inputs[0].name) for op in graph.get_operations()
+            if op.type == "ReadVariableOp"]
+    return types, read
+
+
+@pytest.mark.parametrize("kind", ["tf", "keras"])
+def test_variable_weights_are_read_in_place(kind):
+    rng = np.random.default_rng(13)
+    x, idx, w, cand, g = make_case(rng, 5, 30, 40, 6, 8, density=0.7)
+    cand[1] = cand[0]
+    var = tf.Variable(w) if kind == "tf" else keras.Variable(w)
+    target = var if kind == "tf" else var.value   # the tf.Variable
+    handle = target.handle
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = xmc_tf.ops.uniform_sparse_sampled_matmul(xt, idx, var, cand)
+    gx, gw = tape.gradient(y, [xt, target], output_gradients=tf.constant(g))
+    ref_y, ref_gx, ref_values, ref_gw = reference(x, idx, w, cand, g)
+    np.testing.assert_allclose(y.numpy(), ref_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gx.numpy(), ref_gx, rtol=1e-5, atol=1e-5)
+    assert isinstance(gw, tf.IndexedSlices)
+    np.testing.assert_array_equal(gw.dense_shape.numpy(), w.shape)
+    np.testing.assert_allclose(tf.convert_to_tensor(gw).numpy(), ref_gw,
+                               rtol=1e-5, atol=1e-5)
+
+    # After a sparse update the variable is in copy-on-read mode; the op
+    # still reads the current values, and its graph (forward and gradients)
+    # has no dense read of the variable.
+    update = tf.IndexedSlices(tf.ones([2, 6]), tf.constant([cand[0, 0], 3]),
+                              tf.constant(w.shape))
+    target.scatter_sub(update)
+    w_new = w.copy()
+    np.subtract.at(w_new, [cand[0, 0], 3], 1.0)
+    np.testing.assert_allclose(
+        xmc_tf.ops.uniform_sparse_sampled_matmul(x, idx, var, cand).numpy(),
+        reference(x, idx, w_new, cand, g)[0], rtol=1e-5, atol=1e-5)
+
+    def step(a):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            out = xmc_tf.ops.uniform_sparse_sampled_matmul(a, idx, var, cand)
+        return tape.gradient(out, [a, target], output_gradients=g)
+
+    types, read = graph_reads(step, xt)
+    assert "Xmc>ResourceUniformSparseSampledMatmul" in types
+    assert "Xmc>ResourceUniformSparseSampledMatmulGradFeatures" in types
+    assert not any(ext is handle for ext in read)
+
+
+def test_resource_op_validation():
+    resource_op = lib.xmc_resource_uniform_sparse_sampled_matmul
+    var = tf.Variable(W)
+    np.testing.assert_allclose(resource_op(X, IDX, var.handle, CAND).numpy(),
+                               reference(X, IDX, W, CAND, G)[0])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="the weights variable has dtype float, the "
+                             "features have half"):
+        resource_op(tf.constant(X, tf.float16), IDX, var.handle, CAND)
+    wide = tf.Variable(np.ones((3, 3), np.float32))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"weights shape \[3,3\] must equal indices "
+                             r"shape \[3,2\]"):
+        resource_op(X, IDX, wide.handle, CAND)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"candidates\[0, 2\] = 3 is out of range"):
+        resource_op(X, IDX, var.handle, np.array([[0, 1, 3], [0, 0, 0]],
+                                                 np.int32))
+    uninitialized = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[3, 2],
+                                           shared_name="helperB_no_value")
+    with pytest.raises((tf.errors.FailedPreconditionError,
+                        tf.errors.NotFoundError)):
+        resource_op(X, IDX, uninitialized, CAND)
+
+
+# ---------------------------------------------------------------------------
 # dense_sampled_matmul and check_candidates.
 
 def test_dense_sampled_matmul_matches_full_scores_and_gradients():

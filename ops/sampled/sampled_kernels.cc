@@ -31,6 +31,9 @@
 //  * The backward kernels skip a zero backward[i, j] without reading the
 //    candidate's indices, weights or the features (squared hinge: most
 //    entries are zero).
+//  * The Resource* variants read the weights from a resource variable in
+//    place (WeightsOperand), so a training step never copies the whole
+//    [m, s] weights (see WeightsOperand for TensorFlow's copy-on-read mode).
 //
 // Hot loops: the gathers use AVX2 hardware gathers (vgatherdps) when the CPU
 // has AVX2/FMA, else portable code, picked once at run time; the index check
@@ -43,13 +46,17 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
 #include "ops/sampled/sampled_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/mutex.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 #if XMC_TF_WITH_CUDA
@@ -156,6 +163,45 @@ class FirstBad {
 
  private:
   std::atomic<int64_t> first_{kNone};
+};
+
+// The weights operand of a kernel: input `index` itself, or (the Resource*
+// ops) the buffer of the resource variable that input `index` points to,
+// read in place under the variable's shared lock for the kernel's lifetime.
+// TensorFlow puts a variable that has seen a sparse op (the optimizer's
+// scatter of our IndexedSlices gradient) in copy-on-read mode, where every
+// dense read (ReadVariableOp) copies the whole [num_labels, fan_in] buffer;
+// reading in place avoids that copy, as ResourceGather does.
+class WeightsOperand {
+ public:
+  Status Init(OpKernelContext* ctx, int index, bool resource,
+              ::tensorflow::DataType dtype) {
+    if (!resource) {
+      tensor_ = &ctx->input(index);
+      return ::tensorflow::OkStatus();
+    }
+    TF_RETURN_IF_ERROR(::tensorflow::LookupResource(
+        ctx, ::tensorflow::HandleFromInput(ctx, index), &var_));
+    lock_.emplace(*var_->mu());
+    tensor_ = var_->tensor();
+    if (!tensor_->IsInitialized()) {
+      return errors::FailedPrecondition(
+          "the weights variable is not initialized");
+    }
+    if (tensor_->dtype() != dtype) {
+      return errors::InvalidArgument(
+          "the weights variable has dtype ",
+          ::tensorflow::DataTypeString(tensor_->dtype()),
+          ", the features have ", ::tensorflow::DataTypeString(dtype));
+    }
+    return ::tensorflow::OkStatus();
+  }
+  const Tensor& tensor() const { return *tensor_; }
+
+ private:
+  ::tensorflow::core::RefCountPtr<::tensorflow::Var> var_;
+  std::optional<::tensorflow::tf_shared_lock> lock_;  // released before var_
+  const Tensor* tensor_ = nullptr;
 };
 
 // Parallel range check of every candidate against [0, num_labels).
@@ -373,7 +419,8 @@ inline void PrefetchRow(const void* row, int64_t bytes) {
 // ---------------------------------------------------------------------------
 // CPU kernels.
 
-template <typename T>
+// kResource: weights (input 2) is a resource variable (Xmc>Resource...).
+template <typename T, bool kResource>
 class SampledMatmulOp : public OpKernel {
  public:
   explicit SampledMatmulOp(OpKernelConstruction* c) : OpKernel(c) {}
@@ -381,7 +428,10 @@ class SampledMatmulOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& features = ctx->input(0);
     const Tensor& indices = ctx->input(1);
-    const Tensor& weights = ctx->input(2);
+    WeightsOperand weights_operand;
+    OP_REQUIRES_OK(ctx, weights_operand.Init(ctx, 2, kResource,
+                                             features.dtype()));
+    const Tensor& weights = weights_operand.tensor();
     const Tensor& candidates = ctx->input(3);
     SampledDims d;
     OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
@@ -436,7 +486,7 @@ class SampledMatmulOp : public OpKernel {
   }
 };
 
-template <typename T>
+template <typename T, bool kResource>
 class SampledMatmulGradFeaturesOp : public OpKernel {
  public:
   explicit SampledMatmulGradFeaturesOp(OpKernelConstruction* c)
@@ -446,7 +496,10 @@ class SampledMatmulGradFeaturesOp : public OpKernel {
     const Tensor& backward = ctx->input(0);
     const Tensor& features = ctx->input(1);
     const Tensor& indices = ctx->input(2);
-    const Tensor& weights = ctx->input(3);
+    WeightsOperand weights_operand;
+    OP_REQUIRES_OK(ctx, weights_operand.Init(ctx, 3, kResource,
+                                             features.dtype()));
+    const Tensor& weights = weights_operand.tensor();
     const Tensor& candidates = ctx->input(4);
     SampledDims d;
     OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
@@ -603,11 +656,20 @@ class SampledMatmulGradWeightsOp : public OpKernel {
   REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmul")           \
                               .Device(DEVICE_CPU)                          \
                               .TypeConstraint<T>("T"),                     \
-                          SampledMatmulOp<T>);                             \
+                          SampledMatmulOp<T, false>);                      \
+  REGISTER_KERNEL_BUILDER(Name("Xmc>ResourceUniformSparseSampledMatmul")   \
+                              .Device(DEVICE_CPU)                          \
+                              .TypeConstraint<T>("T"),                     \
+                          SampledMatmulOp<T, true>);                       \
   REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradFeatures") \
                               .Device(DEVICE_CPU)                          \
                               .TypeConstraint<T>("T"),                     \
-                          SampledMatmulGradFeaturesOp<T>);                 \
+                          SampledMatmulGradFeaturesOp<T, false>);          \
+  REGISTER_KERNEL_BUILDER(                                                 \
+      Name("Xmc>ResourceUniformSparseSampledMatmulGradFeatures")           \
+          .Device(DEVICE_CPU)                                              \
+          .TypeConstraint<T>("T"),                                         \
+      SampledMatmulGradFeaturesOp<T, true>);                               \
   REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradWeights") \
                               .Device(DEVICE_CPU)                          \
                               .TypeConstraint<T>("T"),                     \
@@ -662,13 +724,17 @@ void RunSampledGpu(OpKernelContext* ctx, const SampledDims& d,
   }
 }
 
+template <bool kResource>
 class SampledMatmulGpuOp : public OpKernel {
  public:
   explicit SampledMatmulGpuOp(OpKernelConstruction* c) : OpKernel(c) {}
   void Compute(OpKernelContext* ctx) override {
     const Tensor& features = ctx->input(0);
     const Tensor& indices = ctx->input(1);
-    const Tensor& weights = ctx->input(2);
+    WeightsOperand weights_operand;
+    OP_REQUIRES_OK(ctx, weights_operand.Init(ctx, 2, kResource,
+                                             features.dtype()));
+    const Tensor& weights = weights_operand.tensor();
     const Tensor& candidates = ctx->input(3);
     SampledDims d;
     OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
@@ -685,6 +751,7 @@ class SampledMatmulGpuOp : public OpKernel {
   }
 };
 
+template <bool kResource>
 class SampledMatmulGradFeaturesGpuOp : public OpKernel {
  public:
   explicit SampledMatmulGradFeaturesGpuOp(OpKernelConstruction* c)
@@ -693,7 +760,10 @@ class SampledMatmulGradFeaturesGpuOp : public OpKernel {
     const Tensor& backward = ctx->input(0);
     const Tensor& features = ctx->input(1);
     const Tensor& indices = ctx->input(2);
-    const Tensor& weights = ctx->input(3);
+    WeightsOperand weights_operand;
+    OP_REQUIRES_OK(ctx, weights_operand.Init(ctx, 3, kResource,
+                                             features.dtype()));
+    const Tensor& weights = weights_operand.tensor();
     const Tensor& candidates = ctx->input(4);
     SampledDims d;
     OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
@@ -740,11 +810,22 @@ class SampledMatmulGradWeightsGpuOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmul")
                             .Device(DEVICE_GPU)
                             .TypeConstraint<float>("T"),
-                        SampledMatmulGpuOp);
+                        SampledMatmulGpuOp<false>);
+REGISTER_KERNEL_BUILDER(Name("Xmc>ResourceUniformSparseSampledMatmul")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("weights")
+                            .TypeConstraint<float>("T"),
+                        SampledMatmulGpuOp<true>);
 REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradFeatures")
                             .Device(DEVICE_GPU)
                             .TypeConstraint<float>("T"),
-                        SampledMatmulGradFeaturesGpuOp);
+                        SampledMatmulGradFeaturesGpuOp<false>);
+REGISTER_KERNEL_BUILDER(
+    Name("Xmc>ResourceUniformSparseSampledMatmulGradFeatures")
+        .Device(DEVICE_GPU)
+        .HostMemory("weights")
+        .TypeConstraint<float>("T"),
+    SampledMatmulGradFeaturesGpuOp<true>);
 REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradWeights")
                             .Device(DEVICE_GPU)
                             .TypeConstraint<float>("T"),

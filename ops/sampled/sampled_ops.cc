@@ -118,6 +118,52 @@ indices, weights: [num_labels, fan_in]; candidates: [batch, num_candidates].
 grad_features: [batch, num_features].
 )doc");
 
+REGISTER_OP("Xmc>ResourceUniformSparseSampledMatmul")
+    .Input("features: T")
+    .Input("indices: int32")
+    .Input("weights: resource")
+    .Input("candidates: int32")
+    .Output("scores: T")
+    .Attr("T: {float, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle features, connections, candidates;
+      TF_RETURN_IF_ERROR(SampledShapes(c, -1, 0, 1, -1, 3, &features,
+                                       &connections, &candidates));
+      c->set_output(0, candidates);
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Xmc>UniformSparseSampledMatmul with `weights` read from a resource variable.
+
+The variable's buffer ([num_labels, fan_in], dtype T) is read in place under
+its shared lock, never copied: TensorFlow puts a variable that has received a
+sparse update (the optimizer's scatter of the IndexedSlices gradient) in
+copy-on-read mode, where a dense read copies the whole buffer every step.
+Same contract and errors as Xmc>UniformSparseSampledMatmul, plus
+FailedPrecondition for an uninitialized variable and InvalidArgument for a
+variable whose dtype is not T.
+)doc");
+
+REGISTER_OP("Xmc>ResourceUniformSparseSampledMatmulGradFeatures")
+    .Input("backward: T")
+    .Input("features: T")
+    .Input("indices: int32")
+    .Input("weights: resource")
+    .Input("candidates: int32")
+    .Output("grad_features: T")
+    .Attr("T: {float, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle features, connections, candidates;
+      TF_RETURN_IF_ERROR(SampledShapes(c, 0, 1, 2, -1, 4, &features,
+                                       &connections, &candidates));
+      c->set_output(0, features);
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Xmc>UniformSparseSampledMatmulGradFeatures with `weights` read in place from a
+resource variable (see Xmc>ResourceUniformSparseSampledMatmul).
+)doc");
+
 REGISTER_OP("Xmc>UniformSparseSampledMatmulGradWeights")
     .Input("backward: T")
     .Input("features: T")

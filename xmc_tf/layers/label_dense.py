@@ -132,9 +132,10 @@ class LabelDense(keras.layers.Layer):
         ``scores[i, j] = inputs[i] . kernel[candidates[i, j]] +
         bias[candidates[i, j]]``: equal to
         ``tf.gather(logits, candidates, batch_dims=1)`` of the full layer
-        without computing the ``[batch, units]`` logits.  The gradient w.r.t.
-        ``kernel`` and ``bias`` is a ``tf.IndexedSlices`` over the flattened
-        candidates (see :func:`xmc_tf.ops.dense_sampled_matmul`).
+        without computing the ``[batch, units]`` logits.  Only the candidate
+        rows of ``kernel`` and ``bias`` are read (``ResourceGather``); their
+        gradient is a ``tf.IndexedSlices`` over the flattened candidates (see
+        :func:`xmc_tf.ops.dense_sampled_matmul`).
 
         Args:
           inputs: ``[batch, input_dim]`` float.
@@ -153,12 +154,11 @@ class LabelDense(keras.layers.Layer):
         if not self.built:
             raise ValueError(f"{self.name} is not built: call the layer on an "
                              "input (or build it) before score_candidates")
-        inputs = tf.convert_to_tensor(inputs)
-        kernel = keras.ops.cast(self.kernel, inputs.dtype)
-        bias = None
-        if self.bias is not None:
-            bias = keras.ops.cast(self.bias, inputs.dtype)
-        return dense_sampled_matmul(inputs, kernel, candidates, bias)
+        # The variables themselves: their candidate rows are read with
+        # ResourceGather (and cast to the inputs' dtype), never the whole
+        # kernel, which the sparse updates put in copy-on-read mode.
+        return dense_sampled_matmul(inputs, self.kernel, candidates,
+                                    self.bias)
 
     def label_vectors(self, include_bias=False):
         """The classifier vectors of all labels, for an inner-product index.

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from xmc_tf.ops.sampled import uniform_sparse_sampled_matmul
+from xmc_tf.ops.sampled import gather_label_rows, uniform_sparse_sampled_matmul
 from xmc_tf.ops.uniform_sparse import uniform_sparse_matmul
 
 
@@ -176,7 +176,10 @@ class UniformSparseDense(keras.layers.Layer):
         ``O(batch * num_candidates * s)`` cost, without the
         ``[batch, units]`` logits (op ``Xmc>UniformSparseSampledMatmul``,
         :func:`xmc_tf.ops.uniform_sparse_sampled_matmul`, plus the gathered
-        bias).  The gradients w.r.t. ``kernel`` and ``bias`` are
+        bias).  The kernel variable is read in place and the bias row by row,
+        never copied whole (unless the inputs' dtype differs from the
+        kernel's: mixed precision casts the kernel).  The gradients w.r.t.
+        ``kernel`` and ``bias`` are
         ``tf.IndexedSlices`` over the flattened candidates, so an optimizer
         updates only the scored label rows.  Used by sampled training (ASTRA,
         Mehta et al., Algorithm 1: positives plus sampled negatives).
@@ -206,13 +209,17 @@ class UniformSparseDense(keras.layers.Layer):
                              "input (or build it) before score_candidates")
         inputs = tf.convert_to_tensor(inputs)
         candidates = tf.convert_to_tensor(candidates, tf.int32)
-        scores = uniform_sparse_sampled_matmul(
-            inputs, self.indices, keras.ops.cast(self.kernel, inputs.dtype),
-            candidates)
+        kernel = self.kernel
+        if kernel.dtype != inputs.dtype:  # mixed precision: a full cast copy
+            kernel = keras.ops.cast(kernel, inputs.dtype)
+        # A variable kernel is read in place (no copy of the whole [m, s]
+        # kernel, which the sparse updates put in copy-on-read mode).
+        scores = uniform_sparse_sampled_matmul(inputs, self.indices, kernel,
+                                               candidates)
         if self.bias is not None:
             # A bad candidate fails the op, so this gather needs no check.
-            scores = scores + tf.gather(
-                keras.ops.cast(self.bias, scores.dtype), candidates)
+            scores = scores + gather_label_rows(self.bias, candidates,
+                                                scores.dtype)
         return scores
 
     def compute_output_shape(self, input_shape):

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
+# Private, but stable here: TensorFlow is pinned to one release (op ABI).
+# variable_accessed() makes a GradientTape / FuncGraph watch a variable that
+# an op reads through its handle, as tf.Variable.sparse_read does.
+from tensorflow.python.ops import resource_variable_ops
 
 from xmc_tf.ops import _loader
 
-__all__ = ["check_candidates", "dense_sampled_matmul",
-           "uniform_sparse_sampled_matmul"]
+__all__ = ["check_candidates", "dense_sampled_matmul", "gather_label_rows",
+           "label_variable", "uniform_sparse_sampled_matmul"]
 
 
 def uniform_sparse_sampled_matmul(features, indices, weights, candidates,
@@ -41,7 +45,8 @@ def uniform_sparse_sampled_matmul(features, indices, weights, candidates,
     instead of ``O(batch * num_labels * fan_in)`` cost, and without the
     ``[batch, num_labels]`` score matrix.
 
-    Gradients (registered for ``Xmc>UniformSparseSampledMatmul``):
+    Gradients (registered for ``Xmc>UniformSparseSampledMatmul`` and its
+    resource-variable variant):
 
     * w.r.t. ``features``: dense ``[batch, num_features]``;
     * w.r.t. ``weights``: ``tf.IndexedSlices(values, indices, dense_shape)``
@@ -60,7 +65,10 @@ def uniform_sparse_sampled_matmul(features, indices, weights, candidates,
       indices: ``[num_labels, fan_in]`` int32 connections, entries in
         ``[0, num_features)``.  Only the rows of candidate labels are read and
         range-checked (the gradients: only those with non-zero signal).
-      weights: ``[num_labels, fan_in]``, dtype of ``features``.
+      weights: ``[num_labels, fan_in]``, dtype of ``features``: a tensor,
+        or a ``tf.Variable`` / ``keras.Variable``, which is then read in place
+        by ``Xmc>ResourceUniformSparseSampledMatmul`` (never copied whole,
+        see :func:`label_variable`); the gradient goes to the variable.
       candidates: ``[batch, num_candidates]`` int32 label ids in
         ``[0, num_labels)``; may repeat within and across rows.  Padding must
         hold a valid id (mask its scores in the loss).
@@ -88,9 +96,68 @@ def uniform_sparse_sampled_matmul(features, indices, weights, candidates,
     >>> xmc_tf.ops.uniform_sparse_sampled_matmul(x, idx, w, cand).numpy()
     array([[3., 4.]], dtype=float32)
     """
-    return _sampled_ops().xmc_uniform_sparse_sampled_matmul(
+    lib = _sampled_ops()
+    features = tf.convert_to_tensor(features)
+    variable = label_variable(weights)
+    if variable is not None and variable.dtype == features.dtype:
+        # Read in place: no dense read of the (copy-on-read) variable.
+        resource_variable_ops.variable_accessed(variable)  # tape, FuncGraph
+        return lib.xmc_resource_uniform_sparse_sampled_matmul(
+            features=features, indices=indices, weights=variable.handle,
+            candidates=candidates, name=name)
+    return lib.xmc_uniform_sparse_sampled_matmul(
         features=features, indices=indices, weights=weights,
         candidates=candidates, name=name)
+
+
+def label_variable(value):
+    """The resource ``tf.Variable`` behind ``value``, or None.
+
+    Label parameters that receive ``IndexedSlices`` gradients should be read
+    in place (``Xmc>ResourceUniformSparseSampledMatmul``) or row by row
+    (``ResourceGather``): after the first sparse update TensorFlow keeps the
+    variable in copy-on-read mode, where every dense read copies all of it
+    (128 MiB per read at m = 1M, s = 32).
+
+    Args:
+      value: a ``tf.Variable``, a ``keras.Variable`` of the TensorFlow
+        backend, or anything else.
+
+    Returns:
+      The ``tf.Variable`` (with a ``handle``), or None for tensors, arrays
+      and ``tf.distribute`` variables (read densely instead).
+    """
+    variable = value
+    if not isinstance(variable, tf.Variable):
+        # keras.Variable (TF backend) keeps its tf.Variable in `_value`;
+        # `.value` may be an autocast copy.
+        variable = getattr(value, "_value", None)
+    if (not isinstance(variable, tf.Variable)
+            or isinstance(variable, tf.distribute.DistributedValues)
+            or not hasattr(variable, "handle")):
+        return None
+    return variable
+
+
+def gather_label_rows(params, candidates, dtype=None):
+    """``params[candidates]`` reading only those rows of a variable.
+
+    Args:
+      params: ``[num_labels, ...]`` variable (``tf.Variable`` /
+        ``keras.Variable``: read with ``ResourceGather``) or tensor.
+      candidates: integer ids, any shape, in ``[0, num_labels)`` (not checked
+        here; see :func:`check_candidates`).
+      dtype: cast the gathered rows to this dtype (None: keep).
+
+    Returns:
+      ``candidates.shape + params.shape[1:]``.  Its gradient w.r.t.
+      ``params`` is a ``tf.IndexedSlices`` over the flattened candidates.
+    """
+    variable = label_variable(params)
+    rows = tf.gather(variable if variable is not None else params, candidates)
+    if dtype is not None and rows.dtype != tf.as_dtype(dtype):
+        rows = tf.cast(rows, dtype)
+    return rows
 
 
 def _sampled_ops():
@@ -108,17 +175,35 @@ def _sampled_ops():
 def _uniform_sparse_sampled_matmul_grad(op, grad):
     """Dense gradient w.r.t. features, IndexedSlices w.r.t. weights."""
     features, indices, weights, candidates = op.inputs
-    lib = _sampled_ops()
-    grad_features = lib.xmc_uniform_sparse_sampled_matmul_grad_features(
+    grad_features = _sampled_ops().xmc_uniform_sparse_sampled_matmul_grad_features(
         backward=grad, features=features, indices=indices, weights=weights,
         candidates=candidates)
-    values = lib.xmc_uniform_sparse_sampled_matmul_grad_weights(
+    grad_weights = _weights_slices(grad, features, indices, candidates,
+                                   tf.shape(weights, out_type=tf.int64))
+    return grad_features, None, grad_weights, None
+
+
+@tf.RegisterGradient("Xmc>ResourceUniformSparseSampledMatmul")
+def _resource_uniform_sparse_sampled_matmul_grad(op, grad):
+    """As above; the weights are read in place from the variable."""
+    features, indices, handle, candidates = op.inputs
+    lib = _sampled_ops()
+    grad_features = lib.xmc_resource_uniform_sparse_sampled_matmul_grad_features(
+        backward=grad, features=features, indices=indices, weights=handle,
+        candidates=candidates)
+    grad_weights = _weights_slices(
+        grad, features, indices, candidates,
+        tf.raw_ops.VariableShape(input=handle, out_type=tf.int64))
+    return grad_features, None, grad_weights, None
+
+
+def _weights_slices(grad, features, indices, candidates, dense_shape):
+    """The weight gradient as IndexedSlices over the flattened candidates."""
+    values = _sampled_ops().xmc_uniform_sparse_sampled_matmul_grad_weights(
         backward=grad, features=features, indices=indices,
         candidates=candidates)
-    grad_weights = tf.IndexedSlices(
-        values, tf.reshape(candidates, [-1]),
-        dense_shape=tf.shape(weights, out_type=tf.int64))
-    return grad_features, None, grad_weights, None
+    return tf.IndexedSlices(values, tf.reshape(candidates, [-1]),
+                            dense_shape=dense_shape)
 
 
 def check_candidates(candidates, num_labels, name="candidates"):
@@ -186,6 +271,9 @@ def dense_sampled_matmul(features, kernel, candidates, bias=None,
     candidate rows is contiguous and the gradient w.r.t. ``kernel`` (and
     ``bias``) is a ``tf.IndexedSlices`` over the flattened candidates
     (``tf.gather``'s gradient): an optimizer updates only the scored rows.
+    Variables (``tf.Variable``, ``keras.Variable``) are read row by row with
+    ``ResourceGather``, never densely (see :func:`label_variable`); the rows
+    are cast to the dtype of ``features`` (mixed precision).
 
     Memory: the gathered rows and their gradient are ``batch *
     num_candidates * d`` floats each (256 x 1000 x 512: 500 MiB); split the
@@ -193,10 +281,10 @@ def dense_sampled_matmul(features, kernel, candidates, bias=None,
 
     Args:
       features: ``[batch, d]`` float tensor.
-      kernel: ``[num_labels, d]``, same dtype (a variable or a tensor).
+      kernel: ``[num_labels, d]`` variable or tensor.
       candidates: integer ``[batch, num_candidates]`` ids in
         ``[0, num_labels)``, repeats allowed.
-      bias: optional ``[num_labels]``.
+      bias: optional ``[num_labels]`` variable or tensor.
       validate: range-check ``candidates`` with :func:`check_candidates`
         (on GPU ``tf.gather`` would silently return zeros).
       name: optional name scope.
@@ -231,9 +319,12 @@ def dense_sampled_matmul(features, kernel, candidates, bias=None,
         if not candidates.dtype.is_integer:
             raise TypeError(f"candidates must be integer, got {candidates.dtype}")
         if validate:
-            candidates = check_candidates(candidates, tf.shape(kernel)[0])
-        rows = tf.gather(kernel, candidates)                   # [b, c, d]
+            num_labels = tf.TensorShape(kernel.shape)[0]
+            if num_labels is None:
+                num_labels = tf.shape(kernel)[0]
+            candidates = check_candidates(candidates, num_labels)
+        rows = gather_label_rows(kernel, candidates, features.dtype)  # [b, c, d]
         scores = tf.einsum("bd,bcd->bc", features, rows)
         if bias is not None:
-            scores += tf.gather(bias, candidates)
+            scores += gather_label_rows(bias, candidates, scores.dtype)
         return scores
