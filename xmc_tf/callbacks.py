@@ -119,6 +119,8 @@ class SetRewiring(keras.callbacks.Callback):
     them):
     ``set_moved`` (connections moved per rewire), ``set_mean_abs_pruned``
     (mean |w| of the pruned connections) and ``set_rewires`` (count so far).
+    ``get_state``/``set_state`` carry the counters and the RNG across a
+    resume (:mod:`xmc_tf.checkpoint`).
 
     Args:
       every_n_steps: rewire period in training batches (paper: 1000).
@@ -208,6 +210,28 @@ class SetRewiring(keras.callbacks.Callback):
         # which fix their columns after the first epoch (CSVLogger) see them.
         if logs is not None:
             logs.update(self.last_stats)
+
+    def get_state(self) -> dict:
+        """The state an exact resume needs (JSON-serialisable): rewires done,
+        periods counted, the last statistics and the regrowth RNG state
+        (used by :mod:`xmc_tf.checkpoint`)."""
+        return {"periods_done": int(self._periods_done),
+                "rewires": int(self.rewires),
+                "last_stats": dict(self.last_stats),
+                "rng": self._rng.bit_generator.state}
+
+    def set_state(self, state: dict) -> None:
+        """Restores :meth:`get_state`; call before ``fit`` (the optimizer's
+        step count must be restored too: ``on_train_begin`` recounts the
+        periods from it).
+
+        Raises:
+          ValueError: the RNG state is of another bit generator.
+        """
+        self._periods_done = int(state["periods_done"])
+        self.rewires = int(state["rewires"])
+        self.last_stats = dict(state["last_stats"])
+        self._rng.bit_generator.state = state["rng"]
 
 
 class TopKEvaluation(keras.callbacks.Callback):

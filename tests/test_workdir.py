@@ -1,0 +1,370 @@
+"""The work directory keeps its promises (xmc_tf.workdir, xmc_tf.checkpoint).
+
+In-process tests: a kill is simulated by raising an exception that is not an
+``Exception`` at a chosen step while the cleanup a dying process could not
+do is switched off (``workdir._remove``); what is left on disk is then
+checked the way ``xmc-tf evaluate`` / ``train`` read it.  The real SIGKILL
+tests are in ``tests/test_resume.py``.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import xmc_tf
+from xmc_tf import checkpoint as ckpt
+from xmc_tf import saving, workdir
+from xmc_tf.callbacks import SetRewiring
+from xmc_tf.workdir import (IncompleteWorkdir, Workdir, WorkdirBusy,
+                            WorkdirFinished, WorkdirLock)
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: not caught by ``except Exception``."""
+
+
+@pytest.fixture
+def no_cleanup(monkeypatch):
+    """A killed process removes no temporary files."""
+    monkeypatch.setattr(workdir, "_remove", lambda path: None)
+
+
+def _die(*args, **kwargs):
+    raise Killed()
+
+
+# ---------------------------------------------------------------------------
+# Atomic files.
+
+
+def test_atomic_path_replaces_only_on_success(tmp_path, monkeypatch):
+    path = tmp_path / "a.json"
+    workdir.write_json_atomic(str(path), {"v": 1})
+    with pytest.raises(RuntimeError):
+        with workdir.atomic_path(str(path)) as tmp:
+            open(tmp, "w").write('{"v": 2')  # half-written
+            raise RuntimeError("writer failed")
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert sorted(os.listdir(tmp_path)) == ["a.json"]  # temporary removed
+    # A kill (no cleanup) leaves the old file and a temporary that
+    # clean_leftovers removes.
+    monkeypatch.setattr(workdir, "_remove", lambda p: None)
+    with pytest.raises(Killed):
+        with workdir.atomic_path(str(path)) as tmp:
+            open(tmp, "w").write('{"v": 3')
+            _die()
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"v": 1}
+    assert len(os.listdir(tmp_path)) == 2
+    Workdir(str(tmp_path)).clean_leftovers()
+    assert sorted(os.listdir(tmp_path)) == ["a.json"]
+
+
+def test_atomic_directory_replace(tmp_path):
+    target = tmp_path / "sm"
+    for version in ("old", "new"):
+        with workdir.atomic_path(str(target)) as tmp:
+            os.makedirs(os.path.join(tmp, "variables"))
+            open(os.path.join(tmp, "variables", "v"), "w").write(version)
+    assert (target / "variables" / "v").read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["sm"]
+    fp = workdir.fingerprint(str(target))
+    assert fp.startswith("sha256:") and fp == workdir.fingerprint(str(target))
+    (target / "variables" / "v").write_text("other")
+    assert workdir.fingerprint(str(target)) != fp
+
+
+# ---------------------------------------------------------------------------
+# The lock.
+
+
+def _hold(path, owner):
+    """Holds the flock of ``path`` on a separate descriptor with ``owner``
+    recorded (as another process would)."""
+    import fcntl
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(owner).encode())
+    return fd
+
+
+def _dead_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_lock_held_by_live_process_names_owner(tmp_path):
+    with WorkdirLock(str(tmp_path)) as held:
+        assert held.owner["pid"] == os.getpid()
+        with pytest.raises(WorkdirBusy, match=f"pid {os.getpid()}") as e:
+            WorkdirLock(str(tmp_path)).acquire()
+        assert "in use by a running xmc-tf" in str(e.value)
+        # --force never takes over a live owner's lock.
+        with pytest.raises(WorkdirBusy):
+            WorkdirLock(str(tmp_path), force=True).acquire()
+        assert Workdir(str(tmp_path)).lock().read_owner()["pid"] == os.getpid()
+    # Released: the record is cleared and the lock can be taken again.
+    assert Workdir(str(tmp_path)).lock().read_owner() is None
+    with WorkdirLock(str(tmp_path)) as again:
+        assert again.previous_owner is None
+
+
+def test_stale_lock_needs_force(tmp_path):
+    lock_path = os.path.join(tmp_path, WorkdirLock.FILE)
+    pid = _dead_pid()
+    fd = _hold(lock_path, {"pid": pid, "host": socket.gethostname(),
+                           "started": "earlier", "command": "xmc-tf train"})
+    try:
+        with pytest.raises(WorkdirBusy, match="--force") as e:
+            WorkdirLock(str(tmp_path)).acquire()
+        assert f"pid {pid}" in str(e.value)
+        assert "no longer running" in str(e.value)
+        with WorkdirLock(str(tmp_path), force=True) as lock:
+            assert lock.previous_owner["pid"] == pid
+            assert lock.owner["pid"] == os.getpid()
+            with pytest.raises(WorkdirBusy, match=str(os.getpid())):
+                WorkdirLock(str(tmp_path)).acquire()
+    finally:
+        os.close(fd)
+
+
+def test_lock_of_another_host_needs_force(tmp_path):
+    fd = _hold(os.path.join(tmp_path, WorkdirLock.FILE),
+               {"pid": 1, "host": "elsewhere.example", "command": "x"})
+    try:
+        with pytest.raises(WorkdirBusy, match="another host.*--force"):
+            WorkdirLock(str(tmp_path)).acquire()
+        WorkdirLock(str(tmp_path), force=True).acquire().release()
+    finally:
+        os.close(fd)
+
+
+def test_lock_of_dead_owner_is_free(tmp_path):
+    """A process that died holding the lock released it (kernel); the next
+    owner sees its record."""
+    # What WorkdirLock.acquire leaves in the file, by a process that dies.
+    code = ("import fcntl, json, os, sys; fd = os.open(sys.argv[1], "
+            "os.O_RDWR | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); "
+            "os.write(fd, json.dumps({'pid': os.getpid()}).encode()); "
+            "os._exit(0)")
+    subprocess.run([sys.executable, "-c", code,
+                    os.path.join(tmp_path, WorkdirLock.FILE)], check=True)
+    with WorkdirLock(str(tmp_path)) as lock:
+        assert lock.previous_owner and lock.previous_owner["pid"] != os.getpid()
+
+
+# ---------------------------------------------------------------------------
+# Completion marker and export order.
+
+
+def _tiny_model():
+    inputs = keras.Input((6,), name="features")
+    outputs = xmc_tf.layers.UniformSparseDense(5, 3, seed=0, name="output")(
+        keras.layers.Dense(4)(inputs))
+    return keras.Model(inputs, outputs)
+
+
+def _write_artifacts(wd):
+    np.save(wd.file(Workdir.INV_PROPENSITIES), np.ones(5))
+    np.savez(wd.file(Workdir.PREPROCESSING), method="none", idf=np.zeros(0))
+
+
+def test_finished_workdir_refused_and_overwrite_drops_marker_first(tmp_path):
+    wd = Workdir(str(tmp_path / "run"))
+    wd.prepare_training()
+    _write_artifacts(wd)
+    saving.export_model(_tiny_model(), wd.path, k=2)
+    marked = wd.mark_complete({"P@1": 50.0}, "run-1")
+    assert wd.check_complete() == marked
+    assert set(marked["run"]["fingerprints"]) == set(Workdir.ARTIFACTS)
+    with pytest.raises(WorkdirFinished) as e:
+        wd.prepare_training()
+    for hint in (f"xmc-tf evaluate --workdir={wd.path}", "--workdir",
+                 "--overwrite"):
+        assert hint in str(e.value)
+    # A model file that is not the recorded one is reported.
+    saving.export_model(_tiny_model(), wd.path, k=2)  # new random weights
+    with pytest.raises(IncompleteWorkdir, match="does not belong"):
+        wd.check_complete()
+    wd.prepare_training(overwrite=True)
+    assert wd.completion() is None
+    assert not os.path.exists(wd.file(Workdir.MODEL))
+    with pytest.raises(IncompleteWorkdir, match="no finished run"):
+        wd.check_complete()
+
+
+@pytest.mark.parametrize("step", ["model_write", "saved_model_write",
+                                  "before_metrics", "metrics_write"])
+def test_kill_during_export_never_leaves_disagreeing_metrics(
+        tmp_path, monkeypatch, step):
+    """QA's case: a finished workdir retrained with --overwrite, killed at
+    each step of the export: metrics.json is either absent or agrees with
+    every model file on disk, and model.keras is never a torn file."""
+    wd = Workdir(str(tmp_path / "run"))
+    wd.prepare_training()
+    _write_artifacts(wd)
+    old = _tiny_model()
+    saving.export_model(old, wd.path, k=2)
+    wd.mark_complete({"P@1": 1.0}, "old")
+    old_fp = workdir.fingerprint(wd.file(Workdir.MODEL))
+
+    wd.prepare_training(overwrite=True)
+    new = _tiny_model()
+    monkeypatch.setattr(workdir, "_remove", lambda path: None)
+    if step == "model_write":
+        def partial_save(self, path, *a, **k):
+            open(path, "wb").write(b"PK\x03\x04 torn")
+            _die()
+        monkeypatch.setattr(keras.Model, "save", partial_save)
+    elif step == "saved_model_write":
+        monkeypatch.setattr(saving, "export_saved_model", _die)
+    elif step == "metrics_write":
+        def torn_write(path, data):
+            with workdir.atomic_path(path) as tmp:
+                open(tmp, "wb").write(data[:len(data) // 2])
+                _die()
+        monkeypatch.setattr(workdir, "write_bytes_atomic", torn_write)
+    with pytest.raises(Killed):
+        saving.export_model(new, wd.path, k=2)
+        if step == "before_metrics":
+            _die()
+        wd.mark_complete({"P@1": 2.0}, "new")
+    monkeypatch.undo()
+
+    with pytest.raises(IncompleteWorkdir):
+        wd.check_complete()
+    assert not os.path.exists(wd.file(Workdir.METRICS))
+    if os.path.exists(wd.file(Workdir.MODEL)):  # old or new, whole
+        loaded = saving.load_model(wd.path, verify=False)
+        fp = workdir.fingerprint(wd.file(Workdir.MODEL))
+        src = old if fp == old_fp else new
+        for a, b in zip(loaded.weights, src.weights):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # The next run removes what the killed writer left.
+    wd.clean_leftovers()
+    assert not [n for n in os.listdir(wd.path) if ".tmp-" in n or ".old-" in n]
+
+
+# ---------------------------------------------------------------------------
+# Checkpoint file.
+
+
+def _compiled_model():
+    model = _tiny_model()
+    model.compile(keras.optimizers.Adam(1e-3), loss="mse", jit_compile=False)
+    model.optimizer.build(model.trainable_variables)
+    return model
+
+
+def test_checkpoint_round_trip_and_kill_during_write(tmp_path, monkeypatch):
+    model = _compiled_model()
+    model.optimizer.iterations.assign(7)
+    state = {"a": {"rng": np.random.default_rng(3).bit_generator.state,
+                   "arr": np.arange(6.0).reshape(2, 3), "none": None,
+                   "list": [1, 2.5, "x", [np.int32(4)]]}}
+    path = os.path.join(tmp_path, ckpt.CHECKPOINT_FILE)
+    meta = {"phase": "training", "epochs_done": 1}
+    ckpt.Checkpoint.write(path, meta, model.variables,
+                          model.optimizer.variables, state)
+    loaded = ckpt.load(str(tmp_path))
+    got = loaded.state("a")
+    np.testing.assert_array_equal(got["arr"], state["a"]["arr"])
+    assert got["rng"] == state["a"]["rng"] and got["none"] is None
+    assert got["list"] == [1, 2.5, "x", [4]]
+
+    # Killed while writing the next checkpoint: the previous one is intact.
+    monkeypatch.setattr(workdir, "_remove", lambda p: None)
+    calls = []
+    write_array = np.lib.format.write_array
+
+    def dying_write_array(f, value, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            _die()
+        return write_array(f, value, **kwargs)
+
+    monkeypatch.setattr(np.lib.format, "write_array", dying_write_array)
+    model.optimizer.iterations.assign(99)
+    with pytest.raises(Killed):
+        ckpt.Checkpoint.write(path, dict(meta, epochs_done=2),
+                              model.variables, model.optimizer.variables, {})
+    monkeypatch.undo()
+    again = ckpt.load(str(tmp_path))
+    assert again.meta["epochs_done"] == 1
+    fresh = _compiled_model()
+
+    class Holder:
+        def set_state(self, s):
+            self.state = s
+
+    holder = Holder()
+    ckpt.restore(again, fresh, {"a": holder})
+    assert int(fresh.optimizer.iterations) == 7
+    for a, b in zip(fresh.variables, model.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(holder.state["arr"], state["a"]["arr"])
+
+
+def test_restore_checks_objects_and_corrupt_backup_is_named(tmp_path):
+    model = _compiled_model()
+    path = os.path.join(tmp_path, ckpt.CHECKPOINT_FILE)
+    ckpt.Checkpoint.write(path, {}, model.variables, model.optimizer.variables,
+                          {"callback/0/X": {"n": 1}})
+    with pytest.raises(ckpt.CheckpointError, match="other callbacks"):
+        ckpt.restore(ckpt.load(str(tmp_path)), _compiled_model(), {})
+    other = keras.Model(*(lambda i: (i, keras.layers.Dense(2)(i)))(
+        keras.Input((6,))))
+    other.compile("adam", "mse")
+    with pytest.raises(ckpt.CheckpointError, match="another model"):
+        ckpt.restore(ckpt.load(str(tmp_path)), other, {})
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(ckpt.CheckpointError) as e:
+        ckpt.load(str(tmp_path))
+    assert path in str(e.value) and f"rm -r {tmp_path}" in str(e.value)
+    os.remove(path)
+    (tmp_path / "latest.weights.h5").write_bytes(b"old keras backup")
+    with pytest.raises(ckpt.CheckpointError, match="older xmc_tf"):
+        ckpt.load(str(tmp_path))
+
+
+def test_callback_states_survive_on_train_begin():
+    """set_state before fit; Keras' on_train_begin resets must not undo it."""
+    es = ckpt.EarlyStopping(monitor="loss", patience=3,
+                            restore_best_weights=True)
+    es.set_state({"wait": 2, "stopped_epoch": 0, "best": 0.25,
+                  "best_epoch": 4, "best_weights": [np.ones(2)]})
+    es.on_train_begin()
+    s = es.get_state()
+    assert (s["wait"], s["best"], s["best_epoch"]) == (2, 0.25, 4)
+    np.testing.assert_array_equal(s["best_weights"][0], np.ones(2))
+    lr = ckpt.ReduceLROnPlateau(monitor="loss", patience=2)
+    lr.set_state({"wait": 1, "cooldown_counter": 0, "best": 0.5})
+    lr.on_train_begin()
+    assert lr.get_state() == {"wait": 1, "cooldown_counter": 0, "best": 0.5}
+
+
+def test_set_rewiring_state_continues_the_draws():
+    """After set_state(get_state()) a fresh SetRewiring draws what the
+    original would have drawn next (the regrowth RNG is part of the state)."""
+    a = SetRewiring(every_n_steps=5, seed=11)
+    a._rng.integers(0, 100, size=17)  # advance, as rewires would
+    a._periods_done, a.rewires = 4, 4
+    a.last_stats = {"set_moved": 3, "set_mean_abs_pruned": 0.5,
+                    "set_rewires": 4}
+    state = json.loads(json.dumps(a.get_state()))  # JSON-serialisable
+    b = SetRewiring(every_n_steps=5, seed=11)
+    b.set_state(state)
+    assert (b._periods_done, b.rewires, b.last_stats) == (4, 4, a.last_stats)
+    np.testing.assert_array_equal(b._rng.integers(0, 1 << 30, size=8),
+                                  a._rng.integers(0, 1 << 30, size=8))

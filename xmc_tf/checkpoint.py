@@ -1,0 +1,491 @@
+"""Exact resume of ``xmc-tf train``: the whole training state in one file.
+
+A run killed at any point resumes from ``WORKDIR/backup/checkpoint.npz``
+and ends with the weights, connectivity and metrics an uninterrupted run
+would have produced (on a deterministic device: see ``tests/test_resume.py``
+for what is pinned there).  The file is written at the end of every epoch
+and once more when training ends, to a temporary sibling renamed into place
+(:func:`xmc_tf.workdir.atomic_path`): a kill during the write leaves the
+previous checkpoint intact.
+
+What it holds:
+
+* every variable of the model (``model.variables``: weights, the int32
+  connectivity of uniform-sparse layers, the Keras seed-generator state of
+  the dropout layers) and of the optimizer (step count, learning rate --
+  also what ``ReduceLROnPlateau`` changed --, moments);
+* the state of every object with ``get_state()``/``set_state(state)`` that
+  the trainer registers (:class:`Checkpointer`'s ``stateful``): callbacks
+  such as :class:`xmc_tf.callbacks.SetRewiring` (step counter, RNG),
+  :class:`EarlyStopping` and :class:`ReduceLROnPlateau` below (counters,
+  best value, best weights), and the training model if it has them (e.g.
+  a sampler's index state).  A state is any nesting of dicts (str keys),
+  lists, JSON scalars and NumPy arrays;
+* the bookkeeping: epochs done, whether training stopped early or finished
+  (``phase``), training seconds and peak RSS summed over the processes of
+  the run, every epoch's logs (``history.csv`` is rewritten from them), the
+  run id and the config the run was started with.
+
+Restore order (:func:`restore`): model and optimizer variables are assigned
+and ``set_state`` is called *before* ``model.fit`` starts, so no callback
+acts on a half-restored run; callbacks whose ``on_train_begin`` resets their
+state must re-apply a restored one (as the two Keras subclasses here do).
+The data order is keyed by ``(seed, epoch)``
+(:func:`xmc_tf.data.make_tf_dataset`), so the resumed epochs see the same
+batches.  The granularity is one epoch: a run killed mid-epoch repeats that
+epoch from its start.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import resource
+import time
+import zipfile
+
+import keras
+import numpy as np
+
+from xmc_tf.workdir import WorkdirError, atomic_path, write_bytes_atomic
+
+__all__ = ["CheckpointError", "Checkpoint", "Checkpointer", "EarlyStopping",
+           "ReduceLROnPlateau", "stateful_objects", "restore", "load",
+           "write_history_csv", "discard_hint", "CHECKPOINT_FILE", "FORMAT"]
+
+#: File name inside the backup directory.
+CHECKPOINT_FILE = "checkpoint.npz"
+#: Version of the file layout (``meta["format"]``).
+FORMAT = 1
+
+
+class CheckpointError(WorkdirError):
+    """The backup cannot be used: unreadable, or written for another
+    model/config.  The message names the file and how to discard it."""
+
+
+def discard_hint(directory: str) -> str:
+    """How to discard backup ``directory`` (for error messages)."""
+    workdir = os.path.dirname(os.path.abspath(directory))
+    return (f"discard it with `rm -r {directory}` to start over (or rerun "
+            f"with --overwrite, which also discards {workdir}'s results)")
+
+
+# ---------------------------------------------------------------------------
+# State encoding: JSON with NumPy arrays set aside.
+
+
+def _encode(obj, arrays: dict, prefix: str):
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise TypeError(f"state keys must be str, got {k!r} at {prefix}")
+            out[k] = _encode(v, arrays, f"{prefix}/{k}")
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_encode(v, arrays, f"{prefix}/{i}") for i, v in enumerate(obj)]
+    if isinstance(obj, np.ndarray) or hasattr(obj, "__array__") and not \
+            isinstance(obj, (str, bytes, int, float, bool, np.generic)):
+        name = f"state{prefix}"
+        arrays[name] = np.asarray(obj)
+        return {"__ndarray__": name}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    raise TypeError(f"state value at {prefix or '/'} is a {type(obj).__name__}; "
+                    "expected dict, list, JSON scalar or NumPy array")
+
+
+def _decode(obj, arrays):
+    if isinstance(obj, dict):
+        if set(obj) == {"__ndarray__"}:
+            return np.array(arrays[obj["__ndarray__"]])
+        return {k: _decode(v, arrays) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v, arrays) for v in obj]
+    return obj
+
+
+def _describe_variables(variables) -> list:
+    return [[v.path, list(v.shape), str(np.dtype(v.dtype))] for v in variables]
+
+
+def _comparable(description):
+    """A variable description without the numeric suffixes Keras adds to
+    auto-generated names (``dense_3`` in one process, ``dense`` in another)."""
+    path, shape, dtype = description
+    return [re.sub(r"_\d+(?=[/_]|$)", "", path), shape, dtype]
+
+
+def _optimizer_variables(model):
+    opt = getattr(model, "optimizer", None)
+    return list(opt.variables) if opt is not None and opt.built else []
+
+
+# ---------------------------------------------------------------------------
+# The file.
+
+
+class Checkpoint:
+    """A loaded checkpoint: ``meta`` (the JSON part) and lazy arrays.
+
+    Attributes:
+      path: the file.
+      meta: dict with ``format``, ``phase`` (``"training"`` or
+        ``"trained"``), ``epochs_done``, ``stopped``, ``train_seconds``,
+        ``peak_memory_bytes``, ``history`` (list of epoch log dicts),
+        ``run_id``, ``resumes``, ``config``, ``model`` / ``optimizer``
+        (``[path, shape, dtype]`` per variable) and ``objects`` (encoded
+        states by key).
+    """
+
+    def __init__(self, path: str, meta: dict, arrays):
+        self.path = path
+        self.meta = meta
+        self._arrays = arrays
+
+    def array(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def state(self, key: str):
+        """The decoded ``get_state()`` of object ``key`` (KeyError if none)."""
+        return _decode(self.meta["objects"][key], self._arrays)
+
+    @staticmethod
+    def write(path: str, meta: dict, model_variables, optimizer_variables,
+              objects: dict) -> None:
+        """Writes a checkpoint atomically (one array in memory at a time).
+
+        Args:
+          path: destination ``.npz``.
+          meta: the bookkeeping part of :attr:`meta` (JSON-serialisable).
+          model_variables / optimizer_variables: Keras variables, saved in
+            order as ``model/NNNNNN`` / ``optimizer/NNNNNN``.
+          objects: ``{key: get_state() result}``.
+        """
+        arrays: dict = {}
+        meta = dict(meta, format=FORMAT,
+                    model=_describe_variables(model_variables),
+                    optimizer=_describe_variables(optimizer_variables),
+                    objects={k: _encode(s, arrays, f"/{k}")
+                             for k, s in objects.items()})
+        meta_bytes = json.dumps(meta).encode()
+        with atomic_path(path) as tmp:
+            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED,
+                                 allowZip64=True) as zf:
+                def put(name, value):
+                    value = np.asarray(value)  # 0-d stays 0-d
+                    if not value.flags.c_contiguous:
+                        value = value.copy(order="C")
+                    with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                        np.lib.format.write_array(f, value, allow_pickle=False)
+                for group, variables in (("model", model_variables),
+                                         ("optimizer", optimizer_variables)):
+                    for i, v in enumerate(variables):
+                        put(f"{group}/{i:06d}", keras.ops.convert_to_numpy(v))
+                for name, value in arrays.items():
+                    put(name, value)
+                # Last, so a file that has it was written to the end.
+                put("meta", np.frombuffer(meta_bytes, np.uint8))
+
+    @classmethod
+    def read(cls, path: str) -> "Checkpoint":
+        """Opens a checkpoint.
+
+        Raises:
+          CheckpointError: unreadable, truncated or of another format (the
+            message names the file and how to discard it).
+        """
+        directory = os.path.dirname(path)
+        try:
+            arrays = np.load(path, allow_pickle=False)
+            meta = json.loads(bytes(arrays["meta"]).decode())
+            if meta.get("format") != FORMAT:
+                raise ValueError(f"format {meta.get('format')!r}, expected "
+                                 f"{FORMAT}")
+            names = set(arrays.files)
+            for group in ("model", "optimizer"):
+                for i in range(len(meta[group])):
+                    if f"{group}/{i:06d}" not in names:
+                        raise ValueError(f"{group} variable {i} missing")
+        except Exception as e:  # zipfile, numpy and JSON errors alike
+            raise CheckpointError(
+                f"the backup {path} is unreadable ({type(e).__name__}: "
+                f"{' '.join(str(e).split())}); {discard_hint(directory)}"
+            ) from e
+        return cls(path, meta, arrays)
+
+
+def load(directory: str) -> Checkpoint | None:
+    """The checkpoint in backup ``directory``, or None if there is none.
+
+    Raises:
+      CheckpointError: the file is unreadable, or the directory holds a
+        backup in another format (e.g. Keras ``BackupAndRestore`` files of
+        an older xmc_tf).
+    """
+    path = os.path.join(directory, CHECKPOINT_FILE)
+    if os.path.exists(path):
+        return Checkpoint.read(path)
+    if os.path.isdir(directory):
+        others = [n for n in os.listdir(directory) if not n.startswith(".")]
+        if others:
+            raise CheckpointError(
+                f"the backup {directory} holds {', '.join(sorted(others)[:3])}"
+                f" but no {CHECKPOINT_FILE} (an older xmc_tf's format, which "
+                f"cannot resume exactly); {discard_hint(directory)}")
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Restoring.
+
+
+def stateful_objects(callbacks, training_model=None) -> dict:
+    """``{key: object}`` of the objects whose state a checkpoint keeps.
+
+    Every callback with ``get_state`` and ``set_state`` methods, keyed
+    ``callback/INDEX/CLASS`` (stable for a given config), and the training
+    model as ``model`` if it has them.
+    """
+    out = {}
+    for i, cb in enumerate(callbacks):
+        if callable(getattr(cb, "get_state", None)) and callable(
+                getattr(cb, "set_state", None)):
+            out[f"callback/{i}/{type(cb).__name__}"] = cb
+    if training_model is not None and callable(
+            getattr(training_model, "get_state", None)) and callable(
+                getattr(training_model, "set_state", None)):
+        out["model"] = training_model
+    return out
+
+
+def restore(checkpoint: Checkpoint, model, stateful: dict) -> None:
+    """Restores variables and object states; call before ``model.fit``.
+
+    Builds the optimizer if needed, checks that every variable matches the
+    recorded path/shape/dtype, assigns the values, then calls
+    ``set_state`` of every object in ``stateful``.
+
+    Raises:
+      CheckpointError: the checkpoint was written for another model
+        (variables or stateful objects differ).
+    """
+    directory = os.path.dirname(checkpoint.path)
+    opt = model.optimizer
+    if opt is not None and not opt.built:
+        opt.build(model.trainable_variables)
+    groups = (("model", list(model.variables)),
+              ("optimizer", _optimizer_variables(model)))
+    for group, variables in groups:
+        saved = [_comparable(d) for d in checkpoint.meta[group]]
+        now = [_comparable(d) for d in _describe_variables(variables)]
+        if saved != now:
+            diff = next((f"{a} != {b}" for a, b in zip(saved, now) if a != b),
+                        f"{len(saved)} != {len(now)} variables")
+            raise CheckpointError(
+                f"the backup {checkpoint.path} was written for another "
+                f"model ({group} {diff}); {discard_hint(directory)}")
+    for group, variables in groups:
+        for i, v in enumerate(variables):
+            v.assign(checkpoint.array(f"{group}/{i:06d}"))
+    missing = sorted(set(stateful) - set(checkpoint.meta["objects"]))
+    extra = sorted(set(checkpoint.meta["objects"]) - set(stateful))
+    if missing or extra:
+        raise CheckpointError(
+            f"the backup {checkpoint.path} was written with other callbacks "
+            f"(missing {missing}, unexpected {extra}); "
+            f"{discard_hint(directory)}")
+    for key, obj in stateful.items():
+        obj.set_state(checkpoint.state(key))
+
+
+# ---------------------------------------------------------------------------
+# The callback.
+
+
+def _peak_memory_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def write_history_csv(path: str, history: list) -> None:
+    """Writes ``history.csv`` atomically: ``epoch,KEY,...`` (keys sorted;
+    Keras CSVLogger's layout), one row per dict of ``history``."""
+    keys = sorted({k for row in history for k in row if k != "epoch"})
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["epoch"] + keys)
+    for row in history:
+        writer.writerow([row["epoch"]] + [row.get(k, "") for k in keys])
+    write_bytes_atomic(path, buf.getvalue().encode())
+
+
+def _jsonable_logs(logs) -> dict:
+    out = {}
+    for k, v in (logs or {}).items():
+        try:
+            out[k] = float(v) if not isinstance(v, (int, str)) else v
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class Checkpointer(keras.callbacks.Callback):
+    """Writes the training state at every epoch end and when training ends.
+
+    Place it **last** in the callback list: its ``on_epoch_end`` must see
+    the state that the others (early stopping, LR schedule, SET statistics)
+    leave, and its ``on_train_end`` the best weights that ``EarlyStopping``
+    restores.  It also rewrites ``history.csv`` from the checkpointed epoch
+    logs, so the file never holds rows of epochs a resumed run repeats.
+
+    Args:
+      directory: the backup directory (created).
+      stateful: ``{key: object}`` from :func:`stateful_objects`.
+      history_path: ``history.csv`` to rewrite, or None.
+      meta: bookkeeping carried over: ``run_id``, ``config``, ``resumes``
+        and, when resuming, ``history``, ``train_seconds`` (earlier
+        processes), ``peak_memory_bytes``.
+
+    Attributes:
+      history: every epoch's logs so far (all processes), ``epoch`` 0-based.
+      train_seconds: training seconds of all processes so far.
+    """
+
+    def __init__(self, directory: str, stateful: dict, history_path=None,
+                 meta: dict | None = None):
+        super().__init__()
+        self.directory = directory
+        self.stateful = stateful
+        self.history_path = history_path
+        meta = dict(meta or {})
+        self.history = list(meta.pop("history", []))
+        self._prior_seconds = float(meta.pop("train_seconds", 0.0))
+        self._prior_peak = int(meta.pop("peak_memory_bytes", 0))
+        self.meta = meta
+        self._start = None
+        self.phase = "training"
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.directory, CHECKPOINT_FILE)
+
+    @property
+    def train_seconds(self) -> float:
+        run = 0.0 if self._start is None else time.perf_counter() - self._start
+        return self._prior_seconds + run
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(self._prior_peak, _peak_memory_bytes())
+
+    def save(self, phase: str) -> None:
+        """Writes the checkpoint now (``phase``: "training" or "trained")."""
+        os.makedirs(self.directory, exist_ok=True)
+        meta = dict(self.meta, phase=phase, epochs_done=len(self.history),
+                    stopped=bool(getattr(self.model, "stop_training", False)),
+                    train_seconds=self.train_seconds,
+                    peak_memory_bytes=self.peak_memory_bytes,
+                    history=self.history)
+        Checkpoint.write(self.path, meta, list(self.model.variables),
+                         _optimizer_variables(self.model),
+                         {k: o.get_state() for k, o in self.stateful.items()})
+        self.phase = phase
+
+    def on_train_begin(self, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.history.append(dict(_jsonable_logs(logs), epoch=int(epoch)))
+        self.save("training")
+        if self.history_path:
+            write_history_csv(self.history_path, self.history)
+
+    def on_train_end(self, logs=None):
+        self.save("trained")
+        if self._start is not None:
+            self._prior_seconds = self.train_seconds
+            self._start = None
+
+
+# ---------------------------------------------------------------------------
+# Keras callbacks with state.
+
+
+class EarlyStopping(keras.callbacks.EarlyStopping):
+    """``keras.callbacks.EarlyStopping`` whose state survives a resume.
+
+    ``get_state()`` returns the patience counter, best value and epoch, the
+    epoch it stopped at and the best weights (``restore_best_weights``);
+    ``set_state`` re-applies them after Keras' ``on_train_begin`` reset.
+    Arguments as for Keras' class.
+
+    >>> cb = EarlyStopping(monitor="val_loss", patience=3)
+    >>> cb.set_state(cb.get_state())
+    """
+
+    _pending = None
+
+    def get_state(self) -> dict:
+        best_weights = self.best_weights
+        return {"wait": int(self.wait), "stopped_epoch": int(self.stopped_epoch),
+                "best": None if self.best is None else float(self.best),
+                "best_epoch": int(self.best_epoch),
+                "best_weights": None if best_weights is None else
+                [np.asarray(w) for w in best_weights]}
+
+    def set_state(self, state: dict) -> None:
+        self._pending = dict(state)
+        self._apply()
+
+    def _apply(self):
+        s = self._pending
+        self.wait, self.stopped_epoch = s["wait"], s["stopped_epoch"]
+        self.best, self.best_epoch = s["best"], s["best_epoch"]
+        self.best_weights = s["best_weights"]
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        if self._pending is not None:
+            self._apply()
+            self._pending = None
+
+
+class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
+    """``keras.callbacks.ReduceLROnPlateau`` whose state survives a resume.
+
+    ``get_state()`` returns the patience and cooldown counters and the best
+    value (the learning rate itself is an optimizer variable, checkpointed
+    with the optimizer); ``set_state`` re-applies them after Keras'
+    ``on_train_begin`` reset.  Arguments as for Keras' class.
+
+    >>> cb = ReduceLROnPlateau(monitor="val_loss")
+    >>> cb.set_state(cb.get_state())
+    """
+
+    _pending = None
+
+    def get_state(self) -> dict:
+        return {"wait": int(self.wait),
+                "cooldown_counter": int(self.cooldown_counter),
+                "best": None if self.best is None else float(self.best)}
+
+    def set_state(self, state: dict) -> None:
+        self._pending = dict(state)
+        self._apply()
+
+    def _apply(self):
+        s = self._pending
+        self.wait, self.cooldown_counter = s["wait"], s["cooldown_counter"]
+        self.best = s["best"]
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        if self._pending is not None:
+            self._apply()
+            self._pending = None

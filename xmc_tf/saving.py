@@ -1,0 +1,230 @@
+"""Exporting and loading trained xmc_tf models.
+
+* :func:`export_saved_model`: a TF SavedModel with named serving
+  signatures (``serve``: ``label_ids``/``scores``; ``score_all_labels``:
+  ``label_scores``).
+* :func:`export_model`: ``model.keras`` and ``saved_model/`` into a work
+  directory, each written beside and renamed into place.
+* :func:`load_saved_model` / :func:`load_model`: load them with the op
+  library registered, and a clear message instead of TensorFlow's "Op type
+  not registered" when it is not.
+
+Loading needs the op library (``Xmc>...`` ops) registered in the process:
+``import xmc_tf`` does it, and these helpers import it.
+
+Example (serving, in a new process)::
+
+    import tensorflow as tf
+    import xmc_tf
+    sm = xmc_tf.saving.load_saved_model("WORKDIR/saved_model")
+    x = tf.sparse.reorder(tf.SparseTensor(indices, values, dense_shape))
+    top = sm.signatures["serve"](indices=x.indices, values=x.values,
+                                 dense_shape=x.dense_shape)
+    top["label_ids"], top["scores"]        # int32 / float32 [batch, k]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import keras
+import tensorflow as tf
+
+from xmc_tf import heads as xheads
+from xmc_tf.ops import _loader
+from xmc_tf.workdir import IncompleteWorkdir, UserError, Workdir, atomic_path
+
+__all__ = ["export_saved_model", "export_model", "load_saved_model",
+           "load_model", "OpNotRegisteredError"]
+
+
+class OpNotRegisteredError(UserError, ImportError):
+    """A saved model uses an xmc_tf op that this process has not registered
+    (the message says to ``import xmc_tf`` first and which TensorFlow the op
+    library was built for)."""
+
+
+def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
+    """Writes a TF SavedModel whose signatures have named inputs and outputs.
+
+    Signatures (``tf.saved_model.load(path).signatures[...]``, also callable
+    as methods of the loaded object):
+
+    * ``serve``: the top ``k`` labels, ``{"label_ids": int32 [batch, k],
+      "scores": float32 [batch, k]}``, best first, decoded by the model's
+      head (``tf.math.top_k`` of the scores, or MACH's exact decoder).
+    * ``score_all_labels`` (heads that score every label):
+      ``{"label_scores": float32 [batch, num_labels]}``.
+
+    Inputs, for a model on sparse features: the parts of a
+    ``tf.SparseTensor`` ``[batch, num_features]`` in row-major order,
+    ``indices`` int64 ``[nnz, 2]``, ``values`` float32 ``[nnz]``,
+    ``dense_shape`` int64 ``[2]``; for dense features ``features`` float32
+    ``[batch, num_features]``.  Load it after ``import xmc_tf`` (the op
+    library must be registered), e.g. with :func:`load_saved_model`.
+
+    Args:
+      model: a model built by :func:`xmc_tf.models.build_model`.
+      path: output directory (created or replaced; not atomic -- see
+        :func:`export_model`).
+      k: labels per instance of ``serve``.
+
+    Raises:
+      ValueError: no registered head decodes the model, or ``k`` is out of
+        range.
+    """
+    spec = model.inputs[0]
+    num_features = spec.shape[-1]
+    head = xheads.head_for_model(model)
+    top_k = head.top_k_function(model, k)
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+
+    def top(x):
+        ids, scores = top_k(x)
+        return {"label_ids": ids, "scores": scores}
+
+    def all_scores(x):
+        return {"label_scores": model(x, training=False)}
+
+    # Named parameters name the signature inputs; tf.functions with their own
+    # signatures because ExportArchive would make a sparse input dense.
+    if spec.sparse:
+        signature = [tf.TensorSpec([None, 2], tf.int64, name="indices"),
+                     tf.TensorSpec([None], tf.float32, name="values"),
+                     tf.TensorSpec([2], tf.int64, name="dense_shape")]
+
+        def serve(indices, values, dense_shape):
+            return top(tf.SparseTensor(indices, values, dense_shape))
+
+        def score_all_labels(indices, values, dense_shape):
+            return all_scores(tf.SparseTensor(indices, values, dense_shape))
+    else:
+        signature = [tf.TensorSpec([None, num_features], tf.float32,
+                                   name="features")]
+
+        def serve(features):
+            return top(features)
+
+        def score_all_labels(features):
+            return all_scores(features)
+
+    archive.add_endpoint("serve", tf.function(serve,
+                                              input_signature=signature))
+    if head.full_scores_in_training:
+        archive.add_endpoint("score_all_labels", tf.function(
+            score_all_labels, input_signature=signature))
+    archive.write_out(path, verbose=False)
+
+
+def export_model(model: keras.Model, workdir: str, k: int = 5) -> None:
+    """Writes ``WORKDIR/model.keras`` and ``WORKDIR/saved_model/``, each to a
+    temporary sibling renamed into place (see
+    :func:`xmc_tf.workdir.atomic_path`): a kill leaves the old or the new
+    version of each, never a torn one.  Write ``metrics.json`` (the
+    completion marker, :meth:`xmc_tf.workdir.Workdir.mark_complete`) after
+    this returns.
+
+    Args:
+      model: the trained model.
+      workdir: the work directory.
+      k: labels per instance of the ``serve`` signature.
+    """
+    wd = Workdir(workdir)
+    with atomic_path(wd.file(Workdir.MODEL)) as tmp:
+        model.save(tmp)
+    with atomic_path(wd.file(Workdir.SAVED_MODEL)) as tmp:
+        export_saved_model(model, tmp, k=k)
+
+
+_UNREGISTERED = re.compile(r"Op type not registered '([^']+)'")
+
+
+def _library_note() -> str:
+    try:
+        path = _loader.library_path()
+        built = _loader.build_info(path).get("tf_version", "unknown")
+        return (f"the op library {path} was built for TensorFlow {built}; "
+                f"TensorFlow {tf.__version__} is running")
+    except _loader.OpLibraryError as e:
+        return str(e)
+
+
+def _op_error(path: str, error: Exception) -> OpNotRegisteredError:
+    match = _UNREGISTERED.search(str(error))
+    op = match.group(1) if match else "an op"
+    return OpNotRegisteredError(
+        f"{path} uses {op}, which is not registered in this process: "
+        "`import xmc_tf` before loading (xmc_tf.saving.load_saved_model does "
+        f"that); {_library_note()}; if they differ, reinstall xmc_tf "
+        "(`pip install .`)")
+
+
+def _register_ops(path: str) -> None:
+    try:
+        _loader.load()
+    except _loader.OpLibraryError as e:
+        raise OpNotRegisteredError(
+            f"cannot load {path}: the xmc_tf op library is unavailable: {e}"
+        ) from e
+
+
+def load_saved_model(path: str):
+    """``tf.saved_model.load(path)`` with the xmc_tf ops registered.
+
+    Args:
+      path: a SavedModel directory (e.g. ``WORKDIR/saved_model``).
+
+    Returns:
+      The loaded object; ``.signatures["serve"]`` and
+      ``.signatures["score_all_labels"]`` as documented in
+      :func:`export_saved_model`.
+
+    Raises:
+      OpNotRegisteredError: the op library is missing, built for another
+        TensorFlow, or lacks an op the model uses (the message names the op
+        and the TensorFlow version the library was built for).
+      OSError: ``path`` holds no SavedModel.
+    """
+    _register_ops(path)
+    if not os.path.exists(os.path.join(path, "saved_model.pb")):
+        raise FileNotFoundError(2, "no saved_model.pb (not a SavedModel)",
+                                path)
+    try:
+        return tf.saved_model.load(path)
+    except (tf.errors.NotFoundError, ValueError) as e:
+        if _UNREGISTERED.search(str(e)):
+            raise _op_error(path, e) from e
+        raise
+
+
+def load_model(workdir: str, verify: bool = True) -> keras.Model:
+    """The trained Keras model of a work directory (``model.keras``).
+
+    Args:
+      workdir: a work directory written by ``xmc-tf train``.
+      verify: check the completion marker of ``metrics.json`` and the model
+        file's fingerprint first (:meth:`Workdir.check_complete`).
+
+    Returns:
+      The uncompiled ``keras.Model``.
+
+    Raises:
+      IncompleteWorkdir: no complete run in ``workdir`` (``verify``).
+      OpNotRegisteredError: the op library is unavailable.
+    """
+    wd = Workdir(workdir)
+    if verify:
+        wd.check_complete()
+    path = wd.file(Workdir.MODEL)
+    if not os.path.exists(path):
+        raise IncompleteWorkdir(f"{path} does not exist")
+    _register_ops(path)
+    import xmc_tf  # noqa: F401  (registers the Keras classes and gradients)
+    try:
+        return keras.models.load_model(path, compile=False)
+    except (tf.errors.NotFoundError, ValueError) as e:
+        if _UNREGISTERED.search(str(e)):
+            raise _op_error(path, e) from e
+        raise
