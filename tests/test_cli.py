@@ -3,7 +3,12 @@
 Checks the documented contract: `train` with --config.data.train/test writes
 metrics.json (required keys), model.keras and saved_model/; `evaluate`
 reproduces the metrics; `predict` writes top-k ids whose P@1, recomputed here
-from the file and the true labels, equals the reported P@1.
+from the file and the true labels, equals the reported P@1.  Then the
+promises around it: `--help` without TensorFlow, user errors as one line
+with exit status 2 naming the file (and line), the workdir lock, a finished
+workdir refused unless --overwrite, Ctrl-C.  Error cases run `cli.main` in
+this process (no TensorFlow start-up per case); the full runs go through
+the console script's module (`python -m xmc_tf_cli`).
 """
 
 import json
@@ -25,11 +30,25 @@ SMALL = ["--config.train.epochs=2", "--config.model.encoder_dims=(32,)",
 
 
 def xmc_tf_cmd(*args):
+    """Runs the console script's module in a new process; returns stdout."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-m", "xmc_tf", *args], env=env,
-                          capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-m", "xmc_tf_cli", *args],
+                          env=env, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
+
+
+def xmc_tf_main(*args):
+    """Runs `xmc-tf ARGS` in this process (no TensorFlow start-up); returns
+    stdout."""
+    import contextlib
+    import io
+    from xmc_tf import cli
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["xmc-tf", *args])
+    assert code == 0, out.getvalue()[-3000:] + err.getvalue()[-3000:]
+    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +84,8 @@ def test_train_outputs(trained):
 
 def test_evaluate_reproduces_metrics(trained):
     tmp, workdir, _, _ = trained
-    out = xmc_tf_cmd("evaluate", f"--workdir={workdir}",
-                     f"--data={tmp / 'test.txt'}")
+    out = xmc_tf_main("evaluate", f"--workdir={workdir}",
+                      f"--data={tmp / 'test.txt'}")
     evaluated = json.loads(out.strip().splitlines()[-1])
     metrics = json.loads((workdir / "metrics.json").read_text())
     for key in ["P@1", "P@3", "P@5", "nDCG@5", "PSP@5"]:
@@ -76,8 +95,8 @@ def test_evaluate_reproduces_metrics(trained):
 def test_predict_file_matches_reported_precision(trained):
     tmp, workdir, test, _ = trained
     pred = tmp / "pred.txt"
-    xmc_tf_cmd("predict", f"--workdir={workdir}", f"--data={tmp / 'test.txt'}",
-               f"--output={pred}", "--k=3")
+    xmc_tf_main("predict", f"--workdir={workdir}",
+                f"--data={tmp / 'test.txt'}", f"--output={pred}", "--k=3")
     lines = pred.read_text().splitlines()
     assert len(lines) == test.num_instances
     top1 = np.array([int(line.split()[0].split(":")[0]) for line in lines])
@@ -96,7 +115,7 @@ def test_saved_model_serves_in_new_process(trained):
 import numpy as np, tensorflow as tf, keras
 import xmc_tf
 from xmc_tf.train import load_for_model
-sm = tf.saved_model.load({str(workdir / 'saved_model')!r})
+sm = xmc_tf.saving.load_saved_model({str(workdir / 'saved_model')!r})
 model = keras.models.load_model({str(workdir / 'model.keras')!r}, compile=False)
 data = load_for_model({str(tmp / 'test.txt')!r}, {str(workdir)!r})
 x = data.features[:4].tocoo()
@@ -121,14 +140,6 @@ print("OK")
     proc = subprocess.run([sys.executable, "-c", script], env=env,
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
-
-
-def test_bad_command_is_usage_error():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run([sys.executable, "-m", "xmc_tf", "fly", "--workdir=/tmp/x"],
-                          env=env, capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode != 0
-    assert "usage: xmc-tf" in proc.stderr + proc.stdout
 
 
 # --------------------------------------------------------------------------
@@ -190,8 +201,8 @@ def test_mach_train_outputs_and_evaluate(trained_mach):
     assert metrics["model_bytes"] > metrics["output_layer_bytes"]
     history = (workdir / "history.csv").read_text()
     assert "val_precision_at_3" in history  # the LR schedule's monitor
-    out = xmc_tf_cmd("evaluate", f"--workdir={workdir}",
-                     f"--data={tmp / 'test.txt'}")
+    out = xmc_tf_main("evaluate", f"--workdir={workdir}",
+                      f"--data={tmp / 'test.txt'}")
     evaluated = json.loads(out.strip().splitlines()[-1])
     for key in ["P@1", "P@3", "P@5", "nDCG@5", "PSP@5"]:
         assert evaluated[key] == pytest.approx(metrics[key], abs=1e-6)
@@ -200,8 +211,8 @@ def test_mach_train_outputs_and_evaluate(trained_mach):
 def test_mach_predict_and_saved_model_match_brute_force(trained_mach):
     tmp, workdir, test = trained_mach
     pred = tmp / "mach_pred.txt"
-    xmc_tf_cmd("predict", f"--workdir={workdir}", f"--data={tmp / 'test.txt'}",
-               f"--output={pred}", "--k=3")
+    xmc_tf_main("predict", f"--workdir={workdir}",
+                f"--data={tmp / 'test.txt'}", f"--output={pred}", "--k=3")
     got = np.array([[int(t.split(":")[0]) for t in line.split()]
                     for line in pred.read_text().splitlines()])
     expected, _ = _mach_brute_force_top_k(workdir, tmp / "test.txt", 5)
@@ -233,11 +244,236 @@ print("OK", out["scores"].shape)
     np.testing.assert_array_equal(np.load(tmp / "served.npy"), expected)
 
 
-def test_mach_head_rejects_label_wise_loss(tmp_path):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+def test_mach_head_rejects_label_wise_loss(tmp_path, capsys):
+    code, err = run_cli(capsys, "train", "--config=configs/mach.py",
+                        "--config.loss=squared_hinge", f"--workdir={tmp_path}")
+    assert code == 2
+    assert "does not fit head 'mach'" in err and "configs/mach.py" in err
+
+
+# --------------------------------------------------------------------------
+# Help, errors, the workdir's promises.
+
+def run_cli(capsys, *args):
+    """Runs `xmc-tf ARGS` in this process; returns (exit status, stderr)."""
+    from xmc_tf import cli
+    capsys.readouterr()
+    code = cli.main(["xmc-tf", *args])
+    return code, capsys.readouterr().err
+
+
+def assert_one_line_error(code, err, *names):
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert 1 <= len(lines) <= 3 and lines[0].startswith("xmc-tf: error: "), err
+    assert "Traceback" not in err
+    for name in names:
+        assert str(name) in err, (name, err)
+
+
+def test_help_lists_commands_without_tensorflow():
+    code = ("import sys; sys.argv = ['xmc-tf', '--help']; import xmc_tf_cli; "
+            "rc = xmc_tf_cli.main(); "
+            "assert 'tensorflow' not in sys.modules, 'imported TF'; "
+            "print('EXIT', rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    for command in ("train", "evaluate", "predict"):
+        assert f"\n  {command} " in proc.stdout
+    for flag in ("--workdir=DIR", "--overwrite", "--force", "--data=SPEC",
+                 "--debug"):
+        assert flag in proc.stdout
+    assert "EXIT 0" in proc.stdout
+
+
+def test_train_help_lists_config_fields_of_chosen_file():
+    def train_help(*extra):
+        proc = subprocess.run(
+            [sys.executable, "-m", "xmc_tf_cli", "train", "--help", *extra],
+            capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    out = train_help()
+    assert "config fields of" in out and "quickstart.py" in out
+    assert "--config.train.epochs=10\n" in out  # quickstart's own default
+    assert "--config.model.connections_per_label=64\n" in out
+    out = train_help("--config=configs/mach.py", "--config.train.epochs=3")
+    assert "--config.model.num_buckets=" in out
+    assert "--config.train.epochs=3\n" in out and "--overwrite" in out
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bad")
+    (tmp / "header.txt").write_text("three 5 2\n0 1:1\n")
+    (tmp / "line3.txt").write_text("2 5 3\n0 1:1\nx 2:1\n")
+    (tmp / "syntax_config.py").write_text(
+        "import ml_collections\ndef get_config():\n    c = 1 +\n")
+    return tmp
+
+
+@pytest.mark.parametrize("case", [
+    "config_typo", "bad_head", "missing_data", "bad_header", "bad_line",
+    "missing_config", "config_syntax", "unknown_flag", "no_command"])
+def test_user_errors_are_one_line(case, bad_files, tmp_path, capsys):
+    work = f"--workdir={tmp_path / 'run'}"
+    args, names = {
+        "config_typo": (["train", "--config.trian.epochs=2", work],
+                        ["--config.trian.epochs", "quickstart.py", "train"]),
+        "bad_head": (["train", "--config=configs/dense.py",
+                      "--config.model.head=dnse", work],
+                     ["configs/dense.py", "config.model.head='dnse'"]),
+        "missing_data": (["train", f"--config.data.train={bad_files}/no.txt",
+                          work], [f"{bad_files}/no.txt", "No such file"]),
+        "bad_header": (["train", f"--config.data.train={bad_files}/header.txt",
+                        work], [f"{bad_files}/header.txt, line 1", "header"]),
+        "bad_line": (["train", f"--config.data.train={bad_files}/line3.txt",
+                      work], [f"{bad_files}/line3.txt, line 3"]),
+        "missing_config": (["train", "--config=configs/nope.py", work],
+                           ["configs/nope.py"]),
+        "config_syntax": (["train", f"--config={bad_files}/syntax_config.py",
+                           work], [f"{bad_files}/syntax_config.py:3"]),
+        "unknown_flag": (["train", "--wrokdir=x"], ["wrokdir"]),
+        "no_command": (["fly", work], ["fly", "train"]),
+    }[case]
+    code, err = run_cli(capsys, *args)
+    assert_one_line_error(code, err, *names)
+    code, err = run_cli(capsys, *args, "--debug")
+    assert code == 2
+    if case in ("bad_head", "missing_data", "bad_header"):
+        assert "Traceback" in err  # --debug shows where it came from
+
+
+def test_errors_in_a_fresh_process_stay_one_line(tmp_path):
+    """The console script quiets TensorFlow's start-up lines too."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     proc = subprocess.run(
-        [sys.executable, "-m", "xmc_tf", "train", "--config=configs/mach.py",
-         "--config.loss=squared_hinge", f"--workdir={tmp_path}"],
+        [sys.executable, "-m", "xmc_tf_cli", "train",
+         f"--config.data.train={tmp_path}/missing.txt.gz",
+         f"--workdir={tmp_path}/run"],
         env=env, capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode != 0
-    assert "does not fit head 'mach'" in proc.stderr
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) <= 3, proc.stderr
+    assert f"{tmp_path}/missing.txt.gz" in lines[-1]
+
+
+def test_workdir_locked_by_a_live_run(tmp_path, capsys):
+    from xmc_tf.workdir import WorkdirLock
+    with WorkdirLock(str(tmp_path)):
+        code, err = run_cli(capsys, "train", f"--workdir={tmp_path}")
+    assert_one_line_error(code, err, f"pid {os.getpid()}", str(tmp_path))
+
+
+def test_stale_lock_and_force(tmp_path, capsys, monkeypatch):
+    """A lock held though its recorded owner is gone: refused with a hint,
+    taken over with --force (the run then fails on its bad data, after the
+    lock)."""
+    import fcntl
+    import socket
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    fd = os.open(tmp_path / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, json.dumps({"pid": dead.pid, "host": socket.gethostname(),
+                             "command": "xmc-tf train"}).encode())
+    try:
+        args = ["train", f"--workdir={tmp_path}",
+                f"--config.data.train={tmp_path}/missing.txt"]
+        code, err = run_cli(capsys, *args)
+        assert_one_line_error(code, err, f"pid {dead.pid}", "--force")
+        code, err = run_cli(capsys, *args, "--force")
+        assert_one_line_error(code, err, f"{tmp_path}/missing.txt")
+    finally:
+        os.close(fd)
+
+
+def test_finished_workdir_refused_overwrite_retrains(trained, tmp_path, capsys):
+    import shutil
+    tmp, workdir, _, _ = trained
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy)
+    args = ["train", "--config=configs/uniform_sparse.py",
+            f"--config.data.train={tmp / 'train.txt.gz'}",
+            f"--config.data.test={tmp / 'test.txt'}", f"--workdir={copy}",
+            *SMALL]
+    before = (copy / "metrics.json").read_text()
+    code, err = run_cli(capsys, *args)
+    assert_one_line_error(code, err, "already holds a finished run",
+                          f"xmc-tf evaluate --workdir={copy}", "--overwrite")
+    assert (copy / "metrics.json").read_text() == before
+    code, err = run_cli(capsys, *args, "--config.train.epochs=1",
+                        "--overwrite")
+    assert code == 0, err
+    metrics = json.loads((copy / "metrics.json").read_text())
+    assert metrics["epochs"] == 1
+    assert metrics["run"]["id"] != json.loads(before)["run"]["id"]
+    history = (copy / "history.csv").read_text().strip().splitlines()
+    assert len(history) == 2  # header + the new run's one epoch
+
+
+def test_evaluate_incomplete_workdir_and_corrupt_backup(trained, tmp_path,
+                                                        capsys):
+    tmp = trained[0]
+    data = f"--data={tmp / 'test.txt'}"
+    code, err = run_cli(capsys, "evaluate", f"--workdir={tmp_path}/none", data)
+    assert_one_line_error(code, err, f"{tmp_path}/none", "does not exist")
+    (tmp_path / "run" / "backup").mkdir(parents=True)
+    (tmp_path / "run" / "backup" / "checkpoint.npz").write_bytes(b"PK\x03\x04")
+    code, err = run_cli(capsys, "evaluate", f"--workdir={tmp_path}/run", data)
+    assert_one_line_error(code, err, "unfinished run", "resume")
+    code, err = run_cli(capsys, "train", f"--workdir={tmp_path}/run",
+                        f"--config.data.train={tmp / 'train.txt.gz'}",
+                        f"--config.data.test={tmp / 'test.txt'}")
+    assert_one_line_error(code, err,
+                          f"{tmp_path}/run/backup/checkpoint.npz",
+                          f"rm -r {tmp_path}/run/backup")
+
+
+def test_missing_op_library_is_one_line(tmp_path, capsys, monkeypatch):
+    from xmc_tf.ops import _loader
+
+    def load():
+        raise _loader.OpLibraryError(
+            "/x/_xmc_ops.so was built for TensorFlow 2.0.0 but TensorFlow "
+            "2.21.0 is running; reinstall xmc_tf")
+    monkeypatch.setattr(_loader, "load", load)
+    code, err = run_cli(capsys, "evaluate", f"--workdir={tmp_path}",
+                        "--data=bibtex:test")
+    assert_one_line_error(code, err, "/x/_xmc_ops.so", "2.0.0")
+
+
+def test_interrupt_says_what_was_kept(tmp_path, capsys, monkeypatch):
+    from xmc_tf import train
+    backup = tmp_path / "backup"
+
+    def interrupted(config, workdir, **kwargs):
+        backup.mkdir(exist_ok=True)
+        (backup / "checkpoint.npz").write_bytes(b"")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train, "train_and_evaluate", interrupted)
+    code, err = run_cli(capsys, "train", f"--workdir={tmp_path}")
+    assert code == 130
+    assert err.strip().splitlines() == [
+        f"xmc-tf: interrupted; the backup in {backup} resumes the run: "
+        "rerun the same command"]
+
+
+def test_load_saved_model_explains_unregistered_op(trained, monkeypatch):
+    import tensorflow as tf
+    from xmc_tf import saving
+
+    def unregistered(path):
+        raise tf.errors.NotFoundError(
+            None, None, "Op type not registered 'XmcUniformSparseMatmul' in "
+            "binary running on host. Make sure the Op and Kernel are "
+            "registered in the binary running in this process. ... "
+            "tf.contrib ...")
+    monkeypatch.setattr(tf.saved_model, "load", unregistered)
+    with pytest.raises(saving.OpNotRegisteredError) as e:
+        saving.load_saved_model(str(trained[1] / "saved_model"))
+    msg = str(e.value)
+    assert "XmcUniformSparseMatmul" in msg and "import xmc_tf" in msg
+    assert f"TensorFlow {tf.__version__}" in msg and "built for" in msg

@@ -4,99 +4,446 @@ Usage::
 
     xmc-tf train --config=configs/uniform_sparse.py --workdir=DIR \\
         [--config.data.train=TRAIN.txt.gz --config.data.test=TEST.txt.gz] \\
-        [--config.KEY=VALUE ...]
+        [--config.KEY=VALUE ...] [--overwrite] [--force]
     xmc-tf evaluate --workdir=DIR --data=TEST.txt.gz
     xmc-tf predict --workdir=DIR --data=FILE --output=PRED.txt [--k=5]
+    xmc-tf --help | xmc-tf train --help [--config=FILE]
 
-``train`` writes ``DIR/metrics.json``, ``DIR/model.keras`` and
-``DIR/saved_model/``; with no data flags it trains on the bundled Bibtex data
-set.  Data specs are those of :func:`xmc_tf.data.load_dataset` (XC-repo files,
-``X.txt|Y.txt``, ``EMB.npy|LABELS.txt``, ``bibtex:test``, ``synthetic:...``).
+``train`` writes ``DIR/model.keras``, ``DIR/saved_model/`` and, last,
+``DIR/metrics.json``; with no data flags it trains on the bundled Bibtex
+data set.  It holds a lock on ``DIR``, resumes an interrupted run from
+``DIR/backup`` and refuses a finished ``DIR`` unless ``--overwrite``
+(:mod:`xmc_tf.workdir`, :mod:`xmc_tf.checkpoint`).  Data specs are those of
+:func:`xmc_tf.data.load_dataset` (XC-repo files, ``X.txt|Y.txt``,
+``EMB.npy|LABELS.txt``, ``bibtex:test``, ``synthetic:...``).
+
+Exit status: 0 success; 2 a user error -- bad flags or config, unreadable
+data, a busy/finished/incomplete workdir, a corrupt backup, a missing or
+stale op library -- printed as one line ``xmc-tf: error: ...`` naming the
+file (and line) where known (``--debug`` adds the traceback); 130
+interrupted (Ctrl-C; the line says what was kept); 1 an internal error,
+printed with its traceback.
+
+This module imports neither TensorFlow nor the ``xmc_tf`` package at module
+level, so that the console script (``xmc_tf_cli``) can answer ``--help``
+without the ~10 s TensorFlow import; commands import what they need.
 """
 
+from __future__ import annotations
+
+import errno
 import json
 import os
+import re
 import sys
+import textwrap
+import traceback
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
+
+PROG = "xmc-tf"
+EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 _DEFAULT_CONFIG = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
     "quickstart.py")
-COMMANDS = ("train", "evaluate", "predict")
 
-config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG if os.path.exists(_DEFAULT_CONFIG) else None,
-    "Experiment config file (configs/*.py); override fields with "
-    "--config.KEY=VALUE.", lock_config=True)
-flags.DEFINE_string("workdir", None, "Output / model directory.")
-flags.DEFINE_string("data", None, "evaluate/predict: the data set spec.")
-flags.DEFINE_string("output", None, "predict: output file (one line per "
-                    "instance: 'id:score id:score ...').")
-flags.DEFINE_integer("k", 5, "predict: labels per instance.")
-FLAGS = flags.FLAGS
+COMMANDS = {
+    "train": "train a model on config.data.train, evaluate it on "
+             "config.data.test and export it to DIR (model.keras, "
+             "saved_model/, metrics.json); resumes an interrupted run",
+    "evaluate": "P@k, nDCG@k, PSP@k and R@k of the model in DIR on --data",
+    "predict": "top-k labels of every instance of --data, written to "
+               "--output ('id:score id:score ...' per line)",
+}
+#: (flag, commands using it, placeholder).
+_FLAGS = (
+    ("workdir", ("train", "evaluate", "predict"), "DIR"),
+    ("config", ("train",), "FILE"),
+    ("overwrite", ("train",), None),
+    ("force", ("train",), None),
+    ("data", ("evaluate", "predict"), "SPEC"),
+    ("output", ("predict",), "FILE"),
+    ("k", ("predict",), "K"),
+    ("debug", ("train", "evaluate", "predict"), None),
+)
+_HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "--helpfull", "help")
 
 
-def _load_model(workdir):
-    import keras
-    import xmc_tf  # noqa: F401  (registers ops, gradients, Keras classes)
-    return keras.models.load_model(os.path.join(workdir, "model.keras"),
-                                   compile=False)
+class UsageError(Exception):
+    """Bad command line (printed as one line, exit status 2)."""
 
 
-def _train():
+def _define_flags(argv) -> flags.FlagValues:
+    """A fresh FlagValues for ``argv`` (config overrides are registered from
+    it), so that :func:`main` can run more than once in a process."""
+    fv = flags.FlagValues()
+    config_path = _config_arg(argv)
+    if config_path and not os.path.exists(config_path) and \
+            not os.path.exists(config_path.split(":")[0]):
+        raise UsageError(f"--config={config_path}: no such config file")
+    try:  # loads the config file and registers the overrides in argv
+        config_flags.DEFINE_config_file(
+            "config",
+            _DEFAULT_CONFIG if os.path.exists(_DEFAULT_CONFIG) else None,
+            "train: experiment config file (configs/*.py); its fields are "
+            f"listed by `{PROG} train --help --config=FILE`; override one "
+            "with --config.KEY=VALUE.", lock_config=True, flag_values=fv,
+            sys_argv=list(argv))
+    except (KeyError, AttributeError) as e:  # an override names no field
+        text = str(e.args[0] if e.args else e)
+        key = re.search(r"([A-Za-z_][A-Za-z0-9_]*)", text)
+        key = key.group(1) if key else text
+        hint = re.search(r'Did you mean "([^"]+)"', text)
+        hint = f" (did you mean {hint.group(1)!r}?)" if hint else ""
+        bad = [a.split("=")[0] for a in argv if a.startswith("--config.")
+               and key in a.split("=")[0].split(".")]
+        raise UsageError(
+            f"{bad[0] if bad else '--config.' + key}: {config_path} has no "
+            f"config field {key!r}{hint}; the fields: {PROG} train --help "
+            f"--config={config_path}") from e
+    except UsageError:
+        raise
+    except flags.Error:
+        raise
+    except Exception as e:  # the config file's own errors
+        raise _config_error(config_path, e) from e
+    flags.DEFINE_string("workdir", None, "the run's directory: train writes "
+                        "it, evaluate/predict read its model.", flag_values=fv)
+    flags.DEFINE_bool("overwrite", False, "train: retrain into a DIR that "
+                      "holds a finished run (deletes its results, history "
+                      "and backup first).", flag_values=fv)
+    flags.DEFINE_bool("force", False, "train: take over a stale lock on DIR "
+                      "(one whose owner process is gone, or on another "
+                      "host).", flag_values=fv)
+    flags.DEFINE_string("data", None, "evaluate/predict: the data set (XC "
+                        "file, 'X.txt|Y.txt', 'EMB.npy|LABELS.txt', "
+                        "bibtex:test, synthetic:...).", flag_values=fv)
+    flags.DEFINE_string("output", None, "predict: output file (one line per "
+                        "instance: 'id:score id:score ...').", flag_values=fv)
+    flags.DEFINE_integer("k", 5, "predict: labels per instance.",
+                         flag_values=fv)
+    flags.DEFINE_bool("debug", False, "print the Python traceback of errors.",
+                      flag_values=fv)
+    return fv
+
+
+# ---------------------------------------------------------------------------
+# Help (no TensorFlow).
+
+
+def _config_arg(argv) -> str | None:
+    for i, a in enumerate(argv):
+        if a.startswith("--config="):
+            return a.split("=", 1)[1]
+        if a == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return _DEFAULT_CONFIG if os.path.exists(_DEFAULT_CONFIG) else None
+
+
+def _command_of(argv) -> str | None:
+    for a in argv[1:]:
+        if not a.startswith("-") and a != "help":
+            return a
+    return None
+
+
+def _flag_lines(fv, command=None) -> list:
+    lines = []
+    for name, commands, meta in _FLAGS:
+        if command is not None and command not in commands:
+            continue
+        flag = fv[name]
+        left = f"--{name}={meta}" if meta else f"--{name}"
+        default = ""
+        if name == "config":
+            default = f" (default: {os.path.relpath(_DEFAULT_CONFIG)})"
+        elif flag.default not in (None, False):
+            default = f" (default: {flag.default})"
+        lines.extend(textwrap.wrap(f"{flag.help}{default}", 79,
+                                   initial_indent=f"  {left:<17}",
+                                   subsequent_indent=" " * 19))
+    return lines
+
+
+def _config_lines(config) -> list:
+    def walk(d, prefix=""):
+        for key in sorted(d.keys()):
+            value = d[key]
+            if hasattr(value, "keys") and not isinstance(value, str):
+                yield from walk(value, f"{prefix}{key}.")
+            else:
+                yield f"  --config.{prefix}{key}={value!r}"
+    return list(walk(config))
+
+
+def help_text(argv) -> str:
+    """The text of ``xmc-tf [COMMAND] --help`` (loads only the config file).
+
+    Raises:
+      UsageError: an unknown command, or a config file that cannot be
+        loaded.
+    """
+    command = _command_of(argv)
+    argv = [a for a in argv if a not in _HELP_ARGS]
+    fv = _define_flags(argv)
+    if command is None:
+        width = max(map(len, COMMANDS))
+        return "\n".join(
+            [f"usage: {PROG} COMMAND --workdir=DIR [flags]",
+             "",
+             "Extreme multi-label classification with TensorFlow (xmc_tf).",
+             "",
+             "commands:"] +
+            [line for c, d in COMMANDS.items() for line in textwrap.wrap(
+                d, 79, initial_indent=f"  {c:<{width}}  ",
+                subsequent_indent=" " * (width + 4))] +
+            ["", "flags:"] + _flag_lines(fv) +
+            [""] + textwrap.wrap(
+                f"`{PROG} COMMAND --help` lists a command's flags; `{PROG} "
+                "train --help [--config=FILE]` also lists the config fields.",
+                79) + textwrap.wrap(
+                "Exit status: 0 ok; 2 user error (one line 'xmc-tf: error: "
+                "...'); 130 interrupted (Ctrl-C); 1 internal error "
+                "(traceback).", 79))
+    if command not in COMMANDS:
+        raise UsageError(f"unknown command {command!r}; expected one of "
+                         f"{', '.join(COMMANDS)} (see {PROG} --help)")
+    usage = {"train": "train [--config=FILE] --workdir=DIR "
+                      "[--config.KEY=VALUE ...] [--overwrite] [--force]",
+             "evaluate": "evaluate --workdir=DIR --data=SPEC",
+             "predict": "predict --workdir=DIR --data=SPEC --output=FILE "
+                        "[--k=K]"}[command]
+    lines = ([f"usage: {PROG} {usage}", ""] +
+             textwrap.wrap(COMMANDS[command][0].upper() + COMMANDS[command][1:]
+                           + ".", 79) + ["", "flags:"] +
+             _flag_lines(fv, command))
+    if command == "train":
+        path = _config_arg(argv)
+        _parse(fv, argv, path)
+        config = _load_config(fv, path)
+        lines += ["", f"config fields of {path} (with the overrides given; "
+                      "set with --config.KEY=VALUE):"] + _config_lines(config)
+        lines += [""] + textwrap.wrap(
+            "A killed or interrupted run resumes from DIR/backup when the "
+            "same command is rerun; a finished DIR is refused unless "
+            "--overwrite; one run per DIR at a time (DIR/.lock).", 79)
+    return "\n".join(lines)
+
+
+def _config_error(path, e) -> UsageError:
+    """One line for a config file that fails to load (file:line if known)."""
+    if isinstance(e, SyntaxError):
+        return UsageError(f"{e.filename}:{e.lineno}: {e.msg}")
+    where = path
+    tb = e.__traceback__
+    while tb is not None:
+        if path and os.path.abspath(tb.tb_frame.f_code.co_filename) == \
+                os.path.abspath(path.split(":")[0]):
+            where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    msg = " ".join(str(e).split())
+    if isinstance(e, OSError) and "No such file" in msg:
+        msg = "no such config file"
+    return UsageError(f"--config={where}: {type(e).__name__}: {msg}"
+                      if not msg.startswith("no such") else f"{where}: {msg}")
+
+
+def _parse(fv, argv, config_path) -> list:
+    """Parses ``argv`` into ``fv``; returns the positional arguments.
+
+    Raises:
+      UsageError: a missing or failing config file (file:line).
+      absl.flags.Error: an unknown flag or config field, a bad value.
+    """
+    try:
+        return fv(argv)
+    except flags.Error:
+        raise
+    except Exception as e:  # the config file failed while parsing
+        raise _config_error(config_path, e) from e
+
+
+def _load_config(fv, path):
+    if path and not os.path.exists(path) and not os.path.exists(
+            path.split(":")[0]):
+        raise UsageError(f"--config={path}: no such config file")
+    try:
+        return fv.config
+    except Exception as e:  # the config file's own errors
+        raise _config_error(path, e) from e
+
+
+# ---------------------------------------------------------------------------
+# Commands (import TensorFlow).
+
+
+def _import_xmc_tf():
+    """Imports xmc_tf and loads the op library, raising its error (one line)
+    instead of the import-time warning."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import xmc_tf  # noqa: F401
+    from xmc_tf.ops import _loader
+    _loader.load()
+
+
+def _train(fv, config_path):
+    _import_xmc_tf()
     from xmc_tf import train
-    if FLAGS.config is None:
-        raise app.UsageError("--config is required (e.g. configs/quickstart.py)")
-    results = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    from xmc_tf.workdir import ConfigError
+    config = _load_config(fv, config_path)
+    try:
+        results = train.train_and_evaluate(config, fv.workdir,
+                                           overwrite=fv.overwrite,
+                                           force=fv.force)
+    except ConfigError as e:
+        raise ConfigError(f"{config_path}: {e}") from e
     print("\n" + train.format_table(results))
-    print(f"\nwrote {os.path.join(FLAGS.workdir, 'metrics.json')}")
+    print(f"\nwrote {os.path.join(fv.workdir, 'metrics.json')}")
 
 
-def _evaluate():
+def _evaluate(fv, _):
+    _import_xmc_tf()
     import numpy as np
-    from xmc_tf import train
-    model = _load_model(FLAGS.workdir)
-    dataset = train.load_for_model(FLAGS.data, FLAGS.workdir)
-    inv_prop = np.load(os.path.join(FLAGS.workdir, train.INV_PROPENSITIES_FILE))
+    from xmc_tf import saving, train
+    model = saving.load_model(fv.workdir)
+    dataset = train.load_for_model(fv.data, fv.workdir)
+    inv_prop = np.load(os.path.join(fv.workdir, train.INV_PROPENSITIES_FILE))
     results = train.evaluate_model(model, dataset, inv_prop)
     print(train.format_table(results))
     print(json.dumps(results))
 
 
-def _predict():
-    from xmc_tf import predict, train
-    if not FLAGS.output:
-        raise app.UsageError("predict needs --output")
-    model = _load_model(FLAGS.workdir)
-    dataset = train.load_for_model(FLAGS.data, FLAGS.workdir)
+def _predict(fv, _):
+    _import_xmc_tf()
+    from xmc_tf import predict, saving, train
+    from xmc_tf.workdir import atomic_path
+    model = saving.load_model(fv.workdir)
+    dataset = train.load_for_model(fv.data, fv.workdir)
     count = 0
-    with open(FLAGS.output, "w") as f:
-        for ids, scores in predict.predict_top_k(model, dataset, FLAGS.k):
-            for row_ids, row_scores in zip(ids, scores):
-                f.write(" ".join(f"{i}:{s:.6g}" for i, s in
-                                 zip(row_ids, row_scores)) + "\n")
-                count += 1
-    print(f"wrote top-{FLAGS.k} labels of {count} instances to {FLAGS.output}")
+    with atomic_path(fv.output) as tmp:
+        with open(tmp, "w") as f:
+            for ids, scores in predict.predict_top_k(model, dataset, fv.k):
+                for row_ids, row_scores in zip(ids, scores):
+                    f.write(" ".join(f"{i}:{s:.6g}" for i, s in
+                                     zip(row_ids, row_scores)) + "\n")
+                    count += 1
+    print(f"wrote top-{fv.k} labels of {count} instances to {fv.output}")
 
 
-def main(argv):
-    if len(argv) != 2 or argv[1] not in COMMANDS:
-        raise app.UsageError(f"usage: xmc-tf {{{'|'.join(COMMANDS)}}} --workdir=DIR "
-                             "[flags]; see --help")
-    if not FLAGS.workdir:
-        raise app.UsageError("--workdir is required")
-    if argv[1] != "train" and not FLAGS.data:
-        raise app.UsageError(f"{argv[1]} needs --data")
-    logging.set_verbosity(logging.INFO)
-    {"train": _train, "evaluate": _evaluate, "predict": _predict}[argv[1]]()
+_RUN = {"train": _train, "evaluate": _evaluate, "predict": _predict}
+
+
+# ---------------------------------------------------------------------------
+# Errors.
+
+
+def _is_user_error(e: BaseException) -> bool:
+    if isinstance(e, (UsageError, flags.Error, OSError)):
+        return True
+    kinds = []
+    workdir = sys.modules.get("xmc_tf.workdir")
+    if workdir is not None:
+        kinds.append(workdir.UserError)
+    loader = sys.modules.get("xmc_tf.ops._loader")
+    if loader is not None:
+        kinds.append(loader.OpLibraryError)
+    return bool(kinds) and isinstance(e, tuple(kinds))
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        where = f"{e.filename}: " if e.filename else ""
+        return f"{where}{e.strerror}"
+    if isinstance(e, flags.UnrecognizedFlagError) and \
+            str(e.flagname).startswith("config."):
+        return (f"unknown config field --{e.flagname} (the fields: {PROG} "
+                "train --help [--config=FILE])")
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
+
+
+def _interrupted(command, fv) -> str:
+    workdir = getattr(fv, "workdir", None) if fv is not None else None
+    if command == "train" and workdir:
+        backup = os.path.join(workdir, "backup")
+        if os.path.exists(os.path.join(backup, "checkpoint.npz")):
+            return (f"interrupted; the backup in {backup} resumes the run: "
+                    "rerun the same command")
+        return ("interrupted before the first epoch ended; nothing was kept "
+                "to resume from")
+    if command == "predict" and fv is not None and fv.output:
+        return f"interrupted; {fv.output} was not written"
+    return "interrupted"
+
+
+def _check_args(fv, rest):
+    if len(rest) < 2:
+        raise UsageError(f"no command; usage: {PROG} "
+                         f"{{{'|'.join(COMMANDS)}}} --workdir=DIR [flags] "
+                         f"(see {PROG} --help)")
+    command = rest[1]
+    if command not in COMMANDS:
+        raise UsageError(f"unknown command {command!r}; usage: {PROG} "
+                         f"{{{'|'.join(COMMANDS)}}} --workdir=DIR [flags] "
+                         f"(see {PROG} --help)")
+    if len(rest) > 2:
+        raise UsageError(f"unexpected arguments {rest[2:]} (flags are "
+                         "--name=value)")
+    if not fv.workdir:
+        raise UsageError(f"{command} needs --workdir=DIR")
+    if command != "train" and not fv.data:
+        raise UsageError(f"{command} needs --data=SPEC")
+    if command == "predict" and not fv.output:
+        raise UsageError("predict needs --output=FILE")
+    return command
+
+
+def main(argv=None) -> int:
+    """Runs the command line ``argv`` (default ``sys.argv``); returns the
+    exit status (see the module docstring) instead of exiting.
+
+    Internal errors (bugs) are re-raised, so their traceback is printed.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    debug = any(a in ("--debug", "--debug=true", "--debug=True", "--debug=1")
+                for a in argv)
+    command, fv = None, None
+    try:
+        if any(a in _HELP_ARGS for a in argv[1:]) or len(argv) == 1:
+            print(help_text(argv))
+            return EXIT_OK if len(argv) > 1 else EXIT_USER
+        fv = _define_flags(argv)
+        config_path = _config_arg(argv)
+        command = _check_args(fv, _parse(fv, argv, config_path))
+        if not flags.FLAGS.is_parsed():  # absl logging reads these
+            flags.FLAGS.mark_as_parsed()
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        logging.set_verbosity(logging.INFO)
+        _RUN[command](fv, config_path)
+        return EXIT_OK
+    except KeyboardInterrupt:
+        print(f"{PROG}: {_interrupted(command, fv)}", file=sys.stderr)
+        if debug:
+            traceback.print_exc()
+        return EXIT_INTERRUPTED
+    except Exception as e:  # pylint: disable=broad-except
+        if not _is_user_error(e):
+            raise
+        if debug:
+            traceback.print_exc()
+        print(f"{PROG}: error: {_message(e)}", file=sys.stderr)
+        return EXIT_USER
 
 
 def run():
-    """Console-script entry point."""
-    app.run(main)
+    """Console-script entry point (``xmc_tf.cli:run``): exits with
+    :func:`main`'s status."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    run()

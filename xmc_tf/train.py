@@ -8,15 +8,26 @@ the model of :func:`xmc_tf.models.build_model`
       -> intermediate Dense (ReLU)              [Sec. 3.4 of the paper]
       -> output head (xmc_tf.heads registry: uniform_sparse | dense | mach)
 
-trains it with ``model.fit`` (Adam; learning rate halved when the head's
+trains it with ``model.fit`` (``config.train.optimizer``, LazyAdam by
+default; learning rate halved when the head's
 monitor -- validation P@3 -- stops improving, down to a floor, then early
 stopping: Sec. 4.1) with the head's own callbacks (SET rewiring for the
 uniform-sparse head, held-out P@k for heads without full scores in
 training), evaluates P@k, nDCG@k, PSP@k and recall@k on the test set with
-the head's decoder, and writes ``metrics.json``, ``model.keras`` and
-``saved_model/`` to the work directory.  Training resumes from
-``workdir/backup`` after a crash.  Nothing here branches on the head's
-name: see :mod:`xmc_tf.heads`.
+the head's decoder, and writes ``model.keras``, ``saved_model/`` and, last,
+``metrics.json`` to the work directory.  Nothing here branches on the
+head's name: see :mod:`xmc_tf.heads`.
+
+The work directory keeps its promises (:mod:`xmc_tf.workdir`,
+:mod:`xmc_tf.checkpoint`): one run at a time (a lock), a finished run is
+not retrained unless ``overwrite``, a killed run resumes exactly from
+``workdir/backup`` (kept until the export is complete), and every file is
+renamed into place when complete.
+
+Steps of :func:`train_and_evaluate`, each a function below (where to hook
+in): :func:`check_config` -> :func:`load_data` -> :func:`build_and_compile`
+(model, optimizer, the model ``fit`` runs) -> :func:`make_callbacks` ->
+restore / ``fit`` -> evaluate -> export.
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 3.4 and 4.1.
@@ -24,24 +35,37 @@ Extremely Large Output Spaces", Sec. 3.4 and 4.1.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import resource
-import time
+import shutil
 
 import keras
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
+from xmc_tf import checkpoint as xckpt
 from xmc_tf import data as xdata
 from xmc_tf import heads as xheads
 from xmc_tf import metrics as xmetrics
-from xmc_tf.models import build_model
+from xmc_tf.models import ENCODERS, OPTIMIZERS, build_model, build_optimizer
 from xmc_tf.predict import evaluate_model
+from xmc_tf.saving import export_model, export_saved_model
+from xmc_tf.workdir import (ConfigError, DataError, Workdir, atomic_path,
+                            write_bytes_atomic)
 
 __all__ = ["train_and_evaluate", "build_model", "export_saved_model",
-           "load_for_model", "format_table"]
+           "load_for_model", "format_table", "check_config", "load_data",
+           "build_and_compile", "make_callbacks"]
+
+PREPROCESSING_FILE = Workdir.PREPROCESSING
+INV_PROPENSITIES_FILE = Workdir.INV_PROPENSITIES
+
+#: Config fields that may change between a run and its resume (they do not
+#: change what is computed).
+RESUME_MAY_CHANGE = ("train.verbose", "train.tensorboard")
 
 
 def peak_memory_bytes() -> int:
@@ -53,75 +77,6 @@ def subset(dataset: xdata.XCDataset, rows: np.ndarray) -> xdata.XCDataset:
     """The instances `rows` of `dataset` (a new XCDataset)."""
     return xdata.XCDataset(features=dataset.features[rows],
                            labels=dataset.labels[rows])
-
-
-def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
-    """Writes a TF SavedModel whose signatures have named inputs and outputs.
-
-    Signatures (``tf.saved_model.load(path).signatures[...]``, also callable
-    as methods of the loaded object):
-
-    * ``serve``: the top ``k`` labels, ``{"label_ids": int32 [batch, k],
-      "scores": float32 [batch, k]}``, best first, decoded by the model's
-      head (``tf.math.top_k`` of the scores, or MACH's exact decoder).
-    * ``score_all_labels`` (heads that score every label):
-      ``{"label_scores": float32 [batch, num_labels]}``.
-
-    Inputs, for a model on sparse features: the parts of a
-    ``tf.SparseTensor`` ``[batch, num_features]`` in row-major order,
-    ``indices`` int64 ``[nnz, 2]``, ``values`` float32 ``[nnz]``,
-    ``dense_shape`` int64 ``[2]``; for dense features ``features`` float32
-    ``[batch, num_features]``.  Load it after ``import xmc_tf`` (the op
-    library must be registered), e.g. with
-    :func:`xmc_tf.saving.load_saved_model`.
-
-    Args:
-      model: a model built by :func:`xmc_tf.models.build_model`.
-      path: output directory (created or replaced).
-      k: labels per instance of ``serve``.
-    """
-    spec = model.inputs[0]
-    num_features = spec.shape[-1]
-    head = xheads.head_for_model(model)
-    top_k = head.top_k_function(model, k)
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-
-    def top(x):
-        ids, scores = top_k(x)
-        return {"label_ids": ids, "scores": scores}
-
-    def all_scores(x):
-        return {"label_scores": model(x, training=False)}
-
-    # Named parameters name the signature inputs; tf.functions with their own
-    # signatures because ExportArchive would make a sparse input dense.
-    if spec.sparse:
-        signature = [tf.TensorSpec([None, 2], tf.int64, name="indices"),
-                     tf.TensorSpec([None], tf.float32, name="values"),
-                     tf.TensorSpec([2], tf.int64, name="dense_shape")]
-
-        def serve(indices, values, dense_shape):
-            return top(tf.SparseTensor(indices, values, dense_shape))
-
-        def score_all_labels(indices, values, dense_shape):
-            return all_scores(tf.SparseTensor(indices, values, dense_shape))
-    else:
-        signature = [tf.TensorSpec([None, num_features], tf.float32,
-                                   name="features")]
-
-        def serve(features):
-            return top(features)
-
-        def score_all_labels(features):
-            return all_scores(features)
-
-    archive.add_endpoint("serve", tf.function(serve,
-                                              input_signature=signature))
-    if head.full_scores_in_training:
-        archive.add_endpoint("score_all_labels", tf.function(
-            score_all_labels, input_signature=signature))
-    archive.write_out(path, verbose=False)
 
 
 def _variable_bytes(variables) -> int:
@@ -139,59 +94,178 @@ def model_bytes(model: keras.Model) -> int:
     return _variable_bytes(model.weights)
 
 
-PREPROCESSING_FILE = "preprocessing.npz"
-INV_PROPENSITIES_FILE = "inv_propensities.npy"
+def _load_spec(spec: str, what: str) -> xdata.XCDataset:
+    """``load_dataset(spec)`` with user errors as :class:`DataError`."""
+    try:
+        return xdata.load_dataset(spec)
+    except OSError as e:
+        raise DataError(f"{what}: {e.filename or spec}: "
+                        f"{e.strerror or e}") from e
+    except ValueError as e:
+        msg = " ".join(str(e).split())
+        raise DataError(msg if msg.startswith(str(spec)) else
+                        f"{what}={spec!r}: {msg}") from e
 
 
 def load_for_model(spec: str, workdir: str) -> xdata.XCDataset:
     """Loads data set `spec` and applies the feature normalisation (method
-    and idf fitted on the training set) saved in `workdir` by training."""
-    dataset = xdata.load_dataset(spec)
+    and idf fitted on the training set) saved in `workdir` by training.
+
+    Raises:
+      DataError: an unreadable or malformed data set (names the file and
+        line), or one whose width differs from the training set's.
+      OSError: the workdir has no ``preprocessing.npz``.
+    """
+    dataset = _load_spec(spec, "--data")
     saved = np.load(os.path.join(workdir, PREPROCESSING_FILE))
     method = str(saved["method"])
     if dataset.is_sparse:
         idf = saved["idf"] if method == "tfidf" else None
+        if idf is not None and idf.shape[0] != dataset.num_features:
+            raise DataError(f"--data={spec!r} has {dataset.num_features} "
+                            f"features; the model was trained on "
+                            f"{idf.shape[0]}")
         dataset.features, _ = xdata.normalize_features(dataset.features, method,
                                                        idf)
     return dataset
 
 
-def _load(config, workdir):
+# ---------------------------------------------------------------------------
+# The steps.
+
+
+def check_config(config) -> xheads.Head:
+    """Validates the config before anything is read or written.
+
+    Returns:
+      The :class:`xmc_tf.heads.Head` that ``config.model.head`` names.
+
+    Raises:
+      ConfigError: a bad value (the message names the field), or
+        ``train.tensorboard`` without the tensorboard package.
+    """
+    try:
+        head = xheads.get_head(config)
+        tc = config.train
+        for name in ("batch_size", "epochs"):
+            if int(tc[name]) < 1:
+                raise ValueError(f"config.train.{name}={tc[name]!r} must be "
+                                 ">= 1")
+        for field, value, allowed in (
+                ("train.optimizer", tc.get("optimizer", "lazy_adam"),
+                 OPTIMIZERS),
+                ("model.encoder", config.model.get("encoder",
+                                                   "sparse_embedding"),
+                 ENCODERS)):
+            if value not in allowed:
+                raise ValueError(f"config.{field}={value!r}; expected one of "
+                                 f"{allowed}")
+        frac = config.data.validation_fraction
+        if not 0.0 <= frac < 1.0:
+            raise ValueError(f"config.data.validation_fraction={frac!r} must "
+                             "be in [0, 1)")
+        if not config.data.train:
+            raise ValueError("config.data.train is empty; set "
+                             "--config.data.train=FILE")
+    except (ValueError, KeyError, AttributeError, TypeError) as e:
+        raise ConfigError(" ".join(str(e).split()).strip("'\"")) from e
+    if tc.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("config.train.tensorboard=True needs the tensorboard "
+                          "package: pip install 'tensorboard~=2.21.0'")
+    return head
+
+
+def load_data(config, workdir: str):
+    """Reads train/test, fits the feature normalisation on train and saves
+    it (``preprocessing.npz``) with the PSP weights
+    (``inv_propensities.npy``) in ``workdir``.
+
+    Returns:
+      ``(train, test_or_None, inv_propensities)``.
+
+    Raises:
+      DataError: unreadable or malformed files (file and line named), or
+        train and test of different widths.
+    """
     dc = config.data
-    train = xdata.load_dataset(dc.train)
-    test = xdata.load_dataset(dc.test) if dc.test else None
+    train = _load_spec(dc.train, "config.data.train")
+    test = _load_spec(dc.test, "config.data.test") if dc.test else None
     if test is not None and (test.num_labels != train.num_labels or
                              test.num_features != train.num_features):
-        raise ValueError(
-            f"train ({train.num_features} features, {train.num_labels} labels) "
-            f"and test ({test.num_features}, {test.num_labels}) disagree")
+        raise DataError(
+            f"config.data.train={dc.train!r} ({train.num_features} features, "
+            f"{train.num_labels} labels) and config.data.test={dc.test!r} "
+            f"({test.num_features}, {test.num_labels}) disagree")
     idf = None
     if train.is_sparse:
-        train.features, idf = xdata.normalize_features(train.features,
-                                                       dc.normalize)
+        try:
+            train.features, idf = xdata.normalize_features(train.features,
+                                                           dc.normalize)
+        except ValueError as e:
+            raise ConfigError(f"config.data.normalize: {e}") from e
         if test is not None:
             test.features, _ = xdata.normalize_features(test.features,
                                                         dc.normalize, idf)
-    np.savez(os.path.join(workdir, PREPROCESSING_FILE), method=dc.normalize,
-             idf=idf if idf is not None else np.zeros(0, np.float32))
-    return train, test
+    wd = Workdir(workdir)
+    with atomic_path(wd.file(PREPROCESSING_FILE)) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, method=dc.normalize,
+                     idf=idf if idf is not None else np.zeros(0, np.float32))
+    inv_prop = xmetrics.inverse_propensities(
+        train.labels, A=config.eval.propensity_a, B=config.eval.propensity_b)
+    with atomic_path(wd.file(INV_PROPENSITIES_FILE)) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, inv_prop)
+    return train, test, inv_prop
 
 
-def _callbacks(config, workdir, head, layer, val_data):
+def build_and_compile(config, head, num_features: int, num_labels: int,
+                      sparse_input: bool):
+    """Builds the model and compiles the model that ``fit`` runs.
+
+    The optimizer is :func:`xmc_tf.models.build_optimizer`
+    (``config.train.optimizer``); heads that train through a wrapper
+    (``head.training_model``, e.g. the sampled head's trainer) compile it
+    with ``head.compile``.  The checkpoint saves the variables of
+    ``fit_model`` (which include ``model``'s) and its ``get_state()`` if it
+    has one.
+
+    Returns:
+      ``(model, layer, fit_model)``: the inference model (exported), its
+      head layer, and the compiled model to ``fit``.
+
+    Raises:
+      ConfigError: the model cannot be built from the config.
+    """
+    try:
+        model = build_model(config, num_features, num_labels, sparse_input,
+                            head)
+    except ValueError as e:
+        raise ConfigError(" ".join(str(e).split())) from e
+    layer = xheads.output_layer(model)
+    try:
+        optimizer = build_optimizer(config)
+    except ValueError as e:
+        raise ConfigError(" ".join(str(e).split())) from e
+    fit_model = head.training_model(model, layer)
+    head.compile(fit_model, layer, optimizer)  # jit_compile=False
+    return model, layer, fit_model
+
+
+def make_callbacks(config, workdir: str, head, layer, val_data) -> list:
     """The head's own callbacks (SET, held-out P@k, ...) first, so their
-    epoch logs reach the rest; then checkpoint/resume, CSV log, LR halving
-    and early stopping on the head's monitor (val P@3 when a validation
-    split exists)."""
+    epoch logs reach the rest; then LR halving and early stopping on the
+    head's monitor (val P@3 when a validation split exists), both with
+    state that survives a resume (:mod:`xmc_tf.checkpoint`), and
+    TensorBoard.  The :class:`~xmc_tf.checkpoint.Checkpointer` (which also
+    writes ``history.csv``) is appended by the caller, last."""
     tc = config.train
     monitor, mode = head.monitor(val_data is not None)
     cbs = head.callbacks(layer, val_data) + [
-        keras.callbacks.BackupAndRestore(os.path.join(workdir, "backup")),
-        keras.callbacks.CSVLogger(os.path.join(workdir, "history.csv"),
-                                  append=True),
-        keras.callbacks.ReduceLROnPlateau(
+        xckpt.ReduceLROnPlateau(
             monitor=monitor, mode=mode, factor=0.5, patience=tc.lr_patience,
             min_lr=tc.min_learning_rate, verbose=1),
-        keras.callbacks.EarlyStopping(
+        xckpt.EarlyStopping(
             monitor=monitor, mode=mode, patience=tc.early_stopping_patience,
             restore_best_weights=True, verbose=1),
     ]
@@ -201,33 +275,102 @@ def _callbacks(config, workdir, head, layer, val_data):
     return cbs
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
+# ---------------------------------------------------------------------------
+# Resume.
+
+
+def _resume_config(config) -> dict:
+    out = json.loads(config.to_json_best_effort(sort_keys=True))
+    for key in RESUME_MAY_CHANGE:
+        section, field = key.split(".")
+        out.get(section, {}).pop(field, None)
+    return out
+
+
+def _flat(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _check_resumable(ckpt: xckpt.Checkpoint, config) -> None:
+    saved, now = ckpt.meta.get("config", {}), _resume_config(config)
+    if saved == now:
+        return
+    a, b = dict(_flat(saved)), dict(_flat(now))
+    diff = [f"config.{k}={a.get(k)!r} (now {b.get(k)!r})"
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    raise xckpt.CheckpointError(
+        f"the backup {ckpt.path} belongs to a run with another config: "
+        f"{', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''}; rerun with "
+        f"that config to resume, or {xckpt.discard_hint(os.path.dirname(ckpt.path))}")
+
+
+# ---------------------------------------------------------------------------
+# The job.
+
+
+def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
+                       force: bool = False, callbacks=()) -> dict:
     """Runs the main job; see the module docstring.
+
+    Holds the workdir lock throughout.  If ``workdir/backup`` holds a
+    checkpoint of an unfinished run with the same config, the run resumes
+    from it exactly (weights, optimizer, callback states, epoch, seconds,
+    history); a finished workdir is refused unless ``overwrite``.
 
     Args:
       config: ml_collections ConfigDict (see ``configs/uniform_sparse.py``).
       workdir: output directory (created).
+      overwrite: retrain into a workdir that holds a finished run (its
+        results, history and backup are deleted first).
+      force: take over a stale workdir lock
+        (:class:`xmc_tf.workdir.WorkdirLock`).
+      callbacks: extra Keras callbacks, run after the job's own and before
+        the checkpointer (their ``get_state``/``set_state`` are
+        checkpointed too).
 
     Returns:
       The metrics dict also written to ``workdir/metrics.json``: ``P@k``,
-      ``nDCG@k``, ``PSP@k``, ``R@k`` (percent), ``train_seconds``, ``epochs``,
-      ``num_labels``, ``peak_memory_bytes`` (process peak RSS, bytes),
-      ``output_layer_bytes`` and ``model_bytes`` (variables of the head /
-      of the whole model, bytes), the data set sizes, and for MACH
-      ``num_buckets`` and ``num_repetitions``.
+      ``nDCG@k``, ``PSP@k``, ``R@k`` (percent), ``train_seconds`` and
+      ``epochs`` (summed over all processes of a resumed run),
+      ``num_labels``, ``peak_memory_bytes`` (peak RSS, bytes, the largest
+      of the run's processes), ``output_layer_bytes`` and ``model_bytes``
+      (variables of the head / of the whole model, bytes), the data set
+      sizes, for MACH ``num_buckets`` and ``num_repetitions``, and ``run``
+      (the completion marker: run id, finish time, resumes, fingerprints of
+      the model files).
 
     Raises:
-      ValueError: bad config values or inconsistent data files.
+      ConfigError: a bad config value.
+      DataError: unreadable or inconsistent data files.
+      WorkdirBusy: another process holds the workdir lock.
+      WorkdirFinished: the workdir holds a finished run (no ``overwrite``).
+      CheckpointError: an unreadable backup, or one of another config.
     """
-    os.makedirs(workdir, exist_ok=True)
+    head = check_config(config)
+    wd = Workdir(workdir)
+    with wd.lock(force=force) as lock:
+        if lock.previous_owner:
+            logging.warning("workdir %s: the previous run (pid %s) ended "
+                            "without releasing its lock", workdir,
+                            lock.previous_owner.get("pid"))
+        wd.prepare_training(overwrite)
+        ckpt = xckpt.load(wd.backup_dir)
+        if ckpt is not None:
+            _check_resumable(ckpt, config)
+        return _run(config, wd, head, ckpt, list(callbacks))
+
+
+def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
+    tc = config.train
     keras.utils.set_random_seed(config.seed)
-    train, test = _load(config, workdir)
+    train, test, inv_prop = load_data(config, wd.path)
     logging.info("train: %s; test: %s", train, test)
-    inv_prop = xmetrics.inverse_propensities(train.labels, A=config.eval.propensity_a,
-                                             B=config.eval.propensity_b)
-    np.save(os.path.join(workdir, INV_PROPENSITIES_FILE), inv_prop)
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(config.to_json_best_effort(indent=2))
+    write_bytes_atomic(wd.file(Workdir.CONFIG),
+                       config.to_json_best_effort(indent=2).encode())
 
     rng = np.random.default_rng(config.seed)
     order = rng.permutation(train.num_instances)
@@ -235,36 +378,54 @@ def train_and_evaluate(config, workdir: str) -> dict:
     fit_data = subset(train, np.sort(order[num_val:])) if num_val else train
     val_data = subset(train, np.sort(order[:num_val])) if num_val else None
 
-    head = xheads.get_head(config)
-    model = build_model(config, train.num_features, train.num_labels,
-                        train.is_sparse, head)
-    layer = xheads.output_layer(model)
-    tc = config.train
-    model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate=tc.learning_rate),
-        loss=head.make_loss(layer), metrics=head.train_metrics(layer),
-        jit_compile=False)  # XLA cannot compile the custom ops
+    model, layer, fit_model = build_and_compile(
+        config, head, train.num_features, train.num_labels, train.is_sparse)
     model.summary(print_fn=logging.info)
+    cbs = make_callbacks(config, wd.path, head, layer, val_data)
+    cbs += extra_callbacks
+    stateful = xckpt.stateful_objects(cbs, fit_model)
+    meta = {"run_id": Workdir.new_run_id(), "resumes": 0,
+            "config": _resume_config(config)}
+    if ckpt is not None:
+        m = ckpt.meta
+        meta.update(run_id=m["run_id"], resumes=m["resumes"] + 1,
+                    history=m["history"], train_seconds=m["train_seconds"],
+                    peak_memory_bytes=m["peak_memory_bytes"])
+    checkpointer = xckpt.Checkpointer(wd.backup_dir, stateful,
+                                      wd.file(Workdir.HISTORY), meta)
+    initial_epoch, last_epoch = 0, tc.epochs
+    if ckpt is not None:
+        xckpt.restore(ckpt, fit_model, stateful)
+        xckpt.write_history_csv(wd.file(Workdir.HISTORY), checkpointer.history)
+        initial_epoch = ckpt.meta["epochs_done"]
+        if ckpt.meta["stopped"]:
+            last_epoch = initial_epoch
+        logging.info("resuming run %s from %s: %d epochs done (%s)",
+                     meta["run_id"], ckpt.path, initial_epoch,
+                     ckpt.meta["phase"])
 
-    train_ds = xdata.make_tf_dataset(fit_data, tc.batch_size, shuffle=True,
-                                     seed=config.seed)
-    val_ds = (xdata.make_tf_dataset(val_data, config.eval.batch_size)
-              if val_data is not None else None)
-    start = time.perf_counter()
-    history = model.fit(train_ds, validation_data=val_ds, epochs=tc.epochs,
-                        shuffle=False,  # make_tf_dataset shuffles per epoch
-                        callbacks=_callbacks(config, workdir, head, layer,
-                                             val_data),
-                        verbose=tc.verbose)
-    train_seconds = time.perf_counter() - start
+    if ckpt is None or ckpt.meta["phase"] != "trained":
+        steps = math.ceil(fit_data.num_instances / tc.batch_size)
+        # One stream of epochs keyed by (seed, epoch): a resumed run sees
+        # the batches an uninterrupted one sees.
+        train_ds = xdata.make_tf_dataset(fit_data, tc.batch_size, shuffle=True,
+                                         seed=config.seed, repeat=True,
+                                         first_epoch=initial_epoch)
+        val_ds = (xdata.make_tf_dataset(val_data, config.eval.batch_size)
+                  if val_data is not None else None)
+        fit_model.fit(train_ds, validation_data=val_ds,
+                      steps_per_epoch=steps, initial_epoch=initial_epoch,
+                      epochs=max(last_epoch, initial_epoch),
+                      shuffle=False,  # make_tf_dataset shuffles per epoch
+                      callbacks=cbs + [checkpointer], verbose=tc.verbose)
 
     results = {}
     if test is not None:
         results = evaluate_model(model, test, inv_prop, tuple(config.eval.ks),
                                  config.eval.batch_size)
     results.update({
-        "train_seconds": round(train_seconds, 2),
-        "epochs": len(history.history.get("loss", [])),
+        "train_seconds": round(checkpointer.train_seconds, 2),
+        "epochs": len(checkpointer.history),
         "num_labels": train.num_labels,
         "num_features": train.num_features,
         "num_train_instances": train.num_instances,
@@ -274,17 +435,19 @@ def train_and_evaluate(config, workdir: str) -> dict:
         "head": config.model.head,
     })
     results.update(head.results(layer))
-    model.save(os.path.join(workdir, "model.keras"))
-    export_saved_model(model, os.path.join(workdir, "saved_model"),
-                       k=max(config.eval.ks))
-    results["peak_memory_bytes"] = peak_memory_bytes()
-    with open(os.path.join(workdir, "metrics.json"), "w") as f:
-        json.dump(results, f, indent=2, sort_keys=True)
-    return results
+    export_model(model, wd.path, k=max(config.eval.ks))
+    results["peak_memory_bytes"] = checkpointer.peak_memory_bytes
+    metrics = wd.mark_complete(results, meta["run_id"],
+                               resumes=meta["resumes"])
+    # The backup goes only now that the export is complete.
+    shutil.rmtree(wd.backup_dir, ignore_errors=True)
+    return metrics
 
 
 def format_table(results: dict) -> str:
-    """A plain-text table of the metrics dict (percent metrics first)."""
+    """A plain-text table of the metrics dict (percent metrics first; nested
+    entries such as the ``run`` marker are left out)."""
+    results = {k: v for k, v in results.items() if not isinstance(v, dict)}
     keys = [k for k in results if "@" in k] + [k for k in results if "@" not in k]
     width = max(len(k) for k in keys)
     lines = []
