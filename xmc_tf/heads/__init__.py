@@ -2,7 +2,8 @@
 
 Registered heads (``config.model.head``): ``"dense"``, ``"uniform_sparse"``,
 ``"mach"``, ``"sampled"`` (uniform-sparse or dense layer trained on sampled
-negatives).
+negatives), ``"scent"`` (multi-class full softmax by SCENT on in-batch
+classes).
 """
 
 from xmc_tf.heads.base import (OUTPUT_LAYER, Head, get_head, head_for_model,
@@ -10,9 +11,11 @@ from xmc_tf.heads.base import (OUTPUT_LAYER, Head, get_head, head_for_model,
 from xmc_tf.heads.dense import DenseHead
 from xmc_tf.heads.mach import MachOutputHead
 from xmc_tf.heads.sampled import SampledHead, SampledTrainer
+from xmc_tf.heads.scent import ScentHead, ScentTrainer
 from xmc_tf.heads.uniform_sparse import UniformSparseHead
 
 __all__ = ["OUTPUT_LAYER", "DenseHead", "Head", "MachOutputHead",
            "SampledHead", "SampledTrainer", "UniformSparseHead", "get_head",
            "head_for_model", "inference_model", "names", "output_layer",
            "register"]
+__all__ += ["ScentHead", "ScentTrainer"]

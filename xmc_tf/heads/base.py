@@ -200,6 +200,27 @@ class Head:
             return "precision_at_3", "max"
         return "loss", "min"
 
+    def prepare(self, train_data) -> None:
+        """Shown the training instances (after any validation split) before
+        :meth:`build_layer` / :meth:`training_model`; heads with state per
+        training instance (SCENT's duals) size it here.  Default: nothing.
+
+        Args:
+          train_data: the :class:`xmc_tf.data.XCDataset` that ``fit`` sees.
+        """
+        del train_data
+
+    def dataset_kwargs(self) -> dict:
+        """Extra keyword arguments of :func:`xmc_tf.data.make_tf_dataset`
+        for the training data set (e.g. ``{"with_example_ids": True}`` for
+        a trainer that reads instance ids).  Default: ``{}``."""
+        return {}
+
+    def make_optimizer(self):
+        """The head's own optimizer, or None (default) for the job's
+        (:func:`xmc_tf.models.build_optimizer`)."""
+        return None
+
     def training_model(self, model: keras.Model, layer) -> keras.Model:
         """The model ``fit`` runs (``model`` itself unless the head trains
         through a wrapper, e.g. a sampled trainer)."""

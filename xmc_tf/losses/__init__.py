@@ -12,3 +12,5 @@ __all__ = ["BinaryCrossEntropy", "MachBinaryCrossentropy",
            "mach_bucket_targets"]
 __all__ += ["SoftmaxCrossEntropy"]
 __all__ += ["SampledBinaryCrossEntropy", "SampledSoftmax", "SampledSquaredHinge"]
+from xmc_tf.losses.scent import ScentLoss, multiclass_labels  # noqa: E402
+__all__ += ["ScentLoss", "multiclass_labels"]
