@@ -368,3 +368,16 @@ def test_set_rewiring_state_continues_the_draws():
     assert (b._periods_done, b.rewires, b.last_stats) == (4, 4, a.last_stats)
     np.testing.assert_array_equal(b._rng.integers(0, 1 << 30, size=8),
                                   a._rng.integers(0, 1 << 30, size=8))
+
+
+def test_metrics_without_marker_counts_as_finished(tmp_path):
+    """A metrics.json of an older xmc_tf: train refuses to overwrite it
+    silently, evaluate/predict cannot verify it and say what to do."""
+    wd = Workdir(str(tmp_path))
+    (tmp_path / Workdir.METRICS).write_text('{"P@1": 62.9}')
+    with pytest.raises(WorkdirFinished, match="--overwrite"):
+        wd.prepare_training()
+    with pytest.raises(IncompleteWorkdir, match="without completion marker"):
+        wd.check_complete()
+    wd.prepare_training(overwrite=True)
+    assert not (tmp_path / Workdir.METRICS).exists()

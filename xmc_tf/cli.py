@@ -158,7 +158,8 @@ def _flag_lines(fv, command=None) -> list:
         left = f"--{name}={meta}" if meta else f"--{name}"
         default = ""
         if name == "config":
-            default = f" (default: {os.path.relpath(_DEFAULT_CONFIG)})"
+            default = (f" (default: {os.path.relpath(_DEFAULT_CONFIG)})"
+                       if os.path.exists(_DEFAULT_CONFIG) else " (required)")
         elif flag.default not in (None, False):
             default = f" (default: {flag.default})"
         lines.extend(textwrap.wrap(f"{flag.help}{default}", 79,
@@ -266,6 +267,9 @@ def _parse(fv, argv, config_path) -> list:
 
 
 def _load_config(fv, path):
+    if not path:
+        raise UsageError("train needs --config=FILE (e.g. configs/"
+                         "uniform_sparse.py from the xmc_tf repository)")
     if path and not os.path.exists(path) and not os.path.exists(
             path.split(":")[0]):
         raise UsageError(f"--config={path}: no such config file")

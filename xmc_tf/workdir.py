@@ -482,6 +482,11 @@ class Workdir:
             elif os.path.isdir(self.backup_dir):
                 why = ("holds an unfinished run; rerun its `xmc-tf train` "
                        f"command to resume from {self.backup_dir}")
+            elif os.path.exists(self.file(self.METRICS)):
+                why = (f"has a {self.METRICS} without completion marker "
+                       "(written by an older xmc_tf?): retrain with `xmc-tf "
+                       "train ... --overwrite`, or load its model unchecked "
+                       "with xmc_tf.saving.load_model(WORKDIR, verify=False)")
             else:
                 why = (f"holds no finished run ({self.METRICS} with a "
                        "completion marker is missing)")
@@ -532,7 +537,8 @@ class Workdir:
     def prepare_training(self, overwrite: bool = False) -> None:
         """Checks that ``train`` may run here; call with the lock held.
 
-        A finished workdir is refused unless ``overwrite``; with
+        A finished workdir (one with ``metrics.json``, which is written
+        last) is refused unless ``overwrite``; with
         ``overwrite`` the completion marker is removed first (so the old
         model can no longer pass for a complete run), then the backup and
         the old results.
@@ -545,12 +551,15 @@ class Workdir:
         os.makedirs(self.path, exist_ok=True)
         self.clean_leftovers()
         run = self.completion()
-        if run is not None and not overwrite:
+        # metrics.json is written last: with or without marker (an older
+        # xmc_tf), it means the run here finished.
+        if os.path.exists(self.file(self.METRICS)) and not overwrite:
+            when = f" (finished {run.get('finished', '?')})" if run else ""
             raise WorkdirFinished(
-                f"workdir {self.path} already holds a finished run (finished "
-                f"{run.get('finished', '?')}); evaluate it with `xmc-tf "
-                f"evaluate --workdir={self.path} --data=...`, train into "
-                "another --workdir, or pass --overwrite to retrain here")
+                f"workdir {self.path} already holds a finished run{when}; "
+                f"evaluate it with `xmc-tf evaluate --workdir={self.path} "
+                "--data=...`, train into another --workdir, or pass "
+                "--overwrite to retrain here")
         if overwrite:
             for name in (self.METRICS, self.BACKUP, self.HISTORY, self.MODEL,
                          self.SAVED_MODEL):
