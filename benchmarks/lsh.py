@@ -37,6 +37,20 @@ entries per instance (the work a bucket scan would do).
 All times are wall-clock on the shared machine (2 cores, other jobs
 running): read them as upper bounds.
 
+Measured (2 shared cores, load ~5, defaults: d=64, b=256, k=100, 30
+interleaved repeats; upper bounds)
+--------------------------------------------------------------------------
+Query op per instance, m = 100k -> 1M: SimHash embedding 20.4 -> 23.7 us
+(x1.16), label (5 positives) 28.3 -> 30.7 us (x1.09); whole
+``LshNegativeSampler.sample`` 148 -> 170 us (x1.15) embedding, 316 -> 343 us
+(x1.08) label; DWTA embedding 33.6 -> 37.9 us (x1.13), label 46 -> 62 us
+(x1.33).  Collision counts (DWTA's inclusion estimate) read a codes row per
+candidate, which leaves the L3 cache at 1M: x1.04-1.64.  T (entries a bucket
+scan would read) grows 10x: 12k -> 123k (SimHash embedding).  Build at 1M:
+SimHash hash 15.2 s + tables 8.9 s, DWTA 37.3 s + 15.8 s; re-hash of 1024
+labels at 1M: 0.65 s (SimHash) / 1.6 s (DWTA), 3 % of a full build, nearly
+all of it rewriting the [L, m] tables.
+
 How to run
 ----------
 Build the op library (or ``pip install .``), then::

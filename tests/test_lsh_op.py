@@ -397,6 +397,9 @@ def test_dwta_seed_changes_only_densification():
     sparse_x[:, 7] = rng.uniform(0.1, 1, 10)
     a = lsh_dwta_hash(sparse_x, bins, K, seed=1).numpy()
     assert np.array_equal(a, lsh_dwta_hash(sparse_x, bins, K, seed=1).numpy())
+    # Most bins are empty: the densification probes, hence the codes, move.
+    assert not np.array_equal(a, lsh_dwta_hash(sparse_x, bins, K,
+                                               seed=2).numpy())
 
 
 def test_dwta_validation():

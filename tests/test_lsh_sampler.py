@@ -455,7 +455,6 @@ def test_rehash_threshold_schedule_rehashes_changed_rows():
     model, head, (x, y) = fit_model(steps=8)
     sampler = LshNegativeSampler(40, 10, K=3, L=4, seed=1)
     sampler.bind(head)
-    initial = None
     cb = Rehash(sampler, schedule="threshold", every_n_steps=4,
                 threshold=1e-9)
     history = model.fit(x, y, batch_size=4, epochs=1, verbose=0,
