@@ -489,3 +489,26 @@ def test_rehash_threshold_sees_rewired_connections():
     assert cb.changed_rows().tolist() == [7]
     assert cb.rehash_now() == 1
     assert cb.changed_rows().tolist() == []
+
+
+def test_rehash_state_round_trip_resumes_the_schedule():
+    model, head, (x, y) = fit_model()
+    sampler = LshNegativeSampler(40, 10, K=3, L=4, seed=1)
+    sampler.bind(head)
+    cb = Rehash(sampler, every_n_steps=2, frequency_decay=0.5)
+    model.fit(x[:24], y[:24], batch_size=4, epochs=1, verbose=0,
+              callbacks=[cb])  # steps 1..6: re-hashes after 2 and 6
+    state = cb.get_state()
+    assert state == {"period": 8.0, "rehashes": 2, "next_step": 14}
+    resumed = Rehash(sampler, every_n_steps=2, frequency_decay=0.5)
+    resumed.set_state(state)
+    model.fit(x[24:], y[24:], batch_size=4, epochs=1, verbose=0,
+              callbacks=[resumed])  # steps 7..16: one re-hash, after 14
+    assert resumed.rehashes == 3 and resumed.period == 16.0
+    threshold = Rehash(sampler, schedule="threshold", threshold=0.5)
+    threshold._snapshot = sampler.label_rows()
+    copy = Rehash(sampler, schedule="threshold", threshold=0.5)
+    copy.set_state(threshold.get_state())
+    np.testing.assert_array_equal(copy._snapshot["weights"],
+                                  threshold._snapshot["weights"])
+

@@ -457,7 +457,9 @@ class Rehash(keras.callbacks.Callback):
     epoch), ``lsh_rows_rehashed`` (labels re-hashed during the epoch),
     ``lsh_rehashes`` (re-hashes so far) and ``lsh_rehash_period`` (current
     period in steps), always present so that CSVLogger / TensorBoard
-    callbacks placed after this one see them.
+    callbacks placed after this one see them.  ``get_state``/``set_state``
+    carry the schedule (and the threshold snapshot) across a resume
+    (:mod:`xmc_tf.checkpoint`).
 
     Args:
       sampler: a bound :class:`xmc_tf.samplers.LshNegativeSampler` (or any
@@ -592,6 +594,28 @@ class Rehash(keras.callbacks.Callback):
             if self.max_period is not None:
                 self.period = min(self.period, float(self.max_period))
         self._next_step = step + max(1, int(round(self.period)))
+
+    def get_state(self) -> dict:
+        """The schedule's state for an exact resume (:mod:`xmc_tf.checkpoint`):
+        current period, next re-hash step, re-hashes so far and, for the
+        threshold schedule, the label weights last hashed (NumPy arrays).
+        The sampler's own tables are in ``sampler.get_state()``."""
+        state = {"period": float(self.period), "rehashes": int(self.rehashes),
+                 "next_step": -1 if self._next_step is None
+                 else int(self._next_step)}
+        if self._snapshot is not None:
+            state["snapshot"] = dict(self._snapshot)
+        return state
+
+    def set_state(self, state: dict) -> None:
+        """Restores :meth:`get_state`; call before ``fit``."""
+        self.period = float(state["period"])
+        self.rehashes = int(state["rehashes"])
+        step = int(state["next_step"])
+        self._next_step = None if step < 0 else step
+        snapshot = state.get("snapshot")
+        self._snapshot = (None if snapshot is None else
+                          {k: np.array(v) for k, v in snapshot.items()})
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
