@@ -326,3 +326,150 @@ def test_write_rejects_non_finite(tmp_path):
         sp.csr_matrix((1, 2), dtype=np.float32))
     with pytest.raises(ValueError, match="non-finite"):
         data.write_xc(tmp_path / "o.txt", ds)
+
+
+# ---------------------------------------------------------------------------
+# Strict grammar (issue 14): every malformed input is a ValueError naming the
+# file and line; nothing is stripped or skipped silently.
+
+STRICT_XC = [
+    # Unicode / control characters inside or between tokens.
+    ("2 5 4\n0 1:\u00a01\n1 2:1\n", 2, r"U\+00A0 \(NO-BREAK SPACE\) at column 5"),
+    ("2 5 4\n0 1:1\n1\u30002:1\n", 3, r"U\+3000 \(IDEOGRAPHIC SPACE\)"),
+    ("2 5 4\n0 1:1\u2003 2:1\n1 2:1\n", 2, r"U\+2003"),
+    ("2 5 4\n0 1:1\x0b2:1\n1 2:1\n", 2, r"U\+000B"),
+    ("2 5 4\n0 1:1 \x0c\n1 2:1\n", 2, r"U\+000C"),
+    ("2 5 4\n0 1:1\r2:1\n1 2:1\n", 2, r"U\+000D"),   # CR not before LF
+    ("2 5 4\n0 1:1\n1 2:1\x00\n", 3, r"U\+0000"),
+    ("2 5 4\n\u00a00 1:1\n1 2:1\n", 2, r"U\+00A0"),
+    ("2 5 4\n0\u00a0 1:1\n1 2:1\n", 2, r"U\+00A0"),
+    ("2 5 4\n0,\u00a01 1:1\n1 2:1\n", 2, r"U\+00A0"),
+    ("2 5 4\n\u0661 1:1\n1 2:1\n", 2, r"U\+0661"),    # Arabic-Indic digit
+    ("\ufeff2 5 4\n0 1:1\n1 2:1\n", 1, "malformed header"),  # BOM
+    ("2\u00a05 4\n0 1:1\n1 2:1\n", 1, "malformed header"),
+    # Signs, underscores, words.
+    ("2 5 4\n+0 1:1\n1 2:1\n", 2, "non-integer label id '\\+0'"),
+    ("2 5 4\n0 +1:1\n1 2:1\n", 2, "non-integer feature id '\\+1'"),
+    ("2 5 4\n0 -0:1\n1 2:1\n", 2, "non-integer feature id '-0'"),
+    ("2 5 4\n0 1:1_0\n1 2:1\n", 2, "non-numeric feature value '1_0'"),
+    ("2 5 4\n0 1:inf\n1 2:1\n", 2, "non-finite feature value 'inf'"),
+    ("2 5 4\n0 1:1e\n1 2:1\n", 2, "non-numeric feature value '1e'"),
+    ("2 5 4\n0 1:.\n1 2:1\n", 2, "non-numeric feature value '.'"),
+    ("2 5 4\n0 1:--1\n1 2:1\n", 2, "non-numeric feature value '--1'"),
+    ("2 5 4\n0 1:0x10\n1 2:1\n", 2, "non-numeric feature value '0x10'"),
+    ("2 5 4\n0, 1:1\n1 2:1\n", 2, "non-integer label id ''"),
+    ("2 5 4\n,0 1:1\n1 2:1\n", 2, "non-integer label id ''"),
+    ("2 5 4\n0 1:1 2:1,\n1 2:1\n", 2, "non-numeric feature value '1,'"),
+    # Header bounds.
+    ("2 99999999999999999999 4\n0 1:1\n1 2:1\n", 1,
+     r"num_features = 99999999999999999999 .* exceeds 2\*\*31 - 1"),
+    ("2 5 2147483648\n0 1:1\n1 2:1\n", 1, "num_labels = 2147483648"),
+    ("2 100000000000 4\n0 1:1\n1 2:1\n", 1, "num_features = 100000000000"),
+    ("99999999 5 4\n0 1:1\n", 1, r"num_instances = 99999999 .* at most 6 lines"),
+    ("99999999999999999999 5 4\n0 1:1\n", 1, "num_instances"),
+    ("2 5 4 " + " " * 5000 + "\n", 1, "header line longer"),
+    # Ids beyond int32 / float32 sums.
+    ("2 5 4\n0 99999999999999999999:1\n1 2:1\n", 2,
+     "feature id 99999999999999999999 out of range"),
+    ("2 5 4\n0 1:3e38 1:3e38\n1 2:1\n", 2, "duplicate feature id 1"),
+    ("2 5 4\n0 1:1\n1 2:1\n \x0b\n", 4, "more instance lines"),
+]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("content,line,msg", STRICT_XC)
+def test_strict_grammar(tmp_path, content, line, msg, gz):
+    p = tmp_path / ("bad.txt.gz" if gz else "bad.txt")
+    raw = content.encode("utf-8")
+    if gz:
+        raw = gzip.compress(raw)
+        if "num_instances" in msg and "at most" in msg:
+            msg = "num_instances = 99999999"  # the gzip bound is larger
+    p.write_bytes(raw)
+    with pytest.raises(ValueError) as e:
+        data.read_xc(p)
+    text = str(e.value)
+    assert text.startswith(f"{p}, line {line}:"), text
+    assert re.search(msg, text), text
+
+
+def test_accepted_spellings(tmp_path):
+    """CR LF, tabs, blank runs, trailing blanks, leading zeros, value forms,
+    an empty label field, blank trailing lines and a last line without LF."""
+    p = tmp_path / "ok.txt"
+    p.write_bytes(b"\t4 \t 6  5 \r\n"
+                  b"004,1\t 5:1.  0:+.5\t\r\n"
+                  b" 1:-2E-1 2:3e+0 \r\n"
+                  b"\t\r\n"
+                  b"3 3:1e2 3:-50\n"
+                  b" \t\n\r\n")
+    ds = data.read_xc(p)
+    np.testing.assert_array_equal(ds.labels.toarray(), [
+        [0, 1, 0, 0, 1], [0] * 5, [0] * 5, [0, 0, 0, 1, 0]])
+    np.testing.assert_array_equal(ds.features.toarray(), np.array([
+        [0.5, 0, 0, 0, 0, 1], [0, -0.2, 3, 0, 0, 0], [0] * 6,
+        [0, 0, 0, 50, 0, 0]], np.float32))
+    q = tmp_path / "last.txt.gz"
+    q.write_bytes(gzip.compress(b"2 3 2\n0 1:1\n1 2:1"))
+    assert data.read_xc(q).features.nnz == 2
+
+
+def test_values_are_correctly_rounded(tmp_path):
+    """float32(float(text)) for every value spelling (fast and slow paths)."""
+    rng = np.random.default_rng(3)
+    texts = ["0.1", "1e-45", "7e-46", "3.4028235e38", "1.17549435e-38",
+             "123456789012345678", "0.000000000000000000001234567",
+             "9007199254740993", "1e22", "1e23", "4.9406564584124654e-324",
+             "2.5e-8", "1.0000000596046448", "16777217", "-0.0"]
+    texts += [repr(float(v)) for v in rng.normal(0, 1e5, 200)]
+    texts += ["%.9g" % v for v in rng.random(200).astype(np.float32)]
+    line = " ".join(f"{i}:{t}" for i, t in enumerate(texts))
+    p = tmp_path / "v.txt"
+    p.write_text(f"1 {len(texts)}\n{line}\n")
+    got = data.read_xc_xy(p, _write(tmp_path, "y.txt", "1 1\n0\n")).features
+    want = np.array([np.float32(float(t)) for t in texts], np.float32)
+    dense = got.toarray()[0]
+    np.testing.assert_array_equal(dense.view(np.uint32),
+                                  np.where(want == 0, 0, want).view(np.uint32))
+
+
+def test_duplicate_labels_in_value_form_count_once(tmp_path):
+    """An l:v label id is a label when any of its entries is non-zero."""
+    y = _write(tmp_path, "y.txt", "1 4\n1:1 1:-1 2:0 3:0 3:2\n")
+    assert data.read_xc_labels(y).toarray().tolist() == [[0, 1, 0, 1]]
+
+
+def test_corrupt_and_truncated_gzip(tmp_path):
+    good = gzip.compress(b"100 5 4\n" + b"0 1:1\n" * 100, mtime=0)
+    bad = bytearray(good)
+    bad[20:30] = b"\x00" * 10
+    p = tmp_path / "corrupt.txt.gz"
+    for payload in (bytes(bad), good[: len(good) // 2], good[:5],
+                    good + b"garbage!"):
+        p.write_bytes(payload)
+        with pytest.raises(ValueError,
+                           match=f"^{re.escape(str(p))}: corrupt or "
+                                 "truncated gzip"):
+            data.read_xc(p)
+
+
+def test_error_line_is_first_bad_line_across_check_stages(tmp_path,
+                                                          monkeypatch):
+    """A later line with a cheaper-to-detect error (a bad character) must
+    not hide an earlier line's out-of-range id, in any chunking."""
+    lines = ["0 1:1"] * 40
+    lines[5] = "0 9:1"          # out of range (found by the last stage)
+    lines[30] = "0 1:\u00a01"   # bad character (found by the first stage)
+    content = "40 5 4\n" + "\n".join(lines) + "\n"
+    for chunk in (1 << 24, 64, 7):
+        monkeypatch.setattr(xc_format, "_CHUNK_BYTES", chunk)
+        p = _write(tmp_path, "stages.txt", content)
+        with pytest.raises(ValueError, match=re.escape(f"{p}, line 7:")):
+            data.read_xc(p)
+
+
+def test_writer_rejects_ids_beyond_int32(tmp_path):
+    ds = data.XCDataset(sp.csr_matrix((1, 2**31), dtype=np.float32),
+                        sp.csr_matrix((1, 2), dtype=np.float32))
+    with pytest.raises(ValueError, match="num_features"):
+        data.write_xc(tmp_path / "o.txt", ds)

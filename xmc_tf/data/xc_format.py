@@ -26,22 +26,62 @@ The container :class:`~xmc_tf.data.XCDataset` is defined in
 
 A path ending in ``.gz`` is read and written with gzip transparently.
 
-Parsing rules (all readers):
+Accepted grammar (all readers; strict, byte-exact)::
 
-* Ids and values are parsed strictly. Malformed input -- a bad header, a
-  non-integer id, an id out of ``[0, num_features)`` / ``[0, num_labels)``,
-  a non-numeric or non-finite value, a token that is not ``id:value``, more
-  or fewer instance lines than the header declares -- raises ``ValueError``
-  whose message starts with ``"<file>, line <n>:"`` (1-based line number;
-  the header is line 1). Nothing is skipped silently.
+    file      = header body trailing
+    header    = [blank] count (blank count){k-1} [blank] EOL
+                  (k = 3 for combined files, 2 for X and Y files)
+    body      = num_instances instance lines
+    trailing  = any number of lines holding only blanks (ignored)
+    EOL       = LF | CR LF   (the last line may also end at end of file)
+    blank     = 1*(SP | TAB)                  SP = 0x20, TAB = 0x09
+    count     = 1*DIGIT                        DIGIT = "0".."9"
+    id        = 1*DIGIT                        (leading zeros allowed)
+    value     = [sign] (1*DIGIT ["." *DIGIT] | "." 1*DIGIT)
+                [("e" | "E") [sign] 1*DIGIT]     sign = "+" | "-"
+    pair      = id ":" value
+    id-list   = id *("," id)
+    pairs     = pair *(blank pair)
+
+    combined line = [id-list] [blank [pairs]] [blank] EOL
+                    (the label field is everything before the first blank:
+                    a line whose first byte is a blank has no labels)
+    X line        = [blank] [pairs] [blank] EOL
+    Y line        = [blank] [id-list | pairs] [blank] EOL
+
+So SP and TAB are the only separators: any other byte -- a non-ASCII
+character (NBSP U+00A0, U+3000, ...), a control character (VT ``\\x0b``,
+FF ``\\x0c``, a CR that does not end the line, ...), a byte-order mark, a
+second ``:``, an empty list element (``0,,1``), a sign on an id (``+3``,
+``-3``) or a letter (``nan``, ``inf``) -- is an error, never skipped.
+Blank runs, trailing blanks, ``\\r\\n`` line endings, empty label fields
+and empty lines are valid.
+
+Semantics and errors:
+
+* Every malformed input raises ``ValueError`` whose message starts with
+  ``"<file>, line <n>:"`` (1-based line number; the header is line 1) or,
+  where no line applies (a corrupt or truncated gzip stream), with
+  ``"<file>:"``. Malformed means: a byte outside the grammar, a header that
+  is not ``k`` counts, ``num_features``/``num_labels`` above ``2**31 - 1``
+  (the int32 range of the id arrays and the ops), ``num_instances`` larger
+  than the file can hold (checked before reading: at most one instance per
+  byte after the header, and for gzip files deflate's maximal expansion of
+  1032 bytes per compressed byte; then exactly: more or fewer instance
+  lines than declared), an id outside ``[0, num_features)`` /
+  ``[0, num_labels)``, or a value that is not finite in float32 (e.g.
+  ``1e50``). Nothing proportional to a header size is allocated: memory
+  follows the bytes actually read. ``OSError`` is raised only when the file
+  cannot be opened.
 * Unsorted ids within a line are accepted and sorted. Duplicate label ids
   count once; duplicate feature ids are summed (scipy's ``sum_duplicates``).
   Explicit zero feature values are dropped from the sparse matrix.
-* Whitespace-only lines after the declared ``num_instances`` lines are
-  ignored; any other extra line is an error.
-* Parsing is vectorised per chunk of ~16 MiB of text (``numpy.loadtxt`` on
-  the id/value tokens), about 1 s per 100k Delicious-sized lines; only when a
-  chunk is malformed is it bisected to find the first bad line.
+* Values are converted like ``numpy.float32(float(text))`` (correctly
+  rounded to float64, then to float32).
+* Parsing is vectorised with NumPy per chunk of ~16 MiB of bytes (character
+  classes, tokens, ids and values are all decoded with array operations);
+  only when a chunk is malformed is the first bad line located and checked
+  line by line for the message.
 
 Example:
     >>> import os, tempfile
@@ -61,9 +101,10 @@ Example:
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import re
+import unicodedata
+import zlib
 
 import numpy as np
 import scipy.sparse as sp
@@ -78,247 +119,677 @@ __all__ = [
     "write_xc_labels",
 ]
 
-# Text read per parsing chunk (bytes, approximately; whole lines).
+# Bytes read per parsing chunk (approximately; whole lines).
 _CHUNK_BYTES = 1 << 24
+# Largest num_features / num_labels: ids are int32 (as in the ops).
+_MAX_DIM = 2**31 - 1
+# Deflate cannot expand one compressed byte into more than 1032 bytes.
+_DEFLATE_MAX_RATIO = 1032
+# Longest header line read (bytes).
+_MAX_HEADER_BYTES = 4096
+
+_GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 
 
 # ---------------------------------------------------------------------------
-# Reading.
+# Reading: errors and file access.
 
 
 class _ChunkError(ValueError):
-    """A chunk of lines failed to parse (the line is located later)."""
+    """A chunk failed to parse; ``pos`` is a byte offset inside the bad line
+    (not necessarily the first bad line: see :func:`_locate_error`)."""
 
-
-def _open_text(path: PathLike, mode: str):
-    path = os.fspath(path)
-    if path.endswith(".gz"):
-        if "w" in mode:
-            return gzip.open(path, mode, encoding="utf-8", compresslevel=6)
-        return gzip.open(path, mode, encoding="utf-8")
-    return open(path, mode, encoding="utf-8")
+    def __init__(self, pos: int, msg: str):
+        super().__init__(msg)
+        self.pos = int(pos)
+        self.msg = msg
 
 
 def _err(path, lineno, msg) -> ValueError:
     return ValueError(f"{os.fspath(path)}, line {lineno}: {msg}")
 
 
-def _parse_header(line: str, path, names: tuple[str, ...]) -> list[int]:
-    toks = line.split()
-    if len(toks) != len(names) or not all(
-            t.isascii() and t.isdigit() for t in toks):
-        raise _err(
-            path, 1, f"malformed header {line.strip()!r}: expected "
-            f"{len(names)} non-negative integers '{' '.join(names)}'")
-    return [int(t) for t in toks]
+def _gzip_error(path, lineno: int, e: Exception) -> ValueError:
+    return ValueError(
+        f"{os.fspath(path)}: corrupt or truncated gzip file (failed after "
+        f"{lineno - 1} complete lines: {type(e).__name__}: {e})")
 
 
-def _loadtxt(text: str, **kwargs) -> np.ndarray:
-    return np.loadtxt(io.StringIO(text), comments=None, ndmin=1, **kwargs)
+def _open_binary(path: PathLike):
+    path = os.fspath(path)
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
 
 
-_PAIR_DTYPE = np.dtype([("i", np.int64), ("v", np.float32)])
+def _open_text(path: PathLike, mode: str):
+    """Text handle for writing (UTF-8; gzip for ``.gz``)."""
+    path = os.fspath(path)
+    if path.endswith(".gz"):
+        return gzip.open(path, mode, encoding="utf-8", compresslevel=6,
+                         newline="\n")
+    return open(path, mode, encoding="utf-8", newline="\n")
 
 
-def _id_dtype(limit: int):
-    """Smallest id dtype for ids in ``[0, limit)`` (saves memory)."""
-    return np.int32 if limit <= np.iinfo(np.int32).max else np.int64
+# ---------------------------------------------------------------------------
+# Reading: the header.
+
+_HEADER_RE = {k: re.compile(rb"[ \t]*([0-9]+)" + rb"[ \t]+([0-9]+)" * (k - 1)
+                            + rb"[ \t]*\r?\n?")
+              for k in (2, 3)}
 
 
-def _parse_pairs(fields: list[str], what: str, limit: int):
-    """Parses whitespace-separated ``id:value`` fields, one per line.
-
-    Returns:
-      ``(counts, ids, values)``: int64 ``[len(fields)]`` tokens per field,
-      int64 ``[total]`` ids and float32 ``[total]`` values.
-    """
-    counts = np.fromiter((f.count(":") for f in fields), dtype=np.int64,
-                         count=len(fields))
-    total = int(counts.sum())
-    text = "\n".join(fields).replace(" ", "\n").replace("\t", "\n")
-    if total == 0:
-        if text.strip():
-            raise _ChunkError(f"malformed {what} field")
-        return (counts, np.zeros(0, _id_dtype(limit)),
-                np.zeros(0, np.float32))
-    arr = _loadtxt(text, delimiter=":", dtype=_PAIR_DTYPE)
-    if arr.shape != (total,):
-        raise _ChunkError(f"malformed {what} field")
-    ids = arr["i"]
-    vals = np.ascontiguousarray(arr["v"])
-    bad = (ids < 0) | (ids >= limit)
-    if bad.any():
-        k = int(np.argmax(bad))
-        raise _ChunkError(f"{what} id {ids[k]} out of range [0, {limit})")
-    if not np.isfinite(vals).all():
-        raise _ChunkError(f"non-finite {what} value")
-    return counts, ids.astype(_id_dtype(limit)), vals
+def _show(raw: bytes, limit: int = 80) -> str:
+    text = raw.rstrip(b"\n").decode("utf-8", errors="backslashreplace")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _parse_id_lists(fields: list[str], what: str, limit: int):
-    """Parses comma-separated id lists (``l1,l2,...``), one per line."""
-    counts = np.fromiter((f.count(",") + 1 if f else 0 for f in fields),
-                         dtype=np.int64, count=len(fields))
-    total = int(counts.sum())
-    if total == 0:
-        return (counts, np.zeros(0, _id_dtype(limit)),
-                np.zeros(0, np.float32))
-    text = "\n".join([f for f in fields if f]).replace(",", "\n")
-    ids = _loadtxt(text, dtype=np.int64)
-    if ids.shape != (total,):
-        raise _ChunkError(f"malformed {what} list")
-    bad = (ids < 0) | (ids >= limit)
-    if bad.any():
-        k = int(np.argmax(bad))
-        raise _ChunkError(f"{what} id {ids[k]} out of range [0, {limit})")
-    return counts, ids.astype(_id_dtype(limit)), np.ones(total, np.float32)
-
-
-def _parse_label_lines(fields: list[str], limit: int):
-    """Labels-file lines: ``l1,l2,...`` or ``l1:v1 l2:v2 ...`` per line."""
-    colon = [":" in f for f in fields]
-    if not any(colon):
-        return _parse_id_lists(fields, "label", limit)
-    if all(colon):
-        return _parse_pairs(fields, "label", limit)
-    # Mixed forms: parse each group, then restore line order.
-    idx_c = [i for i, c in enumerate(colon) if c]
-    idx_l = [i for i, c in enumerate(colon) if not c]
-    cnt_c, ids_c, val_c = _parse_pairs([fields[i] for i in idx_c], "label",
-                                       limit)
-    cnt_l, ids_l, val_l = _parse_id_lists([fields[i] for i in idx_l], "label",
-                                          limit)
-    counts = np.zeros(len(fields), np.int64)
-    counts[idx_c] = cnt_c
-    counts[idx_l] = cnt_l
-    line_of = np.concatenate([np.repeat(np.asarray(idx_c, np.int64), cnt_c),
-                              np.repeat(np.asarray(idx_l, np.int64), cnt_l)])
-    order = np.argsort(line_of, kind="stable")
-    return (counts, np.concatenate([ids_c, ids_l])[order],
-            np.concatenate([val_c, val_l])[order])
-
-
-def _parse_chunk(lines: list[str], kind: str, num_features: int,
-                 num_labels: int):
-    """Parses a list of instance lines.
+def _parse_header(line: bytes, path, names: tuple[str, ...],
+                  body_capacity: int | None) -> list[int]:
+    """Parses and bounds the header line.
 
     Args:
-      lines: raw lines (with or without the newline).
+      line: the raw first line (with its newline, if any).
+      names: the header fields, e.g. ``("num_instances", "num_labels")``.
+      body_capacity: an upper bound of the number of instance lines the
+        rest of the file can hold, or ``None`` when unknown.
+
+    Raises:
+      ValueError: ``"<path>, line 1: ..."``.
+    """
+    m = _HEADER_RE[len(names)].fullmatch(line)
+    if m is None:
+        raise _err(path, 1, f"malformed header {_show(line)!r}: expected "
+                   f"{len(names)} non-negative integers '{' '.join(names)}' "
+                   "separated by spaces or tabs")
+    values = [int(g) for g in m.groups()]
+    for name, v in zip(names[1:], values[1:]):
+        if v > _MAX_DIM:
+            raise _err(path, 1, f"{name} = {v} in the header exceeds "
+                       f"2**31 - 1 = {_MAX_DIM} (ids are int32)")
+    if body_capacity is not None and values[0] > body_capacity:
+        raise _err(path, 1, f"num_instances = {values[0]} in the header "
+                   f"exceeds the at most {body_capacity} lines the rest of "
+                   "the file can hold")
+    return values
+
+
+def _body_capacity(path, header_bytes: int) -> int | None:
+    """Upper bound of the instance lines after the header (None: unknown)."""
+    try:
+        size = os.stat(os.fspath(path)).st_size
+    except OSError:
+        return None
+    # Every instance line holds at least one byte (its LF, or one byte of
+    # a last line without LF).
+    if os.fspath(path).endswith(".gz"):
+        return size * _DEFLATE_MAX_RATIO
+    return max(0, size - header_bytes)
+
+
+# ---------------------------------------------------------------------------
+# Reading: vectorised parsing of a chunk of lines.
+
+# Byte classes.
+_BAD, _DIGIT, _BLANK, _NL, _COMMA, _COLON, _DOT, _EXP, _SIGN, _CR = range(10)
+_CLASS = np.zeros(256, np.uint8)
+_CLASS[ord("0"):ord("9") + 1] = _DIGIT
+_CLASS[[ord(" "), ord("\t")]] = _BLANK
+_CLASS[ord("\n")] = _NL
+_CLASS[ord(",")] = _COMMA
+_CLASS[ord(":")] = _COLON
+_CLASS[ord(".")] = _DOT
+_CLASS[[ord("e"), ord("E")]] = _EXP
+_CLASS[[ord("+"), ord("-")]] = _SIGN
+_CLASS[ord("\r")] = _CR
+
+_P10_INT = 10 ** np.arange(16, dtype=np.int64)
+_P10_FLOAT = np.array([float(10**k) for k in range(23)])  # exact: <= 1e22
+_EMPTY_IDS = np.zeros(0, np.int32)
+_EMPTY_VALS = np.zeros(0, np.float32)
+
+
+def _first(mask: np.ndarray, pos: np.ndarray | None = None) -> int | None:
+    """Smallest byte position flagged by ``mask`` (over ``pos``), or None."""
+    if not mask.any():
+        return None
+    if pos is None:
+        return int(np.argmax(mask))
+    return int(pos[mask].min())
+
+
+def _raise_first(*checks):
+    """Raises _ChunkError at the smallest position among (pos, msg) pairs."""
+    hits = [(p, m) for p, m in checks if p is not None]
+    if hits:
+        p, m = min(hits, key=lambda h: h[0])
+        raise _ChunkError(p, m)
+
+
+# Digit strings are converted eight bytes at a time (SWAR): a uint64 view
+# with stride 1 over the padded chunk loads the 8 bytes ending at any
+# offset; the bytes before the string are masked to 0 (leading zeros).
+_PAD = 16
+_LANE_MASK = np.array(
+    [0] + [(2**64 - 1) ^ ((1 << (8 * (8 - n))) - 1) for n in range(1, 9)],
+    np.uint64)
+
+
+def _words(buf: bytes) -> np.ndarray:
+    """uint64 view: ``words[j]`` = little-endian bytes ``buf[j - _PAD:
+    j - _PAD + 8]`` (zero padding outside ``buf``)."""
+    padded = np.zeros(len(buf) + _PAD + 8, np.uint8)
+    padded[_PAD:_PAD + len(buf)] = np.frombuffer(buf, np.uint8)
+    return np.ndarray(shape=(padded.size - 7,), dtype="<u8", buffer=padded,
+                      strides=(1,))
+
+
+def _eight_digits(w: np.ndarray) -> np.ndarray:
+    """Values of 8 ASCII digits per uint64 (first digit in the low byte;
+    zero bytes count as leading zeros).  The multiply-shift reduction of
+    pairs, quads and octets used by simdjson / fast_float (Lemire)."""
+    w = ((w & 0x0F0F0F0F0F0F0F0F) * 2561) >> 8
+    w = ((w & 0x00FF00FF00FF00FF) * 6553601) >> 16
+    return ((w & 0x0000FFFF0000FFFF) * 42949672960001) >> 32
+
+
+def _digits(words: np.ndarray, end: np.ndarray,
+            length: np.ndarray) -> np.ndarray:
+    """uint64 values of the digit strings ending at ``end`` (exclusive) of
+    ``length`` <= 16 bytes (validated digits)."""
+    if length.size == 0 or not length.any():
+        return np.zeros(length.size, np.uint64)
+    longest = int(length.max())
+    lo_len = np.minimum(length, 8) if longest > 8 else length
+    lo = _eight_digits(words[end + (_PAD - 8)] & _LANE_MASK[lo_len])
+    if longest <= 8:
+        return lo
+    hi = _eight_digits(words[end + (_PAD - 16)] & _LANE_MASK[length - lo_len])
+    return hi * 100000000 + lo
+
+
+def _decimal(a: np.ndarray, words: np.ndarray, start: np.ndarray,
+             end: np.ndarray, limit: int, what: str):
+    """Integer values of the digit strings ``a[start:end]`` (validated).
+
+    Returns int64 values; raises _ChunkError at the first id >= ``limit``.
+    Strings longer than 16 digits are >= 10**16 unless their leading digits
+    are zeros (checked one by one; rare).
+    """
+    length = end - start
+    if len(start) == 0:
+        return np.zeros(0, np.int64)
+    values = _digits(words, end, np.minimum(length, 16)).astype(np.int64)
+    for i in np.flatnonzero(length > 16):
+        head = a[start[i]:end[i] - 16]
+        if (head != ord("0")).any():
+            values[i] = limit  # out of range (beyond int32)
+    bad = values >= limit
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise _ChunkError(start[k], f"{what} id out of range [0, {limit})")
+    return values
+
+
+def _values(buf: bytes, a: np.ndarray, words: np.ndarray, cls: np.ndarray,
+            vstart: np.ndarray, vend: np.ndarray, epos: np.ndarray,
+            has_exp: np.ndarray, dpos: np.ndarray,
+            has_dot: np.ndarray) -> np.ndarray:
+    """float32 values of the validated ``value`` tokens ``buf[vstart:vend]``.
+
+    Single-digit values (binary bag-of-words data) are read directly.
+    Otherwise the fast path (Clinger): a mantissa of <= 15 digits is an
+    exact integer in float64, and 10**k is exact for |k| <= 22, so one IEEE
+    multiplication or division gives the correctly rounded float64, as
+    ``float(text)`` does.  The rest (long mantissas, large exponents; rare)
+    is converted with ``float``.  Then float64 -> float32.
+    """
+    out = np.empty(len(vstart), np.float64)
+    one = vend == vstart + 1
+    out[one] = a[vstart[one]].astype(np.float64) - 48.0
+    rest = np.flatnonzero(~one)
+    if rest.size == 0:
+        return out.astype(np.float32)
+    vstart, vend, epos = vstart[rest], vend[rest], epos[rest]
+    has_exp, dpos, has_dot = has_exp[rest], dpos[rest], has_dot[rest]
+    has_sign = cls[vstart] == _SIGN
+    neg = has_sign & (a[vstart] == ord("-"))
+    ms = vstart + has_sign
+    int_end = np.where(has_dot, dpos, epos)
+    int_len = int_end - ms
+    frac_len = np.where(has_dot, epos - 1 - dpos, 0)
+    exp_at = np.minimum(epos + 1, len(a) - 1)
+    exp_sign = has_exp & (cls[exp_at] == _SIGN)
+    exp_neg = exp_sign & (a[exp_at] == ord("-"))
+    exp_len = np.where(has_exp, vend - (epos + 1 + exp_sign), 0)
+    fast = (int_len + frac_len <= 15) & (exp_len <= 4)
+    int_val = _digits(words, int_end, np.where(fast, int_len, 0))
+    frac_val = _digits(words, epos, np.where(fast, frac_len, 0))
+    mant = (int_val * _P10_INT[np.where(fast, frac_len, 0)].astype(np.uint64)
+            + frac_val)
+    expo = _digits(words, vend, np.where(fast, exp_len, 0)).astype(np.int64)
+    k10 = np.where(exp_neg, -expo, expo) - frac_len
+    fast &= (mant == 0) | ((k10 >= -22) & (k10 <= 22))
+    m = mant.astype(np.float64)
+    val = np.where(k10 >= 0, m * _P10_FLOAT[np.clip(k10, 0, 22)],
+                   m / _P10_FLOAT[np.clip(-k10, 0, 22)])
+    val = np.where(neg, -val, val)
+    for i in np.flatnonzero(~fast):
+        val[i] = float(buf[vstart[i]:vend[i]])
+    out[rest] = val
+    with np.errstate(over="ignore"):
+        return out.astype(np.float32)
+
+
+def _counts_per_line(pos: np.ndarray, nl: np.ndarray) -> np.ndarray:
+    """int64 [len(nl)]: entries of the sorted positions ``pos`` per line."""
+    upto = np.searchsorted(pos, nl)
+    return np.diff(upto, prepend=0).astype(np.int64)
+
+
+def _check_duplicate_sums(pos, counts, ids, vals) -> None:
+    """Raises _ChunkError when duplicate feature ids of a line sum (in
+    float64, as the CSR matrix does) beyond the float32 range.  Only lines
+    whose absolute values sum to >= FLT_MAX can; they are checked exactly.
+
+    Args:
+      pos: byte offsets of the entries; counts: entries per line; ids,
+        vals: the entries in line order.
+    """
+    if vals.size == 0:
+        return
+    line = np.repeat(np.arange(counts.size), counts)
+    total = np.bincount(line, weights=np.abs(vals.astype(np.float64)),
+                        minlength=counts.size)
+    for li in np.flatnonzero(total >= float(np.finfo(np.float32).max)):
+        sel = np.flatnonzero(line == li)
+        order = np.argsort(ids[sel], kind="stable")
+        sums = {}
+        for k in sel[order]:
+            sums[int(ids[k])] = sums.get(int(ids[k]), 0.0) + float(vals[k])
+        with np.errstate(over="ignore"):
+            if not np.isfinite(np.float32(list(sums.values()))).all():
+                raise _ChunkError(pos[sel[0]], "duplicate feature ids sum "
+                                  "to a value beyond the float32 range")
+
+
+def _parse_chunk(buf: bytes, kind: str, num_features: int, num_labels: int):
+    """Parses whole instance lines (``buf`` ends with ``b"\\n"``).
+
+    Vectorised over the chunk: after one pass that classifies every byte,
+    the work is on the non-digit bytes (separators, ':', ',', '.', ...)
+    and on per-token arrays.
+
+    Args:
+      buf: the lines, each ending with LF.
       kind: ``"xc"`` (``labels features``), ``"x"`` (features only) or
         ``"y"`` (labels only).
 
     Returns:
-      ``(labels, features)``, each ``None`` or ``(counts, ids, values)``.
+      ``(labels, features)``, each ``None`` or ``(counts, ids, values)``:
+      int64 ``[num_lines]`` entries per line, int32 ids and float32 values
+      in line order.
 
     Raises:
-      ValueError: the chunk holds a malformed line (not located).
+      _ChunkError: malformed input, with a byte offset inside a bad line.
     """
-    stripped = [ln.rstrip() for ln in lines]
-    labels = features = None
+    a = np.frombuffer(buf, np.uint8)
+    n = a.size
+    cls = _CLASS[a]
+
+    # Stage 1: characters.  A CR is valid only right before LF (then it is
+    # a trailing blank).
+    _raise_first((_first(cls == _BAD), "invalid character"))
+    nd = np.flatnonzero(cls != _DIGIT)      # non-digit bytes (sorted)
+    ncls = cls[nd]
+    is_cr = ncls == _CR
+    if is_cr.any():
+        cr = nd[is_cr]
+        _raise_first((_first(cls[cr + 1] != _NL, cr),
+                      "carriage return inside a line"))
+        ncls[is_cr] = _BLANK
+    is_sep = (ncls == _BLANK) | (ncls == _NL)
+    nl = nd[ncls == _NL]
+    num_lines = nl.size
+
+    # Tokens: maximal runs of non-separator bytes, between separators.
+    sep_idx = np.flatnonzero(is_sep)        # indices into nd
+    sep = nd[sep_idx]
+    prev = np.empty_like(sep)
+    prev[0] = -1
+    prev[1:] = sep[:-1]
+    gap = sep - prev > 1                    # a token ends at sep[i]
+    starts = prev[gap] + 1
+    ends = sep[gap]
+    num_tok = starts.size
+    # Token id of every non-digit byte: count token-opening separators.
+    # Token i > 0 (or any, when the chunk does not start with a token)
+    # opens at the separator sep[i - 1]; a byte's token id is the number of
+    # opening separators before it, minus one, plus the token at offset 0.
+    opens = np.zeros(nd.size, np.int32)
+    opens[sep_idx[:-1][gap[1:]]] = 1
+    tokid = np.cumsum(opens, dtype=np.int32) - 1 + int(gap[0])
+    inner = np.flatnonzero(~is_sep)         # non-digit bytes inside tokens
+    q = nd[inner]
+    qcls = ncls[inner]
+    qtok = tokid[inner]
+
+    # Which tokens are id lists (else id:value pairs).
     if kind == "xc":
-        parts = [s.partition(" ") for s in stripped]
-        labels = _parse_id_lists([p[0] for p in parts], "label", num_labels)
-        features = _parse_pairs([p[2] for p in parts], "feature",
-                                num_features)
+        is_list = np.ones(num_tok, bool)
+        later = starts > 0
+        is_list[later] = cls[starts[later] - 1] == _NL
     elif kind == "x":
-        features = _parse_pairs(stripped, "feature", num_features)
+        is_list = np.zeros(num_tok, bool)
     elif kind == "y":
-        labels = _parse_label_lines(stripped, num_labels)
+        colon_at = q[qcls == _COLON]
+        line_has_pairs = np.zeros(num_lines, bool)
+        line_has_pairs[np.searchsorted(nl, colon_at)] = True
+        tok_line = np.searchsorted(nl, starts)
+        is_list = ~line_has_pairs[tok_line]
     else:
         raise AssertionError(kind)
+    q_list = is_list[qtok]
+
+    # Stage 2: token shapes.  Id lists: digits and commas between digits.
+    # Pairs: exactly one ':' and no ','.  Y files: one id list per line.
+    is_comma = qcls == _COMMA
+    checks = [(_first(q_list & ~is_comma, q), "malformed id list"),
+              (_first(~q_list & is_comma, q), "',' in an id:value pair")]
+    commas = q[q_list & is_comma]
+    if commas.size:
+        ok = (cls[np.maximum(commas - 1, 0)] == _DIGIT) & (commas > 0)
+        ok &= cls[commas + 1] == _DIGIT
+        checks.append((_first(~ok, commas), "empty list element"))
+    colon_idx = np.flatnonzero(qcls == _COLON)
+    colon_tok = qtok[colon_idx]
+    pair_tok = np.flatnonzero(~is_list)
+    # Exactly one colon per pair token <=> the colons' tokens are the pair
+    # tokens, in order (cheap); else locate the first bad token.
+    if colon_tok.size != pair_tok.size or (colon_tok != pair_tok).any():
+        per_tok = np.bincount(colon_tok, minlength=num_tok)
+        checks.append((_first(per_tok[pair_tok] != 1, starts[pair_tok]),
+                       "expected one ':' per pair"))
+    if kind == "y":
+        lists_per_line = np.bincount(tok_line[is_list], minlength=num_lines)
+        if (lists_per_line > 1).any():
+            line = int(np.argmax(lists_per_line > 1))
+            checks.append((0 if line == 0 else int(nl[line - 1]) + 1,
+                           "several label lists on one line"))
+    _raise_first(*checks)
+
+    # Stage 3: pair grammar  id ":" value.  Index pairs 0..P-1.
+    ps, pe = starts[pair_tok], ends[pair_tok]
+    cpos = q[colon_idx]                     # one per pair, in order
+    punct = np.flatnonzero((qcls != _COLON) & ~q_list)  # . e E + -
+    pq, pcls = q[punct], qcls[punct]
+    if pair_tok.size == num_tok:
+        ppair = qtok[punct]
+    else:
+        pair_of_tok = np.full(num_tok, -1, np.int64)
+        pair_of_tok[pair_tok] = np.arange(pair_tok.size)
+        ppair = pair_of_tok[qtok[punct]]
+    checks = [(_first(cpos == ps, ps), "empty id"),
+              (_first(pe == cpos + 1, ps), "empty value"),
+              (_first(pq < cpos[ppair], pq), "non-digit id")]
+    _raise_first(*checks)
+    is_exp, is_dot = pcls == _EXP, pcls == _DOT
+    is_sign = pcls == _SIGN
+    exp_pair, dot_pair = ppair[is_exp], ppair[is_dot]
+    signs, sign_pair = pq[is_sign], ppair[is_sign]
+    sign_ok = (signs == cpos[sign_pair] + 1) | (cls[signs - 1] == _EXP)
+    # Pairs indices are sorted: a repeat means two of a kind in one pair.
+    _raise_first((_first(np.diff(exp_pair) == 0, ps[exp_pair[1:]]),
+                  "several exponents"),
+                 (_first(np.diff(dot_pair) == 0, ps[dot_pair[1:]]),
+                  "several decimal points"),
+                 (_first(~sign_ok, signs), "misplaced sign"))
+    n_exp = np.zeros(ps.size, np.int64)
+    n_exp[exp_pair] = 1
+    n_dot = np.zeros(ps.size, np.int64)
+    n_dot[dot_pair] = 1
+    has_exp = n_exp == 1
+    epos = pe.copy()
+    epos[exp_pair] = pq[is_exp]
+    has_dot = n_dot == 1
+    dpos = np.full(ps.size, -1, np.int64)
+    dpos[dot_pair] = pq[is_dot]
+    vstart = cpos + 1
+    ms = vstart + (cls[vstart] == _SIGN)
+    exp_at = np.minimum(epos + 1, n - 1)
+    exp_digits = np.where(has_exp,
+                          pe - epos - 1 - (cls[exp_at] == _SIGN), 1)
+    _raise_first((_first(has_dot & (dpos > epos), ps),
+                  "decimal point in exponent"),
+                 (_first(epos - ms - has_dot < 1, ps), "no digit in mantissa"),
+                 (_first(exp_digits < 1, ps), "no digit in exponent"))
+
+    # Stage 4: numbers.
+    words = _words(buf)
+
+    def list_ids(limit, what):
+        lt = np.flatnonzero(is_list)
+        rs = np.sort(np.concatenate([starts[lt], commas + 1]))
+        re_ = np.sort(np.concatenate([ends[lt], commas]))
+        return rs, _decimal(a, words, rs, re_, limit, what)
+
+    def pairs(limit, what):
+        ids = _decimal(a, words, ps, cpos, limit, what)
+        vals = _values(buf, a, words, cls, vstart, pe, epos, has_exp, dpos,
+                       has_dot)
+        bad = ~np.isfinite(vals)
+        if bad.any():
+            raise _ChunkError(ps[int(np.argmax(bad))],
+                              f"non-finite {what} value (float32)")
+        return ids, vals
+
+    labels = features = None
+    if kind == "xc":
+        rs, lab = list_ids(num_labels, "label")
+        labels = (_counts_per_line(rs, nl), lab.astype(np.int32),
+                  np.ones(lab.size, np.float32))
+    if kind in ("xc", "x"):
+        fid, fval = pairs(num_features, "feature")
+        counts = _counts_per_line(ps, nl)
+        _check_duplicate_sums(ps, counts, fid, fval)
+        features = (counts, fid.astype(np.int32), fval)
+    if kind == "y":
+        rs, lab = list_ids(num_labels, "label")
+        pid, pval = pairs(num_labels, "label")
+        pos = np.concatenate([rs, ps])
+        order = np.argsort(pos, kind="stable")
+        labels = (_counts_per_line(pos[order], nl),
+                  np.concatenate([lab, pid])[order].astype(np.int32),
+                  np.concatenate([np.ones(lab.size, np.float32),
+                                  pval])[order])
     return labels, features
 
 
-_INT_RE = re.compile(r"\+?\d+|-\d+")
+# ---------------------------------------------------------------------------
+# Reading: line-by-line diagnosis of a bad line (only on failure).
+
+_DIGITS_RE = re.compile(r"[0-9]+")
+_NEG_RE = re.compile(r"-[0-9]+")
+_VALUE_RE = re.compile(
+    r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_NON_FINITE_WORDS = {"nan", "inf", "infinity"}
 
 
 def _check_int(tok: str, what: str, limit: int) -> str | None:
-    if not _INT_RE.fullmatch(tok):
-        return f"non-integer {what} id {tok!r}"
-    v = int(tok)
-    if not 0 <= v < limit:
-        return f"{what} id {v} out of range [0, {limit})"
-    return None
+    digits = _DIGITS_RE.fullmatch(tok) is not None
+    if digits or (_NEG_RE.fullmatch(tok) and int(tok) < 0):
+        v = int(tok)
+        if not 0 <= v < limit:
+            shown = str(v) if len(tok) <= 24 else tok[:21] + "..."
+            return f"{what} id {shown} out of range [0, {limit})"
+        return None
+    return (f"non-integer {what} id {tok!r} (ids are decimal digits "
+            "0-9 only)")
 
 
-def _check_pairs(field: str, what: str, limit: int) -> str | None:
-    for tok in field.split():
-        i, sep, v = tok.partition(":")
-        if not sep or ":" in v or not i or not v:
-            return (f"malformed {what} token {tok!r}: expected "
-                    f"'{what}_id:value'")
-        msg = _check_int(i, what, limit)
-        if msg:
-            return msg
-        try:
-            with np.errstate(over="ignore"):
-                fv = np.float32(float(v))
-        except ValueError:
-            return f"non-numeric {what} value {v!r} in {tok!r}"
-        if not np.isfinite(fv):
-            return f"non-finite {what} value {v!r} in {tok!r} (float32)"
+def _check_pair(tok: str, what: str, limit: int) -> str | None:
+    i, sep, v = tok.partition(":")
+    if not sep or ":" in v or not i or not v:
+        return (f"malformed {what} token {tok!r}: expected "
+                f"'{what}_id:value'")
+    msg = _check_int(i, what, limit)
+    if msg:
+        return msg
+    if not _VALUE_RE.fullmatch(v):
+        if v.lstrip("+-").lower() in _NON_FINITE_WORDS:
+            return f"non-finite {what} value {v!r} in {tok!r}"
+        return f"non-numeric {what} value {v!r} in {tok!r}"
+    with np.errstate(over="ignore"):
+        fv = np.float32(float(v))
+    if not np.isfinite(fv):
+        return f"non-finite {what} value {v!r} in {tok!r} (float32)"
     return None
 
 
 def _check_id_list(field: str, what: str, limit: int) -> str | None:
     if not field:
         return None
+    if ":" in field:
+        return (f"label field {field!r} contains ':' -- a line without "
+                "labels must start with a space")
     for tok in field.split(","):
-        if ":" in tok:
-            return (f"label field {field!r} contains ':' -- a line without "
-                    "labels must start with a space")
-        msg = _check_int(tok.strip(), what, limit)
+        msg = _check_int(tok, what, limit)
         if msg:
             return msg
     return None
 
 
-def _diagnose_line(line: str, kind: str, num_features: int,
+def _describe_char(ch: str) -> str:
+    name = unicodedata.name(ch, "")
+    return f"U+{ord(ch):04X}" + (f" ({name})" if name else "")
+
+
+def _diagnose_line(raw: bytes, kind: str, num_features: int,
                    num_labels: int) -> str | None:
-    """Human-readable reason why one line is malformed (None if unsure)."""
-    s = line.rstrip()
-    if kind == "xc":
-        lab, _, feat = s.partition(" ")
-        if any(c.isspace() for c in lab):
-            return ("the label field must end at the first space (found "
-                    "other whitespace in it)")
-        return (_check_id_list(lab, "label", num_labels) or
-                _check_pairs(feat, "feature", num_features))
-    if kind == "x":
-        return _check_pairs(s, "feature", num_features)
+    """Why one line (without its LF) breaks the grammar; None if it does
+    not.  A line-by-line restatement of the grammar in the module
+    docstring, independent of the vectorised parser."""
+    try:
+        s = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return (f"invalid byte 0x{raw[e.start]:02x} at column {e.start + 1} "
+                "(not UTF-8 text; the format is ASCII)")
+    if s.endswith("\r"):
+        s = s[:-1]  # CR LF line ending
+    for col, ch in enumerate(s, 1):
+        if ch not in " \t" and not "!" <= ch <= "~":
+            return (f"invalid character {_describe_char(ch)} at column "
+                    f"{col}: only ASCII space and tab separate tokens, and "
+                    "tokens are printable ASCII")
+    if kind in ("xc", "x"):
+        feat = s
+        if kind == "xc":
+            m = re.search(r"[ \t]", s)
+            lab, feat = (s, "") if m is None else (s[:m.start()],
+                                                   s[m.end():])
+            msg = _check_id_list(lab, "label", num_labels)
+            if msg:
+                return msg
+        sums = {}
+        for tok in feat.split():
+            msg = _check_pair(tok, "feature", num_features)
+            if msg:
+                return msg
+            i, _, v = tok.partition(":")
+            sums[int(i)] = sums.get(int(i), 0.0) + float(np.float32(float(v)))
+        with np.errstate(over="ignore"):
+            for i, v in sums.items():
+                if not np.isfinite(np.float32(v)):
+                    return (f"duplicate feature id {i}: its values sum to "
+                            f"{v:.6g}, beyond the float32 range")
+        return None
+    toks = s.split()
     if ":" in s:
-        return _check_pairs(s, "label", num_labels)
-    if s and (" " in s or "\t" in s):
-        return (f"malformed label list {s!r}: expected 'l1,l2,...' or "
-                "'l1:v1 l2:v2 ...'")
-    return _check_id_list(s, "label", num_labels)
+        for tok in toks:
+            msg = _check_pair(tok, "label", num_labels)
+            if msg:
+                return msg
+        return None
+    if len(toks) > 1:
+        return (f"malformed label list {s.strip()!r}: expected 'l1,l2,...' "
+                "or 'l1:v1 l2:v2 ...'")
+    return _check_id_list(toks[0] if toks else "", "label", num_labels)
 
 
-def _locate_error(lines, kind, num_features, num_labels, first_lineno, path,
-                  chunk_error):
-    """Bisects a failing chunk to the first bad line; returns a ValueError."""
-    lo, hi = 0, len(lines)  # lines[:lo] parse, lines[:hi] fail
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
+def _locate_error(buf: bytes, kind, num_features, num_labels, path,
+                  first_lineno, error: _ChunkError) -> ValueError:
+    """The ValueError for the first bad line of a failing chunk.
+
+    The vectorised parser reports a position in *a* bad line, found by the
+    first failing check stage; an earlier line may fail a later stage, so
+    the prefix before the reported line is parsed again until it passes
+    (at most one round per check stage).
+    """
+    while True:
+        start = buf.rfind(b"\n", 0, error.pos) + 1
+        if start == 0:
+            break
         try:
-            _parse_chunk(lines[:mid], kind, num_features, num_labels)
-            lo = mid
-        except ValueError:
-            hi = mid
-    bad = hi - 1
-    line = lines[bad]
+            _parse_chunk(buf[:start], kind, num_features, num_labels)
+        except _ChunkError as e:
+            error = e
+            continue
+        break
+    end = buf.index(b"\n", start)
+    line = buf[start:end]
     msg = _diagnose_line(line, kind, num_features, num_labels)
-    if msg is None:
+    if msg is None:  # the two parsers disagree: report the vectorised one
+        msg = (f"malformed input ({error.msg} at column "
+               f"{error.pos - start + 1})")
+    lineno = first_lineno + buf.count(b"\n", 0, start)
+    return _err(path, lineno, f"{msg}; line: {_show(line)!r}")
+
+
+# ---------------------------------------------------------------------------
+# Reading: files.
+
+
+def _chunks(f, path, lineno_ref: list):
+    """Yields chunks of whole lines, each ending with LF (an LF is added to
+    a last line without one).  Wraps gzip errors (``lineno_ref[0]`` is the
+    number of the next line, for the message)."""
+    rest = b""
+    while True:
         try:
-            _parse_chunk([line], kind, num_features, num_labels)
-        except ValueError as e:
-            msg = str(e)
-        else:  # Should not happen: report the chunk-level failure.
-            msg = f"malformed input near here ({chunk_error})"
-    text = line.rstrip("\r\n")
-    if len(text) > 80:
-        text = text[:77] + "..."
-    return _err(path, first_lineno + bad, f"{msg}; line: {text!r}")
+            data = f.read(_CHUNK_BYTES)
+        except _GZIP_ERRORS as e:
+            raise _gzip_error(path, lineno_ref[0], e) from None
+        if not data:
+            if rest:
+                yield rest + b"\n"
+            return
+        buf = rest + data if rest else data
+        cut = buf.rfind(b"\n") + 1
+        if cut == 0:
+            rest = buf
+            continue
+        rest = buf[cut:]
+        yield buf[:cut]
+
+
+def _check_trailing(buf: bytes, path, first_lineno: int,
+                    num_instances: int) -> None:
+    """Lines after the declared instances may hold only blanks (and a CR
+    right before LF)."""
+    if not buf.translate(None, b" \t\n") or (
+            not buf.translate(None, b" \t\r\n") and
+            buf.count(b"\r") == buf.count(b"\r\n")):
+        return
+    c = _CLASS[np.frombuffer(buf, np.uint8)]
+    bad = (c != _BLANK) & (c != _NL)
+    cr = np.flatnonzero(c == _CR)
+    bad[cr[c[cr + 1] == _NL]] = False
+    bad = int(np.argmax(bad))
+    start = buf.rfind(b"\n", 0, bad) + 1
+    lineno = first_lineno + buf.count(b"\n", 0, start)
+    line = buf[start:buf.index(b"\n", start)]
+    raise _err(path, lineno, f"more instance lines than the {num_instances} "
+               f"declared in the header; line: {_show(line)!r}")
 
 
 def _read_sparse_text(path: PathLike, kind: str):
@@ -332,62 +803,64 @@ def _read_sparse_text(path: PathLike, kind: str):
     names = {"xc": ("num_instances", "num_features", "num_labels"),
              "x": ("num_instances", "num_features"),
              "y": ("num_instances", "num_labels")}[kind]
-    try:
-        with _open_text(path, "rt") as f:
-            header_line = f.readline()
-            if not header_line:
-                raise _err(path, 1, "empty file; expected the header '" +
-                           " ".join(names) + "'")
-            header = _parse_header(header_line, path, names)
-            num_instances = header[0]
-            num_features = header[1] if kind in ("xc", "x") else 0
-            num_labels = header[-1] if kind in ("xc", "y") else 0
-            lab_parts, feat_parts = [], []
-            n_read = 0          # instance lines consumed
-            next_lineno = 2     # 1-based line number of the next line read
-            while True:
-                lines = f.readlines(_CHUNK_BYTES)
-                if not lines:
-                    break
-                take = max(0, min(len(lines), num_instances - n_read))
-                for j in range(take, len(lines)):
-                    if lines[j].strip():
-                        raise _err(
-                            path, next_lineno + j,
-                            f"more instance lines than the {num_instances} "
-                            "declared in the header")
-                body = lines[:take]
-                if body:
-                    try:
-                        lab, feat = _parse_chunk(body, kind, num_features,
-                                                 num_labels)
-                    except ValueError as e:
-                        raise _locate_error(body, kind, num_features,
-                                            num_labels, next_lineno, path,
-                                            e) from None
-                    if lab is not None:
-                        lab_parts.append(lab)
-                    if feat is not None:
-                        feat_parts.append(feat)
-                n_read += take
-                next_lineno += len(lines)
-            if n_read < num_instances:
-                raise _err(
-                    path, next_lineno,
-                    f"unexpected end of file: the header declares "
-                    f"{num_instances} instances but only {n_read} lines "
-                    "follow it")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{os.fspath(path)}: not a UTF-8 text file ({e})"
-                         ) from None
-    except (gzip.BadGzipFile, EOFError) as e:
-        raise ValueError(f"{os.fspath(path)}: corrupt or truncated gzip "
-                         f"file ({e})") from None
+    with _open_binary(path) as f:
+        try:
+            header_line = f.readline(_MAX_HEADER_BYTES)
+        except _GZIP_ERRORS as e:
+            raise _gzip_error(path, 1, e) from None
+        if not header_line:
+            raise _err(path, 1, "empty file; expected the header '" +
+                       " ".join(names) + "'")
+        if (len(header_line) == _MAX_HEADER_BYTES and
+                not header_line.endswith(b"\n")):
+            raise _err(path, 1, f"header line longer than "
+                       f"{_MAX_HEADER_BYTES} bytes; expected '" +
+                       " ".join(names) + "'")
+        header = _parse_header(header_line, path, names,
+                               _body_capacity(path, len(header_line)))
+        num_instances = header[0]
+        num_features = header[1] if kind in ("xc", "x") else 0
+        num_labels = header[-1] if kind in ("xc", "y") else 0
+        lab_parts, feat_parts = [], []
+        n_read = 0             # instance lines consumed
+        next_lineno = [2]      # 1-based number of the next line
+        for buf in _chunks(f, path, next_lineno):
+            lines = buf.count(b"\n")
+            take = max(0, min(lines, num_instances - n_read))
+            extra = b""
+            if take < lines:  # lines after the declared instances
+                cut = 0
+                if take:
+                    cut = int(np.flatnonzero(
+                        np.frombuffer(buf, np.uint8) == 10)[take - 1]) + 1
+                buf, extra = buf[:cut], buf[cut:]
+            if take:
+                try:
+                    lab, feat = _parse_chunk(buf, kind, num_features,
+                                             num_labels)
+                except _ChunkError as e:
+                    raise _locate_error(buf, kind, num_features, num_labels,
+                                        path, next_lineno[0], e) from None
+                if lab is not None:
+                    lab_parts.append(lab)
+                if feat is not None:
+                    feat_parts.append(feat)
+            if extra:
+                _check_trailing(extra, path, next_lineno[0] + take,
+                                num_instances)
+            n_read += take
+            next_lineno[0] += lines
+        if n_read < num_instances:
+            raise _err(
+                path, next_lineno[0],
+                f"unexpected end of file: the header declares "
+                f"{num_instances} instances but only {n_read} lines "
+                "follow it")
 
     def _cat(parts):
         if not parts:
-            return (np.zeros(num_instances, np.int64), np.zeros(0, np.int32),
-                    np.zeros(0, np.float32))
+            return (np.zeros(num_instances, np.int64), _EMPTY_IDS,
+                    _EMPTY_VALS)
         return tuple(np.concatenate(p) for p in zip(*parts))
 
     labels = _cat(lab_parts) if kind in ("xc", "y") else None
@@ -395,33 +868,56 @@ def _read_sparse_text(path: PathLike, kind: str):
     return header, labels, features
 
 
-def _to_csr(parsed, num_cols: int, binary: bool) -> sp.csr_matrix:
+def _to_csr(parsed, num_cols: int, binary: bool, path) -> sp.csr_matrix:
+    """CSR [num_instances, num_cols] float32 from ``(counts, ids, values)``.
+
+    ``binary``: an id is a label when any of its entries is non-zero (value
+    1.0).  Otherwise duplicate ids are summed in float64 and rounded once to
+    float32; explicit zeros (also sums rounding to 0) are dropped.
+    """
     counts, ids, vals = parsed
     indptr = np.zeros(len(counts) + 1, np.int64)
     np.cumsum(counts, out=indptr[1:])
-    m = sp.csr_matrix((vals.astype(np.float32, copy=False), ids, indptr),
-                      shape=(len(counts), num_cols))
-    m.sum_duplicates()  # sorts indices; merges duplicates
-    m.eliminate_zeros()
+    shape = (len(counts), num_cols)
     if binary:
+        m = sp.csr_matrix(((vals != 0).astype(np.float32), ids, indptr),
+                          shape=shape)
+        m.eliminate_zeros()
+        m.sum_duplicates()  # sorts indices; merges duplicates
         m.data[:] = 1.0
+        return m
+    m = sp.csr_matrix((vals.astype(np.float64), ids, indptr), shape=shape)
+    m.sum_duplicates()
+    with np.errstate(over="ignore"):
+        data = m.data.astype(np.float32)
+    bad = ~np.isfinite(data)
+    if bad.any():  # caught per chunk already; kept as a guard
+        row = int(np.searchsorted(m.indptr, int(np.argmax(bad)),
+                                  side="right")) - 1
+        raise _err(path, row + 2, "duplicate feature ids sum to a value "
+                   "beyond the float32 range")
+    m = sp.csr_matrix((data, m.indices, m.indptr), shape=shape)
+    m.eliminate_zeros()
     return m
 
 
 def read_xc(path: PathLike) -> XCDataset:
     """Reads a combined XC repo file (``N D L`` header, ``labels features``).
 
+    The accepted grammar is given in the module docstring.
+
     Args:
       path: file path; a ``.gz`` suffix means gzip.
 
     Returns:
       An :class:`XCDataset` with float32 CSR ``features`` ``[N, D]`` (sorted
-      indices, explicit zeros dropped, duplicates summed) and float32 CSR
-      ``labels`` ``[N, L]`` of 1.0 entries.
+      int32 indices, explicit zeros dropped, duplicates summed) and float32
+      CSR ``labels`` ``[N, L]`` of 1.0 entries.
 
     Raises:
       ValueError: malformed input; the message starts with
-        ``"<path>, line <n>:"`` (1-based, header = line 1).
+        ``"<path>, line <n>:"`` (1-based, header = line 1), or with
+        ``"<path>:"`` for a corrupt or truncated gzip stream.
       OSError: the file cannot be opened.
 
     Example:
@@ -431,8 +927,9 @@ def read_xc(path: PathLike) -> XCDataset:
     """
     header, labels, features = _read_sparse_text(path, "xc")
     _, num_features, num_labels = header
-    return XCDataset(features=_to_csr(features, num_features, binary=False),
-                     labels=_to_csr(labels, num_labels, binary=True))
+    return XCDataset(
+        features=_to_csr(features, num_features, binary=False, path=path),
+        labels=_to_csr(labels, num_labels, binary=True, path=path))
 
 
 def read_xc_labels(path: PathLike) -> sp.csr_matrix:
@@ -446,10 +943,12 @@ def read_xc_labels(path: PathLike) -> sp.csr_matrix:
       ``l:v`` form, entries with value 0 are not labels.
 
     Raises:
-      ValueError: malformed input (message names the file and line).
+      ValueError: malformed input (message starts with ``"<path>, line
+        <n>:"`` or ``"<path>:"``, see :func:`read_xc`).
+      OSError: the file cannot be opened.
     """
     header, labels, _ = _read_sparse_text(path, "y")
-    return _to_csr(labels, header[1], binary=True)
+    return _to_csr(labels, header[1], binary=True, path=path)
 
 
 def read_xc_xy(features_path: PathLike, labels_path: PathLike) -> XCDataset:
@@ -466,7 +965,9 @@ def read_xc_xy(features_path: PathLike, labels_path: PathLike) -> XCDataset:
 
     Raises:
       ValueError: malformed input in either file (file name and line in the
-        message), or the two headers disagree on ``num_instances``.
+        message, see :func:`read_xc`), or the two headers disagree on
+        ``num_instances``.
+      OSError: a file cannot be opened.
     """
     xh, _, features = _read_sparse_text(features_path, "x")
     labels = read_xc_labels(labels_path)
@@ -474,8 +975,9 @@ def read_xc_xy(features_path: PathLike, labels_path: PathLike) -> XCDataset:
         raise ValueError(
             f"{os.fspath(features_path)} has {xh[0]} instances but "
             f"{os.fspath(labels_path)} has {labels.shape[0]}")
-    return XCDataset(features=_to_csr(features, xh[1], binary=False),
-                     labels=labels)
+    return XCDataset(
+        features=_to_csr(features, xh[1], binary=False, path=features_path),
+        labels=labels)
 
 
 # ---------------------------------------------------------------------------
@@ -520,6 +1022,13 @@ def _label_matrix(labels) -> sp.csr_matrix:
     return y
 
 
+def _check_dims(num_features: int | None, num_labels: int) -> None:
+    for name, v in (("num_features", num_features), ("num_labels", num_labels)):
+        if v is not None and v > _MAX_DIM:
+            raise ValueError(f"{name} = {v} exceeds 2**31 - 1 = {_MAX_DIM}: "
+                             "the readers use int32 ids")
+
+
 def write_xc(path: PathLike, dataset: XCDataset) -> None:
     """Writes a combined XC repo file (``N D L`` header, then instances).
 
@@ -534,12 +1043,14 @@ def write_xc(path: PathLike, dataset: XCDataset) -> None:
       dataset: the :class:`XCDataset` to write.
 
     Raises:
-      ValueError: a feature value is not finite.
+      ValueError: a feature value is not finite, or ``num_features`` or
+        ``num_labels`` exceeds ``2**31 - 1`` (the readers' bound).
     """
     x = _canonical(sp.csr_matrix(dataset.features, dtype=np.float32))
     if x.nnz and not np.isfinite(x.data).all():
         raise ValueError("write_xc: features contain non-finite values")
     y = _label_matrix(dataset.labels)
+    _check_dims(x.shape[1], y.shape[1])
     n = dataset.num_instances
     with _open_text(path, "wt") as f:
         f.write(f"{n} {x.shape[1]} {y.shape[1]}\n")
@@ -556,8 +1067,12 @@ def write_xc_labels(path: PathLike, labels) -> None:
     Args:
       path: output path; a ``.gz`` suffix means gzip.
       labels: ``[N, L]`` scipy sparse matrix or array; non-zeros are labels.
+
+    Raises:
+      ValueError: ``L`` exceeds ``2**31 - 1`` (the readers' bound).
     """
     y = _label_matrix(labels)
+    _check_dims(None, y.shape[1])
     n = y.shape[0]
     with _open_text(path, "wt") as f:
         f.write(f"{n} {y.shape[1]}\n")
