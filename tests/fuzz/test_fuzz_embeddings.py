@@ -10,8 +10,10 @@ proportional to it.
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -27,6 +29,7 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow])
 
 _TMP = tempfile.mkdtemp(prefix="xmc_tf_fuzz_emb_")
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 
 
 @st.composite

@@ -20,9 +20,11 @@ Three properties, each checked on hypothesis-generated inputs (seeded:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gzip
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -44,6 +46,7 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 _TMP = tempfile.mkdtemp(prefix="xmc_tf_fuzz_")
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 
 
 def _path(name):
