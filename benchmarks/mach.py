@@ -47,16 +47,18 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import gzip
 import itertools
 import json
 import os
 import platform
+import sys
 import shutil
 import tempfile
-import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import (elapsed, load_config, run_napkinxc, run_omikuji, timer)
 
 DATA_FILES = {
     "bibtex": ("Bibtex/xc/bibtex_xcsplit_train.txt.gz",
@@ -66,44 +68,8 @@ DATA_FILES = {
 }
 
 
-def _timer():
-    return time.perf_counter(), time.process_time()
-
-
-def _elapsed(start):
-    return time.perf_counter() - start[0], time.process_time() - start[1]
-
-
-def _csr_rows(labels):
-    """CSR label matrix -> list of int arrays (one per row)."""
-    return [labels.indices[labels.indptr[i]:labels.indptr[i + 1]]
-            for i in range(labels.shape[0])]
-
-
-def _precision(topk_ids, labels, ks=(1, 3, 5)):
-    """P@k in percent via xmc_tf.metrics.XMCEvaluator."""
-    from xmc_tf.metrics import XMCEvaluator
-    ev = XMCEvaluator(ks=ks)
-    ev.update(np.asarray(topk_ids), labels)
-    res = ev.result()
-    return {f"P@{k}": float(res[f"P@{k}"]) for k in ks}
-
-
 # ---------------------------------------------------------------------------
 # 1. MACH on real data, through the main job (configs/mach.py).
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_config(name):
-    """``get_config()`` of ``configs/<name>.py``."""
-    import importlib.util
-    path = os.path.join(REPO, "configs", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"xmc_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
 
 def _decode_throughput(head, logits, k, activation, method, max_queries=None):
     """Queries/s of the MachTopK decoder on precomputed logits."""
@@ -111,10 +77,10 @@ def _decode_throughput(head, logits, k, activation, method, max_queries=None):
     from xmc_tf.ops.mach import mach_top_k, meta_probabilities
     probs = meta_probabilities(tf.constant(logits[:max_queries]), activation)
     mach_top_k(probs[:2], k, head.hashing, method=method)  # builds the cache
-    start = _timer()
+    start = timer()
     ids, scores = mach_top_k(probs, k, head.hashing, method=method)
     ids = ids.numpy()
-    wall, cpu = _elapsed(start)
+    wall, cpu = elapsed(start)
     n = probs.shape[0]
     return ids, scores.numpy(), {"queries": int(n), "wall_s": wall,
                                  "cpu_s": cpu, "qps": n / wall,
@@ -172,10 +138,10 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
     serve = xpredict.top_k_function(model, 5)
     batches = [x for x, _ in xdata.make_tf_dataset(test, 256)]
     serve(batches[0])
-    start = _timer()
+    start = timer()
     for x in batches:
         serve(x)[0].numpy()
-    e2e_wall, _ = _elapsed(start)
+    e2e_wall, _ = elapsed(start)
     d = head.kernel.shape[1]
     return {"dataset": name, "method": f"MACH B={B} R={R} {loss}", "B": B,
             "R": R, "d": d, "loss": loss,
@@ -204,58 +170,6 @@ def train_reference(name, train_path, test_path, config_name, args):
 
 
 # ---------------------------------------------------------------------------
-# 2. Baselines.
-
-def _plain_copy(path, tmpdir):
-    out = os.path.join(tmpdir, os.path.basename(path).replace(".gz", ""))
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as src, open(out, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    return out
-
-
-def run_napkinxc(name, train, test, threads):
-    from napkinxc.models import PLT
-    with tempfile.TemporaryDirectory() as tmp:
-        model = PLT(os.path.join(tmp, "plt"), threads=threads)
-        y = [list(map(int, r)) for r in _csr_rows(train.labels)]
-        start = _timer()
-        model.fit(train.features, y)
-        wall, _ = _elapsed(start)
-        start = _timer()
-        pred = model.predict(test.features, top_k=5)
-        pwall, _ = _elapsed(start)
-    ids = np.full((test.num_instances, 5), -1, np.int64)
-    for i, p in enumerate(pred):
-        ids[i, :len(p)] = p[:5]
-    return {"dataset": name, "method": "napkinXC PLT",
-            **_precision(ids, test.labels), "train_s": wall,
-            "decode_qps": test.num_instances / pwall}
-
-
-def run_omikuji(name, train_path, test, threads):
-    import omikuji
-    with tempfile.TemporaryDirectory() as tmp:
-        plain = _plain_copy(train_path, tmp)
-        start = _timer()
-        model = omikuji.Model.train_on_data(plain, n_threads=threads)
-        wall, _ = _elapsed(start)
-    feats = test.features
-    ids = np.full((test.num_instances, 5), -1, np.int64)
-    start = _timer()
-    for i in range(test.num_instances):
-        lo, hi = feats.indptr[i], feats.indptr[i + 1]
-        pairs = list(zip(feats.indices[lo:hi].tolist(),
-                         feats.data[lo:hi].tolist()))
-        pred = model.predict(pairs, top_k=5)
-        ids[i, :len(pred)] = [p[0] for p in pred]
-    pwall, _ = _elapsed(start)
-    return {"dataset": name, "method": "Omikuji",
-            **_precision(ids, test.labels), "train_s": wall,
-            "decode_qps": test.num_instances / pwall}
-
-
-# ---------------------------------------------------------------------------
 # 3. Decoder at m = 1M.
 
 def peaked_probs(rng, hashing, b, peak, num_relevant=5):
@@ -280,25 +194,25 @@ def decode_benchmark(args):
     h = MachHashing.random(m, B, R, seed=args.seed)
     rng = np.random.default_rng(args.seed)
     rows = []
-    start = _timer()
+    start = timer()
     mach_top_k(tf.zeros([1, R, B]), k, h)  # builds the inverted lists
-    build_wall, _ = _elapsed(start)
+    build_wall, _ = elapsed(start)
     for peak in args.decode_peaks:
         probs = tf.constant(peaked_probs(rng, h, args.decode_queries, peak))
         mach_top_k(probs[:8], k, h)  # warm-up
         best = None
         for _ in range(args.decode_repeats):
-            start = _timer()
+            start = timer()
             ids, scores = mach_top_k(probs, k, h)
             ids = ids.numpy()
-            wall, cpu = _elapsed(start)
+            wall, cpu = elapsed(start)
             if best is None or wall < best[0]:
                 best = (wall, cpu)
         n_check = min(args.decode_check, args.decode_queries)
-        start = _timer()
+        start = timer()
         bf_ids, bf_scores = mach_top_k(probs[:n_check], k, h,
                                        method="brute_force")
-        bf_wall, _ = _elapsed(start)
+        bf_wall, _ = elapsed(start)
         exact = (np.array_equal(bf_ids.numpy(), ids[:n_check]) and
                  np.array_equal(bf_scores.numpy(), scores.numpy()[:n_check]))
         rows.append({"m": m, "R": R, "B": B, "k": k, "peak": peak,
@@ -323,10 +237,10 @@ def synthetic_benchmark(args):
     from xmc_tf import data as xdata
     m, R, B = args.decode_labels, 16, 4096
     n_train, n_test = args.synthetic_instances, 2000
-    start = _timer()
+    start = timer()
     full = xdata.make_synthetic(n_train + n_test, args.synthetic_features, m,
                                 seed=args.seed)
-    gen_wall, _ = _elapsed(start)
+    gen_wall, _ = elapsed(start)
     os.makedirs(args.workdir, exist_ok=True)
     train_path = os.path.join(args.workdir, "synthetic_train.txt")
     test_path = os.path.join(args.workdir, "synthetic_test.txt")
@@ -445,13 +359,14 @@ def main(argv=None):
                                      "head_bytes", "train_s"]), flush=True)
             if not args.skip_baselines:
                 try:
-                    result["real"].append(run_napkinxc(name, raw_train,
-                                                       raw_test, args.threads))
+                    result["real"].append({"dataset": name, **run_napkinxc(
+                        raw_train, raw_test, args.threads)})
                 except ImportError as e:
                     print(f"napkinXC skipped: {e}")
                 try:
-                    result["real"].append(run_omikuji(name, train_path,
-                                                      raw_test, args.threads))
+                    result["real"].append({"dataset": name, **run_omikuji(
+                        raw_train, raw_test, args.threads,
+                        train_path=train_path)})
                 except ImportError as e:
                     print(f"Omikuji skipped: {e}")
             for (B, R), loss in itertools.product(configs, losses):

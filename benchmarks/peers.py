@@ -1,0 +1,164 @@
+"""What a practitioner would use instead of xmc_tf, run on the same files.
+
+Shared by the benchmarks: napkinXC's PLT, Omikuji (Parabel-like trees),
+fastText (``train_supervised``: softmax for multi-class data, one-vs-all
+for multi-label), each on an :class:`xmc_tf.data.XCDataset` loaded from the
+same XC-repo files as the xmc_tf rows, with ``threads`` CPU threads.
+Every runner returns ``{"method", "P@1", "P@3", "P@5", "train_s",
+"decode_qps"}`` (P@k in percent, train time in wall seconds).
+Benchmark-only dependencies: ``pip install xmc_tf[bench]``.
+
+Also here: the small timing / P@k / config helpers every benchmark uses.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+__all__ = ["timer", "elapsed", "csr_rows", "precision", "load_config",
+           "run_napkinxc", "run_omikuji", "run_fasttext", "PEERS"]
+
+
+def timer():
+    """``(wall, cpu)`` start marks (seconds)."""
+    return time.perf_counter(), time.process_time()
+
+
+def elapsed(start):
+    """``(wall, cpu)`` seconds since :func:`timer`'s ``start``."""
+    return time.perf_counter() - start[0], time.process_time() - start[1]
+
+
+def csr_rows(matrix):
+    """CSR matrix -> list of its rows' column-index arrays."""
+    return [matrix.indices[matrix.indptr[i]:matrix.indptr[i + 1]]
+            for i in range(matrix.shape[0])]
+
+
+def precision(topk_ids, labels, ks=(1, 3, 5)):
+    """P@k in percent of ``[n, k]`` ids (-1 = none) via XMCEvaluator."""
+    from xmc_tf.metrics import XMCEvaluator
+    ev = XMCEvaluator(ks=ks)
+    ev.update(np.asarray(topk_ids), labels)
+    res = ev.result()
+    return {f"P@{k}": float(res[f"P@{k}"]) for k in ks}
+
+
+def load_config(name):
+    """``get_config()`` of ``configs/<name>.py``."""
+    path = os.path.join(REPO, "configs", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"xmc_config_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def _plain_copy(path, tmpdir):
+    out = os.path.join(tmpdir, os.path.basename(path).replace(".gz", ""))
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return out
+
+
+def run_napkinxc(train, test, threads=2, **_):
+    """napkinXC 0.7 PLT with its defaults."""
+    from napkinxc.models import PLT
+    with tempfile.TemporaryDirectory() as tmp:
+        model = PLT(os.path.join(tmp, "plt"), threads=threads)
+        y = [list(map(int, r)) for r in csr_rows(train.labels)]
+        start = timer()
+        model.fit(train.features, y)
+        wall, _ = elapsed(start)
+        start = timer()
+        pred = model.predict(test.features, top_k=5)
+        pwall, _ = elapsed(start)
+    ids = np.full((test.num_instances, 5), -1, np.int64)
+    for i, p in enumerate(pred):
+        ids[i, :len(p)] = p[:5]
+    return {"method": "napkinXC PLT", **precision(ids, test.labels),
+            "train_s": wall, "decode_qps": test.num_instances / pwall}
+
+
+def run_omikuji(train, test, threads=2, train_path=None, **_):
+    """Omikuji 0.5 (Parabel-like) with its defaults, trained on the file."""
+    import omikuji
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = _plain_copy(train_path, tmp)
+        start = timer()
+        model = omikuji.Model.train_on_data(plain, n_threads=threads)
+        wall, _ = elapsed(start)
+    feats = test.features
+    ids = np.full((test.num_instances, 5), -1, np.int64)
+    start = timer()
+    for i in range(test.num_instances):
+        lo, hi = feats.indptr[i], feats.indptr[i + 1]
+        pairs = list(zip(feats.indices[lo:hi].tolist(),
+                         feats.data[lo:hi].tolist()))
+        pred = model.predict(pairs, top_k=5)
+        ids[i, :len(pred)] = [p[0] for p in pred]
+    pwall, _ = elapsed(start)
+    return {"method": "Omikuji", **precision(ids, test.labels),
+            "train_s": wall, "decode_qps": test.num_instances / pwall}
+
+
+def _fasttext_lines(data, with_labels):
+    feats = csr_rows(data.features)
+    labels = csr_rows(data.labels)
+    for f, y in zip(feats, labels):
+        words = " ".join(f"f{j}" for j in f)
+        if with_labels:
+            yield " ".join(f"__label__{j}" for j in y) + " " + words
+        else:
+            yield words
+
+
+def run_fasttext(train, test, threads=2, epoch=None, dim=100, lr=0.5, **_):
+    """fastText ``train_supervised`` on the feature ids as words.
+
+    Multi-class data (one label per instance): ``loss="softmax"``, 5 epochs
+    (fastText's defaults); multi-label data: ``loss="ova"``, 25 epochs
+    (fastText's multi-label tutorial; 5 gives Bibtex P@1 18.8, 25 gives
+    56.9, 50 gives 55.3).  Learning rate 0.5.  Feature values are ignored (fastText reads tokens),
+    which fits binary bag-of-words / n-gram features.
+    """
+    import fasttext
+    multi_label = bool(np.any(np.diff(train.labels.indptr) > 1))
+    loss = "ova" if multi_label else "softmax"
+    if epoch is None:
+        epoch = 25 if multi_label else 5
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "train.txt")
+        with open(path, "w") as f:
+            for line in _fasttext_lines(train, True):
+                f.write(line + "\n")
+        start = timer()
+        model = fasttext.train_supervised(path, loss=loss, epoch=epoch,
+                                          dim=dim, lr=lr, thread=threads,
+                                          verbose=0)
+        wall, _ = elapsed(start)
+    lines = list(_fasttext_lines(test, False))
+    start = timer()
+    labels, _ = model.predict(lines, k=5)
+    pwall, _ = elapsed(start)
+    ids = np.full((test.num_instances, 5), -1, np.int64)
+    for i, row in enumerate(labels):
+        got = [int(t[len("__label__"):]) for t in row]
+        ids[i, :len(got)] = got
+    return {"method": f"fastText ({loss}, {epoch} ep)",
+            **precision(ids, test.labels), "train_s": wall,
+            "decode_qps": test.num_instances / pwall}
+
+
+#: name -> runner(train, test, threads=..., train_path=...).
+PEERS = {"napkinxc": run_napkinxc, "omikuji": run_omikuji,
+         "fasttext": run_fasttext}
