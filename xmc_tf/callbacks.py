@@ -21,6 +21,13 @@ from xmc_tf.optimizers.slots import slot_names, slot_variables
 from xmc_tf.predict import evaluate_model
 
 
+def _optimizer_step(model) -> int:
+    """``model.optimizer.iterations`` as a Python int; also under a
+    ``tf.distribute`` strategy, where it is a mirrored variable that
+    ``int()`` does not convert."""
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
 def _slot_names(optimizer):
     """Names of the optimizer's per-variable state lists.
 
@@ -166,13 +173,13 @@ class SetRewiring(keras.callbacks.Callback):
         if not self._targets():
             raise ValueError("SetRewiring: the model has no UniformSparseDense layer")
         _slot_names(self.model.optimizer)  # unsupported optimizer: ValueError
-        self._periods_done = int(self.model.optimizer.iterations) // (
+        self._periods_done = _optimizer_step(self.model) // (
             self.every_n_steps)
 
     def on_train_batch_end(self, batch, logs=None):
         # Count optimizer steps, not callback calls: with
         # compile(steps_per_execution=k) Keras calls this once per k batches.
-        periods = int(self.model.optimizer.iterations) // self.every_n_steps
+        periods = _optimizer_step(self.model) // self.every_n_steps
         while self._periods_done < periods:
             self._periods_done += 1
             self.rewire_now()
@@ -393,7 +400,7 @@ class RefreshIndex(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._epoch = None
         if self.every_steps is not None:
-            self._periods_done = (int(self.model.optimizer.iterations)
+            self._periods_done = (_optimizer_step(self.model)
                                   // self.every_steps)
         if self.after_rewire is not None:
             self._rewires_seen = self.after_rewire.rewires
@@ -411,7 +418,7 @@ class RefreshIndex(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         due = self._requested
         if self.every_steps is not None:
-            periods = int(self.model.optimizer.iterations) // self.every_steps
+            periods = _optimizer_step(self.model) // self.every_steps
             if periods > self._periods_done:
                 self._periods_done = periods
                 due = due or self._started()
@@ -526,7 +533,7 @@ class Rehash(keras.callbacks.Callback):
                              "with rehash_rows() and label_rows(), got "
                              f"{type(self.sampler).__name__}")
         self._ensure_tables()
-        step = int(self.model.optimizer.iterations)
+        step = _optimizer_step(self.model)
         if self._next_step is None or self._next_step <= step:
             self._next_step = step + int(round(self.period))
         if self.schedule == "threshold" and self._snapshot is None:
@@ -585,7 +592,7 @@ class Rehash(keras.callbacks.Callback):
         return int(len(rows))
 
     def on_train_batch_end(self, batch, logs=None):
-        step = int(self.model.optimizer.iterations)
+        step = _optimizer_step(self.model)
         if self._next_step is None or step < self._next_step:
             return
         self.rehash_now()

@@ -17,12 +17,37 @@ import keras
 import tensorflow as tf
 
 
+def _ids_to_dense(ids, num_labels, dtype):
+    """Multi-hot ``[batch, num_labels]`` from int64 ids ``[batch, n]``."""
+    positions = tf.where(ids >= 0)  # [nnz, 2] (row, column of ids)
+    label_ids = tf.gather_nd(ids, positions)
+    coords = tf.stack([positions[:, 0], label_ids], axis=1)
+    shape = tf.stack([tf.shape(ids, out_type=tf.int64)[0],
+                      tf.cast(num_labels, tf.int64)])
+    counts = tf.scatter_nd(coords, tf.ones_like(label_ids, dtype), shape)
+    return tf.minimum(counts, tf.ones([], dtype))
+
+
 def dense_targets(y_true, num_labels, dtype=tf.float32):
     """Multi-hot ``[batch, num_labels]`` targets for one batch.
 
+    Which targets are ids: integer ``y_true`` always.  A float ``y_true`` of
+    rank 2 whose width differs from ``num_labels`` holds label ids too
+    (rounded to the nearest integer; padding stays negative): Keras builds a
+    model under a ``tf.distribute`` strategy from the replica-*mean* of the
+    first batch (``TensorFlowTrainer._maybe_symbolic_build``), which turns
+    the int32 ``[batch, n]`` ids of :func:`xmc_tf.data.make_tf_dataset`
+    into floats.  A float or bool ``y_true`` of width ``num_labels`` is a
+    multi-hot tensor and is returned cast (when the width is only known at
+    run time the choice is made then, with ``tf.cond``).  Float ids are
+    exact below ``2**24`` (float32) / ``2**53`` (float64); pass integer ids
+    for larger label spaces.  A float id matrix exactly ``num_labels`` wide
+    is read as multi-hot: pass ids as integers.
+
     Args:
-      y_true: integer ``[batch, n]`` label ids padded with negative values, or
-        a float/bool ``[batch, num_labels]`` multi-hot tensor (returned cast).
+      y_true: integer ``[batch, n]`` label ids padded with negative values;
+        a float ``[batch, n]`` (``n != num_labels``) of such ids; or a
+        float/bool ``[batch, num_labels]`` multi-hot tensor.
       num_labels: int or scalar tensor, the number of labels m.
       dtype: output dtype.
 
@@ -36,18 +61,28 @@ def dense_targets(y_true, num_labels, dtype=tf.float32):
     >>> dense_targets(tf.constant([[2, -1], [0, 1]]), 3).numpy()
     array([[0., 0., 1.],
            [1., 1., 0.]], dtype=float32)
+    >>> dense_targets(tf.constant([[2., -1.], [0., 1.]]), 3).numpy()  # ids
+    array([[0., 0., 1.],
+           [1., 1., 0.]], dtype=float32)
     """
     y_true = tf.convert_to_tensor(y_true)
-    if not y_true.dtype.is_integer:
+    if y_true.dtype.is_integer:
+        return _ids_to_dense(tf.cast(y_true, tf.int64), num_labels, dtype)
+    if y_true.dtype == tf.bool or y_true.shape.rank != 2:
         return tf.cast(y_true, dtype)
-    ids = tf.cast(y_true, tf.int64)
-    positions = tf.where(ids >= 0)  # [nnz, 2] (row, column of ids)
-    label_ids = tf.gather_nd(ids, positions)
-    coords = tf.stack([positions[:, 0], label_ids], axis=1)
-    shape = tf.stack([tf.shape(ids, out_type=tf.int64)[0],
-                      tf.cast(num_labels, tf.int64)])
-    counts = tf.scatter_nd(coords, tf.ones_like(label_ids, dtype), shape)
-    return tf.minimum(counts, tf.ones([], dtype))
+
+    def float_ids():
+        return _ids_to_dense(tf.cast(tf.round(y_true), tf.int64), num_labels,
+                             dtype)
+
+    width = y_true.shape[-1]
+    static_m = tf.get_static_value(num_labels)
+    if width is not None and static_m is not None:
+        return tf.cast(y_true, dtype) if width == int(static_m) else float_ids()
+    return tf.cond(
+        tf.equal(tf.shape(y_true, out_type=tf.int64)[-1],
+                 tf.cast(num_labels, tf.int64)),
+        lambda: tf.cast(y_true, dtype), float_ids)
 
 
 class _MultiLabelLoss(keras.losses.Loss):
@@ -55,12 +90,17 @@ class _MultiLabelLoss(keras.losses.Loss):
 
     Keras' ``Loss.__call__`` casts targets to the loss dtype, which would turn
     label ids above 2**24 into wrong floats; this override expands integer
-    ids first, exactly.
+    ids first, exactly.  Float targets narrower than the scores are ids too
+    (the replica-mean batch of Keras' build under ``tf.distribute``; see
+    :func:`dense_targets`).
     """
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         y_pred = tf.convert_to_tensor(y_pred)
-        y_true = dense_targets(y_true, tf.shape(y_pred)[-1], y_pred.dtype)
+        num_labels = y_pred.shape[-1]
+        if num_labels is None:
+            num_labels = tf.shape(y_pred)[-1]
+        y_true = dense_targets(y_true, num_labels, y_pred.dtype)
         return super().__call__(y_true, y_pred, sample_weight)
 
 
