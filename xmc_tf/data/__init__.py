@@ -23,7 +23,8 @@ Example:
 """
 
 from xmc_tf.data.embeddings import load_embedding_array, read_embeddings
-from xmc_tf.data.pipeline import make_tf_dataset, normalize_features
+from xmc_tf.data.pipeline import (distribute_tf_dataset, make_tf_dataset,
+                                  normalize_features)
 from xmc_tf.data.synthetic import make_synthetic
 from xmc_tf.data.dataset import XCDataset
 from xmc_tf.data.specs import BUNDLED_DATASETS, load_bundled, load_dataset
@@ -33,6 +34,7 @@ from xmc_tf.data.xc_format import (read_xc, read_xc_labels, read_xc_xy,
 __all__ = [
     "BUNDLED_DATASETS",
     "XCDataset",
+    "distribute_tf_dataset",
     "load_bundled",
     "load_dataset",
     "load_embedding_array",

@@ -17,11 +17,14 @@
   ``train_step`` would take a third element for sample weights: use it with
   a trainer that reads ids (:class:`xmc_tf.heads.scent.ScentTrainer`).
 
-The CSR arrays are held once as constant tensors; each batch is a slice of
-a (shuffled) permutation of row ids, gathered with ragged ``tf.gather`` on
-the CSR row splits inside a parallel ``map``. Neither a dense
+The data set stays in NumPy (or memory-mapped ``.npy`` files,
+:mod:`xmc_tf.data.cache`): each batch is a slice of a (shuffled)
+permutation of row ids, whose CSR rows a ``tf.numpy_function`` gathers
+inside a parallel ``map``.  No graph constant grows with the data set
+(the 2 GB ``GraphDef`` limit does not apply), and neither a dense
 ``[N, num_labels]`` nor a dense ``[N, num_features]`` matrix is ever built
-(per batch, only the sparse rows).
+(per batch, only the sparse rows).  :func:`distribute_tf_dataset` shards
+the same stream over the replicas of a ``tf.distribute`` strategy.
 
 Keras 3 notes (verified with Keras 3.15 / TF 2.21, see
 ``tests/data/test_data_pipeline.py``):
@@ -64,7 +67,7 @@ import tensorflow as tf
 
 from xmc_tf.data.dataset import XCDataset
 
-__all__ = ["make_tf_dataset", "normalize_features"]
+__all__ = ["distribute_tf_dataset", "make_tf_dataset", "normalize_features"]
 
 
 # ---------------------------------------------------------------------------
@@ -169,16 +172,22 @@ def normalize_features(features, method: str = "l2", idf=None):
 
 def _batch_rows(num_instances: int, batch_size: int, shuffle: bool,
                 seed, drop_remainder: bool, repeat: bool,
-                first_epoch: int) -> tf.data.Dataset:
-    """Dataset of int64 row-id vectors, one per batch.
+                first_epoch: int, num_shards: int = 1,
+                shard_ids=(0,)) -> tf.data.Dataset:
+    """Dataset of int64 row-id vectors, one per batch (per shard batch).
 
     Epoch ``e``'s order is a pure function of ``(seed, e)``, so a process
     that starts at epoch ``e`` (a resumed run) sees the same batches as one
-    that ran epochs ``0 .. e-1`` before.
+    that ran epochs ``0 .. e-1`` before.  With ``num_shards > 1`` every
+    global batch of ``num_shards * batch_size`` rows is cut into
+    ``num_shards`` consecutive chunks of ``batch_size`` rows and the chunks
+    ``shard_ids`` are yielded, in that order.
     """
     n = num_instances
-    num_batches = n // batch_size if drop_remainder else math.ceil(
-        n / batch_size)
+    global_batch = batch_size * num_shards
+    num_batches = n // global_batch if drop_remainder else math.ceil(
+        n / global_batch)
+    shard_ids = [int(i) for i in shard_ids]
     if shuffle and seed is None:
         seed = secrets.randbits(63)
     if repeat:
@@ -203,20 +212,94 @@ def _batch_rows(num_instances: int, batch_size: int, shuffle: bool,
             perm = tf.range(n, dtype=tf.int64)
 
         def batch(i):
-            start = i * batch_size
-            rows = perm[start:tf.minimum(start + batch_size, n)]
+            # Chunk k of global batch j: i = j * len(shard_ids) + position
+            # of k in shard_ids.
+            j = i // len(shard_ids)
+            k = tf.gather(tf.constant(shard_ids, tf.int64),
+                          i % len(shard_ids))
+            start = tf.minimum(j * global_batch + k * batch_size, n)
+            stop = tf.minimum(tf.minimum(start + batch_size,
+                                         (j + 1) * global_batch), n)
+            rows = perm[start:stop]
             if drop_remainder:  # static batch dimension
                 rows = tf.ensure_shape(rows, [batch_size])
             return rows
 
-        return tf.data.Dataset.range(num_batches).map(batch)
+        return tf.data.Dataset.range(num_batches * len(shard_ids)).map(batch)
 
     rows = epochs.flat_map(epoch_batches)
     # flat_map hides the cardinality; restore it (Keras needs "infinite" to
     # require steps_per_epoch, and a finite count for its progress bar).
     rows = rows.apply(tf.data.experimental.assert_cardinality(
-        tf.data.INFINITE_CARDINALITY if repeat else num_batches))
+        tf.data.INFINITE_CARDINALITY if repeat else
+        num_batches * len(shard_ids)))
     return rows
+
+
+def _ragged_take(splits: np.ndarray, rows: np.ndarray):
+    """Positions of the entries of CSR rows ``rows``, in row order.
+
+    Returns ``(lengths int64 [b], row_of int64 [nnz], col int64 [nnz],
+    src int64 [nnz])``: entry ``t`` of the batch is entry ``src[t]`` of the
+    CSR arrays, in batch row ``row_of[t]`` at position ``col[t]`` of it.
+    """
+    starts = splits[rows]
+    lengths = splits[rows + 1] - starts
+    total = int(lengths.sum())
+    row_of = np.repeat(np.arange(rows.size, dtype=np.int64), lengths)
+    first = np.cumsum(lengths) - lengths  # first batch entry of each row
+    col = np.arange(total, dtype=np.int64) - first[row_of]
+    src = starts[row_of] + col
+    return lengths, row_of, col, src
+
+
+class _CsrBatcher:
+    """Gathers batches of rows from NumPy CSR arrays (no TensorFlow).
+
+    Holds references to the arrays of the data set (no copy when they are
+    already canonical CSR with int32 indices and float32 values; memory-
+    mapped arrays stay mapped) and is called through ``tf.numpy_function``
+    with the int64 row ids of one batch.
+    """
+
+    def __init__(self, data: XCDataset):
+        y = data.labels
+        if not y.has_canonical_format:
+            y = y.copy()
+            y.sum_duplicates()
+        self.lab_splits = np.asarray(y.indptr, dtype=np.int64)
+        self.lab_ids = np.asarray(y.indices, dtype=np.int32)
+        self.num_instances = data.num_instances
+        self.sparse = data.is_sparse
+        if self.sparse:
+            x = data.features
+            if x.dtype != np.float32:
+                x = sp.csr_matrix(x, dtype=np.float32)
+            if not x.has_canonical_format:
+                x = x.copy()
+                x.sum_duplicates()
+            self.feat_splits = np.asarray(x.indptr, dtype=np.int64)
+            self.feat_ids = x.indices  # int32 or int64
+            self.feat_vals = x.data
+        else:
+            self.dense = np.asarray(data.features, dtype=np.float32)
+
+    def __call__(self, rows):
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or
+                          rows.max() >= self.num_instances):
+            raise ValueError("make_tf_dataset: row id out of range")
+        lengths, row_of, col, src = _ragged_take(self.lab_splits, rows)
+        width = max(1, int(lengths.max()) if lengths.size else 1)
+        label_ids = np.full((rows.size, width), -1, np.int32)
+        label_ids[row_of, col] = self.lab_ids[src]
+        if not self.sparse:
+            return self.dense[rows], label_ids
+        _, row_of, _, src = _ragged_take(self.feat_splits, rows)
+        indices = np.empty((src.size, 2), np.int64)
+        indices[:, 0] = row_of
+        indices[:, 1] = self.feat_ids[src]
+        return indices, self.feat_vals[src], label_ids
 
 
 def make_tf_dataset(data: XCDataset,
@@ -227,14 +310,29 @@ def make_tf_dataset(data: XCDataset,
                     drop_remainder: bool = False,
                     repeat: bool = False,
                     first_epoch: int = 0,
-                    with_example_ids: bool = False) -> tf.data.Dataset:
+                    with_example_ids: bool = False,
+                    num_shards: int = 1,
+                    shard_index=0) -> tf.data.Dataset:
     """Builds a ``tf.data.Dataset`` of ``(features, label_ids)`` batches.
+
+    The data set stays in NumPy: the dataset graph holds only the row-id
+    schedule (a ``stateless_shuffle`` of ``range(N)`` per epoch) and one
+    ``tf.numpy_function`` that gathers each batch's CSR rows from the
+    arrays of ``data`` (no graph constant grows with the data set, so the
+    2 GB ``GraphDef`` limit does not apply and the arrays are not copied
+    into TensorFlow; memory-mapped arrays, e.g. from
+    :func:`xmc_tf.data.cache.read_cache`, stay mapped).  Gathering a batch
+    of 256 Amazon-670K-sized rows costs well under a millisecond
+    (``benchmarks/scale.py --pipeline``), against seconds for a training
+    step at that scale.
 
     Args:
       data: the :class:`XCDataset`; CSR features become sparse batches,
-        ``np.ndarray`` features dense batches.
+        ``np.ndarray`` features dense batches.  Its arrays are referenced,
+        not copied: do not modify them while the data set is in use.
       batch_size: instances per batch (the last batch of an epoch may be
-        smaller unless ``drop_remainder``).
+        smaller unless ``drop_remainder``); with ``num_shards > 1``, per
+        shard.
       shuffle: visit the instances in a new random order every epoch (each
         epoch still covers every instance exactly once).  The order of
         epoch ``e`` is ``stateless_shuffle`` keyed by ``(seed, e)``: it does
@@ -242,7 +340,8 @@ def make_tf_dataset(data: XCDataset,
         batches an uninterrupted run sees.
       seed: seed of the shuffle; with a fixed seed the sequence of epochs is
         reproducible. ``None``: nondeterministic.
-      drop_remainder: drop the last incomplete batch of each epoch.
+      drop_remainder: drop the last incomplete (global) batch of each
+        epoch.
       repeat: repeat epochs forever (pass ``steps_per_epoch`` to ``fit``):
         the stream is epoch ``first_epoch``, then ``first_epoch + 1``, ...
         Without ``repeat`` the data set is one epoch, and with ``shuffle``
@@ -253,6 +352,15 @@ def make_tf_dataset(data: XCDataset,
       with_example_ids: also yield each instance's row number in ``data``
         (SCENT's dual variables, Algorithm 26 of
         ``scent-extreme-multiclass``, are indexed by it).
+      num_shards: split every global batch of ``num_shards * batch_size``
+        instances (the unsharded stream's batch, in the same order) into
+        ``num_shards`` consecutive chunks of ``batch_size``, one per
+        replica of a data-parallel run (see :func:`distribute_tf_dataset`).
+        The last global batch of an epoch gives short, possibly empty,
+        chunks unless ``drop_remainder``.
+      shard_index: the chunk(s) this data set yields: an int in ``[0,
+        num_shards)``, or a sequence of them (yielded in that order for
+        every global batch: the replicas of one worker).
 
     Returns:
       A ``tf.data.Dataset`` yielding ``(features, label_ids)``:
@@ -267,12 +375,14 @@ def make_tf_dataset(data: XCDataset,
         with ``drop_remainder``).
 
       Without ``repeat`` the cardinality is ``ceil(N / batch_size)`` (or
-      ``N // batch_size`` with ``drop_remainder``).
+      ``N // batch_size`` with ``drop_remainder``; with shards, the number
+      of global batches times the number of shard indices).
 
     Raises:
       ValueError: ``batch_size < 1``, ``first_epoch < 0``, an empty data
-        set, or ``drop_remainder`` with fewer instances than
-        ``batch_size``.
+        set, ``drop_remainder`` with fewer instances than one (global)
+        batch, ``num_shards < 1`` or a shard index outside ``[0,
+        num_shards)``.
 
     Example:
         >>> from xmc_tf.data import load_bundled
@@ -288,63 +398,96 @@ def make_tf_dataset(data: XCDataset,
         raise ValueError("make_tf_dataset: the data set has no instances")
     if int(first_epoch) < 0:
         raise ValueError(f"first_epoch must be >= 0, got {first_epoch}")
-    if drop_remainder and n < batch_size:
+    if int(num_shards) < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    shard_ids = ([int(shard_index)] if np.ndim(shard_index) == 0 else
+                 [int(i) for i in shard_index])
+    if not shard_ids or any(not 0 <= i < num_shards for i in shard_ids):
+        raise ValueError(f"shard_index={shard_index!r} must be in [0, "
+                         f"num_shards={num_shards})")
+    global_batch = batch_size * int(num_shards)
+    if drop_remainder and n < global_batch:
         raise ValueError(f"make_tf_dataset: drop_remainder with batch_size "
-                         f"{batch_size} > num_instances {n} leaves no batch")
+                         f"{global_batch} > num_instances {n} leaves no "
+                         "batch")
     num_features = data.num_features
-
-    y = sp.csr_matrix(data.labels)
-    if not y.has_canonical_format:
-        y = y.copy()
-        y.sum_duplicates()
-    lab_splits = tf.constant(y.indptr.astype(np.int64))
-    lab_ids = tf.constant(y.indices.astype(np.int32))
-
-    if data.is_sparse:
-        x = sp.csr_matrix(data.features, dtype=np.float32)
-        if not x.has_canonical_format:
-            x = x.copy()
-            x.sum_duplicates()
-        feat_splits = tf.constant(x.indptr.astype(np.int64))
-        feat_ids = tf.constant(x.indices.astype(np.int32))
-        feat_vals = tf.constant(x.data.astype(np.float32, copy=False))
-    else:
-        dense = tf.constant(np.asarray(data.features, dtype=np.float32))
+    batcher = _CsrBatcher(data)
 
     def gather(rows):
         static_b = rows.shape[0]  # batch_size with drop_remainder, else None
         b = (tf.constant(static_b, tf.int64) if static_b is not None else
              tf.shape(rows, out_type=tf.int64)[0])
-        labels = tf.gather(
-            tf.RaggedTensor.from_row_splits(lab_ids, lab_splits,
-                                            validate=False), rows)
-        label_ids = labels.to_tensor(default_value=-1)
-        width = tf.shape(label_ids)[1]
-        label_ids = tf.pad(label_ids, [[0, 0], [0, tf.maximum(1 - width, 0)]],
-                           constant_values=-1)
-        label_ids.set_shape([static_b, None])
         if data.is_sparse:
-            ids = tf.gather(
-                tf.RaggedTensor.from_row_splits(feat_ids, feat_splits,
-                                                validate=False), rows)
-            vals = tf.gather(
-                tf.RaggedTensor.from_row_splits(feat_vals, feat_splits,
-                                                validate=False), rows)
-            indices = tf.stack(
-                [ids.value_rowids(),
-                 tf.cast(ids.flat_values, tf.int64)], axis=1)
+            indices, values, label_ids = tf.numpy_function(
+                batcher, [rows], [tf.int64, tf.float32, tf.int32],
+                stateful=False, name="xmc_tf_gather_csr_rows")
+            indices.set_shape([None, 2])
+            values.set_shape([None])
             features = tf.SparseTensor(
-                indices, vals.flat_values,
+                indices, values,
                 dense_shape=tf.stack([b, tf.constant(num_features,
                                                      tf.int64)]))
         else:
-            features = tf.gather(dense, rows)
+            features, label_ids = tf.numpy_function(
+                batcher, [rows], [tf.float32, tf.int32], stateful=False,
+                name="xmc_tf_gather_rows")
+            features.set_shape([static_b, num_features])
+        label_ids.set_shape([static_b, None])
         if with_example_ids:
             return features, label_ids, rows
         return features, label_ids
 
     rows = _batch_rows(n, batch_size, shuffle, seed, drop_remainder, repeat,
-                       int(first_epoch))
+                       int(first_epoch), int(num_shards), shard_ids)
     ds = rows.map(gather, num_parallel_calls=tf.data.AUTOTUNE,
                   deterministic=True)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def distribute_tf_dataset(strategy, data: XCDataset, global_batch_size: int,
+                          **kwargs):
+    """:func:`make_tf_dataset` for a data-parallel ``tf.distribute`` run.
+
+    Each input pipeline (worker) builds only its own part of every global
+    batch (``strategy.distribute_datasets_from_function``): replica ``r``
+    of worker ``w`` gets chunk ``w * R + r`` (``R`` replicas per worker) of
+    the global batch, so the union of the replicas' step-``i`` batches is
+    batch ``i`` of ``make_tf_dataset(data, global_batch_size, **kwargs)``
+    in one process (same order, same epoch keying, same resume).  Every
+    worker holds the whole data set in memory (or memory-mapped) and
+    gathers only its rows.
+
+    Args:
+      strategy: a ``tf.distribute.Strategy`` (e.g.
+        ``MultiWorkerMirroredStrategy``, ``MirroredStrategy``).
+      data: the :class:`XCDataset` (the same on every worker).
+      global_batch_size: instances per step over all replicas; a multiple
+        of ``strategy.num_replicas_in_sync``.
+      **kwargs: other :func:`make_tf_dataset` arguments (``shuffle``,
+        ``seed`` -- the same on every worker --, ``repeat``,
+        ``drop_remainder``, ``first_epoch``, ``with_example_ids``).
+
+    Returns:
+      A ``tf.distribute.DistributedDataset`` to pass to ``Model.fit``.
+
+    Raises:
+      ValueError: ``global_batch_size`` not a multiple of the number of
+        replicas; as :func:`make_tf_dataset`.
+    """
+    replicas = strategy.num_replicas_in_sync
+    if global_batch_size < 1 or global_batch_size % replicas:
+        raise ValueError(f"global_batch_size={global_batch_size} must be a "
+                         f"positive multiple of the {replicas} replicas")
+    for key in ("num_shards", "shard_index"):
+        if key in kwargs:
+            raise ValueError(f"distribute_tf_dataset sets {key} itself")
+
+    def dataset_fn(ctx):
+        per_worker = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        first = ctx.input_pipeline_id * per_worker
+        return make_tf_dataset(
+            data, ctx.get_per_replica_batch_size(global_batch_size),
+            num_shards=ctx.num_replicas_in_sync,
+            shard_index=list(range(first, first + per_worker)), **kwargs)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
