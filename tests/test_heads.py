@@ -39,7 +39,7 @@ def test_registry_names_and_errors():
     with pytest.raises(ValueError, match="does not fit head 'mach'"):
         heads.get_head(_config("mach", "squared_hinge"))
     with pytest.raises(ValueError, match="does not fit head 'dense'"):
-        heads.get_head(_config("dense", "softmax"))
+        heads.get_head(_config("dense", "hinge"))
 
 
 @pytest.mark.parametrize("name,loss,layer_type", [
@@ -67,7 +67,7 @@ def test_a_new_head_touches_one_module():
         losses = ("bce",)
         layer_types = ()
 
-        def build_layer(self, num_labels, input_dim):
+        def build_layer(self, num_labels, input_dim, sparse_input=False):
             return keras.layers.Dense(num_labels, use_bias=False,
                                       name=heads.OUTPUT_LAYER)
 

@@ -34,7 +34,8 @@ Config (``config.model.head = "sampled"``):
   ann / lsh), ``num_hard`` / ``num_uniform`` (k_h / k_r of the mixture),
   ``index`` / ``nprobe`` (faiss), ``refresh_start_epoch`` (tau_s),
   ``refresh_every_epochs`` (tau_r), ``refresh_every_steps``, and for LSH
-  ``hash``, ``K``, ``L``, ``query``.
+  ``hash``, ``K``, ``L``, ``query``, ``rehash_every_steps`` and
+  ``rehash_decay`` (the table update period and its decay).
 
 Source: ASTRA (Mehta et al.), Algorithm 1 and Eq. 2; the LSH paper
 (``lsh-constant-time-negative-sampling``), Algorithm 1.
@@ -271,7 +272,9 @@ class SampledHead(Head):
                 fraction=self.config.set.fraction, seed=self.config.seed)
             cbs.append(set_cb)
         if sc.kind == "lsh":
-            cbs.append(xcallbacks.Rehash(sampler))
+            cbs.append(xcallbacks.Rehash(
+                sampler, every_n_steps=sc.get("rehash_every_steps", 50),
+                frequency_decay=sc.get("rehash_decay", 0.95)))
         elif sampler.needs_refresh:
             cbs.append(xcallbacks.RefreshIndex(
                 sampler, start_epoch=sc.refresh_start_epoch,
