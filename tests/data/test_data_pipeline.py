@@ -1,6 +1,7 @@
 """Tests of normalize_features, make_tf_dataset and Keras 3 fit on it."""
 
 import math
+import os
 
 import keras
 import numpy as np
@@ -454,3 +455,102 @@ def test_shards_cut_every_global_batch_in_order():
     assert len(got) == len(want)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------
+# Binary cache (memory-mapped .npy) and reading progress.
+
+
+def _is_mapped(a):
+    """Whether ``a`` is a view of a memory-mapped file (not a copy)."""
+    import mmap
+    while a is not None:
+        if isinstance(a, (np.memmap, mmap.mmap)):
+            return True
+        a = getattr(a, "base", None)
+    return False
+
+
+def test_cache_round_trip_is_memory_mapped_and_streams_the_same(tmp_path):
+    from xmc_tf.data import cache
+    ds = _messy_dataset()
+    cache.write_cache(ds, tmp_path / "c", source={"spec": "x"})
+    back = cache.read_cache(tmp_path / "c")
+    assert _is_mapped(back.features.indices)
+    assert _is_mapped(back.features.data)
+    assert _is_mapped(back.labels.indices)
+    assert not back.features.data.flags.writeable
+    assert (back.features != ds.features).nnz == 0
+    assert (back.labels != ds.labels).nnz == 0
+    assert back.labels.dtype == np.float32
+    kwargs = dict(shuffle=True, seed=3, with_example_ids=True)
+    assert _assert_same_batches(data.make_tf_dataset(back, 64, **kwargs),
+                                data.make_tf_dataset(ds, 64, **kwargs)) == 5
+    # Normalising a memory-mapped (read-only) matrix makes a new one.
+    norm, _ = data.normalize_features(back.features, "tfidf")
+    want, _ = data.normalize_features(ds.features, "tfidf")
+    np.testing.assert_allclose(norm.toarray(), want.toarray(), rtol=1e-6)
+    dense = data.XCDataset(np.arange(12, dtype=np.float32).reshape(4, 3),
+                           ds.labels[:4])
+    cache.write_cache(dense, tmp_path / "d")
+    np.testing.assert_array_equal(cache.read_cache(tmp_path / "d").features,
+                                  dense.features)
+
+
+def test_cache_rejects_damage(tmp_path):
+    from xmc_tf.data import cache
+    ds = _messy_dataset()
+    d = cache.write_cache(ds, tmp_path / "c")
+    ids = np.load(os.path.join(d, "features_indices.npy"))
+    ids[5] = ds.num_features  # out of range
+    np.save(os.path.join(d, "features_indices.npy"), ids)
+    with pytest.raises(ValueError, match="outside"):
+        cache.read_cache(d)
+    np.save(os.path.join(d, "features_indices.npy"), ids[:-1])
+    with pytest.raises(ValueError, match="meta.json says"):
+        cache.read_cache(d)
+    os.remove(os.path.join(d, "meta.json"))
+    with pytest.raises(ValueError, match="no meta.json"):
+        cache.read_cache(d)
+
+
+def test_load_cached_reads_once_with_progress_then_maps(tmp_path, capsys,
+                                                        monkeypatch):
+    from xmc_tf.data import cache, xc_format
+    ds = _messy_dataset()
+    path = str(tmp_path / "train.txt")
+    data.write_xc(path, ds)
+    calls = []
+    real = xc_format.read_xc
+
+    def spy(p, progress="auto"):
+        calls.append(p)
+        return real(p, progress=progress)
+
+    monkeypatch.setattr(xc_format, "read_xc", spy)
+    monkeypatch.setattr(xc_format, "PROGRESS_MIN_INSTANCES", 100)
+    first = cache.load_cached(path, tmp_path / "cache")
+    out = capsys.readouterr().out
+    assert "reading" in out and "300/300" in out  # the Keras progress bar
+    assert "writing the data cache" in out
+    again = cache.load_cached(path, tmp_path / "cache")
+    assert calls == [path]  # the second call maps the cache
+    assert _is_mapped(again.features.data)
+    assert (again.features != ds.features).nnz == 0
+    assert (first.labels != ds.labels).nnz == 0
+    os.utime(path, ns=(1, 1))  # the file changed: read again
+    cache.load_cached(path, tmp_path / "cache", progress=False)
+    assert calls == [path, path]
+    assert "reading" not in capsys.readouterr().out
+
+
+def test_read_xc_progress_callback(tmp_path):
+    ds = _messy_dataset()
+    path = str(tmp_path / "train.txt")
+    data.write_xc(path, ds)
+    seen = []
+    back = data.read_xc(path, progress=lambda done, total: seen.append(
+        (done, total)))
+    assert seen and seen[-1] == (300, 300)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert (back.features != ds.features).nnz == 0

@@ -749,6 +749,35 @@ def _locate_error(buf: bytes, kind, num_features, num_labels, path,
 # Reading: files.
 
 
+#: A file whose header declares at least this many instances shows a
+#: progress bar (``keras.utils.Progbar``, instances read) while it is read,
+#: unless the reader is called with ``progress=False``.
+PROGRESS_MIN_INSTANCES = 100_000
+
+
+def _progress_reporter(progress, path, num_instances: int):
+    """``None`` or a function ``(instances_read) -> None``.
+
+    ``progress``: ``"auto"`` (a Keras progress bar for files of at least
+    :data:`PROGRESS_MIN_INSTANCES` instances), ``True`` (always a bar),
+    ``False``/``None`` (none), or a callable ``(instances_read,
+    num_instances)``.
+    """
+    if callable(progress):
+        return lambda done: progress(done, num_instances)
+    if progress is True or (progress == "auto" and
+                            num_instances >= PROGRESS_MIN_INSTANCES):
+        import sys
+
+        from keras.utils import Progbar
+        print(f"reading {os.fspath(path)} ({num_instances} instances)",
+              flush=True)
+        bar = Progbar(num_instances, unit_name="instance",
+                      interval=0.5 if sys.stdout.isatty() else 10.0)
+        return lambda done: bar.update(done, finalize=done >= num_instances)
+    return None
+
+
 def _chunks(f, path, lineno_ref: list):
     """Yields chunks of whole lines, each ending with LF (an LF is added to
     a last line without one).  Wraps gzip errors (``lineno_ref[0]`` is the
@@ -792,8 +821,8 @@ def _check_trailing(buf: bytes, path, first_lineno: int,
                f"declared in the header; line: {_show(line)!r}")
 
 
-def _read_sparse_text(path: PathLike, kind: str):
-    """Reads one XC-style file.
+def _read_sparse_text(path: PathLike, kind: str, progress="auto"):
+    """Reads one XC-style file (``progress``: see :func:`_progress_reporter`).
 
     Returns:
       ``(header, labels, features)`` where ``header`` is the list of header
@@ -822,6 +851,7 @@ def _read_sparse_text(path: PathLike, kind: str):
         num_features = header[1] if kind in ("xc", "x") else 0
         num_labels = header[-1] if kind in ("xc", "y") else 0
         lab_parts, feat_parts = [], []
+        report = _progress_reporter(progress, path, num_instances)
         n_read = 0             # instance lines consumed
         next_lineno = [2]      # 1-based number of the next line
         for buf in _chunks(f, path, next_lineno):
@@ -850,6 +880,8 @@ def _read_sparse_text(path: PathLike, kind: str):
                                 num_instances)
             n_read += take
             next_lineno[0] += lines
+            if report is not None:
+                report(n_read)
         if n_read < num_instances:
             raise _err(
                 path, next_lineno[0],
@@ -901,13 +933,17 @@ def _to_csr(parsed, num_cols: int, binary: bool, path) -> sp.csr_matrix:
     return m
 
 
-def read_xc(path: PathLike) -> XCDataset:
+def read_xc(path: PathLike, progress="auto") -> XCDataset:
     """Reads a combined XC repo file (``N D L`` header, ``labels features``).
 
     The accepted grammar is given in the module docstring.
 
     Args:
       path: file path; a ``.gz`` suffix means gzip.
+      progress: ``"auto"`` (a Keras progress bar on stdout for files of at
+        least ``PROGRESS_MIN_INSTANCES`` = 100,000 instances), ``True``,
+        ``False``, or a callable ``(instances_read, num_instances)`` called
+        after every 16 MB chunk.
 
     Returns:
       An :class:`XCDataset` with float32 CSR ``features`` ``[N, D]`` (sorted
@@ -925,18 +961,19 @@ def read_xc(path: PathLike) -> XCDataset:
         >>> ds.features.shape, ds.labels.shape
         ((4880, 1836), (4880, 159))
     """
-    header, labels, features = _read_sparse_text(path, "xc")
+    header, labels, features = _read_sparse_text(path, "xc", progress)
     _, num_features, num_labels = header
     return XCDataset(
         features=_to_csr(features, num_features, binary=False, path=path),
         labels=_to_csr(labels, num_labels, binary=True, path=path))
 
 
-def read_xc_labels(path: PathLike) -> sp.csr_matrix:
+def read_xc_labels(path: PathLike, progress="auto") -> sp.csr_matrix:
     """Reads an XC labels file (header ``N L``; ``l1,l2`` or ``l:v`` lines).
 
     Args:
       path: file path; a ``.gz`` suffix means gzip.
+      progress: as for :func:`read_xc`.
 
     Returns:
       float32 CSR ``[N, L]`` with 1.0 entries and sorted indices. In the
@@ -947,11 +984,12 @@ def read_xc_labels(path: PathLike) -> sp.csr_matrix:
         <n>:"`` or ``"<path>:"``, see :func:`read_xc`).
       OSError: the file cannot be opened.
     """
-    header, labels, _ = _read_sparse_text(path, "y")
+    header, labels, _ = _read_sparse_text(path, "y", progress)
     return _to_csr(labels, header[1], binary=True, path=path)
 
 
-def read_xc_xy(features_path: PathLike, labels_path: PathLike) -> XCDataset:
+def read_xc_xy(features_path: PathLike, labels_path: PathLike,
+               progress="auto") -> XCDataset:
     """Reads the separate-file XC variant: an X (features) and a Y file.
 
     Args:
@@ -959,6 +997,7 @@ def read_xc_xy(features_path: PathLike, labels_path: PathLike) -> XCDataset:
         ``f1:v1 f2:v2 ...`` per instance (an empty line: no features).
       labels_path: header ``num_instances num_labels``, then one line
         ``l1,l2,...`` or ``l1:v1 l2:v2 ...`` per instance.
+      progress: as for :func:`read_xc` (one bar per file).
 
     Returns:
       An :class:`XCDataset` (CSR float32 features and 1.0-valued labels).
@@ -969,8 +1008,8 @@ def read_xc_xy(features_path: PathLike, labels_path: PathLike) -> XCDataset:
         ``num_instances``.
       OSError: a file cannot be opened.
     """
-    xh, _, features = _read_sparse_text(features_path, "x")
-    labels = read_xc_labels(labels_path)
+    xh, _, features = _read_sparse_text(features_path, "x", progress)
+    labels = read_xc_labels(labels_path, progress)
     if labels.shape[0] != xh[0]:
         raise ValueError(
             f"{os.fspath(features_path)} has {xh[0]} instances but "
