@@ -283,6 +283,7 @@ class FixedHead(keras.layers.Layer):
 @pytest.mark.parametrize("loss_cls,terms", [
     (SampledSquaredHinge, np_sqh_terms), (SampledBinaryCrossEntropy, np_bce_terms)])
 def test_mixture_eq2_weights_give_unbiased_one_vs_all_loss(loss_cls, terms):
+    pytest.importorskip("faiss")
     rng = np.random.default_rng(7)
     b, m, d, k_h, k_r = 4, 150, 6, 10, 6
     kernel = rng.normal(size=(m, d)).astype(np.float32)
