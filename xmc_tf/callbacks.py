@@ -79,7 +79,9 @@ def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
     n = int(round(fraction * fan_in))
     if n == 0 or num_labels == 0:
         return indices.copy(), np.zeros((num_labels, 0), np.int64)
-    positions = np.argpartition(np.abs(weights), n - 1, axis=1)[:, :n]
+    # A compact copy, so that the [num_labels, s] int64 argpartition result
+    # is freed at once (2 GB at m = 2.8M, s = 96).
+    positions = np.argpartition(np.abs(weights), n - 1, axis=1)[:, :n].copy()
     positions.sort(axis=1)
     new = indices.copy()
     rows = np.arange(num_labels)[:, None]
@@ -87,16 +89,29 @@ def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
     # the ones that stay.
     keep = np.ones(indices.shape, bool)
     keep[rows, positions] = False
-    forbidden = indices if num_features - fan_in >= n else np.where(
-        keep, indices, -1)
     row_keys = np.arange(num_labels, dtype=np.int64)[:, None] * num_features
-    forbidden_keys = np.sort((row_keys + forbidden)[forbidden >= 0])
+    if num_features - fan_in >= n:
+        # Keys row * e + source, sorted in place per row: rows occupy
+        # disjoint key ranges, so the flat array is sorted (one int64
+        # [num_labels, s] array, no further copies).
+        forbidden_keys = indices.astype(np.int64)
+        forbidden_keys += row_keys
+        forbidden_keys.sort(axis=1)
+        forbidden_keys = forbidden_keys.reshape(-1)
+    else:
+        forbidden = np.where(keep, indices, -1)
+        forbidden_keys = np.sort((row_keys + forbidden)[forbidden >= 0])
     draw = rng.integers(0, num_features, size=(num_labels, n))
     todo = np.ones(draw.shape, bool)
     while todo.any():
         draw[todo] = rng.integers(0, num_features, size=int(todo.sum()))
         keys = row_keys + draw
-        clash = np.isin(keys, forbidden_keys, assume_unique=False)
+        # Membership by binary search in the sorted keys (np.isin would
+        # concatenate and argsort all of them: ~5x their memory).
+        where = np.minimum(np.searchsorted(forbidden_keys, keys),
+                           max(forbidden_keys.size - 1, 0))
+        clash = (forbidden_keys[where] == keys if forbidden_keys.size else
+                 np.zeros(keys.shape, bool))
         # Duplicates among the new draws of one row: keep the first.
         order = np.argsort(draw, axis=1, kind="stable")
         sorted_draw = np.take_along_axis(draw, order, axis=1)
