@@ -223,8 +223,10 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
                       sparse_input: bool):
     """Builds the model and compiles the model that ``fit`` runs.
 
-    The optimizer is :func:`xmc_tf.models.build_optimizer`
-    (``config.train.optimizer``); heads that train through a wrapper
+    The optimizer is the head's own (``head.make_optimizer()``, e.g.
+    SCENT's row-sparse momentum) or :func:`xmc_tf.models.build_optimizer`
+    (``config.train.optimizer``); the caller has run ``head.prepare`` on the
+    training data.  Heads that train through a wrapper
     (``head.training_model``, e.g. the sampled head's trainer) compile it
     with ``head.compile``.  The checkpoint saves the variables of
     ``fit_model`` (which include ``model``'s) and its ``get_state()`` if it
@@ -244,7 +246,7 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
         raise ConfigError(" ".join(str(e).split())) from e
     layer = xheads.output_layer(model)
     try:
-        optimizer = build_optimizer(config)
+        optimizer = head.make_optimizer() or build_optimizer(config)
     except ValueError as e:
         raise ConfigError(" ".join(str(e).split())) from e
     fit_model = head.training_model(model, layer)
@@ -378,6 +380,10 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
     fit_data = subset(train, np.sort(order[num_val:])) if num_val else train
     val_data = subset(train, np.sort(order[:num_val])) if num_val else None
 
+    try:
+        head.prepare(fit_data)  # e.g. SCENT sizes its per-instance duals
+    except ValueError as e:
+        raise DataError(" ".join(str(e).split())) from e
     model, layer, fit_model = build_and_compile(
         config, head, train.num_features, train.num_labels, train.is_sparse)
     model.summary(print_fn=logging.info)
@@ -410,7 +416,8 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
         # the batches an uninterrupted one sees.
         train_ds = xdata.make_tf_dataset(fit_data, tc.batch_size, shuffle=True,
                                          seed=config.seed, repeat=True,
-                                         first_epoch=initial_epoch)
+                                         first_epoch=initial_epoch,
+                                         **head.dataset_kwargs())
         val_ds = (xdata.make_tf_dataset(val_data, config.eval.batch_size)
                   if val_data is not None else None)
         fit_model.fit(train_ds, validation_data=val_ds,
