@@ -26,6 +26,9 @@ def get_config():
     ))
     c.model = ml_collections.ConfigDict(dict(
         head="uniform_sparse",  # or "dense"
+        # First encoder layer on sparse input: "sparse_embedding" (gradient
+        # over the batch's feature rows only) or "dense" (keras Dense).
+        encoder="sparse_embedding",
         encoder_dims=(1024,),
         # dropout 0.7 (was 0.5) and connections_per_label 64 (was 32), chosen
         # on the validation metrics printed by training (val P@3, the
@@ -45,6 +48,7 @@ def get_config():
         connections_per_label=64,
     ))
     c.train = ml_collections.ConfigDict(dict(
+        optimizer="lazy_adam",  # or "adam" (densifies row-sparse gradients)
         batch_size=64,
         epochs=60,
         learning_rate=1e-3,

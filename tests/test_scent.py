@@ -298,6 +298,9 @@ def _config(layer="dense", **scent):
     c.model.sampled_layer = layer
     c.model.encoder_dims = (16,)
     c.model.connections_per_label = 6
+    c.train.optimizer = "scent_momentum"  # the paper's update
+    c.train.learning_rate = 0.5
+    c.scent.correction = "none"  # the paper's estimator
     c.scent.update(scent)
     return c
 

@@ -164,10 +164,13 @@ class ScentLoss(keras.layers.Layer):
     Args:
       num_examples: n, number of training instances (size of ``nu``).
       alpha: the dual step ``alpha_t`` (> 0, constant); for ``"sox"`` the
-        ``gamma`` of ``alpha_i,t = gamma exp(-nu_i,t-1)``.  Large values
-        make ``nu_i`` the minimiser of the current batch (the
-        cross-entropy over in-batch classes); small values average ``S_i``
-        over epochs.
+        ``gamma`` of ``alpha_i,t = gamma exp(-nu_i,t-1)``.  The step sets
+        ``exp(nu_t) = (1 - r) exp(nu_t-1) + r S_i`` with
+        ``r = a / (1 + a)``, ``a = alpha exp(nu_t-1)``: as ``exp(nu)``
+        shrinks while the model fits, the same alpha moves ``nu`` less.
+        Large ``a`` makes ``nu_i`` the minimiser of the current batch (the
+        cross-entropy over in-batch classes); small ``a`` averages ``S_i``
+        over visits (one per epoch).  LibAUC's default is e^10.
       variant: ``"scent"`` or ``"sox"``.
       negatives: ``"multiset"`` (paper) or ``"unique"`` (see module doc).
       correction: ``"none"`` (paper) or ``"log_q"`` (needs

@@ -1,0 +1,363 @@
+"""SCENT benchmark: full softmax vs tf.nn.sampled_softmax_loss vs SCENT.
+
+What it measures
+----------------
+Extreme multi-class next-word prediction on ``ManNextWord``
+(``/work/shared/data/ManNextWord``: 400k train / 50k test instances, 120k
+binary (position, word) features, 50k classes; ``--max-train`` /
+``--max-test`` take a random subsample for development).  Every method trains
+the same model -- sparse input -> ``SparseEmbeddingBag(--dim, ReLU)`` ->
+output layer over all 50k classes (``xmc_tf.models.build_model``, no
+intermediate layer, no dropout) -- at the same batch size, for the same
+number of epochs, on the same shuffled batches (``make_tf_dataset``, seed
+``--seed``), each in its own process (so the peak RSS is per method):
+
+* ``full_softmax``: ``configs/uniform_sparse.py`` with ``model.head="dense"``
+  and ``loss="softmax"`` (``keras.layers.Dense`` head, all 50k logits per
+  row, :class:`xmc_tf.losses.SoftmaxCrossEntropy`), LazyAdam ``--lr``.
+* ``sampled_softmax``: ``tf.nn.sampled_softmax_loss`` with its log-uniform
+  sampler, ``--num-sampled`` classes per step (default: the batch size, as
+  many as SCENT scores at most), in a custom train step over a label-major
+  head (``benchmarks/baselines.py``), LazyAdam ``--lr``.
+* ``scent``: head ``"scent"`` (``configs/scent.py``): in-batch classes,
+  per-instance duals, Algorithm 26's momentum step (``--scent-optimizer
+  scent_momentum``, learning rate ``--scent-lr``, ``--scent-beta``) or
+  LazyAdam (``--scent-optimizer lazy_adam``, ``--lr``); ``--scent-alpha``.
+* ``scent_log_q``: SCENT with ``scent.correction="log_q"`` (in-batch
+  classes importance-weighted by the training label frequencies; not in the
+  paper).  ``sox``: SOX with ``gamma = --scent-alpha``.
+
+Reported per method: seconds per epoch (wall clock of each epoch of
+``fit``; the first includes tracing), training seconds, peak RSS of its
+process, P@1 / P@5 on the test split (percent; one label per instance, so
+P@5 = recall@5 / 5) and the test cross-entropy of the full softmax over all
+50k classes (nats, mean over test instances).  All runs use the same
+harness below (``fit`` on the xmc_tf pipeline): ``xmc_tf.train`` cannot yet
+run the ``scent`` head (it must call ``head.prepare``,
+``head.make_optimizer`` and ``head.dataset_kwargs``; see
+``xmc_tf/heads/scent.py``), and its fixed Keras Adam densifies the
+embedding table's gradient, which would slow every row alike.
+
+Timing: wall clock (``time.perf_counter``) on a machine shared with other
+jobs (load average recorded in the JSON); TensorFlow's default thread pools.
+
+Usage::
+
+    python benchmarks/scent.py --out scent.json              # full data
+    python benchmarks/scent.py --max-train 50000 --max-test 10000 \\
+        --epochs 2 --methods scent,sampled_softmax --out dev.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+METHODS = ("full_softmax", "sampled_softmax", "scent", "scent_log_q", "sox")
+#: ``--methods`` entries may override options: ``NAME:key=value:...``.
+OVERRIDES = {"lr": "lr", "alpha": "scent_alpha", "beta": "scent_beta",
+             "optimizer": "scent_optimizer", "scent_lr": "scent_lr",
+             "num_sampled": "num_sampled"}
+WORKER_OPTIONS = ("data_dir", "max_train", "max_test", "epochs", "batch_size",
+                  "eval_batch_size", "dim", "lr", "num_sampled",
+                  "scent_optimizer", "scent_lr", "scent_beta", "scent_alpha",
+                  "seed")
+COLUMNS = ["method", "epochs", "s_per_epoch", "first_epoch_s", "train_s",
+           "peak_rss_mb", "P@1", "P@5", "test_ce", "final_train_loss"]
+
+
+def _load_config(name):
+    """``configs/<name>.py``'s ``get_config()`` (loaded by path: the config
+    ``scent`` and this module share a name)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        f"xmc_tf_config_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def _model_config(method, args):
+    if method == "full_softmax":
+        c = _load_config("uniform_sparse")
+        c.model.head = "dense"
+        c.loss = "softmax"
+    else:
+        c = _load_config("scent")
+        c.model.sampled_layer = "dense"
+        c.scent.alpha = args.scent_alpha
+        c.scent.beta = args.scent_beta
+        c.scent.variant = "sox" if method == "sox" else "scent"
+        c.scent.correction = "log_q" if method == "scent_log_q" else "none"
+        c.train.optimizer = args.scent_optimizer
+        c.train.learning_rate = (args.scent_lr if args.scent_optimizer ==
+                                 "scent_momentum" else args.lr)
+    c.seed = args.seed
+    c.model.encoder = "sparse_embedding"
+    c.model.encoder_dims = (args.dim,)
+    c.model.intermediate_dim = 0
+    c.model.dropout = 0.0
+    c.set.enabled = False
+    return c
+
+
+def _subsample(dataset, n, seed):
+    from xmc_tf import data as xdata
+    if not n or n >= dataset.num_instances:
+        return dataset
+    rows = np.sort(np.random.default_rng(seed).choice(dataset.num_instances,
+                                                      n, replace=False))
+    return xdata.XCDataset(dataset.features[rows], dataset.labels[rows])
+
+
+def worker(method, args):
+    """Trains and evaluates one method in this process; returns its row."""
+    import keras
+    import tensorflow as tf
+
+    from xmc_tf import data as xdata
+    from xmc_tf import heads as xheads
+    from xmc_tf.models import build_model
+    from xmc_tf.optimizers import LazyAdam
+
+    sys.path.insert(0, HERE)
+    from baselines import TFSampledSoftmaxTrainer, full_softmax_cross_entropy
+
+    path = os.path.join(args.data_dir, "ManNextWord")
+    full_train = xdata.load_dataset(os.path.join(path, "train.txt.gz"))
+    if args.dev:
+        # Tuning: evaluate on training-file instances outside the training
+        # subsample (the test file stays unseen).
+        order = np.random.default_rng(args.seed).permutation(
+            full_train.num_instances)
+        n_eval = args.max_test or 10_000
+        n_train = args.max_train or full_train.num_instances - n_eval
+        if n_train + n_eval > full_train.num_instances:
+            raise ValueError("--dev: --max-train + --max-test exceed the "
+                             "training file")
+        rows = np.sort(order[:n_train]), np.sort(order[n_train:n_train +
+                                                       n_eval])
+        train, test = (xdata.XCDataset(full_train.features[r],
+                                       full_train.labels[r]) for r in rows)
+    else:
+        train = _subsample(full_train, args.max_train, args.seed)
+        test = _subsample(xdata.load_dataset(os.path.join(path,
+                                                          "test.txt.gz")),
+                          args.max_test, args.seed + 1)
+    del full_train
+    train.features, _ = xdata.normalize_features(train.features, "l2")
+    test.features, _ = xdata.normalize_features(test.features, "l2")
+
+    config = _model_config(method, args)
+    keras.utils.set_random_seed(args.seed)
+    # sampled_softmax: the "scent" head only builds its LabelDense layer.
+    head = xheads.get_head(config)
+    head.prepare(train)
+    model = build_model(config, train.num_features, train.num_labels,
+                        train.is_sparse, head)
+    layer = xheads.output_layer(model)
+    ds_kwargs = {}
+    if method == "full_softmax":
+        fit_model = model
+        fit_model.compile(optimizer=LazyAdam(args.lr),
+                          loss=head.make_loss(layer), jit_compile=False)
+    elif method == "sampled_softmax":
+        fit_model = TFSampledSoftmaxTrainer(
+            model, args.num_sampled or args.batch_size, seed=args.seed)
+        fit_model.compile(optimizer=LazyAdam(args.lr), jit_compile=False)
+    else:
+        fit_model = head.training_model(model, layer)
+        head.compile(fit_model, layer,
+                     head.make_optimizer() or LazyAdam(args.lr))
+        ds_kwargs = head.dataset_kwargs()
+    train_ds = xdata.make_tf_dataset(train, args.batch_size, shuffle=True,
+                                     seed=args.seed, **ds_kwargs)
+
+    epoch_s = []
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            epoch_s.append(time.perf_counter() - self.t0)
+            print(f"[{method}] epoch {epoch + 1}: {epoch_s[-1]:.1f} s, "
+                  f"loss {logs.get('loss'):.4f}", flush=True)
+
+    t0 = time.perf_counter()
+    hist = fit_model.fit(train_ds, epochs=args.epochs, verbose=0,
+                         shuffle=False, callbacks=[EpochTimer()])
+    train_s = time.perf_counter() - t0
+
+    # Test: full softmax over all classes, P@1 / P@5 from the same logits.
+    ces, hits1, hits5 = [], 0, 0
+    for x, y in xdata.make_tf_dataset(test, args.eval_batch_size):
+        logits = model(x, training=False)
+        ces.append(full_softmax_cross_entropy(logits, y))
+        top = tf.math.top_k(logits, k=5).indices.numpy()
+        true = y.numpy()[:, :1]
+        hits1 += int(np.sum(top[:, :1] == true))
+        hits5 += int(np.sum(top == true))
+    n_test = test.num_instances
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {
+        "method": method, "epochs": args.epochs,
+        "epoch_s": [round(s, 2) for s in epoch_s],
+        "s_per_epoch": float(np.mean(epoch_s[1:] if len(epoch_s) > 1
+                                     else epoch_s)),
+        "first_epoch_s": epoch_s[0], "train_s": train_s,
+        "peak_rss_mb": peak / 2**20,
+        "P@1": 100.0 * hits1 / n_test, "P@5": 100.0 * hits5 / (5 * n_test),
+        "test_ce": float(np.mean(np.concatenate(ces))),
+        "train_loss": [float(v) for v in hist.history["loss"]],
+        "final_train_loss": float(hist.history["loss"][-1]),
+        "num_train": train.num_instances, "num_test": n_test,
+        "num_labels": train.num_labels,
+        "optimizer": type(fit_model.optimizer).__name__,
+        "learning_rate": float(keras.ops.convert_to_numpy(
+            fit_model.optimizer.learning_rate)),
+        "config": json.loads(config.to_json_best_effort()),
+    }
+
+
+def _table(rows, cols):
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    for r in rows:
+        lines.append("  ".join(_fmt(r.get(c)).ljust(w)
+                               for c, w in zip(cols, widths)))
+    return "\n".join(lines)
+
+
+def _fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.2f}" if abs(v) < 1e5 else f"{v:.3g}"
+    return str(v)
+
+
+def _parser():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data-dir", default="/work/shared/data")
+    p.add_argument("--methods", default="full_softmax,sampled_softmax,scent",
+                   help=f"comma-separated, of {METHODS}")
+    p.add_argument("--max-train", type=int, default=0,
+                   help="random subsample of the training set (0: all)")
+    p.add_argument("--max-test", type=int, default=0)
+    p.add_argument("--dev", action="store_true",
+                   help="tuning mode: evaluate on --max-test held-out "
+                        "instances of the training file, not on the test "
+                        "file")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--eval-batch-size", type=int, default=1024)
+    p.add_argument("--dim", type=int, default=128,
+                   help="width of the embedding (input of the output layer)")
+    p.add_argument("--lr", type=float, default=1e-2,
+                   help="LazyAdam learning rate (full / sampled softmax, "
+                        "and SCENT with --scent-optimizer lazy_adam)")
+    p.add_argument("--num-sampled", type=int, default=0,
+                   help="tf.nn.sampled_softmax_loss classes per step "
+                        "(0: the batch size)")
+    p.add_argument("--scent-optimizer", default="lazy_adam",
+                   choices=["scent_momentum", "lazy_adam"])
+    p.add_argument("--scent-lr", type=float, default=5.0,
+                   help="learning rate of --scent-optimizer scent_momentum")
+    p.add_argument("--scent-beta", type=float, default=None)
+    p.add_argument("--scent-alpha", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the results as JSON")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--label", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None):
+    p = _parser()
+    args = p.parse_args(argv)
+    defaults = _load_config("scent")
+    if args.scent_beta is None:
+        args.scent_beta = float(defaults.scent.beta)
+    if args.scent_alpha is None:
+        args.scent_alpha = float(defaults.scent.alpha)
+
+    if args.worker:
+        row = worker(args.worker, args)
+        row["method"] = args.label or args.worker
+        with open(args.result, "w") as f:
+            json.dump(row, f, indent=1, default=str)
+        return
+
+    methods = []
+    for spec in [m for m in args.methods.split(",") if m]:
+        name, *pairs = spec.split(":")
+        if name not in METHODS:
+            p.error(f"unknown method {name!r}; expected {METHODS}")
+        over = {}
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if key not in OVERRIDES or not value:
+                p.error(f"--methods {spec!r}: expected key=value with key "
+                        f"in {tuple(OVERRIDES)}")
+            over[OVERRIDES[key]] = value
+        methods.append((spec, name, over))
+    import tensorflow as tf
+    result = {"machine": {"platform": platform.platform(),
+                          "cpus": os.cpu_count(),
+                          "loadavg_start": os.getloadavg(),
+                          "tensorflow": tf.__version__},
+              "args": vars(args), "rows": []}
+    with tempfile.TemporaryDirectory(prefix="scent_bench_") as tmp:
+        for i, (spec, m, over) in enumerate(methods):
+            out = os.path.join(tmp, f"{i}_{m}.json")
+            values = {k: over.get(k, getattr(args, k)) for k in WORKER_OPTIONS}
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", m,
+                   "--label", spec, "--result", out] + [
+                       f"--{k.replace('_', '-')}={v}"
+                       for k, v in values.items()] + (
+                           ["--dev"] if args.dev else [])
+            print(f"== {m}: {' '.join(cmd[2:])}", flush=True)
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd)
+            if proc.returncode != 0:
+                print(f"{m} failed with exit code {proc.returncode}")
+                result["rows"].append({"method": spec,
+                                       "error": proc.returncode})
+                continue
+            with open(out) as f:
+                row = json.load(f)
+            row["process_s"] = time.perf_counter() - t0
+            result["rows"].append(row)
+            print(_table([row], COLUMNS), flush=True)
+    result["machine"]["loadavg_end"] = os.getloadavg()
+    ok = [r for r in result["rows"] if "error" not in r]
+    if ok:
+        r0 = ok[0]
+        print(f"\n== ManNextWord: {r0['num_train']} train / {r0['num_test']} "
+              f"test, {r0['num_labels']} classes, batch {args.batch_size}, "
+              f"{args.epochs} epochs, dim {args.dim} (test P@k percent, "
+              f"test CE nats over all classes) ==")
+        print(_table(ok, COLUMNS))
+    print(f"\nload average start/end: {result['machine']['loadavg_start']} / "
+          f"{result['machine']['loadavg_end']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
