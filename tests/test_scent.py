@@ -144,6 +144,30 @@ def test_log_q_weights_match_the_numpy_transcription():
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
+def test_log_q_validation_weights_unseen_classes_as_counted_once():
+    """Held-out batches may hold classes absent from training (count 0,
+    weight +inf): in validation they get the weight of a class counted
+    once; in training they stay an error.  Reference: mean log S_i of the
+    NumPy transcription with that weight substituted."""
+    n, m = 6, 4
+    counts = np.array([6.0, 3.0, 0.0, 1.0])
+    loss = ScentLoss(n, 1.0, correction="log_q", num_labels=m,
+                     label_counts=counts)
+    log_weight = np.log(counts.sum()) - math.log(m) - np.log([6, 3, 1, 1])
+    rng = np.random.default_rng(4)
+    labels = np.array([0, 2, 1, 2, 3])
+    columns = np.array([2, 0, 3, 1])
+    scores = rng.normal(0, 1, size=(5, 4)).astype(np.float32)
+    got = float(loss(scores, labels, columns, training=False))
+    _, _, _, s_rows, _ = np_scent_step(
+        np.zeros(n), np.zeros(n, np.int64), scores, labels, columns,
+        np.arange(5), 1.0, log_weight=log_weight)
+    np.testing.assert_allclose(got, np.mean(np.log(s_rows)), rtol=1e-5)
+    assert not loss.visits.numpy().any()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="count 0"):
+        loss(scores, labels, columns, np.arange(5), training=True)
+
+
 def test_log_q_estimator_is_unbiased_for_the_full_mean():
     """Averaged over batches drawn with the label frequencies, the corrected
     S_i equals (1/K) sum_j exp(R_ij); the paper's plain S_i does not."""
@@ -540,3 +564,107 @@ def test_log_q_head_counts_training_labels():
         want = np.log(counts.sum()) - np.log(M) - np.log(counts)
     np.testing.assert_allclose(trainer.scent_loss.log_weight.numpy(), want,
                                rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# The job (xmc_tf.train.train_and_evaluate, what `xmc-tf train` runs).
+
+# One label per row (labels_per_instance=1: k_i = 1 + Poisson(0)); 200 rows,
+# 10 % validation: 180 / 32 -> 6 steps per epoch.
+_SYN_MC = ("synthetic:num_instances=200,num_features=60,num_labels=12,"
+           "labels_per_instance=1,seed={seed}")
+_JOB_STEPS = 6
+
+
+def _job_config():
+    """configs/scent.py as shipped (log_q, LazyAdam), shrunk."""
+    c = scent_config.get_config()
+    c.data.train = _SYN_MC.format(seed=2)
+    c.data.test = _SYN_MC.format(seed=3)
+    c.data.validation_fraction = 0.1
+    c.model.encoder_dims = (16,)
+    c.train.batch_size = 32
+    c.train.epochs = 2
+    c.train.early_stopping_patience = 10  # no early stop: 2 epochs run
+    c.train.verbose = 0
+    return c
+
+
+class _Crash(Exception):
+    pass
+
+
+class _Duals(keras.callbacks.Callback):
+    """Copies nu / visits of the trainer at train begin and each epoch end;
+    raises :class:`_Crash` after optimizer step ``crash_at`` (a killed run:
+    the checkpoint of the last finished epoch is all that survives)."""
+
+    def __init__(self, crash_at=0):
+        super().__init__()
+        self.crash_at = crash_at
+        self.begin, self.epochs = None, []
+
+    def _get(self):
+        loss = self.model.scent_loss
+        return loss.nu.numpy().copy(), loss.visits.numpy().copy()
+
+    def on_train_begin(self, logs=None):
+        self.begin = self._get()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(self._get())
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.crash_at and int(self.model.optimizer.iterations) == \
+                self.crash_at:
+            raise _Crash()
+
+
+def test_job_trains_exports_and_resumes_with_the_saved_duals(tmp_path):
+    """configs/scent.py through train_and_evaluate: a run killed in its second
+    epoch resumes with nu / visits equal, bit for bit, to the ones at the
+    end of its first epoch (and in the checkpoint), then finishes and
+    exports; every instance was visited once per epoch over both processes
+    (duals not restored would give 1 visit).  ~2 x 10 s."""
+    from xmc_tf import checkpoint as xckpt
+    from xmc_tf.train import train_and_evaluate
+    from xmc_tf.workdir import Workdir
+
+    config = _job_config()
+    run_dir = str(tmp_path / "killed")
+    killed = _Duals(crash_at=_JOB_STEPS + 3)
+    with pytest.raises(_Crash):
+        train_and_evaluate(config, run_dir, callbacks=[killed])
+    assert len(killed.epochs) == 1
+    state = xckpt.load(os.path.join(run_dir, "backup"))
+    assert state.meta["epochs_done"] == 1 and state.meta["phase"] == "training"
+    paths = [p for p, _, _ in state.meta["model"]]
+    saved = {name: state.array(f"model/{paths.index(p):06d}")
+             for name in ("nu", "visits")
+             for p in paths if p.endswith(f"scent_loss/{name}")}
+    nu1, visits1 = killed.epochs[0]
+    np.testing.assert_array_equal(saved["nu"], nu1)
+    np.testing.assert_array_equal(saved["visits"], visits1)
+    assert (visits1 == 1).all() and np.isfinite(nu1).all() and nu1.any()
+    # The crash came after the duals moved again in epoch 2.
+    assert not np.array_equal(killed.model.scent_loss.nu.numpy(), nu1)
+
+    resumed = _Duals()
+    metrics = train_and_evaluate(config, run_dir, callbacks=[resumed])
+    np.testing.assert_array_equal(resumed.begin[0], nu1)
+    np.testing.assert_array_equal(resumed.begin[1], visits1)
+    assert len(resumed.epochs) == 1
+    nu2, visits2 = resumed.epochs[0]
+    assert (visits2 == 2).all() and not np.array_equal(nu2, nu1)
+
+    assert Workdir(run_dir).check_complete() == metrics
+    assert metrics["run"]["resumes"] == 1 and metrics["epochs"] == 2
+    assert metrics["head"] == "scent" and metrics["scent_correction"] == "log_q"
+    assert os.path.isdir(os.path.join(run_dir, "saved_model"))
+    assert not os.path.exists(os.path.join(run_dir, "backup"))
+    assert 0 <= metrics["P@1"] <= 100 and metrics["P@5"] <= 100 / 5
+    # The exported model is the full-scoring one, decoded by its dense head.
+    exported = keras.models.load_model(os.path.join(run_dir, "model.keras"),
+                                       compile=False)
+    assert heads.head_for_model(exported).__name__ == "DenseHead"
+    assert exported.output_shape[-1] == 12

@@ -191,8 +191,9 @@ class ScentLoss(keras.layers.Layer):
         ``"log_q"`` without ``num_labels``/``label_counts`` or with
         ``"unique"``, ``label_counts`` of the wrong length or negative.
       tf.errors.InvalidArgumentError (at call): an example id outside
-        ``[0, num_examples)``, a label with no column or with a zero count
-        under ``"log_q"``, duplicate or out-of-range column labels, or
+        ``[0, num_examples)``, a label with no column, in training a class
+        with a zero count under ``"log_q"`` (in validation it is weighted
+        as a class counted once), duplicate or out-of-range column labels, or
         inconsistent shapes.
       TypeError (at call): non-integer labels or ids.
 
@@ -283,11 +284,17 @@ class ScentLoss(keras.layers.Layer):
 
     # -- the batch estimator ---------------------------------------------------
 
-    def log_inner(self, scores, labels, column_labels):
+    def log_inner(self, scores, labels, column_labels, training=True):
         """``log S_i`` of every row and which rows are usable.
 
         Args:
           scores, labels, column_labels: as in the class docstring.
+          training: with ``correction="log_q"``, a class of count 0 in
+            ``label_counts`` is an error (the counts do not describe the
+            training batches).  With ``training=False`` (validation batches
+            from held-out data, whose classes may be absent from training)
+            such a class gets the weight of a class counted once, the
+            largest finite weight.
 
         Returns:
           ``(log_s, active)``: float32 ``[b]`` (arbitrary where not active)
@@ -338,14 +345,21 @@ class ScentLoss(keras.layers.Layer):
         is_neg = weight > 0
         log_w = tf.where(is_neg, tf.math.log(tf.maximum(weight, 1.0)), _MASKED)
         if self.log_weight is not None:
-            lq = tf.gather(tf.convert_to_tensor(self.log_weight), columns)
-            used = tf.reduce_any(is_neg, axis=0)
-            check = tf.debugging.assert_equal(
-                tf.logical_or(tf.math.is_finite(lq), tf.logical_not(used)),
-                True, message="correction='log_q': a class of the batch has "
-                "count 0 in label_counts")
-            with tf.control_dependencies([check]):
-                log_w = tf.where(is_neg, log_w + lq, _MASKED)
+            table = tf.convert_to_tensor(self.log_weight)
+            lq = tf.gather(table, columns)
+            if training:
+                used = tf.reduce_any(is_neg, axis=0)
+                check = tf.debugging.assert_equal(
+                    tf.logical_or(tf.math.is_finite(lq), tf.logical_not(used)),
+                    True, message="correction='log_q': a class of the batch "
+                    "has count 0 in label_counts")
+                with tf.control_dependencies([check]):
+                    lq = tf.identity(lq)
+            else:
+                finite = tf.math.is_finite(table)
+                cap = tf.reduce_max(tf.where(finite, table, -np.inf))
+                lq = tf.where(tf.math.is_finite(lq), lq, cap)
+            log_w = tf.where(is_neg, log_w + lq, _MASKED)
         pos = tf.reduce_sum(tf.where(match, scores, 0.0), axis=1)    # s_i,y_i
         shifted = scores - pos[:, None]                              # R_ij
         # log((1/denom) sum_j w_ij exp(R_ij)), shifted by the row maximum.
@@ -388,7 +402,8 @@ class ScentLoss(keras.layers.Layer):
 
     def call(self, scores, labels, column_labels, example_ids=None,
              training=False):
-        log_s, active = self.log_inner(scores, labels, column_labels)
+        log_s, active = self.log_inner(scores, labels, column_labels,
+                                       training=training)
         num_active = tf.reduce_sum(tf.cast(active, tf.float32))
         if not training:
             return tf.math.divide_no_nan(
