@@ -171,3 +171,43 @@ def test_config_errors():
         heads.get_head(_config("dense", kind="nope"))
     with pytest.raises(ValueError, match="does not fit head 'sampled'"):
         heads.get_head(_config("dense", loss="hinge"))
+
+
+def test_sampler_sizes_cap_relative_to_num_labels():
+    from xmc_tf.heads.sampled import sampler_sizes
+    sc = _config("dense").sampler
+    sc.num_negatives, sc.num_hard, sc.num_uniform = 256, 32, 256
+    # No cap: the sizes as given.
+    assert sampler_sizes(sc, 159) == {"num_negatives": 256, "num_hard": 32,
+                                      "num_uniform": 256}
+    sc.max_fraction = 0.25
+    # cap = floor(0.25 * 159) = 39; 32 : 256 shrunk in proportion.
+    assert sampler_sizes(sc, 159) == {"num_negatives": 39, "num_hard": 4,
+                                      "num_uniform": 35}
+    # Large label spaces keep the absolute sizes.
+    assert sampler_sizes(sc, 50_000) == {"num_negatives": 256,
+                                         "num_hard": 32, "num_uniform": 256}
+    # Tiny ones keep at least one of each.
+    assert sampler_sizes(sc, 4) == {"num_negatives": 1, "num_hard": 1,
+                                    "num_uniform": 1}
+    sc.max_fraction = 1.5
+    with pytest.raises(ValueError, match="max_fraction"):
+        sampler_sizes(sc, 159)
+
+
+def test_make_sampler_applies_cap_and_lsh_options():
+    from xmc_tf.heads.sampled import lsh_auto_K, make_sampler
+    sc = _config("dense", kind="uniform").sampler
+    sc.num_negatives = 256
+    sc.max_fraction = 0.25
+    assert make_sampler(sc, 159, seed=0).num_candidates == 39
+    sc.kind, sc.K = "lsh", 0
+    sc.weighting, sc.min_probability = "none", 0.01
+    s = make_sampler(sc, 159, seed=0)
+    assert (s.num_candidates, s.K, s.weighting, s.min_probability) == (
+        39, lsh_auto_K(159, 39, sc.L), "none", 0.01)
+    # K = floor(log2(L m / k)), clipped to [1, 16].
+    assert lsh_auto_K(159, 39, 50) == 7
+    assert lsh_auto_K(50_000, 256, 50) == 13
+    assert lsh_auto_K(10**7, 1, 50) == 16
+    assert lsh_auto_K(2, 256, 1) == 1

@@ -33,9 +33,14 @@ Config (``config.model.head = "sampled"``):
   ``"mixture"``, ``"lsh"``), ``num_negatives`` (k of uniform / in-batch /
   ann / lsh), ``num_hard`` / ``num_uniform`` (k_h / k_r of the mixture),
   ``index`` / ``nprobe`` (faiss), ``refresh_start_epoch`` (tau_s),
-  ``refresh_every_epochs`` (tau_r), ``refresh_every_steps``, and for LSH
-  ``hash``, ``K``, ``L``, ``query``, ``rehash_every_steps`` and
-  ``rehash_decay`` (the table update period and its decay).
+  ``refresh_every_epochs`` (tau_r), ``refresh_every_steps``,
+  ``max_fraction`` (optional cap on the candidates per row relative to m,
+  see :func:`sampler_sizes`), and for LSH ``hash``, ``K``, ``L``,
+  ``query`` (``K = 0``: :func:`lsh_auto_K`), ``weighting`` (``"inverse_probability"`` or ``"none"``),
+  ``min_probability`` (floor of the inclusion probability, i.e. a cap
+  ``1 / min_probability`` on the weights; 0 = the sampler's ``1 / m``),
+  ``rehash_every_steps`` and ``rehash_decay`` (the table update period and
+  its decay).
 
 Source: ASTRA (Mehta et al.), Algorithm 1 and Eq. 2; the LSH paper
 (``lsh-constant-time-negative-sampling``), Algorithm 1.
@@ -51,7 +56,8 @@ from xmc_tf.layers import LabelDense, UniformSparseDense
 from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy,
                                    SampledSoftmax, SampledSquaredHinge)
 
-__all__ = ["SampledHead", "SampledTrainer", "SAMPLED_LOSSES", "make_sampler"]
+__all__ = ["SampledHead", "SampledTrainer", "SAMPLED_LOSSES", "make_sampler",
+           "sampler_sizes", "lsh_auto_K"]
 
 #: ``config.loss`` -> sampled loss class.
 SAMPLED_LOSSES = {"squared_hinge": SampledSquaredHinge,
@@ -60,6 +66,89 @@ SAMPLED_LOSSES = {"squared_hinge": SampledSquaredHinge,
 
 SAMPLED_LAYERS = ("uniform_sparse", "dense")
 SAMPLER_KINDS = ("uniform", "in_batch", "ann", "mixture", "lsh")
+
+
+def sampler_sizes(sampler_config, num_labels: int) -> dict:
+    """Candidates per row of a sampler config, capped relative to m.
+
+    With ``sampler_config.max_fraction = f`` in (0, 1] the candidates a row
+    scores besides its positives are at most ``cap = max(1, floor(f m))``:
+    ``num_negatives`` becomes ``min(num_negatives, cap)``, and when ``k_h +
+    k_r > cap`` the mixture's two parts shrink in proportion (``k_h =
+    max(1, round(k_h cap / (k_h + k_r)))`` if it was > 0, ``k_r = max(1,
+    cap - k_h)``).  Without it (absent, 0 or None) the sizes are taken as
+    given.  So one config keeps its absolute sizes on large label spaces
+    (m = 50k: 256 of 50k labels) and does not score more than f of the
+    labels on small ones (Bibtex, m = 159: 256 negatives drawn with
+    replacement would score every label more than once).
+
+    Args:
+      sampler_config: ``config.sampler``.
+      num_labels: m (>= 1).
+
+    Returns:
+      ``{"num_negatives": k, "num_hard": k_h, "num_uniform": k_r}`` (ints;
+      ``num_hard``/``num_uniform`` 0 when the config has none).
+
+    Raises:
+      ValueError: ``max_fraction`` outside (0, 1], or a size < 0.
+
+    >>> import ml_collections
+    >>> sc = ml_collections.ConfigDict(dict(num_negatives=256, num_hard=32,
+    ...                                     num_uniform=256, max_fraction=0.25))
+    >>> sampler_sizes(sc, 159)
+    {'num_negatives': 39, 'num_hard': 4, 'num_uniform': 35}
+    >>> sampler_sizes(sc, 50_000)
+    {'num_negatives': 256, 'num_hard': 32, 'num_uniform': 256}
+    """
+    sc = sampler_config
+    k = int(sc.get("num_negatives", 0) or 0)
+    k_h = int(sc.get("num_hard", 0) or 0)
+    k_r = int(sc.get("num_uniform", 0) or 0)
+    if min(k, k_h, k_r) < 0:
+        raise ValueError("config.sampler sizes must be >= 0, got "
+                         f"num_negatives={k}, num_hard={k_h}, num_uniform={k_r}")
+    frac = sc.get("max_fraction", None)
+    if frac:
+        frac = float(frac)
+        if not 0.0 < frac <= 1.0:
+            raise ValueError(f"config.sampler.max_fraction={frac!r} must be "
+                             "in (0, 1]")
+        cap = max(1, int(frac * int(num_labels)))
+        k = min(k, cap)
+        if k_h + k_r > cap:
+            total = k_h + k_r
+            k_h = max(1, round(k_h * cap / total)) if k_h else 0
+            k_r = max(1, cap - k_h)
+    return {"num_negatives": k, "num_hard": k_h, "num_uniform": k_r}
+
+
+def lsh_auto_K(num_labels: int, num_candidates: int, L: int) -> int:  # noqa: N802,N803
+    """Hash functions per LSH table for ``config.sampler.K = 0``.
+
+    ``K = clip(floor(log2(L m / k)), 1, 16)``: with ``2^K`` buckets per table
+    a bucket holds ``m / 2^K`` labels on average, so the ``L`` probed
+    buckets hold about ``L m / 2^K >= k`` labels -- enough to fill the ``k``
+    candidates, and no more buckets than needed (a larger ``K`` leaves most
+    probes empty on a small label space: Bibtex, m = 159, with ``K = 9``
+    gave about 13 candidates per row of the 256 asked for; a smaller one
+    dilutes the near labels among random ones).  16 is the default
+    ``bucket_bits`` of :class:`~xmc_tf.samplers.lsh.LshNegativeSampler`.
+
+    Args:
+      num_labels: m.
+      num_candidates: k.
+      L: tables.
+
+    Returns:
+      int K in [1, 16].
+
+    >>> lsh_auto_K(159, 39, 50), lsh_auto_K(50_000, 256, 50)
+    (7, 13)
+    """
+    import math
+    ratio = int(L) * int(num_labels) / max(int(num_candidates), 1)
+    return int(min(16, max(1, math.floor(math.log2(max(ratio, 2.0))))))
 
 
 def make_sampler(sampler_config, num_labels: int, seed: int):
@@ -81,26 +170,31 @@ def make_sampler(sampler_config, num_labels: int, seed: int):
     from xmc_tf import samplers
     sc = sampler_config
     kind = sc.kind
+    sizes = sampler_sizes(sc, num_labels)
+    k = sizes["num_negatives"]
     if kind == "uniform":
-        return samplers.UniformNegativeSampler(num_labels, sc.num_negatives,
-                                               seed=seed)
+        return samplers.UniformNegativeSampler(num_labels, k, seed=seed)
     if kind == "in_batch":
-        return samplers.InBatchSampler(num_labels, sc.num_negatives, seed=seed)
+        return samplers.InBatchSampler(num_labels, k, seed=seed)
     if kind == "ann":
-        return samplers.AnnNegativeSampler(num_labels, sc.num_negatives,
+        return samplers.AnnNegativeSampler(num_labels, k,
                                            index=sc.index, nprobe=sc.nprobe,
                                            seed=seed)
     if kind == "mixture":
-        hard = samplers.AnnNegativeSampler(num_labels, sc.num_hard,
+        hard = samplers.AnnNegativeSampler(num_labels, sizes["num_hard"],
                                            index=sc.index, nprobe=sc.nprobe,
                                            seed=seed)
-        uniform = samplers.UniformNegativeSampler(num_labels, sc.num_uniform,
-                                                  seed=seed + 1)
+        uniform = samplers.UniformNegativeSampler(
+            num_labels, sizes["num_uniform"], seed=seed + 1)
         return samplers.MixtureSampler(hard, uniform)
     if kind == "lsh":
         from xmc_tf.samplers.lsh import LshNegativeSampler
-        return LshNegativeSampler(num_labels, sc.num_negatives, hash=sc.hash,
-                                  K=sc.K, L=sc.L, query=sc.query, seed=seed)
+        K = int(sc.K) or lsh_auto_K(num_labels, k, int(sc.L))  # noqa: N806
+        return LshNegativeSampler(
+            num_labels, k, hash=sc.hash, K=K, L=sc.L, query=sc.query,
+            seed=seed,
+            weighting=sc.get("weighting", "inverse_probability"),
+            min_probability=sc.get("min_probability", None) or None)
     raise ValueError(f"config.sampler.kind={kind!r}; expected one of "
                      f"{SAMPLER_KINDS}")
 
