@@ -312,8 +312,17 @@ def main(argv=None):
     parser.add_argument("--case-timeout-s", type=float, default=600.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write results as JSON")
+    parser.add_argument("--e2e", action="store_true",
+                        help="run part 2 instead (the main job end to end, "
+                             "benchmarks/sparse_input_e2e.py; its flags follow)")
     parser.add_argument("--_case", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.e2e:
+        import sparse_input_e2e  # pylint: disable=import-outside-toplevel
+        return sparse_input_e2e.main(
+            rest + (["--out", args.out] if args.out else []))
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     if args._case is not None:
         print("RESULT " + json.dumps(run_case(json.loads(args._case))),

@@ -1,0 +1,260 @@
+"""Part 2 of the sparse-input benchmark: the main job end to end, old vs new encoder.
+
+What it measures
+----------------
+``xmc-tf train --config=configs/uniform_sparse.py`` (one fresh process per
+run, so its peak RSS is its own) with the first encoder layer either
+
+* ``dense``: ``config.model.encoder="dense"`` (``keras.layers.Dense`` on the
+  sparse batch) and ``config.train.optimizer="adam"`` (Keras' Adam: the
+  kernel's row-sparse gradient is densified and all ``D x 1024`` weights
+  and both moments are updated every step) -- what the job did before
+  issue 10; or
+* ``sparse``: the defaults (``SparseEmbeddingBag`` + ``LazyAdam``: only the
+  rows of the features present in the batch are read, differentiated and
+  updated),
+
+everything else at the config's defaults, ``--epochs`` epochs, no
+validation split (``validation_fraction=0``: every run does the same
+number of steps), on the same files; next to napkinXC's PLT and Omikuji
+(``benchmarks/peers.py``, 2 threads, their defaults) trained and tested on
+the same files in the same run.
+
+Data sets (``--datasets``):
+
+* ``delicious``: ``Delicious/xc/delicious_xcsplit_{train,test}.txt.gz``
+  (500 features, 983 labels, 12,920 train instances).
+* ``mannextword``: ``ManNextWord/{train,test}.txt.gz`` (120k features, 50k
+  classes), the first ``--mnw-train`` (default 50,000) training and
+  ``--mnw-test`` (10,000) test instances of a seeded permutation, written
+  to XC files: the old encoder needs ~1 s per step here.
+* ``synthetic500k``: :func:`xmc_tf.data.make_synthetic` with 500,000
+  features, 5,000 labels, ``--syn-train`` + ``--syn-test`` instances (one
+  draw, split), ~100 feature tokens per instance; encoder width
+  ``--syn-encoder-dim`` (512) for both encoders, so that a run fits beside
+  other jobs.
+
+Reported per run: seconds per epoch (``train_seconds / epochs`` of
+``metrics.json``: the first epoch's tracing is included), peak RSS of the
+job (``peak_memory_bytes``, bytes), P@1/3/5 on the test file (percent);
+for the peers training seconds and P@1/3/5.  The accuracy after a few
+epochs is not each method's best: the tuned results of the defaults are in
+``configs/uniform_sparse.py``.
+
+Timing: wall clock on the development machine's 2 CPU cores, shared with
+other jobs (the load average is recorded): upper bounds.
+
+Usage::
+
+    python benchmarks/sparse_input.py --e2e --out sparse_input_e2e.json
+    python benchmarks/sparse_input_e2e.py --datasets delicious --epochs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
+sys.path.insert(0, HERE)
+
+#: encoder name -> config overrides of configs/uniform_sparse.py.
+ENCODERS = {
+    "dense": ["model.encoder=dense", "train.optimizer=adam"],
+    "sparse": ["model.encoder=sparse_embedding", "train.optimizer=lazy_adam"],
+}
+DATASETS = ("delicious", "mannextword", "synthetic500k")
+
+
+def _subsample(dataset, n, rng):
+    """The first ``n`` instances of a random permutation (all if fewer)."""
+    from xmc_tf import data as xdata  # pylint: disable=import-outside-toplevel
+    rows = np.sort(rng.permutation(dataset.num_instances)[:n])
+    return xdata.XCDataset(features=dataset.features[rows],
+                           labels=dataset.labels[rows])
+
+
+def prepare(name: str, tmp: str, args) -> tuple[str, str]:
+    """Writes (or locates) the train/test XC files of data set ``name``.
+
+    Returns:
+      ``(train_path, test_path)``.
+
+    Raises:
+      FileNotFoundError: a file of ``../shared/data`` is missing.
+    """
+    from xmc_tf import data as xdata  # pylint: disable=import-outside-toplevel
+    if name == "delicious":
+        base = os.path.join(SHARED, "Delicious", "xc")
+        paths = (os.path.join(base, "delicious_xcsplit_train.txt.gz"),
+                 os.path.join(base, "delicious_xcsplit_test.txt.gz"))
+    elif name == "mannextword":
+        base = os.path.join(SHARED, "ManNextWord")
+        rng = np.random.default_rng(args.seed)
+        paths = (os.path.join(tmp, "mnw_train.txt"),
+                 os.path.join(tmp, "mnw_test.txt"))
+        for src, n, out in ((os.path.join(base, "train.txt.gz"),
+                             args.mnw_train, paths[0]),
+                            (os.path.join(base, "test.txt.gz"),
+                             args.mnw_test, paths[1])):
+            xdata.write_xc(out, _subsample(xdata.read_xc(src), n, rng))
+    elif name == "synthetic500k":
+        n_train, n_test = args.syn_train, args.syn_test
+        full = xdata.make_synthetic(n_train + n_test, 500_000, 5_000,
+                                    features_per_instance=100.0,
+                                    seed=args.seed)
+        paths = (os.path.join(tmp, "syn_train.txt"),
+                 os.path.join(tmp, "syn_test.txt"))
+        # Instances are drawn independently: the first n_train train, the
+        # rest test (same label prototypes).
+        for out, rows in ((paths[0], np.arange(n_train)),
+                          (paths[1], np.arange(n_train, n_train + n_test))):
+            xdata.write_xc(out, xdata.XCDataset(features=full.features[rows],
+                                                labels=full.labels[rows]))
+    else:
+        raise ValueError(f"unknown data set {name!r}; expected {DATASETS}")
+    for p in paths:
+        if not os.path.exists(p):
+            raise FileNotFoundError(p)
+    return paths
+
+
+def run_job(train: str, test: str, encoder: str, workdir: str, args,
+            extra=()) -> dict:
+    """One ``xmc-tf train`` process; its ``metrics.json`` entries.
+
+    Returns:
+      ``{"s_per_epoch", "train_s", "epochs", "peak_rss_bytes", "P@1",
+      "P@3", "P@5", "wall_s"}`` or ``{"error": ...}``.
+    """
+    cmd = [os.path.join(REPO, ".venv", "bin", "xmc-tf"), "train",
+           f"--config={os.path.join(REPO, 'configs', 'uniform_sparse.py')}",
+           f"--workdir={workdir}", "--overwrite",
+           f"--config.data.train={train}", f"--config.data.test={test}",
+           "--config.data.validation_fraction=0",
+           f"--config.train.epochs={args.epochs}",
+           "--config.train.verbose=2"]
+    cmd += [f"--config.{o}" for o in list(ENCODERS[encoder]) + list(extra)]
+    if not os.path.exists(cmd[0]):
+        cmd[0] = "xmc-tf"
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          timeout=args.run_timeout_s)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        lines = proc.stderr.strip().splitlines()
+        errors = [l for l in lines if l.startswith("xmc-tf:")] or lines[-1:]
+        return {"error": " ".join(errors), "wall_s": wall}
+    with open(os.path.join(workdir, "metrics.json")) as f:
+        m = json.load(f)
+    return {"s_per_epoch": m["train_seconds"] / max(m["epochs"], 1),
+            "train_s": m["train_seconds"], "epochs": m["epochs"],
+            "peak_rss_bytes": m["peak_memory_bytes"], "P@1": m["P@1"],
+            "P@3": m["P@3"], "P@5": m["P@5"], "wall_s": wall}
+
+
+def run_peers(train: str, test: str, names) -> list[dict]:
+    """napkinXC / Omikuji (``benchmarks/peers.py``) on the same files."""
+    import peers  # pylint: disable=import-outside-toplevel
+    from xmc_tf import data as xdata  # pylint: disable=import-outside-toplevel
+    tr, te = xdata.read_xc(train), xdata.read_xc(test)
+    out = []
+    for name in names:
+        runner = {"napkinxc": peers.run_napkinxc,
+                  "omikuji": peers.run_omikuji}[name]
+        try:
+            out.append(runner(tr, te, threads=2, train_path=train))
+        except ImportError as e:
+            out.append({"method": name, "error": f"not installed: {e}"})
+    return out
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(rows):
+    """Prints one line per (data set, method)."""
+    print(f"{'data set':<14} {'method':<22} {'s/epoch':>9} {'train s':>9} "
+          f"{'peak RSS GB':>11} {'P@1':>6} {'P@3':>6} {'P@5':>6}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['dataset']:<14} {r['method']:<22} ERROR {r['error']}")
+            continue
+        rss = r.get("peak_rss_bytes")
+        print(f"{r['dataset']:<14} {r['method']:<22} "
+              f"{_fmt(r.get('s_per_epoch'), '9.1f')} "
+              f"{_fmt(r.get('train_s'), '9.1f')} "
+              f"{_fmt(rss / 1e9 if rss else None, '11.2f')} "
+              f"{r['P@1']:6.2f} {r['P@3']:6.2f} {r['P@5']:6.2f}")
+
+
+def main(argv=None) -> int:
+    """Runs the end-to-end comparison; prints a table, writes JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--datasets", default=",".join(DATASETS))
+    parser.add_argument("--encoders", default="dense,sparse")
+    parser.add_argument("--peers", default="napkinxc,omikuji")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--mnw-train", type=int, default=50_000)
+    parser.add_argument("--mnw-test", type=int, default=10_000)
+    parser.add_argument("--syn-train", type=int, default=10_000)
+    parser.add_argument("--syn-test", type=int, default=2_000)
+    parser.add_argument("--syn-encoder-dim", type=int, default=512,
+                        help="encoder width on synthetic500k (the default "
+                             "1024 needs ~10 GB with either encoder: table "
+                             "and two Adam moments of 2 GB each, plus a "
+                             "copy of the table while it is checkpointed)")
+    parser.add_argument("--run-timeout-s", type=float, default=3600.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write results as JSON")
+    args = parser.parse_args(argv)
+    datasets = [d for d in args.datasets.split(",") if d]
+    encoders = [e for e in args.encoders.split(",") if e]
+    peer_names = [p for p in args.peers.split(",") if p]
+    for e in encoders:
+        if e not in ENCODERS:
+            parser.error(f"unknown encoder {e!r}; expected {sorted(ENCODERS)}")
+    print(f"end to end: {datasets}, encoders {encoders}, {args.epochs} "
+          f"epochs; {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="xmc_sparse_e2e_") as tmp:
+        for name in datasets:
+            train, test = prepare(name, tmp, args)
+            extra = ([f"model.encoder_dims=({args.syn_encoder_dim},)"]
+                     if name == "synthetic500k" else [])
+            for enc in encoders:
+                r = run_job(train, test, enc, os.path.join(tmp, f"{name}_{enc}"),
+                            args, extra)
+                rows.append({"dataset": name, "method": f"xmc_tf {enc} encoder",
+                             **r})
+                print_table(rows[-1:])
+            for r in run_peers(train, test, peer_names):
+                rows.append({"dataset": name, **r})
+                print_table(rows[-1:])
+    print()
+    print_table(rows)
+    print(f"load average at end {os.getloadavg()[0]:.1f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"benchmark": "sparse_input_e2e", "cpus": os.cpu_count(),
+                       "machine": platform.processor() or platform.machine(),
+                       "load_average_at_end": os.getloadavg()[0],
+                       "args": vars(args), "rows": rows}, f, indent=1)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
