@@ -1,0 +1,521 @@
+"""Sampled training benchmark: full heads vs sampled softmax vs sampled heads.
+
+What it measures
+----------------
+Every method trains the same model on the same batches (``make_tf_dataset``,
+seed 0) for the same number of epochs, one ``nice -n 5`` process per run, so
+that the peak RSS is the method's own:
+
+* ``full_softmax``: ``configs/dense.py`` with ``loss="softmax"`` (a
+  ``keras.layers.Dense`` head scoring all m labels per row,
+  :class:`xmc_tf.losses.SoftmaxCrossEntropy`);
+* ``full_squared_hinge``: ``configs/dense.py`` (one-vs-all squared hinge over
+  all m labels);
+* ``tf_sampled_softmax``: ``tf.nn.sampled_softmax_loss`` with its
+  log-uniform sampler, ``--num-sampled`` classes per step shared by the
+  batch, over a label-major :class:`xmc_tf.layers.LabelDense` head
+  (``benchmarks/baselines.py``; what a TensorFlow user writes);
+* ``uniform``: ``configs/astra.py`` with ``sampler.kind="uniform"``
+  (its ``k_h + k_r`` uniform negatives per instance, squared hinge with the
+  ``(m - |P|) / k`` importance weights);
+* ``astra``: ``configs/astra.py`` (stale ANN hard negatives from a faiss
+  index over the label vectors + uniform negatives, ASTRA Eq. 2 weights,
+  squared hinge);
+* ``lsh``: ``configs/lsh.py`` (SimHash LSH-embedding negatives, sampled
+  softmax with log-Q correction).
+
+The sampled heads use ``model.sampled_layer="dense"`` (a ``LabelDense``
+with the full heads' parameters), so all methods train the same function
+class; evaluation always scores every label.  Every run is an ``xmc-tf
+train`` command line (what users run): ``tf_sampled_softmax`` passes it to
+``xmc_tf.cli.main`` in a worker process of this script (same parsing, data
+loading, batches, callbacks, evaluation and RSS accounting) after
+registering a head ``"tf_sampled_softmax"`` whose trainer is
+:class:`baselines.TFSampledSoftmaxTrainer`.  The LR-halving and early-stopping
+callbacks are disabled (patience 1000), so every method runs all epochs at
+its config's learning rate.
+
+Data sets (``--datasets``):
+
+* ``mannextword``: ``/work/shared/data/ManNextWord`` (multi-class,
+  50,000 classes), a random ``--mnw-train`` (50,000) instance subsample of
+  the 400k training file (seed 0, written once to ``--work``), the full
+  50k-instance test file, L2-normalised binary features; encoder
+  ``SparseEmbeddingBag(128)``, no intermediate layer, no dropout, batch 256,
+  ``--mnw-epochs`` (1) epoch, LazyAdam 1e-2 (the rate of
+  ``benchmarks/scent.py``'s dev sweep on this data).  ASTRA uses hard
+  negatives from the first step (``tau_s = 0``) with the index rebuilt four
+  times per epoch (``refresh_every_steps = steps / 4``).
+* ``delicious``: the ``xcsplit`` train / test files (983 labels, 19
+  labels per instance); encoder 512, no intermediate layer, the configs'
+  dropout 0.7, batch 128, ``--delicious-epochs`` (3) epochs, LazyAdam 1e-3.
+* ``synthetic1m``: ``xmc_tf.data.make_synthetic`` with 1,000,000 labels,
+  100,000 features, 5 labels and 32 feature tokens per instance; 1,024
+  training instances (16 steps of 64) and 256 test instances, encoder 64,
+  one epoch: time per step and RSS only (its P@k is meaningless).  ASTRA
+  builds its index at the start of epoch 0 here (``refresh_start_epoch=0``)
+  so that its steps use hard negatives.
+
+The budgets are small because the machine is (2 cores shared with other
+jobs): these are equal-budget comparisons, not converged accuracies.
+
+Reported per run: seconds per epoch (Keras' epoch lines; the first epoch
+includes tracing and, for ASTRA/LSH, the index build), seconds per step of
+the last epoch, training seconds, peak RSS of the process when training
+ended (``VmHWM`` at the last epoch line) and of the whole job (with
+evaluation and export; ``metrics.json`` ``peak_memory_bytes``), P@1/3/5 on
+the test file, and the mean number of labels scored per row in training
+(``sampled_fraction * m`` of the sampled heads).  Methods whose predicted
+dense-head memory exceeds ``--max-dense-gib`` are skipped at 1M labels.
+
+Timing: wall clock on a 2-core machine shared with other jobs; runs are
+``nice -n 5`` and the load average before/after every run is recorded:
+times are upper bounds.
+
+Usage::
+
+    python benchmarks/sampled.py                       # everything
+    python benchmarks/sampled.py --datasets delicious --methods uniform,astra
+    python benchmarks/sampled.py --datasets synthetic1m --out /tmp/s.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DATA = "/work/shared/data"
+METHODS = ("full_softmax", "full_squared_hinge", "tf_sampled_softmax",
+           "uniform", "astra", "lsh")
+DATASETS = ("mannextword", "delicious", "synthetic1m")
+GIB = 2**30
+NO_SCHEDULE = ["--config.train.lr_patience=1000",
+               "--config.train.early_stopping_patience=1000"]
+_EPOCH = re.compile(r"^\s*(\d+)/(\d+) - (\d+)s - ([\d.]+)(ms|s)/step")
+
+
+def _load():
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _vm_hwm(pid: int):
+    """Peak RSS (bytes) of a live process, from ``/proc/PID/status``."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Data.
+
+
+def prepare(dataset: str, args) -> dict:
+    """Paths and model/training overrides of a data set (files written once).
+
+    Returns:
+      ``{"train": path, "test": path, "num_labels": m, "overrides": [...],
+      "astra": [...]}`` (``astra``: extra overrides of the ASTRA run).
+    """
+    from xmc_tf import data as xdata
+    work = os.path.join(args.work, "data")
+    # One short epoch: ASTRA's hard negatives from the start, index rebuilt
+    # four times per epoch (tau_s = 0, tau_r = steps / 4).
+    steps = -(-args.mnw_train // 256)
+    astra_early = ["--config.sampler.refresh_start_epoch=0",
+                   f"--config.sampler.refresh_every_steps={max(1, steps // 4)}"]
+    os.makedirs(work, exist_ok=True)
+    if dataset == "mannextword":
+        path = os.path.join(work, f"mnw_train_{args.mnw_train}.txt")
+        if not os.path.exists(path):
+            full = xdata.load_dataset(os.path.join(DATA, "ManNextWord",
+                                                   "train.txt.gz"))
+            rows = np.sort(np.random.default_rng(0).choice(
+                full.num_instances, args.mnw_train, replace=False))
+            xdata.write_xc(path + ".tmp", xdata.XCDataset(
+                full.features[rows], full.labels[rows]))
+            os.replace(path + ".tmp", path)
+        return {"train": path, "dim_batch": (128, 256),
+                "test": os.path.join(DATA, "ManNextWord", "test.txt.gz"),
+                "num_labels": 50_000, "num_train": args.mnw_train,
+                "overrides": ["--config.model.encoder_dims=(128,)",
+                              "--config.model.intermediate_dim=0",
+                              "--config.model.dropout=0.0",
+                              "--config.train.batch_size=256",
+                              f"--config.train.epochs={args.mnw_epochs}",
+                              "--config.train.learning_rate=0.01",
+                              "--config.data.normalize=l2"],
+                "astra": astra_early}
+    if dataset == "delicious":
+        xc = os.path.join(DATA, "Delicious", "xc")
+        return {"train": os.path.join(xc, "delicious_xcsplit_train.txt.gz"),
+                "test": os.path.join(xc, "delicious_xcsplit_test.txt.gz"),
+                "num_labels": 983, "num_train": 12_920, "dim_batch": (512, 128),
+                "overrides": ["--config.model.encoder_dims=(512,)",
+                              "--config.model.intermediate_dim=0",
+                              "--config.train.batch_size=128",
+                              f"--config.train.epochs={args.delicious_epochs}"],
+                "astra": []}
+    if dataset == "synthetic1m":
+        n_train, n_test = 1024, 256
+        paths = {k: os.path.join(work, f"syn1m_{k}.txt")
+                 for k in ("train", "test")}
+        if not all(os.path.exists(p) for p in paths.values()):
+            ds = xdata.make_synthetic(n_train + n_test, 100_000, 1_000_000,
+                                      labels_per_instance=5.0,
+                                      features_per_instance=32.0, seed=0)
+            for part, rows in (("train", slice(0, n_train)),
+                               ("test", slice(n_train, None))):
+                xdata.write_xc(paths[part] + ".tmp", xdata.XCDataset(
+                    ds.features[rows], ds.labels[rows]))
+                os.replace(paths[part] + ".tmp", paths[part])
+        return {**paths, "num_labels": 1_000_000, "num_train": n_train,
+                "dim_batch": (64, 64),
+                "overrides": ["--config.model.encoder_dims=(64,)",
+                              "--config.model.intermediate_dim=0",
+                              "--config.model.dropout=0.0",
+                              "--config.train.batch_size=64",
+                              "--config.train.epochs=1",
+                              "--config.eval.batch_size=64"],
+                "astra": ["--config.sampler.refresh_start_epoch=0"]}
+    raise ValueError(f"unknown data set {dataset!r}; expected {DATASETS}")
+
+
+# ---------------------------------------------------------------------------
+# Runs.
+
+
+def method_command(method: str, spec: dict, workdir: str, args) -> list[str]:
+    """The command line of one run (``xmc-tf train`` or this script's
+    worker for ``tf_sampled_softmax``)."""
+    cfg = {"full_softmax": "dense", "full_squared_hinge": "dense",
+           "tf_sampled_softmax": "astra", "uniform": "astra",
+           "astra": "astra", "lsh": "lsh"}[method]
+    over = ["--config.data.validation_fraction=0",
+            f"--config.data.train={spec['train']}",
+            f"--config.data.test={spec['test']}",
+            "--config.train.verbose=2"] + NO_SCHEDULE + spec["overrides"]
+    if method == "full_softmax":
+        over.append("--config.loss=softmax")
+    if method in ("tf_sampled_softmax", "uniform", "astra", "lsh"):
+        over.append("--config.model.sampled_layer=dense")
+    if method == "uniform":
+        over.append("--config.sampler.kind=uniform")
+    if method == "astra":
+        over += spec["astra"]
+    base = ["nice", "-n", "5"]
+    if method == "tf_sampled_softmax":
+        over += ["--config.model.head=tf_sampled_softmax",
+                 "--config.loss=softmax", "--config.set.enabled=False",
+                 f"--config.sampler.num_negatives={args.num_sampled}"]
+    train = ["train", f"--config={os.path.join(ROOT, 'configs', cfg)}.py",
+             f"--workdir={workdir}", "--overwrite"] + over
+    if method == "tf_sampled_softmax":
+        return base + [sys.executable, os.path.abspath(__file__),
+                       "--worker"] + train
+    return base + [os.path.join(os.path.dirname(sys.executable),
+                                "xmc-tf")] + train
+
+
+def epoch_entry(match) -> dict:
+    """Steps, seconds and seconds per step of a Keras epoch line (Keras
+    prints whole seconds per step from 1 s on: then epoch seconds / steps).
+    """
+    steps, seconds = int(match.group(2)), int(match.group(3))
+    step = float(match.group(4))
+    step = step / 1000 if match.group(5) == "ms" else seconds / steps
+    return {"steps": steps, "seconds": seconds, "step_seconds": round(step, 4)}
+
+
+def run(method: str, dataset: str, spec: dict, args) -> dict:
+    """One training process; returns its row of the table."""
+    workdir = os.path.join(args.work, "runs", f"{dataset}_{method}")
+    cmd = method_command(method, spec, workdir, args)
+    log_path = workdir + ".log"
+    os.makedirs(os.path.dirname(workdir), exist_ok=True)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    row = {"dataset": dataset, "method": method,
+           "num_labels": spec["num_labels"], "num_train": spec["num_train"],
+           "load_before": _load(), "command": " ".join(cmd)}
+    epochs, train_peak = [], None
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        log.write(" ".join(cmd) + "\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env,
+                                cwd=ROOT)
+        timer = threading.Timer(args.timeout, proc.kill)
+        timer.start()
+        for line in proc.stdout:
+            log.write(line)
+            m = _EPOCH.match(line)
+            if m:
+                train_peak = _vm_hwm(proc.pid)
+                epochs.append(epoch_entry(m))
+        rc = proc.wait()
+        timer.cancel()
+    if rc != 0 and time.perf_counter() - start >= args.timeout:
+        row["timed_out"] = args.timeout
+    row.update(returncode=rc, wall_seconds=round(time.perf_counter() - start,
+                                                 1),
+               load_after=_load(), epochs=epochs, train_peak_bytes=train_peak,
+               log=log_path)
+    if epochs:
+        row["s_per_epoch"] = [e["seconds"] for e in epochs]
+        row["step_seconds_last"] = epochs[-1]["step_seconds"]
+    if rc != 0:
+        with open(log_path) as f:
+            row["error"] = f.read()[-3000:]
+        print(f"  {method} failed (exit {rc}); see {log_path}", flush=True)
+        return row
+    with open(os.path.join(workdir, "metrics.json")) as f:
+        metrics = json.load(f)
+    for key in ("P@1", "P@3", "P@5", "train_seconds", "peak_memory_bytes",
+                "output_layer_bytes", "model_bytes", "sampler",
+                "num_test_instances"):
+        if key in metrics:
+            row[key] = metrics[key]
+    hist = os.path.join(workdir, "history.csv")
+    if os.path.exists(hist):
+        with open(hist) as f:
+            rows = list(csv.DictReader(f))
+        if rows and rows[-1].get("sampled_fraction"):
+            row["scored_per_row"] = round(float(rows[-1]["sampled_fraction"]) *
+                                          spec["num_labels"], 1)
+        if rows and rows[-1].get("loss"):
+            row["final_loss"] = float(rows[-1]["loss"])
+    if not args.keep_workdirs:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return row
+
+
+def predicted_dense_gib(spec: dict, dim: int = 128, batch: int = 256) -> float:
+    """Rough peak of a dense head: kernel + dense gradient + 2 Adam slots
+    (4 x m x d float32) and ~6 [batch, m] float32 activations, + 1 GiB."""
+    m = spec["num_labels"]
+    return (4 * m * dim * 4 + 6 * batch * m * 4) / GIB + 1.0
+
+
+def available_gib():
+    """``MemAvailable`` of ``/proc/meminfo`` (GiB), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 / GIB
+    except OSError:
+        return None
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Worker: tf.nn.sampled_softmax_loss through xmc_tf.train.
+
+
+def worker(argv):
+    """``--worker xmc-tf-args...``: ``xmc-tf train`` (``xmc_tf.cli.main``)
+    with a head ``"tf_sampled_softmax"`` registered first, whose trainer is
+    :class:`baselines.TFSampledSoftmaxTrainer` over the sampled head's
+    ``LabelDense`` layer; ``config.sampler.num_negatives`` classes per step.
+
+    Returns:
+      The CLI's exit status.
+    """
+    from xmc_tf import cli
+    from xmc_tf import heads as xheads
+    from xmc_tf.heads.base import Head
+    from xmc_tf.heads.sampled import SampledHead
+    sys.path.insert(0, HERE)
+    from baselines import TFSampledSoftmaxTrainer
+
+    @xheads.register
+    class TFSampledSoftmaxHead(SampledHead):  # pylint: disable=unused-variable
+        """A LabelDense head trained by ``tf.nn.sampled_softmax_loss``."""
+
+        name = "tf_sampled_softmax"
+        losses = ("softmax",)
+
+        def training_model(self, model, layer):
+            return TFSampledSoftmaxTrainer(
+                model, self.config.sampler.num_negatives,
+                seed=self.config.seed, name=f"{model.name}_trainer")
+
+        def callbacks(self, layer, val_data):
+            return Head.callbacks(self, layer, val_data)
+
+        def results(self, layer):
+            return {"sampler": "log_uniform_candidate_sampler(num_sampled="
+                               f"{self.config.sampler.num_negatives})"}
+
+    return cli.main(["xmc-tf"] + [a for a in argv if a != "--worker"])
+
+
+# ---------------------------------------------------------------------------
+# Report.
+
+
+def _fmt(v, nd=2):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def table(rows: list[dict]) -> str:
+    cols = ["dataset", "method", "s/epoch", "s/step", "train GiB",
+            "job GiB", "scored/row", "P@1", "P@3", "P@5"]
+    out = []
+    for r in rows:
+        if r.get("skipped"):
+            out.append([r["dataset"], r["method"], "skipped: " + r["skipped"]]
+                       + [""] * 7)
+            continue
+        spe = r.get("s_per_epoch") or []
+        out.append([
+            r["dataset"], r["method"],
+            "/".join(str(s) for s in spe) or "-",
+            _fmt(r.get("step_seconds_last"), 3),
+            _fmt(r["train_peak_bytes"] / GIB if r.get("train_peak_bytes")
+                 else None),
+            _fmt(r["peak_memory_bytes"] / GIB if r.get("peak_memory_bytes")
+                 else None),
+            _fmt(r.get("scored_per_row"), 1),
+            _fmt(r.get("P@1")), _fmt(r.get("P@3")), _fmt(r.get("P@5"))]
+            if r.get("returncode") == 0 else
+            [r["dataset"], r["method"],
+             f"timed out after {r['timed_out']} s" if r.get("timed_out")
+             else f"failed ({r.get('returncode')})"] + [""] * 7)
+    widths = [max(len(c), *(len(str(x[i])) for x in out))
+              for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    lines += ["  ".join(str(x).ljust(w) for x, w in zip(r, widths))
+              for r in out]
+    return "\n".join(lines)
+
+
+def _sort(rows):
+    order = {(d, m): i for i, (d, m) in enumerate(
+        (d, m) for d in DATASETS for m in METHODS)}
+    return sorted(rows, key=lambda r: order.get((r["dataset"], r["method"]),
+                                                1e9))
+
+
+def merge(paths, out):
+    """Writes the rows of several result files (later files win) to ``out``
+    and prints the table."""
+    result = {"machine": {}, "parts": [], "rows": []}
+    rows = {}
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        result["parts"].append({"file": os.path.basename(path),
+                                "machine": part["machine"],
+                                "args": part["args"]})
+        for r in part["rows"]:
+            rows[(r["dataset"], r["method"])] = r
+    result["machine"] = result["parts"][0]["machine"]
+    result["rows"] = _sort(rows.values())
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    print(table(result["rows"]))
+    print(f"wrote {out}")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        sys.exit(worker(argv[1:]))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--work", default="/tmp/xmc_sampled_bench")
+    p.add_argument("--mnw-train", type=int, default=50_000)
+    p.add_argument("--mnw-epochs", type=int, default=1)
+    p.add_argument("--delicious-epochs", type=int, default=3)
+    p.add_argument("--num-sampled", type=int, default=256,
+                   help="tf.nn.sampled_softmax_loss classes per step")
+    p.add_argument("--max-dense-gib", type=float, default=4.0,
+                   help="skip dense heads predicted to need more")
+    p.add_argument("--out", default=os.path.join(HERE, "results",
+                                                 "sampled.json"))
+    p.add_argument("--keep-workdirs", action="store_true")
+    p.add_argument("--timeout", type=float, default=900,
+                   help="seconds after which a run is killed (recorded)")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="only merge the rows of these result files into "
+                        "--out (runs split over several processes)")
+    args = p.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
+    methods = [m for m in args.methods.split(",") if m]
+    datasets = [d for d in args.datasets.split(",") if d]
+    for m in methods:
+        if m not in METHODS:
+            p.error(f"unknown method {m!r}; expected {METHODS}")
+    import tensorflow as tf
+    result = {"machine": {"platform": platform.platform(),
+                          "cpus": os.cpu_count(), "tensorflow": tf.__version__,
+                          "loadavg_start": _load()},
+              "args": vars(args), "rows": []}
+    if os.path.exists(args.out):  # keep rows of other data sets / methods
+        with open(args.out) as f:
+            old = json.load(f)
+        result["rows"] = [r for r in old.get("rows", [])
+                          if (r["dataset"], r["method"]) not in
+                          {(d, m) for d in datasets for m in methods}]
+    for dataset in datasets:
+        spec = prepare(dataset, args)
+        for method in methods:
+            print(f"== {dataset} / {method}", flush=True)
+            need = predicted_dense_gib(spec, *spec["dim_batch"])
+            avail = available_gib()
+            if method.startswith("full_") and (
+                    need > args.max_dense_gib or
+                    (avail is not None and need > avail - 1.0)):
+                # The machine is shared: never risk the OOM killer.
+                row = {"dataset": dataset, "method": method,
+                       "num_labels": spec["num_labels"],
+                       "skipped": f"predicted {need:.1f} GiB, limit "
+                                  f"{args.max_dense_gib} GiB, available "
+                                  f"{avail:.1f} GiB"}
+            else:
+                row = run(method, dataset, spec, args)
+            result["rows"].append(row)
+            print(table([row]), flush=True)
+            os.makedirs(os.path.dirname(args.out), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1, default=str)
+    result["machine"]["loadavg_end"] = _load()
+    result["rows"] = _sort(result["rows"])
+    print()
+    print(table(result["rows"]))
+    print(f"\nload average start/end: {result['machine']['loadavg_start']} / "
+          f"{result['machine']['loadavg_end']}")
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
