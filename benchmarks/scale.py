@@ -29,7 +29,10 @@ What it measures
      output side (data, TF-IDF, encoder + its Adam state, TensorFlow).
 
    Reported per run: time per training step (Keras' epoch line: epoch wall
-   time / steps, the first step's tracing included), peak RSS of the
+   time / steps, the first step's tracing included), CPU seconds per step
+   (user + system CPU time of the process from the model summary, printed
+   just before ``fit``, to the epoch line, / steps: less sensitive to the
+   other jobs on a shared machine than the wall time), peak RSS of the
    process when training ended (``/proc/PID/status`` ``VmHWM`` read when
    Keras prints the epoch line) and of the whole job (``metrics.json``
    ``peak_memory_bytes``: also evaluation, SavedModel export), the output
@@ -47,6 +50,10 @@ What it measures
    the dataset graph, RSS growth from building and iterating it, and the
    time per batch of 32 / 256 when batches are pulled as fast as possible
    (what a training step would wait for, at most).
+
+Safety on a shared machine: a run whose RSS passes ``--kill-gib`` (14) is
+killed (its row records ``killed_at_rss_bytes``); ``--steps 3m=8`` trains
+a scale on fewer steps (a smaller training split, named in the data files).
 
 Output: a table on stdout, JSON (``--out``), and a PNG (``--plot``) of the
 peak RSS and the time per step against the number of labels, per head.
@@ -90,6 +97,7 @@ SCALES = {
                  labels_per_instance=5.0, features_per_instance=30.0,
                  fan_in=32, train_steps=8, num_test=100),
 }
+_DEFAULT_STEPS = {k: v["train_steps"] for k, v in SCALES.items()}
 HEADS = ("base", "uniform_sparse", "mach", "sampled", "dense")
 BATCH = 32
 BASE_LABELS = 1000
@@ -108,11 +116,17 @@ def _load():
 
 def prepare_data(scale: str, data_dir: str, seed: int = 0) -> dict:
     """Writes ``{scale}_train.txt`` / ``_test.txt`` (and the ``base``
-    files with labels folded mod 1,000) once; returns their paths."""
+    files with labels folded mod 1,000) once; returns their paths.
+
+    The training split has ``train_steps * 32`` instances; a number of
+    steps other than the default (``--steps``) is part of the file names.
+    """
     from xmc_tf import data as xdata
     spec = SCALES[scale]
     os.makedirs(data_dir, exist_ok=True)
-    paths = {k: os.path.join(data_dir, f"{scale}_{k}.txt")
+    tag = scale if spec["train_steps"] == _DEFAULT_STEPS.get(scale) else (
+        f"{scale}_{spec['train_steps']}steps")
+    paths = {k: os.path.join(data_dir, f"{tag}_{k}.txt")
              for k in ("train", "test", "base_train", "base_test")}
     if all(os.path.exists(p) for p in paths.values()):
         return paths
@@ -179,6 +193,61 @@ def _vm_hwm(pid: int) -> int | None:
     return None
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process (``/proc/PID/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _vm_rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+class _Watchdog:
+    """Kills one run (SIGKILL to its pid) when its RSS passes a limit.
+
+    Args:
+        pid: the process id of the run (a child of this script).
+        limit_bytes: RSS limit in bytes; checked every 0.5 seconds.
+    """
+
+    def __init__(self, pid: int, limit_bytes: float):
+        import threading
+        self.pid, self.limit, self.killed_at = pid, limit_bytes, None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        import signal
+        while not self._done.wait(0.5):
+            rss = _vm_rss(self.pid)
+            if rss is None:
+                return
+            if rss > self.limit:
+                self.killed_at = rss
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                return
+
+    def stop(self):
+        self._done.set()
+        self._thread.join()
+
+
 def run_cli(scale: str, head: str, paths: dict, args) -> dict:
     """One ``xmc-tf train`` process; returns the row of the table."""
     config, overrides = _overrides(scale, head, args)
@@ -194,28 +263,41 @@ def run_cli(scale: str, head: str, paths: dict, args) -> dict:
     os.makedirs(args.workdir, exist_ok=True)
     start, load0 = time.perf_counter(), _load()
     train_peak, step_s, steps = None, None, None
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    cpu_fit, cpu_step = None, None
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     with open(log_path, "w") as log:
         log.write(" ".join(cmd) + "\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env=env,
                                 cwd=ROOT)
+        watchdog = _Watchdog(proc.pid, args.kill_gib * GIB)
         for line in proc.stdout:
             log.write(line)
+            if cpu_fit is None and "Non-trainable params" in line:
+                cpu_fit = _cpu_seconds(proc.pid)  # summary: fit starts
             m = _EPOCH.match(line)
             if m and train_peak is None:
                 train_peak = _vm_hwm(proc.pid)
                 steps = int(m.group(2))
                 step_s = float(m.group(4)) / (1000 if m.group(5) == "ms"
                                               else 1)
+                if int(m.group(3)) >= 10:  # Keras rounds "7s/step"
+                    step_s = int(m.group(3)) / steps
+                cpu_now = _cpu_seconds(proc.pid)
+                if cpu_fit is not None and cpu_now is not None:
+                    cpu_step = (cpu_now - cpu_fit) / steps
         rc = proc.wait()
+        watchdog.stop()
     row = {"scale": scale, "head": head, "num_labels": (
         BASE_LABELS if head == "base" else SCALES[scale]["num_labels"]),
         "returncode": rc, "wall_seconds": round(time.perf_counter() - start,
                                                 1),
         "steps": steps, "step_seconds": step_s,
+        "cpu_seconds_per_step": cpu_step,
         "train_peak_bytes": train_peak, "load_average": [load0, _load()],
         "log": log_path, "command": " ".join(cmd)}
+    if watchdog.killed_at:
+        row["killed_at_rss_bytes"] = watchdog.killed_at
     if rc != 0:
         with open(log_path) as f:
             row["error"] = f.read()[-2000:]
@@ -327,7 +409,8 @@ def _gib(v):
 
 
 def table(rows: list[dict]) -> str:
-    cols = ("scale", "head", "labels", "s/step", "train peak GiB",
+    cols = ("scale", "head", "labels", "s/step", "CPU s/step",
+            "train peak GiB",
             "job peak GiB", "output side GiB", "head MB", "model MB",
             "P@1", "P@5")
     base = {r["scale"]: r.get("train_peak_bytes") for r in rows
@@ -344,6 +427,8 @@ def table(rows: list[dict]) -> str:
                  f"{r['num_labels']:,}",
                  "-" if r.get("step_seconds") is None else
                  f"{r['step_seconds']:.2f}",
+                 "-" if r.get("cpu_seconds_per_step") is None else
+                 f"{r['cpu_seconds_per_step']:.2f}",
                  _gib(r.get("train_peak_bytes")),
                  _gib(r.get("peak_memory_bytes")), _gib(side),
                  "-" if r.get("output_layer_bytes") is None else
@@ -418,22 +503,33 @@ def main(argv=None):
                    help="machine memory for the dense-head prediction")
     p.add_argument("--max-run-gib", type=float, default=16.0,
                    help="never start a dense run predicted above this")
+    p.add_argument("--kill-gib", type=float, default=14.0,
+                   help="kill a run whose RSS passes this (shared machine)")
+    p.add_argument("--steps", default="",
+                   help="training steps per scale, e.g. 3m=8 (default: "
+                        + ", ".join(f"{k}={v}" for k, v in
+                                    _DEFAULT_STEPS.items()) + ")")
     p.add_argument("--no-runs", action="store_true")
     p.add_argument("--pipeline", action="store_true")
     p.add_argument("--pipeline-instances", type=int, default=490_449)
     p.add_argument("--pipeline-batches", type=int, default=500)
     p.add_argument("--previous", default=None,
                    help="JSON of an earlier run: keep its rows for runs "
-                        "not repeated now")
+                        "not repeated now (and its pipeline numbers "
+                        "without --pipeline)")
     p.add_argument("--out", default=None, help="write the results as JSON")
     p.add_argument("--plot", default=None, help="write the PNG here")
     args = p.parse_args(argv)
+    for item in filter(None, args.steps.split(",")):
+        scale, steps = item.split("=")
+        SCALES[scale]["train_steps"] = int(steps)
 
-    rows = []
+    rows, previous = [], {}
     if args.previous and os.path.exists(args.previous):
         with open(args.previous) as f:
-            rows = [r for r in json.load(f).get("runs", [])
-                    if r.get("head") != "dense (predicted)"]
+            previous = json.load(f)
+        rows = [r for r in previous.get("runs", [])
+                if r.get("head") != "dense (predicted)"]
     result = {"machine": {"cpus": os.cpu_count(), "load_average": _load()},
               "batch_size": BATCH, "encoder": args.encoder,
               "intermediate": args.intermediate}
@@ -462,6 +558,8 @@ def main(argv=None):
     result["runs"] = rows
     if args.pipeline:
         result["pipeline"] = pipeline_benchmark(args)
+    elif "pipeline" in previous:
+        result["pipeline"] = previous["pipeline"]
     print(table([r for r in rows if r["head"] != "dense (predicted)"] +
                 [r for r in rows if r["head"] == "dense (predicted)"]))
     for r in rows:
