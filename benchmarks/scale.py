@@ -448,8 +448,9 @@ def plot(rows: list[dict], path: str) -> None:
     fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(11, 4.2))
     heads = [h for h in HEADS if h != "base"]
     for head in heads:
-        pts = sorted((r["num_labels"], r) for r in rows
-                     if r["head"] == head and r.get("returncode") == 0)
+        pts = sorted(((r["num_labels"], r) for r in rows
+                      if r["head"] == head and r.get("returncode") == 0),
+                     key=lambda p: p[0])
         if pts:
             xs = [p[0] for p in pts]
             line, = ax_mem.plot(xs, [p[1]["train_peak_bytes"] / GIB
@@ -464,15 +465,12 @@ def plot(rows: list[dict], path: str) -> None:
                                  r["train_peak_bytes"] / GIB], "x--",
                                 color=line.get_color(),
                                 label="dense (predicted)")
-    base = sorted((r["num_labels"], r) for r in rows if r["head"] == "base"
-                  and r.get("returncode") == 0)
     for scale, spec in SCALES.items():
         for r in rows:
             if r["head"] == "base" and r["scale"] == scale and r.get(
                     "train_peak_bytes"):
                 ax_mem.plot([spec["num_labels"]],
                             [r["train_peak_bytes"] / GIB], "k_", ms=14)
-    del base
     ax_mem.axhline(24, color="grey", lw=0.8, ls=":")
     ax_mem.text(0.02, 24.3, "24 GiB machine", color="grey", fontsize=8,
                 transform=ax_mem.get_yaxis_transform())
