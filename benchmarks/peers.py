@@ -24,7 +24,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["timer", "elapsed", "csr_rows", "precision", "load_config",
+__all__ = ["timer", "elapsed", "proc_status_bytes", "csr_rows", "precision", "load_config",
            "run_napkinxc", "run_omikuji", "run_fasttext", "PEERS"]
 
 
@@ -36,6 +36,19 @@ def timer():
 def elapsed(start):
     """``(wall, cpu)`` seconds since :func:`timer`'s ``start``."""
     return time.perf_counter() - start[0], time.process_time() - start[1]
+
+
+def proc_status_bytes(pid: int, key: str = "VmHWM"):
+    """A memory entry of ``/proc/PID/status`` in bytes (``"VmHWM"``: peak
+    RSS, ``"VmRSS"``: current RSS), or None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 def csr_rows(matrix):

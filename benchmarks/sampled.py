@@ -95,6 +95,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import proc_status_bytes  # noqa: E402  (benchmarks/peers.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DATA = "/work/shared/data"
@@ -112,18 +115,6 @@ def _load():
         return [round(v, 2) for v in os.getloadavg()]
     except OSError:
         return None
-
-
-def _vm_hwm(pid: int):
-    """Peak RSS (bytes) of a live process, from ``/proc/PID/status``."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 # ---------------------------------------------------------------------------
@@ -270,7 +261,7 @@ def run(method: str, dataset: str, spec: dict, args) -> dict:
             log.write(line)
             m = _EPOCH.match(line)
             if m:
-                train_peak = _vm_hwm(proc.pid)
+                train_peak = proc_status_bytes(proc.pid)
                 epochs.append(epoch_entry(m))
         rc = proc.wait()
         timer.cancel()

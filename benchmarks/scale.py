@@ -81,6 +81,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peers import proc_status_bytes  # noqa: E402  (benchmarks/peers.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2**30
 
@@ -182,17 +185,6 @@ def _overrides(scale: str, head: str, args) -> tuple[str, list[str]]:
 _EPOCH = re.compile(r"^\s*(\d+)/(\d+) - (\d+)s - ([\d.]+)(ms|s)/step")
 
 
-def _vm_hwm(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 def _cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of a process (``/proc/PID/stat``)."""
     try:
@@ -201,17 +193,6 @@ def _cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _vm_rss(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 class _Watchdog:
@@ -232,7 +213,7 @@ class _Watchdog:
     def _loop(self):
         import signal
         while not self._done.wait(0.5):
-            rss = _vm_rss(self.pid)
+            rss = proc_status_bytes(self.pid, "VmRSS")
             if rss is None:
                 return
             if rss > self.limit:
@@ -277,7 +258,7 @@ def run_cli(scale: str, head: str, paths: dict, args) -> dict:
                 cpu_fit = _cpu_seconds(proc.pid)  # summary: fit starts
             m = _EPOCH.match(line)
             if m and train_peak is None:
-                train_peak = _vm_hwm(proc.pid)
+                train_peak = proc_status_bytes(proc.pid)
                 steps = int(m.group(2))
                 step_s = float(m.group(4)) / (1000 if m.group(5) == "ms"
                                               else 1)
