@@ -60,6 +60,10 @@ distinct rows per batch alone grow 1.24x) and below 1 (zipf, noise); the
 full run's 0.54 for uniform shows how much the shared machine's load moves
 single numbers.
 
+Part 2 (``--e2e``, ``benchmarks/sparse_input_e2e.py``): the main job end to
+end with each encoder on Delicious, ManNextWord and a 500k-feature set,
+next to napkinXC and Omikuji; its measurements are in that file.
+
 How to run
 ----------
 ::
