@@ -68,10 +68,13 @@ The new encoder makes a step 5.4x (ManNextWord, 120k features) and 5.1x
 batch) it is no faster.  One epoch is far from converged (the peers'
 numbers are after their full training); the converged defaults are in
 ``configs/uniform_sparse.py``.  The job's peak RSS is the same for both
-encoders: it is set by the end of the job (checkpoint and export read each
-variable whole, a full copy of a table in copy-on-read mode), not by the
-training step, whose own memory part 1 measures (3.7 vs 5.5 GB at 500k x
-512).  On multi-class ManNextWord the one-vs-all squared hinge over 50k
+encoders, well above the training step's own (part 1: 3.7 vs 5.5 GB at
+500k x 512).  Sampling /proc/PID/status every 2 s during the sparse run on
+synthetic500k (table and two moments: 3 GB): 4.8 GB once the model and the
+optimizer are built, 5.5-6.1 GB while training, 6.8 GB after it
+(checkpoint, evaluation, export read each variable whole, a full copy of a
+table in copy-on-read mode).  Not yet found: what holds the extra 1-2 GB
+during training (initial values, dense reads outside the step).  On multi-class ManNextWord the one-vs-all squared hinge over 50k
 classes dominates the step (0.57 s: 59 min per epoch of the 400k
 instances against Omikuji's ~1 min of training).
 
