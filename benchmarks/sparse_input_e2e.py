@@ -74,8 +74,10 @@ synthetic500k (table and two moments: 3 GB): 4.8 GB once the model and the
 optimizer are built, 5.5-6.1 GB while training, 6.8 GB after it
 (checkpoint, evaluation, export read each variable whole, a full copy of a
 table in copy-on-read mode).  Not yet found: what holds the extra 1-2 GB
-during training (initial values, dense reads outside the step).  On multi-class ManNextWord the one-vs-all squared hinge over 50k
-classes dominates the step (0.57 s: 59 min per epoch of the 400k
+during training (initial values, dense reads outside the step).
+
+On multi-class ManNextWord the one-vs-all squared hinge over 50k classes
+dominates the step (0.57 s: 59 min per epoch of the 400k
 instances against Omikuji's ~1 min of training).
 
 Usage::
