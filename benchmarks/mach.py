@@ -58,7 +58,8 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import (elapsed, load_config, run_napkinxc, run_omikuji, timer)
+from peers import (elapsed, format_table, load_config, run_napkinxc,
+                   run_omikuji, timer)
 
 DATA_FILES = {
     "bibtex": ("Bibtex/xc/bibtex_xcsplit_train.txt.gz",
@@ -266,23 +267,6 @@ def synthetic_benchmark(args):
 
 # ---------------------------------------------------------------------------
 
-def _table(rows, cols):
-    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    for r in rows:
-        lines.append("  ".join(_fmt(r.get(c)).ljust(w)
-                               for c, w in zip(cols, widths)))
-    return "\n".join(lines)
-
-
-def _fmt(v):
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.2f}" if abs(v) < 1e5 else f"{v:.3g}"
-    return str(v)
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", default="/work/shared/data")
@@ -355,7 +339,7 @@ def main(argv=None):
             for ref in [r for r in args.reference.split(",") if r]:
                 row = train_reference(name, train_path, test_path, ref, args)
                 result["real"].append(row)
-                print(_table([row], ["dataset", "method", "P@1", "P@3", "P@5",
+                print(format_table([row], ["dataset", "method", "P@1", "P@3", "P@5",
                                      "head_bytes", "train_s"]), flush=True)
             if not args.skip_baselines:
                 try:
@@ -373,7 +357,7 @@ def main(argv=None):
                 row = train_mach(name, train_path, test_path, B, R, loss,
                                  args)
                 result["real"].append(row)
-                print(_table([row], ["dataset", "method", "P@1", "P@3", "P@5",
+                print(format_table([row], ["dataset", "method", "P@1", "P@3", "P@5",
                                      "head_bytes", "train_s", "decode_qps"]),
                       flush=True)
     if not args.no_decode:
@@ -385,21 +369,21 @@ def main(argv=None):
     if result["real"]:
         print("\n== Real data (test split, percent; bytes of the output "
               "layer / whole model) ==")
-        print(_table(result["real"], [
+        print(format_table(result["real"], [
             "dataset", "method", "P@1", "P@3", "P@5", "head_bytes",
             "model_bytes", "train_s", "epochs", "decode_qps",
             "brute_force_qps", "end_to_end_qps"]))
     if result["decode"]:
         print(f"\n== Decoder, m={args.decode_labels} R=16 B=4096 k=5, "
               "synthetic peaked probs ==")
-        print(_table(result["decode"], [
+        print(format_table(result["decode"], [
             "peak", "queries", "qps", "cpu_ms_per_query",
             "qps_per_2_cores_from_cpu_time", "brute_force_qps",
             "exact_vs_brute_force", "mean_top1_score", "list_build_s"]))
     if result["synthetic"]:
         print(f"\n== Training at m={args.decode_labels} on synthetic data "
               "(B=4096, R=16, softmax) ==")
-        print(_table([result["synthetic"]], [
+        print(format_table([result["synthetic"]], [
             "m", "train_instances", "train_s", "epochs",
             "train_instances_per_s", "head_bytes", "dense_head_bytes",
             "model_bytes", "P@1", "P@5", "decode_qps", "brute_force_qps"]))

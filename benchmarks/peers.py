@@ -24,7 +24,8 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["timer", "elapsed", "proc_status_bytes", "csr_rows", "precision", "load_config",
+__all__ = ["timer", "elapsed", "proc_status_bytes", "format_table", "csr_rows",
+           "precision", "load_config",
            "run_napkinxc", "run_omikuji", "run_fasttext", "PEERS"]
 
 
@@ -49,6 +50,27 @@ def proc_status_bytes(pid: int, key: str = "VmHWM"):
     except OSError:
         return None
     return None
+
+
+def format_table(rows, cols) -> str:
+    """A plain-text table: one column per key of ``cols``, one line per dict
+    of ``rows`` (missing -> ``-``, floats with 2 decimals, or 3 significant
+    digits from 1e5 up)."""
+    widths = [max(len(c), *(len(_fmt_cell(r.get(c))) for r in rows))
+              for c in cols]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+    for r in rows:
+        lines.append("  ".join(_fmt_cell(r.get(c)).ljust(w)
+                               for c, w in zip(cols, widths)))
+    return "\n".join(lines)
+
+
+def _fmt_cell(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.2f}" if abs(v) < 1e5 else f"{v:.3g}"
+    return str(v)
 
 
 def csr_rows(matrix):

@@ -69,6 +69,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from peers import format_table  # noqa: E402  (benchmarks/peers.py)
+
 METHODS = ("full_softmax", "sampled_softmax", "scent", "scent_paper", "sox")
 #: ``--methods`` entries may override options: ``NAME:key=value:...``.
 OVERRIDES = {"lr": "lr", "alpha": "scent_alpha", "beta": "scent_beta",
@@ -137,7 +140,6 @@ def worker(method, args):
     from xmc_tf.models import build_model
     from xmc_tf.optimizers import LazyAdam
 
-    sys.path.insert(0, HERE)
     from baselines import TFSampledSoftmaxTrainer, full_softmax_cross_entropy
 
     path = os.path.join(args.data_dir, "ManNextWord")
@@ -250,23 +252,6 @@ def worker(method, args):
     }
 
 
-def _table(rows, cols):
-    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    for r in rows:
-        lines.append("  ".join(_fmt(r.get(c)).ljust(w)
-                               for c, w in zip(cols, widths)))
-    return "\n".join(lines)
-
-
-def _fmt(v):
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.2f}" if abs(v) < 1e5 else f"{v:.3g}"
-    return str(v)
-
-
 def _parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", default="/work/shared/data")
@@ -361,7 +346,7 @@ def main(argv=None):
                 row = json.load(f)
             row["process_s"] = time.perf_counter() - t0
             result["rows"].append(row)
-            print(_table([row], COLUMNS), flush=True)
+            print(format_table([row], COLUMNS), flush=True)
     result["machine"]["loadavg_end"] = os.getloadavg()
     ok = [r for r in result["rows"] if "error" not in r]
     if ok:
@@ -370,7 +355,7 @@ def main(argv=None):
               f"test, {r0['num_labels']} classes, batch {args.batch_size}, "
               f"{args.epochs} epochs, dim {args.dim} (test P@k percent, "
               f"test CE nats over all classes) ==")
-        print(_table(ok, COLUMNS))
+        print(format_table(ok, COLUMNS))
     print(f"\nload average start/end: {result['machine']['loadavg_start']} / "
           f"{result['machine']['loadavg_end']}")
     if args.out:
