@@ -22,7 +22,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from xmc_tf.ops.sampled import dense_sampled_matmul
+from xmc_tf.ops.sampled import (check_shared_candidates,
+                                dense_sampled_matmul, gather_label_rows)
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
@@ -159,6 +160,45 @@ class LabelDense(keras.layers.Layer):
         # kernel, which the sparse updates put in copy-on-read mode.
         return dense_sampled_matmul(inputs, self.kernel, candidates,
                                     self.bias)
+
+    def score_shared(self, inputs, candidates):
+        """Logits of one candidate set scored by every row (no activation).
+
+        ``scores[i, j] = inputs[i] . kernel[candidates[j]] +
+        bias[candidates[j]]``: the ``C`` candidate rows are read once
+        (``ResourceGather``) and multiplied in one ``[b, d] x [d, C]``
+        product; the kernel and bias gradients are ``tf.IndexedSlices`` over
+        the candidates.  Used by sampled training with shared candidates
+        (:meth:`xmc_tf.samplers.NegativeSampler.sample_shared`).
+
+        Args:
+          inputs: ``[batch, input_dim]`` float.
+          candidates: integer ``[C]`` label ids in ``[0, units)``.
+
+        Returns:
+          ``[batch, C]`` logits, dtype of ``inputs``.
+
+        Raises:
+          ValueError: the layer is not built.
+          tf.errors.InvalidArgumentError: a candidate is out of range.
+
+        >>> import keras, numpy as np, xmc_tf
+        >>> layer = xmc_tf.layers.LabelDense(10)
+        >>> x = keras.ops.ones((2, 4))
+        >>> _ = layer(x)
+        >>> layer.score_shared(x, np.array([3, 7, 3], np.int32)).shape
+        TensorShape([2, 3])
+        """
+        if not self.built:
+            raise ValueError(f"{self.name} is not built: call the layer on an "
+                             "input (or build it) before score_shared")
+        inputs = tf.convert_to_tensor(inputs)
+        ids = check_shared_candidates(candidates, self.units)
+        rows = gather_label_rows(self.kernel, ids, inputs.dtype)  # [C, d]
+        scores = tf.matmul(inputs, rows, transpose_b=True)
+        if self.bias is not None:
+            scores += gather_label_rows(self.bias, ids, scores.dtype)[None, :]
+        return scores
 
     def label_vectors(self, include_bias=False):
         """The classifier vectors of all labels, for an inner-product index.

@@ -11,7 +11,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from xmc_tf.ops.sampled import gather_label_rows, uniform_sparse_sampled_matmul
+from xmc_tf.ops.sampled import (check_shared_candidates, gather_label_rows,
+                                uniform_sparse_sampled_matmul)
 from xmc_tf.ops.uniform_sparse import uniform_sparse_matmul
 
 
@@ -220,6 +221,49 @@ class UniformSparseDense(keras.layers.Layer):
             # A bad candidate fails the op, so this gather needs no check.
             scores = scores + gather_label_rows(self.bias, candidates,
                                                 scores.dtype)
+        return scores
+
+    def score_shared(self, inputs, candidates):
+        """Logits of one candidate set scored by every row (no activation).
+
+        ``scores[i, j] = sum_k inputs[i, indices[c_j, k]] * kernel[c_j, k] +
+        bias[c_j]`` with ``c_j = candidates[j]``: the ``C`` candidate rows
+        of ``indices`` and ``kernel`` are gathered (``ResourceGather``) into
+        a ``C``-label uniform-sparse layer scored by
+        ``Xmc>UniformSparseMatmul`` (:func:`xmc_tf.ops.uniform_sparse_matmul`,
+        cost ``O(batch * C * s)``).  The kernel and bias gradients are
+        ``tf.IndexedSlices`` over the candidates.  Used by sampled training
+        with shared candidates
+        (:meth:`xmc_tf.samplers.NegativeSampler.sample_shared`).
+
+        Args:
+          inputs: ``[batch, num_features]`` float.
+          candidates: integer ``[C]`` label ids in ``[0, units)``.
+
+        Returns:
+          ``[batch, C]`` logits, dtype of ``inputs``.
+
+        Raises:
+          ValueError: the layer is not built.
+          tf.errors.InvalidArgumentError: a candidate is out of range.
+
+        >>> import keras, numpy as np, xmc_tf
+        >>> layer = xmc_tf.layers.UniformSparseDense(1000, 8, seed=0)
+        >>> x = keras.ops.ones((2, 64))
+        >>> _ = layer(x)
+        >>> layer.score_shared(x, np.array([5, 9, 0], np.int32)).shape
+        TensorShape([2, 3])
+        """
+        if not self.built:
+            raise ValueError(f"{self.name} is not built: call the layer on an "
+                             "input (or build it) before score_shared")
+        inputs = tf.convert_to_tensor(inputs)
+        ids = check_shared_candidates(candidates, self.units)
+        indices = gather_label_rows(self.indices, ids)  # [C, s]
+        weights = gather_label_rows(self.kernel, ids, inputs.dtype)
+        scores = uniform_sparse_matmul(inputs, indices, weights)
+        if self.bias is not None:
+            scores += gather_label_rows(self.bias, ids, scores.dtype)[None, :]
         return scores
 
     def compute_output_shape(self, input_shape):

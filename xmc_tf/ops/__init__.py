@@ -2,13 +2,15 @@
 
 from xmc_tf.ops._loader import OpLibraryError, load
 from xmc_tf.ops.mach import MachHashing, mach_top_k, meta_probabilities
-from xmc_tf.ops.sampled import (check_candidates, dense_sampled_matmul,
+from xmc_tf.ops.sampled import (check_candidates, check_shared_candidates,
+                                dense_sampled_matmul,
                                 uniform_sparse_sampled_matmul)
 from xmc_tf.ops.uniform_sparse import uniform_sparse_matmul
 
 __all__ = ["MachHashing", "OpLibraryError", "load", "mach_top_k",
            "meta_probabilities", "uniform_sparse_matmul"]
-__all__ += ["check_candidates", "dense_sampled_matmul",
+__all__ += ["check_candidates", "check_shared_candidates",
+            "dense_sampled_matmul",
             "uniform_sparse_sampled_matmul"]
 from xmc_tf.ops.lsh import (LshHashFamily, lsh_build_tables,  # noqa: E402
                             lsh_query, lsh_update_tables)

@@ -256,6 +256,27 @@ def check_candidates(candidates, num_labels, name="candidates"):
         return tf.identity(candidates)
 
 
+def check_shared_candidates(candidates, num_labels):
+    """:func:`check_candidates` for one id vector shared by a batch.
+
+    Args:
+      candidates: integer ``[C]`` label ids.
+      num_labels: int or scalar tensor, m.
+
+    Returns:
+      int32 ``[C]`` (after the check in graph mode).
+
+    Raises:
+      tf.errors.InvalidArgumentError: some id is outside ``[0, m)``.
+
+    >>> import xmc_tf
+    >>> xmc_tf.ops.check_shared_candidates([4, 0], 5).numpy()
+    array([4, 0], dtype=int32)
+    """
+    ids = tf.convert_to_tensor(candidates, tf.int32)
+    return check_candidates(ids[None, :], num_labels)[0]
+
+
 def dense_sampled_matmul(features, kernel, candidates, bias=None,
                          validate=True, name=None):
     """Dense-layer scores of per-instance candidate labels.

@@ -26,6 +26,15 @@ candidate equal to one of the row's positives (an "accidental hit") must be
 masked out (``mask = False``): the losses treat every unmasked candidate as
 a negative.
 
+*Shared* candidates (:meth:`NegativeSampler.sample_shared`, samplers with
+``supports_shared``): one candidate set ``ids`` int32 ``[C]`` for the whole
+batch, scored by every row (``mask`` / ``log_q`` / ``weights`` stay
+``[b, C]``, masking each row's accidental hits).  The head then scores the
+batch with one ``[b, e] x [e, C]`` product over ``C`` gathered label rows
+instead of gathering ``b k`` rows (what ``tf.nn.sampled_softmax_loss``
+does): much cheaper when ``m`` is not much larger than ``b k`` (50k
+classes, batch 256, k = 256: 65k gathered rows per step, more than ``m``).
+
 Samplers that follow the head's weights (ANN, LSH) are *bound* to the head
 layer with :meth:`NegativeSampler.bind` before training and rebuilt from the
 current weights by :meth:`NegativeSampler.refresh` (driven by
@@ -45,7 +54,8 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["Candidates", "NegativeSampler", "mask_accidental_hits"]
+__all__ = ["Candidates", "NegativeSampler", "mask_accidental_hits",
+           "shared_candidates"]
 
 
 class Candidates(NamedTuple):
@@ -53,7 +63,10 @@ class Candidates(NamedTuple):
 
     Attributes:
       ids: int32 ``[b, k]`` label ids in ``[0, num_labels)`` (masked entries
-        hold any valid id, e.g. 0, so they can be gathered safely).
+        hold any valid id, e.g. 0, so they can be gathered safely), or
+        ``[k]`` for candidates shared by all rows of the batch
+        (:meth:`NegativeSampler.sample_shared`); the other fields are
+        ``[b, k]`` either way.
       mask: bool ``[b, k]``; False for padding and for accidental hits
         (a candidate that is one of the row's positives).
       log_q: float32 ``[b, k]``, log of the expected number of times the
@@ -92,6 +105,8 @@ class NegativeSampler:
 
     #: Whether :meth:`refresh` must run (with a bound head) before sampling.
     needs_refresh = False
+    #: Whether :meth:`sample_shared` is implemented.
+    supports_shared = False
 
     def __init__(self, num_labels: int, num_candidates: int, seed: int = 0):
         if int(num_labels) < 1:
@@ -134,6 +149,23 @@ class NegativeSampler:
         """
         raise NotImplementedError
 
+    def sample_shared(self, queries, positives, step) -> Candidates:
+        """Draws one candidate set for the whole batch (graph-compatible).
+
+        Args: as :meth:`sample`.
+
+        Returns:
+          :class:`Candidates` with ``ids`` int32 ``[C]`` and ``[b, C]``
+          ``mask`` (False for each row's accidental hits), ``log_q`` and
+          ``weights`` (see :func:`shared_candidates`).
+
+        Raises:
+          NotImplementedError: the sampler has no shared mode
+            (``supports_shared`` is False).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no shared-candidates mode")
+
     def refresh(self) -> dict:
         """Rebuilds the sampler's index from the bound head's weights.
 
@@ -171,7 +203,7 @@ def mask_accidental_hits(ids, positives):
     """Bool ``[b, k]``: True where ``ids[i, j]`` is not among row i's positives.
 
     Args:
-      ids: int32 ``[b, k]`` candidate ids.
+      ids: int32 ``[b, k]`` candidate ids, or ``[k]`` shared by all rows.
       positives: int32 ``[b, n]`` positive ids padded with -1.
 
     Returns:
@@ -180,6 +212,36 @@ def mask_accidental_hits(ids, positives):
     """
     ids = tf.cast(ids, tf.int32)
     positives = tf.cast(positives, tf.int32)
+    if ids.shape.rank == 1:
+        ids = ids[None, :]
     hit = tf.reduce_any(tf.equal(ids[:, :, None], positives[:, None, :]),
                         axis=-1)
     return tf.logical_not(hit)
+
+
+def shared_candidates(ids, positives, log_q, weights, valid=None):
+    """:class:`Candidates` for one id set ``[C]`` scored by every row.
+
+    Args:
+      ids: int32 ``[C]`` label ids in ``[0, m)``.
+      positives: int32 ``[b, n]`` positive ids padded with -1; a candidate
+        equal to one of row i's positives is masked for row i.
+      log_q: float32 ``[C]``, log expected count of each column in the
+        batch's draw (0 for a column included with certainty).
+      weights: float32 ``[C]``, importance weight of each column for the
+        one-vs-all losses (1 for a certain column).
+      valid: optional bool ``[C]``; False masks a column for every row
+        (e.g. a uniform draw that repeats a certain column).
+
+    Returns:
+      :class:`Candidates` with ``ids [C]`` and ``[b, C]`` ``mask``,
+      ``log_q`` and ``weights`` (0 where masked).
+    """
+    ids = tf.cast(ids, tf.int32)
+    mask = mask_accidental_hits(ids, positives)  # [b, C]
+    if valid is not None:
+        mask = tf.logical_and(mask, tf.cast(valid, tf.bool)[None, :])
+    log_q = tf.cast(log_q, tf.float32)[None, :]
+    weights = tf.cast(weights, tf.float32)[None, :]
+    return Candidates(ids, mask, tf.where(mask, log_q, 0.0),
+                      tf.where(mask, weights, 0.0))

@@ -19,6 +19,14 @@ times in expectation, hence
 * ``log_q = log(k / |N_i|)``, the log expected count (log-Q correction of
   the sampled softmax).
 
+Shared mode (:meth:`UniformNegativeSampler.sample_shared`): the batch draws
+``C = k`` ids from all of ``[0, m)`` with replacement, every row scores them
+and masks its accidental hits, so ``weights = m / C`` and ``log_q = log(C /
+m)`` (each label is drawn ``C / m`` times in expectation; the masked hits
+are exactly the row's positives, so the estimate over ``N_i`` stays
+unbiased).  This is the draw of ``tf.nn.sampled_softmax_loss`` with a
+uniform proposal and ``unique=False``.
+
 Draws are stateless, keyed by ``(seed, step)`` (see
 :mod:`xmc_tf.samplers.base`).  Sources: ASTRA (Mehta et al.), Algorithm 1
 lines 6-8 and Eq. 2; Bengio & Senecal (2008) for the log-Q correction.
@@ -28,7 +36,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from xmc_tf.samplers.base import Candidates, NegativeSampler
+from xmc_tf.samplers.base import (Candidates, NegativeSampler,
+                                  shared_candidates)
 
 __all__ = ["UniformNegativeSampler", "draw_excluding"]
 
@@ -118,9 +127,42 @@ class UniformNegativeSampler(NegativeSampler):
     (TensorShape([2, 4]), 2.0, 2.25)
     """
 
+    supports_shared = True
+
     def sample(self, queries, positives, step) -> Candidates:
         del queries  # uniform draws do not look at the instance
         return self.sample_excluding(positives, step, self.num_candidates)
+
+    def draw_shared(self, step, num_draws):
+        """``num_draws`` ids uniform on ``[0, m)`` with replacement.
+
+        Keyed by ``(self.seed, step)`` (a different stream from
+        :meth:`draw`'s per-row draws).
+
+        Returns:
+          int32 ``[num_draws]``.
+        """
+        seed = tf.stack([tf.constant(self.seed, tf.int64) + 0x5EED,
+                         tf.cast(step, tf.int64)])
+        ids = tf.random.stateless_uniform(
+            [int(num_draws)], seed=seed, minval=0, maxval=self.num_labels,
+            dtype=tf.int64)
+        return tf.cast(ids, tf.int32)
+
+    def sample_shared(self, queries, positives, step) -> Candidates:
+        """``k`` uniform ids shared by the batch (see the module docstring).
+
+        Returns:
+          :class:`Candidates` with ``ids`` ``[k]``; ``weights = m / k`` and
+          ``log_q = log(k / m)`` where a row does not hit a positive.
+        """
+        del queries
+        k = self.num_candidates
+        ids = self.draw_shared(step, k)
+        m = float(self.num_labels)
+        return shared_candidates(
+            ids, positives, tf.fill([k], tf.math.log(k / m)),
+            tf.fill([k], m / k))
 
     def draw(self, excluded, step, num_draws):
         """:func:`draw_excluding` keyed by ``(self.seed, step)``.
