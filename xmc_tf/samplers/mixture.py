@@ -27,6 +27,24 @@ Algorithm 1 lines 6-8; :class:`xmc_tf.callbacks.RefreshIndex` with
 negatives with weight ``(m - |P_i|) / (k_h + k_r)``.  The switch is decided
 at run time, inside the traced train step.
 
+Shared mode (:meth:`MixtureSampler.sample_shared`): the batch's pool
+``H = union_i (H_i u P_i)`` (each row's ``k_h`` hard negatives and, with
+``pool_positives``, its positives, deduplicated) plus ``k_r`` ids drawn
+uniformly from ``[0, m)`` for the whole batch; every row scores all of
+them.  For row ``i`` the pool's labels that are not its
+positives are scored exactly (weight 1, ``log_q = 0``), and a uniform draw
+that is neither in ``H`` nor in ``P_i`` gets ``w = m / k_r`` (``log_q =
+log(k_r / m)``): each label outside ``H u P_i`` is drawn ``k_r / m``
+times in expectation, so the estimate of row ``i``'s one-vs-all loss stays
+unbiased (Lemma 4.1 with ``H`` in place of ``H_i``), and a row also sees
+the other rows' hard negatives.  The pool may be any set that depends on
+the batch only, so adding the batch's positives keeps the estimate
+unbiased; they are the frequent labels (in-batch negatives follow the label
+frequencies), which dominate a softmax's normaliser and which ``k_r``
+uniform draws from ``m`` labels rarely hit.  Scored per row: ``|H| + k_r <= b k_h +
+k_r`` labels, in one matrix product instead of ``b (k_h + k_r)`` row
+gathers.  Before the index exists ``H`` is empty (``k_r`` uniform columns).
+
 Ablation in the paper (its Table 5, LF-AmazonTitles-131K P@1): uniform only
 72.49, stale hard only 52.84, mixture 84.88; Table 11 uses
 ``k_h : k_r`` = 15-50 : 100-400.
@@ -36,7 +54,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from xmc_tf.samplers.base import Candidates, NegativeSampler
+from xmc_tf.samplers.base import (Candidates, NegativeSampler,
+                                  shared_candidates)
 from xmc_tf.samplers.uniform import UniformNegativeSampler
 
 __all__ = ["MixtureSampler"]
@@ -59,6 +78,8 @@ class MixtureSampler(NegativeSampler):
         all of them; the hard sampler's top ``k_h`` are kept).
       k_r: uniform negatives per instance (default
         ``uniform.num_candidates``).
+      pool_positives: in shared mode, add the batch's positives to the
+        exactly scored pool (each row masks its own).
 
     Raises:
       ValueError: the two samplers disagree on ``num_labels``, ``uniform``
@@ -73,7 +94,7 @@ class MixtureSampler(NegativeSampler):
     """
 
     def __init__(self, hard: NegativeSampler, uniform: UniformNegativeSampler,
-                 k_h=None, k_r=None):
+                 k_h=None, k_r=None, pool_positives=True):
         if not isinstance(uniform, UniformNegativeSampler):
             raise ValueError("uniform must be a UniformNegativeSampler, got "
                              f"{type(uniform).__name__}")
@@ -89,6 +110,7 @@ class MixtureSampler(NegativeSampler):
         super().__init__(hard.num_labels, k_h + k_r, uniform.seed)
         self.hard, self.uniform = hard, uniform
         self.k_h, self.k_r = k_h, k_r
+        self.pool_positives = bool(pool_positives)
         self.needs_refresh = hard.needs_refresh
 
     def bind(self, head_layer) -> None:
@@ -142,6 +164,42 @@ class MixtureSampler(NegativeSampler):
         return Candidates(*[tf.where(ready, a, b)
                             for a, b in zip(mixed, uniform)])
 
+    supports_shared = True
+
+    def sample_shared(self, queries, positives, step) -> Candidates:
+        """The batch's hard pool + ``k_r`` shared uniform ids (module
+        docstring, "Shared mode").
+
+        Returns:
+          :class:`Candidates` with ``ids`` int32 ``[|H| + k_r]`` (``|H|``
+          varies by batch), columns ``[0, |H|)`` the hard pool.
+        """
+        positives = tf.cast(tf.convert_to_tensor(positives), tf.int32)
+        h_ids, h_mask, _ = self._hard(queries, positives, step)
+        pool = tf.boolean_mask(h_ids, h_mask)
+        if self.pool_positives:
+            pool = tf.concat([pool, tf.boolean_mask(positives, positives >= 0)],
+                             0)
+        pool = tf.unique(pool).y  # [H]
+        drawn = self.uniform.draw_shared(step, self.k_r)  # [k_r]
+        # A draw that repeats a pool label is masked: the pool scores it
+        # exactly already.
+        pool_sorted = tf.sort(pool)
+        size = tf.size(pool_sorted)
+        at = tf.minimum(tf.searchsorted(pool_sorted, drawn), tf.maximum(size - 1, 0))
+        in_pool = tf.logical_and(
+            size > 0, tf.equal(tf.gather(tf.concat([pool_sorted, [-1]], 0), at),
+                               drawn))
+        m = float(self.num_labels)
+        hard = tf.zeros_like(pool, tf.float32)
+        k_r = self.k_r
+        return shared_candidates(
+            tf.concat([pool, drawn], 0), positives,
+            log_q=tf.concat([hard, tf.fill([k_r], tf.math.log(k_r / m))], 0),
+            weights=tf.concat([hard + 1.0, tf.fill([k_r], m / k_r)], 0),
+            valid=tf.concat([tf.ones_like(pool, tf.bool),
+                             tf.logical_not(in_pool)], 0))
+
     def get_state(self) -> dict:
         return {f"hard/{k}": v for k, v in self.hard.get_state().items()}
 
@@ -157,4 +215,5 @@ class MixtureSampler(NegativeSampler):
                          "config": self.hard.get_config()},
                 "uniform": {"class_name": type(self.uniform).__name__,
                             "config": self.uniform.get_config()},
-                "k_h": self.k_h, "k_r": self.k_r}
+                "k_h": self.k_h, "k_r": self.k_r,
+                "pool_positives": self.pool_positives}
