@@ -59,6 +59,8 @@ def get_config():
         refresh_every_epochs=1,  # tau_r
         refresh_every_steps=0,  # 0: epoch schedule only
         max_fraction=0.25,  # cap on candidates per row, fraction of m
+        shared=False,  # one candidate set per batch ("uniform", "mixture")
+        pool_positives=True,  # shared "mixture": batch positives in the pool
         hash="simhash", K=9, L=50, query="embedding",  # "lsh" only
         weighting="inverse_probability",  # "lsh": or "none"
         min_probability=0.0,  # "lsh": floor of p_j (0: 1 / m)

@@ -27,6 +27,7 @@ from xmc_tf.models import build_model
 from xmc_tf.ops import _loader
 from xmc_tf.samplers import (Candidates, NegativeSampler,
                              UniformNegativeSampler, mask_accidental_hits)
+from xmc_tf.samplers.base import shared_candidates
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "configs"))
@@ -42,7 +43,15 @@ M, D = 24, 30
 
 
 class AllNegatives(NegativeSampler):
-    """Every label as a candidate, positives masked, weight 1 (test)."""
+    """Every label as a candidate, positives masked, weight 1 (test); per
+    row or shared by the batch."""
+
+    supports_shared = True
+
+    def sample_shared(self, queries, positives, step):
+        m = self.num_labels
+        return shared_candidates(tf.range(m), positives, tf.zeros([m]),
+                                 tf.ones([m]))
 
     def sample(self, queries, positives, step):
         b = tf.shape(positives)[0]
@@ -90,24 +99,27 @@ needs_op = pytest.mark.skipif(not _HAS_SAMPLED_OP,
 
 
 @needs_op
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("layer", ["uniform_sparse", "dense"])
 @pytest.mark.parametrize("loss,full_loss,sampled_loss", [
     ("squared_hinge", SquaredHinge, SampledSquaredHinge),
     ("bce", BinaryCrossEntropy, SampledBinaryCrossEntropy)])
 def test_all_negatives_equal_the_full_loss_and_gradient(layer, loss, full_loss,
-                                                        sampled_loss):
+                                                        sampled_loss, shared):
     _, _, model = _model(layer, loss)
-    trainer = SampledTrainer(model, AllNegatives(M, M), sampled_loss())
+    trainer = SampledTrainer(model, AllNegatives(M, M), sampled_loss(),
+                             shared=shared)
     trainer.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=False)
     x, y = xdata.make_tf_dataset(_data(), 64).get_single_element()
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
-        sampled, _ = trainer._loss(x, y, training=False)
+        sampled, fraction = trainer._loss(x, y, training=False)
     got = tape.gradient(sampled, variables)
     with tf.GradientTape() as tape:
         full = full_loss()(y, model(x, training=False))
     want = tape.gradient(full, variables)
     np.testing.assert_allclose(float(sampled), float(full), rtol=1e-5)
+    np.testing.assert_allclose(fraction.numpy(), 1.0, rtol=1e-6)  # all M
     for v, g, w in zip(variables, got, want):
         np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(),
                                    tf.convert_to_tensor(w).numpy(),

@@ -40,7 +40,13 @@ Config (``config.model.head = "sampled"``):
   ``min_probability`` (floor of the inclusion probability, i.e. a cap
   ``1 / min_probability`` on the weights; 0 = the sampler's ``1 / m``),
   ``rehash_every_steps`` and ``rehash_decay`` (the table update period and
-  its decay).
+  its decay), ``shared`` (one candidate set per batch scored by every row
+  in one matrix product, kinds ``"uniform"``, ``"mixture"`` and ``"lsh"``
+  (a shared mixture whose pool the LSH tables retrieve: ``num_hard`` per
+  row, plus ``num_uniform`` uniform draws); see
+  :mod:`xmc_tf.samplers.base`) and ``pool_positives`` (shared mixture: the
+  batch's positives join the exactly scored pool, see
+  :mod:`xmc_tf.samplers.mixture`).
 
 Source: ASTRA (Mehta et al.), Algorithm 1 and Eq. 2; the LSH paper
 (``lsh-constant-time-negative-sampling``), Algorithm 1.
@@ -66,6 +72,8 @@ SAMPLED_LOSSES = {"squared_hinge": SampledSquaredHinge,
 
 SAMPLED_LAYERS = ("uniform_sparse", "dense")
 SAMPLER_KINDS = ("uniform", "in_batch", "ann", "mixture", "lsh")
+#: Kinds with a shared-candidates mode (``config.sampler.shared``).
+SHARED_KINDS = ("uniform", "mixture", "lsh")
 
 
 def sampler_sizes(sampler_config, num_labels: int) -> dict:
@@ -181,20 +189,33 @@ def make_sampler(sampler_config, num_labels: int, seed: int):
                                            index=sc.index, nprobe=sc.nprobe,
                                            seed=seed)
     if kind == "mixture":
-        hard = samplers.AnnNegativeSampler(num_labels, sizes["num_hard"],
+        k_h = sizes["num_hard"]
+        hard = samplers.AnnNegativeSampler(num_labels, max(k_h, 1),
                                            index=sc.index, nprobe=sc.nprobe,
                                            seed=seed)
         uniform = samplers.UniformNegativeSampler(
             num_labels, sizes["num_uniform"], seed=seed + 1)
-        return samplers.MixtureSampler(hard, uniform)
+        return samplers.MixtureSampler(
+            hard, uniform, k_h=k_h,
+            pool_positives=bool(sc.get("pool_positives", True)))
     if kind == "lsh":
         from xmc_tf.samplers.lsh import LshNegativeSampler
+        shared = bool(sc.get("shared", False))
+        if shared:  # LSH retrieves the pool of a shared mixture
+            k = max(sizes["num_hard"], 1)
         K = int(sc.K) or lsh_auto_K(num_labels, k, int(sc.L))  # noqa: N806
-        return LshNegativeSampler(
+        lsh = LshNegativeSampler(
             num_labels, k, hash=sc.hash, K=K, L=sc.L, query=sc.query,
             seed=seed,
             weighting=sc.get("weighting", "inverse_probability"),
             min_probability=sc.get("min_probability", None) or None)
+        if not shared:
+            return lsh
+        uniform = samplers.UniformNegativeSampler(
+            num_labels, sizes["num_uniform"], seed=seed + 1)
+        return samplers.MixtureSampler(
+            lsh, uniform, k_h=sizes["num_hard"],
+            pool_positives=bool(sc.get("pool_positives", True)))
     raise ValueError(f"config.sampler.kind={kind!r}; expected one of "
                      f"{SAMPLER_KINDS}")
 
@@ -220,12 +241,17 @@ class SampledTrainer(keras.Model):
       sampler: a :class:`~xmc_tf.samplers.NegativeSampler` (bound to the
         head here).
       loss: a :class:`~xmc_tf.losses.sampled.SampledLoss`.
+      shared: draw one candidate set per batch
+        (``sampler.sample_shared``) scored by every row with the head
+        layer's ``score_shared`` (one matrix product), instead of per-row
+        candidates.
 
     Targets ``y``: int ``[b, n]`` label ids padded with -1 (what
     :func:`xmc_tf.data.make_tf_dataset` yields).
 
     Raises:
-      ValueError: the head layer cannot score candidates.
+      ValueError: the head layer cannot score candidates, or ``shared``
+        with a sampler that has no shared mode.
 
     Example:
       >>> trainer = SampledTrainer(model, UniformNegativeSampler(m, 256),
@@ -235,8 +261,12 @@ class SampledTrainer(keras.Model):
       >>> trainer.fit(make_tf_dataset(train, 256))            # doctest: +SKIP
     """
 
-    def __init__(self, model, sampler, loss, **kwargs):
+    def __init__(self, model, sampler, loss, shared=False, **kwargs):
         super().__init__(**kwargs)
+        if shared and not sampler.supports_shared:
+            raise ValueError(f"{type(sampler).__name__} has no shared-"
+                             "candidates mode (shared=True)")
+        self.shared = bool(shared)
         self.inference_model = model
         self.head_layer = output_layer(model)
         if not hasattr(self.head_layer, "score_candidates"):
@@ -263,14 +293,20 @@ class SampledTrainer(keras.Model):
         if y.shape.rank == 1:
             y = y[:, None]
         queries = self.body(x, training=training)
-        candidates = self.sampler.sample(tf.stop_gradient(queries), y,
-                                         self.optimizer.iterations)
+        draw = self.sampler.sample_shared if self.shared else self.sampler.sample
+        candidates = draw(tf.stop_gradient(queries), y,
+                          self.optimizer.iterations)
         pos_mask = y >= 0
-        scored = tf.concat([tf.maximum(y, 0), candidates.ids], axis=1)
-        scores = self.head_layer.score_candidates(queries, scored)
-        n = tf.shape(y)[1]
-        loss = self.sampled_loss(scores[:, :n], pos_mask, scores[:, n:],
-                                 candidates)
+        if candidates.ids.shape.rank == 1:  # shared by the batch
+            pos_scores = self.head_layer.score_candidates(queries,
+                                                          tf.maximum(y, 0))
+            neg_scores = self.head_layer.score_shared(queries, candidates.ids)
+        else:
+            scored = tf.concat([tf.maximum(y, 0), candidates.ids], axis=1)
+            scores = self.head_layer.score_candidates(queries, scored)
+            n = tf.shape(y)[1]
+            pos_scores, neg_scores = scores[:, :n], scores[:, n:]
+        loss = self.sampled_loss(pos_scores, pos_mask, neg_scores, candidates)
         if self.losses:
             loss = loss + tf.add_n(self.losses)
         scored_per_row = (tf.reduce_sum(tf.cast(pos_mask, tf.float32), 1) +
@@ -323,9 +359,13 @@ class SampledHead(Head):
         if layer not in SAMPLED_LAYERS:
             raise ValueError(f"config.model.sampled_layer={layer!r}; expected "
                              f"one of {SAMPLED_LAYERS}")
-        if self.config.sampler.kind not in SAMPLER_KINDS:
-            raise ValueError(f"config.sampler.kind={self.config.sampler.kind!r}"
+        kind = self.config.sampler.kind
+        if kind not in SAMPLER_KINDS:
+            raise ValueError(f"config.sampler.kind={kind!r}"
                              f"; expected one of {SAMPLER_KINDS}")
+        if self.config.sampler.get("shared", False) and kind not in SHARED_KINDS:
+            raise ValueError(f"config.sampler.shared=True needs kind in "
+                             f"{SHARED_KINDS}, got {kind!r}")
 
     def build_layer(self, num_labels, input_dim, sparse_input=False):
         mc = self.config.model
@@ -347,7 +387,9 @@ class SampledHead(Head):
 
     def training_model(self, model, layer):
         return SampledTrainer(model, self.sampler(layer),
-                              self.make_loss(layer), name=f"{model.name}_trainer")
+                              self.make_loss(layer),
+                              shared=bool(self.config.sampler.get("shared", False)),
+                              name=f"{model.name}_trainer")
 
     def compile(self, model, layer, optimizer):
         # SampledTrainer computes its own loss in train_step.
@@ -367,7 +409,7 @@ class SampledHead(Head):
             cbs.append(set_cb)
         if sc.kind == "lsh":
             cbs.append(xcallbacks.Rehash(
-                sampler, every_n_steps=sc.get("rehash_every_steps", 50),
+                getattr(sampler, "hard", sampler), every_n_steps=sc.get("rehash_every_steps", 50),
                 frequency_decay=sc.get("rehash_decay", 0.95)))
         elif sampler.needs_refresh:
             cbs.append(xcallbacks.RefreshIndex(
