@@ -16,13 +16,23 @@ that the peak RSS is the method's own:
   batch, over a label-major :class:`xmc_tf.layers.LabelDense` head
   (``benchmarks/baselines.py``; what a TensorFlow user writes);
 * ``uniform``: ``configs/astra.py`` with ``sampler.kind="uniform"``
-  (its ``k_h + k_r`` uniform negatives per instance, squared hinge with the
-  ``(m - |P|) / k`` importance weights);
+  (its ``num_negatives`` = 256 uniform negatives per instance, squared
+  hinge with the ``(m - |P|) / k`` importance weights);
 * ``astra``: ``configs/astra.py`` (stale ANN hard negatives from a faiss
   index over the label vectors + uniform negatives, ASTRA Eq. 2 weights,
   squared hinge);
 * ``lsh``: ``configs/lsh.py`` (SimHash LSH-embedding negatives, sampled
   softmax with log-Q correction).
+* ``uniform_shared``, ``astra_shared``, ``lsh_shared``: the same with
+  ``sampler.shared=True`` (one candidate set per batch scored by every row
+  in one product; ASTRA / LSH: a pool of the rows' hard negatives and the
+  batch's positives scored exactly plus ``num_uniform`` uniform draws, see
+  :mod:`xmc_tf.samplers.mixture`); ``pool_uniform_shared``: the shared
+  mixture without hard negatives (``num_hard=0``), an ablation.
+
+On multi-class data (``mannextword``) every sampled method uses the sampled
+softmax (``config.loss=softmax``), the loss of the full model it is compared
+with.
 
 The sampled heads use ``model.sampled_layer="dense"`` (a ``LabelDense``
 with the full heads' parameters), so all methods train the same function
@@ -102,7 +112,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DATA = "/work/shared/data"
 METHODS = ("full_softmax", "full_squared_hinge", "tf_sampled_softmax",
-           "uniform", "astra", "lsh")
+           "uniform", "astra", "lsh", "uniform_shared", "astra_shared",
+           "pool_uniform_shared", "lsh_shared")
 DATASETS = ("mannextword", "delicious", "synthetic1m")
 GIB = 2**30
 NO_SCHEDULE = ["--config.train.lr_patience=1000",
@@ -156,6 +167,7 @@ def prepare(dataset: str, args) -> dict:
                               f"--config.train.epochs={args.mnw_epochs}",
                               "--config.train.learning_rate=0.01",
                               "--config.data.normalize=l2"],
+                "sampled_loss": "softmax",
                 "astra": astra_early}
     if dataset == "delicious":
         xc = os.path.join(DATA, "Delicious", "xc")
@@ -201,19 +213,29 @@ def method_command(method: str, spec: dict, workdir: str, args) -> list[str]:
     worker for ``tf_sampled_softmax``)."""
     cfg = {"full_softmax": "dense", "full_squared_hinge": "dense",
            "tf_sampled_softmax": "astra", "uniform": "astra",
-           "astra": "astra", "lsh": "lsh"}[method]
+           "astra": "astra", "uniform_shared": "astra",
+           "astra_shared": "astra", "pool_uniform_shared": "astra",
+           "lsh": "lsh", "lsh_shared": "lsh"}[method]
     over = ["--config.data.validation_fraction=0",
             f"--config.data.train={spec['train']}",
             f"--config.data.test={spec['test']}",
             "--config.train.verbose=2"] + NO_SCHEDULE + spec["overrides"]
     if method == "full_softmax":
         over.append("--config.loss=softmax")
-    if method in ("tf_sampled_softmax", "uniform", "astra", "lsh"):
+    sampled = method in ("uniform", "astra", "uniform_shared", "astra_shared",
+                         "pool_uniform_shared")
+    if sampled or method in ("tf_sampled_softmax", "lsh", "lsh_shared"):
         over.append("--config.model.sampled_layer=dense")
-    if method == "uniform":
+    if sampled and spec.get("sampled_loss"):
+        over.append(f"--config.loss={spec['sampled_loss']}")
+    if method.startswith("uniform"):
         over.append("--config.sampler.kind=uniform")
-    if method == "astra":
+    if method.endswith("_shared"):
+        over.append("--config.sampler.shared=True")
+    if method.startswith("astra") or method == "pool_uniform_shared":
         over += spec["astra"]
+    if method == "pool_uniform_shared":
+        over.append("--config.sampler.num_hard=0")
     base = ["nice", "-n", "5"]
     if method == "tf_sampled_softmax":
         over += ["--config.model.head=tf_sampled_softmax",
