@@ -29,6 +29,14 @@ number of epochs, on the same shuffled batches (``make_tf_dataset``, seed
 * ``scent_paper``: the same with the paper's plain in-batch estimator
   (``scent.correction="none"``).  ``sox``: SOX (paper estimator) with
   ``gamma = --scent-alpha``.
+* ``astra_shared`` / ``lsh_shared``: the sampled head of configs/astra.py
+  / configs/lsh.py with ``sampler.shared=True`` over the same layer (a pool
+  of ANN- or LSH-retrieved labels and the batch's positives scored exactly
+  plus uniform draws, sampled softmax; the index / tables refreshed by the
+  head's callbacks), LazyAdam ``--lr``.
+* ``napkinxc``, ``omikuji``, ``fasttext``: the peers of
+  ``benchmarks/peers.py`` with their defaults, trained on the same split and
+  (L2-normalised) features; ``train_s`` is their training time.
 
 Reported per method: seconds per epoch (wall clock of each epoch of
 ``fit``, mean over epochs after the first, which includes tracing),
@@ -72,7 +80,10 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from peers import format_table  # noqa: E402  (benchmarks/peers.py)
 
-METHODS = ("full_softmax", "sampled_softmax", "scent", "scent_paper", "sox")
+METHODS = ("full_softmax", "sampled_softmax", "scent", "scent_paper", "sox",
+           "astra_shared", "lsh_shared", "napkinxc", "omikuji", "fasttext")
+#: Peers of benchmarks/peers.py (trained on the same split, same features).
+PEER_METHODS = ("napkinxc", "omikuji", "fasttext")
 #: ``--methods`` entries may override options: ``NAME:key=value:...``.
 OVERRIDES = {"lr": "lr", "alpha": "scent_alpha", "beta": "scent_beta",
              "optimizer": "scent_optimizer", "scent_lr": "scent_lr",
@@ -102,6 +113,18 @@ def _model_config(method, args):
         c = _load_config("uniform_sparse")
         c.model.head = "dense"
         c.loss = "softmax"
+    elif method in ("astra_shared", "lsh_shared"):
+        # The sampled head with shared candidates over the same LabelDense
+        # layer: configs/astra.py (ANN hard-negative pool) or configs/lsh.py
+        # (LSH-retrieved pool), batch positives in the pool, k_r uniform
+        # draws, sampled softmax; the index / tables refreshed as the
+        # configs do (ASTRA from the first epoch here: tau_s = 0).
+        c = _load_config("astra" if method == "astra_shared" else "lsh")
+        c.loss = "softmax"
+        c.model.sampled_layer = "dense"
+        c.sampler.shared = True
+        c.sampler.refresh_start_epoch = 0
+        c.train.learning_rate = args.lr
     else:
         c = _load_config("scent")
         c.model.sampled_layer = "dense"
@@ -167,6 +190,8 @@ def worker(method, args):
     train.features, _ = xdata.normalize_features(train.features, "l2")
     test.features, _ = xdata.normalize_features(test.features, "l2")
 
+    if method in PEER_METHODS:
+        return _peer_row(method, train, test, args)
     config = _model_config(method, args)
     keras.utils.set_random_seed(args.seed)
     # sampled_softmax: the "scent" head only builds its LabelDense layer.
@@ -189,6 +214,9 @@ def worker(method, args):
         head.compile(fit_model, layer,
                      head.make_optimizer() or LazyAdam(args.lr))
         ds_kwargs = head.dataset_kwargs()
+    # The heads' own callbacks (index refresh, LSH re-hash); no validation.
+    head_callbacks = (head.callbacks(layer, None)
+                      if method in ("astra_shared", "lsh_shared") else [])
     train_ds = xdata.make_tf_dataset(train, args.batch_size, shuffle=True,
                                      seed=args.seed, **ds_kwargs)
 
@@ -205,7 +233,8 @@ def worker(method, args):
 
     t0 = time.perf_counter()
     hist = fit_model.fit(train_ds, epochs=args.epochs, verbose=0,
-                         shuffle=False, callbacks=[EpochTimer()])
+                         shuffle=False,
+                         callbacks=head_callbacks + [EpochTimer()])
     train_s = time.perf_counter() - t0
 
     # Test: full softmax over all classes, P@1 / P@5 from the same logits.
@@ -250,6 +279,29 @@ def worker(method, args):
             fit_model.optimizer.learning_rate)),
         "config": json.loads(config.to_json_best_effort()),
     }
+
+
+def _peer_row(method, train, test, args):
+    """Trains one peer of benchmarks/peers.py on ``train`` (its defaults),
+    scores ``test``; the row has the columns the table reads."""
+    import peers
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "train.txt")
+        from xmc_tf import data as xdata
+        xdata.write_xc(path, train)  # Omikuji trains on a file
+        t0 = time.perf_counter()
+        row = peers.PEERS[method](train, test, threads=os.cpu_count() or 2,
+                                  train_path=path)
+        process_s = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"method": method, "peer": row["method"], "epochs": "-",
+            "train_s": row["train_s"], "s_per_epoch": None,
+            "first_epoch_s": None, "peak_rss_mb": peak / 2**20,
+            "P@1": row["P@1"], "P@5": row["P@5"], "test_ce": None,
+            "classes_per_step": None, "final_train_loss": None,
+            "decode_qps": row.get("decode_qps"), "peer_process_s": process_s,
+            "num_train": train.num_instances, "num_test": test.num_instances,
+            "num_labels": train.num_labels}
 
 
 def _parser():
