@@ -111,6 +111,51 @@ def _decode(obj, arrays):
     return obj
 
 
+#: Largest block of a variable read at once when writing a checkpoint.
+CHUNK_BYTES = 64 * 2**20
+
+
+def _write_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
+    """Writes ``variable`` to the binary file ``f`` in ``.npy`` format,
+    reading at most ``chunk_bytes`` of it at a time.
+
+    A variable larger than ``chunk_bytes`` is read in blocks of rows with
+    ``ResourceGather`` (``tf.gather`` on the variable), so writing it never
+    holds a second full copy: after a row-sparse update TensorFlow keeps a
+    variable in copy-on-read mode, where a dense read copies all of it
+    (an encoder ``[D, d]`` and its two Adam slots: three transient copies of
+    ``4 D d`` bytes without this).  Scalars, small variables and
+    ``tf.distribute`` variables are read whole.
+
+    Args:
+      f: a writable binary file object.
+      variable: a ``keras.Variable`` (TensorFlow backend) or ``tf.Variable``.
+      chunk_bytes: bytes per block (> 0).
+    """
+    import tensorflow as tf
+
+    from xmc_tf.ops.sampled import label_variable
+    shape = tuple(int(d) for d in variable.shape)
+    dtype = np.dtype(variable.dtype)
+    tf_var = label_variable(variable)
+    row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    if (tf_var is None or len(shape) == 0 or shape[0] == 0
+            or row_bytes * shape[0] <= chunk_bytes):
+        value = np.asarray(keras.ops.convert_to_numpy(variable))  # 0-d stays
+        if not value.flags.c_contiguous:
+            value = value.copy(order="C")
+        np.lib.format.write_array(f, value, allow_pickle=False)
+        return
+    header = {"descr": np.lib.format.dtype_to_descr(dtype),
+              "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_2_0(f, header)
+    rows = max(1, chunk_bytes // max(row_bytes, 1))
+    for start in range(0, shape[0], rows):
+        stop = min(shape[0], start + rows)
+        block = tf.gather(tf_var, tf.range(start, stop)).numpy()
+        f.write(np.ascontiguousarray(block, dtype).tobytes())
+
+
 def _describe_variables(variables) -> list:
     return [[v.path, list(v.shape), str(np.dtype(v.dtype))] for v in variables]
 
@@ -159,7 +204,8 @@ class Checkpoint:
     @staticmethod
     def write(path: str, meta: dict, model_variables, optimizer_variables,
               objects: dict) -> None:
-        """Writes a checkpoint atomically (one array in memory at a time).
+        """Writes a checkpoint atomically (one array in memory at a time;
+        large variables in blocks of rows, see :func:`_write_variable`).
 
         Args:
           path: destination ``.npz``.
@@ -187,7 +233,9 @@ class Checkpoint:
                 for group, variables in (("model", model_variables),
                                          ("optimizer", optimizer_variables)):
                     for i, v in enumerate(variables):
-                        put(f"{group}/{i:06d}", keras.ops.convert_to_numpy(v))
+                        with zf.open(f"{group}/{i:06d}.npy", "w",
+                                     force_zip64=True) as f:
+                            _write_variable(f, v)
                 for name, value in arrays.items():
                     put(name, value)
                 # Last, so a file that has it was written to the end.
