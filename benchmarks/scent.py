@@ -23,11 +23,12 @@ number of epochs, on the same shuffled batches (``make_tf_dataset``, seed
   ``xmc-tf train --config=configs/scent.py`` runs): in-batch classes,
   per-instance duals, ``scent.correction="log_q"`` (in-batch classes
   importance-weighted by the training label frequencies; not in the paper),
-  ``--scent-alpha`` (default: the config's), LazyAdam ``--lr``
+  ``scent.own_term=True`` (the own class in the inner mean; not in the
+  paper, whose estimator diverges on the full training file), ``--scent-alpha`` (default: the config's), LazyAdam ``--lr``
   (``--scent-optimizer scent_momentum``: Algorithm 26's momentum step,
   learning rate ``--scent-lr``, ``--scent-beta``).
 * ``scent_paper``: the same with the paper's plain in-batch estimator
-  (``scent.correction="none"``).  ``sox``: SOX (paper estimator) with
+  (``scent.correction="none"``, ``scent.own_term=False``).  ``sox``: SOX (paper estimator) with
   ``gamma = --scent-alpha``.
 * ``astra_shared`` / ``lsh_shared``: the sampled head of configs/astra.py
   / configs/lsh.py with ``sampler.shared=True`` over the same layer (a pool
@@ -132,6 +133,8 @@ def _model_config(method, args):
         c.scent.beta = args.scent_beta
         c.scent.variant = "sox" if method == "sox" else "scent"
         c.scent.correction = "log_q" if method == "scent" else "none"
+        # The paper's estimator (no own-class term) for scent_paper / sox.
+        c.scent.own_term = method == "scent"
         c.train.optimizer = args.scent_optimizer
         c.train.learning_rate = (args.scent_lr if args.scent_optimizer ==
                                  "scent_momentum" else args.lr)

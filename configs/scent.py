@@ -59,6 +59,8 @@ def get_config():
         alpha=1000.0,  # dual step alpha (SOX: gamma)
         negatives="multiset",  # paper; "unique": each other class once
         correction="log_q",  # "none": the paper's in-batch estimator
+        own_term=True,  # own class in the inner mean (False: paper; NaN on
+        # ManNextWord's 400k instances from epoch 2, see xmc_tf.losses.scent)
         beta=0.1,  # momentum weight of Algorithm 26 (scent_momentum)
     ))
     c.train = ml_collections.ConfigDict(dict(

@@ -668,3 +668,34 @@ def test_job_trains_exports_and_resumes_with_the_saved_duals(tmp_path):
                                        compile=False)
     assert heads.head_for_model(exported).__name__ == "DenseHead"
     assert exported.output_shape[-1] == 12
+
+
+@pytest.mark.parametrize("correction", ["none", "log_q"])
+def test_own_term_adds_the_own_class_to_the_inner_mean(correction):
+    # NumPy reference: log_q adds exp(0)/K to the importance-weighted
+    # estimate; "none" averages exp(R) over the whole multiset including
+    # the row's own label (R = 0 there).  Bounded below: log S >= -log K
+    # (log_q) or -log |Y_t| (none), however large the margins.
+    K = 6
+    labels = np.array([0, 1, 1, 3], np.int64)
+    columns = np.array([0, 1, 3], np.int64)
+    scores = np.array([[50., -40., -45.], [1., 2., -1.], [0.5, -30., 2.],
+                       [-3., 0., 60.]], np.float32)
+    counts = np.array([5, 20, 1, 2, 1, 1], np.float32)
+    kw = dict(num_labels=K, label_counts=counts) if correction == "log_q" else {}
+    paper = ScentLoss(4, correction=correction, **kw)
+    own = ScentLoss(4, correction=correction, own_term=True, **kw)
+    ls_paper, active = paper.log_inner(scores, labels, columns)
+    ls_own, _ = own.log_inner(scores, labels, columns)
+    assert np.all(active.numpy())
+    s_paper = np.exp(ls_paper.numpy().astype(np.float64))
+    if correction == "log_q":
+        want = s_paper + 1.0 / K
+        assert np.all(ls_own.numpy() >= -np.log(K) - 1e-6)
+    else:
+        n = len(labels)  # multiset of the batch's labels, own one included
+        want = (1.0 + (n - 1) * s_paper) / n
+        assert np.all(ls_own.numpy() >= -np.log(n) - 1e-6)
+    np.testing.assert_allclose(ls_own.numpy(), np.log(want), rtol=1e-5,
+                               atol=1e-5)
+    assert own.get_config()["own_term"] is True

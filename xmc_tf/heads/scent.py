@@ -322,7 +322,8 @@ class ScentHead(Head):
         return ScentLoss(self._num_examples, alpha=float(sc.alpha),
                          variant=sc.variant, negatives=sc.negatives,
                          correction=sc.correction, num_labels=layer.units,
-                         label_counts=self._label_counts)
+                         label_counts=self._label_counts,
+                         own_term=bool(sc.get("own_term", False)))
 
     def training_model(self, model, layer):
         return ScentTrainer(model, self.make_loss(layer),
