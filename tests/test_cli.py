@@ -477,3 +477,31 @@ def test_load_saved_model_explains_unregistered_op(trained, monkeypatch):
     msg = str(e.value)
     assert "XmcUniformSparseMatmul" in msg and "import xmc_tf" in msg
     assert f"TensorFlow {tf.__version__}" in msg and "built for" in msg
+
+
+def test_non_finite_loss_stops_before_the_epoch_is_checkpointed():
+    import keras
+    import numpy as np
+    from xmc_tf.train import StopOnNonFinite, TrainingDiverged
+    from xmc_tf.workdir import UserError
+
+    class Recorder(keras.callbacks.Callback):  # stands in for Checkpointer
+        epochs = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs.append(epoch)
+
+    x = np.ones((8, 3), np.float32)
+    y = np.ones((8, 1), np.float32)
+    for every, where in ((1, "batch 1"), (1000, "epoch 1;")):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        # sqrt of a negative: NaN from the first batch on.
+        model.compile(optimizer="sgd",
+                      loss=lambda t, p: keras.ops.sqrt(p * 0.0 - 1.0))
+        Recorder.epochs = []
+        with pytest.raises(TrainingDiverged, match=where) as info:
+            model.fit(x, y, batch_size=4, epochs=2, verbose=0,
+                      callbacks=[StopOnNonFinite(every), Recorder()])
+        assert isinstance(info.value, UserError)
+        assert "learning_rate" in str(info.value)
+        assert Recorder.epochs == []

@@ -53,12 +53,13 @@ from xmc_tf import metrics as xmetrics
 from xmc_tf.models import ENCODERS, OPTIMIZERS, build_model, build_optimizer
 from xmc_tf.predict import evaluate_model
 from xmc_tf.saving import export_model, export_saved_model
-from xmc_tf.workdir import (ConfigError, DataError, Workdir, atomic_path,
-                            write_bytes_atomic)
+from xmc_tf.workdir import (ConfigError, DataError, UserError, Workdir,
+                            atomic_path, write_bytes_atomic)
 
 __all__ = ["train_and_evaluate", "build_model", "export_saved_model",
            "load_for_model", "format_table", "check_config", "load_data",
-           "build_and_compile", "make_callbacks"]
+           "build_and_compile", "make_callbacks", "StopOnNonFinite",
+           "TrainingDiverged"]
 
 PREPROCESSING_FILE = Workdir.PREPROCESSING
 INV_PROPENSITIES_FILE = Workdir.INV_PROPENSITIES
@@ -254,16 +255,66 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     return model, layer, fit_model
 
 
+class TrainingDiverged(UserError):
+    """The training loss became NaN or infinite (see :class:`StopOnNonFinite`)."""
+
+
+class StopOnNonFinite(keras.callbacks.Callback):
+    """Stops a run whose training loss is NaN or +-inf, with a clear error.
+
+    Keras' ``TerminateOnNaN`` stops quietly, after which the job would export
+    and evaluate a broken model.  This raises :class:`TrainingDiverged`
+    instead, before the epoch's checkpoint is written (the job's
+    :class:`~xmc_tf.checkpoint.Checkpointer` runs after it), so the workdir
+    keeps the last finite epoch and ``xmc-tf`` prints one line.  The loss is
+    read every ``every_n_batches`` batches and at every epoch end (reading
+    it waits for the step, so not every batch).
+
+    Args:
+      every_n_batches: batches between checks (>= 1).
+
+    Raises:
+      TrainingDiverged: from ``on_train_batch_end`` / ``on_epoch_end``.
+    """
+
+    def __init__(self, every_n_batches: int = 50):
+        super().__init__()
+        self.every_n_batches = max(1, int(every_n_batches))
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def _check(self, logs, where):
+        loss = (logs or {}).get("loss")
+        if loss is None:
+            return
+        value = float(keras.ops.convert_to_numpy(loss))
+        if not math.isfinite(value):
+            raise TrainingDiverged(
+                f"training diverged: loss {value} at epoch {self._epoch + 1}"
+                f"{where}; the workdir keeps the last finished epoch's "
+                "backup; lower config.train.learning_rate (or check the "
+                "loss options) and rerun with --overwrite")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.every_n_batches == 0:
+            self._check(logs, f", batch {batch + 1}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._check(logs, "")
+
+
 def make_callbacks(config, workdir: str, head, layer, val_data) -> list:
-    """The head's own callbacks (SET, held-out P@k, ...) first, so their
-    epoch logs reach the rest; then LR halving and early stopping on the
+    """:class:`StopOnNonFinite`, then the head's own callbacks (SET, held-out
+    P@k, ...), so their epoch logs reach the rest; then LR halving and early stopping on the
     head's monitor (val P@3 when a validation split exists), both with
     state that survives a resume (:mod:`xmc_tf.checkpoint`), and
     TensorBoard.  The :class:`~xmc_tf.checkpoint.Checkpointer` (which also
     writes ``history.csv``) is appended by the caller, last."""
     tc = config.train
     monitor, mode = head.monitor(val_data is not None)
-    cbs = head.callbacks(layer, val_data) + [
+    cbs = [StopOnNonFinite()] + head.callbacks(layer, val_data) + [
         xckpt.ReduceLROnPlateau(
             monitor=monitor, mode=mode, factor=0.5, patience=tc.lr_patience,
             min_lr=tc.min_learning_rate, verbose=1),
