@@ -74,7 +74,14 @@ synthetic500k (table and two moments: 3 GB): 4.8 GB once the model and the
 optimizer are built, 5.5-6.1 GB while training, 6.8 GB after it
 (checkpoint, evaluation, export read each variable whole, a full copy of a
 table in copy-on-read mode).  Not yet found: what holds the extra 1-2 GB
-during training (initial values, dense reads outside the step).
+during training (initial values, dense reads outside the step).  Since then
+checkpoints read large variables in 64 MiB blocks (+0.19 instead of +1.91
+GiB while writing a 1 GiB table in copy-on-read mode), yet the job's peak
+on synthetic500k stayed 6.94 GB (sparse encoder, one epoch, rerun): the
+peak is elsewhere.  Candidates, not measured: the best-weights copy that
+``EarlyStopping(restore_best_weights=True)`` keeps (a full copy of the
+model, 1 GB here, as in Keras) and the SavedModel export's whole-variable
+reads.
 
 On multi-class ManNextWord the one-vs-all squared hinge over 50k classes
 dominates the step (0.57 s: 59 min per epoch of the 400k
