@@ -28,7 +28,12 @@ that the peak RSS is the method's own:
   in one product; ASTRA / LSH: a pool of the rows' hard negatives and the
   batch's positives scored exactly plus ``num_uniform`` uniform draws, see
   :mod:`xmc_tf.samplers.mixture`); ``pool_uniform_shared``: the shared
-  mixture without hard negatives (``num_hard=0``), an ablation.
+  mixture without hard negatives (``num_hard=0``), an ablation;
+  ``uniform_shared_2k``: 2,048 shared uniform negatives (about as many labels
+  per row as ``lsh_shared`` scores).
+* ``lsh_label`` / ``lsh_label_shared``: ``lsh`` / ``lsh_shared`` queried
+  with the positive labels' vectors (LSH-label) instead of the instance
+  embedding (LSH-embedding).
 
 On multi-class data (``mannextword``) every sampled method uses the sampled
 softmax (``config.loss=softmax``), the loss of the full model it is compared
@@ -112,8 +117,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DATA = "/work/shared/data"
 METHODS = ("full_softmax", "full_squared_hinge", "tf_sampled_softmax",
-           "uniform", "astra", "lsh", "uniform_shared", "astra_shared",
-           "pool_uniform_shared", "lsh_shared")
+           "uniform", "astra", "lsh", "lsh_label", "uniform_shared",
+           "uniform_shared_2k", "astra_shared", "pool_uniform_shared",
+           "lsh_shared", "lsh_label_shared")
 DATASETS = ("mannextword", "delicious", "synthetic1m")
 GIB = 2**30
 NO_SCHEDULE = ["--config.train.lr_patience=1000",
@@ -215,7 +221,8 @@ def method_command(method: str, spec: dict, workdir: str, args) -> list[str]:
            "tf_sampled_softmax": "astra", "uniform": "astra",
            "astra": "astra", "uniform_shared": "astra",
            "astra_shared": "astra", "pool_uniform_shared": "astra",
-           "lsh": "lsh", "lsh_shared": "lsh"}[method]
+           "uniform_shared_2k": "astra", "lsh": "lsh", "lsh_shared": "lsh",
+           "lsh_label": "lsh", "lsh_label_shared": "lsh"}[method]
     over = ["--config.data.validation_fraction=0",
             f"--config.data.train={spec['train']}",
             f"--config.data.test={spec['test']}",
@@ -223,15 +230,19 @@ def method_command(method: str, spec: dict, workdir: str, args) -> list[str]:
     if method == "full_softmax":
         over.append("--config.loss=softmax")
     sampled = method in ("uniform", "astra", "uniform_shared", "astra_shared",
-                         "pool_uniform_shared")
-    if sampled or method in ("tf_sampled_softmax", "lsh", "lsh_shared"):
+                         "pool_uniform_shared", "uniform_shared_2k")
+    if sampled or method.startswith("lsh") or method == "tf_sampled_softmax":
         over.append("--config.model.sampled_layer=dense")
     if sampled and spec.get("sampled_loss"):
         over.append(f"--config.loss={spec['sampled_loss']}")
     if method.startswith("uniform"):
         over.append("--config.sampler.kind=uniform")
-    if method.endswith("_shared"):
+    if method.endswith("_shared") or method == "uniform_shared_2k":
         over.append("--config.sampler.shared=True")
+    if method == "uniform_shared_2k":
+        over.append("--config.sampler.num_negatives=2048")
+    if method.startswith("lsh_label"):
+        over.append("--config.sampler.query=label")
     if method.startswith("astra") or method == "pool_uniform_shared":
         over += spec["astra"]
     if method == "pool_uniform_shared":
