@@ -223,3 +223,30 @@ def test_make_sampler_applies_cap_and_lsh_options():
     assert lsh_auto_K(50_000, 256, 50) == 13
     assert lsh_auto_K(10**7, 1, 50) == 16
     assert lsh_auto_K(2, 256, 1) == 1
+
+
+@needs_op
+@pytest.mark.parametrize("shared", [False, True])
+def test_lsh_label_query_gradients_are_finite(shared):
+    # LSH-label queries retrieve each positive itself (cosine 1, masked as
+    # an accidental hit); a gradient through the inclusion probabilities'
+    # arccos would be infinite there and turn every weight NaN.
+    config = _config("dense", "softmax", "lsh")
+    config.sampler.query = "label"
+    config.sampler.shared = shared
+    config.sampler.num_hard = 4
+    config.sampler.num_uniform = 4
+    head = heads.get_head(config)
+    keras.utils.set_random_seed(0)
+    model = build_model(config, D, M, sparse_input=True, head=head)
+    trainer = head.training_model(model, heads.output_layer(model))
+    trainer.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=False)
+    trainer.sampler.refresh()
+    x, y = xdata.make_tf_dataset(_data(), 64).get_single_element()
+    variables = model.trainable_variables
+    with tf.GradientTape() as tape:
+        loss, _ = trainer._loss(x, y, training=True)
+    grads = tape.gradient(loss, variables)
+    assert np.isfinite(float(loss))
+    for v, g in zip(variables, grads):
+        assert np.all(np.isfinite(tf.convert_to_tensor(g).numpy())), v.path

@@ -296,6 +296,11 @@ class SampledTrainer(keras.Model):
         draw = self.sampler.sample_shared if self.shared else self.sampler.sample
         candidates = draw(tf.stop_gradient(queries), y,
                           self.optimizer.iterations)
+        # The draw and its weights are constants of the loss: no gradient
+        # may flow through a sampler's reads of the head (e.g. the LSH
+        # inclusion probabilities' arccos of the cosines, infinite at 1).
+        candidates = type(candidates)(*[tf.stop_gradient(t)
+                                        for t in candidates])
         pos_mask = y >= 0
         if candidates.ids.shape.rank == 1:  # shared by the batch
             pos_scores = self.head_layer.score_candidates(queries,

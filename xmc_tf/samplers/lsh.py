@@ -401,6 +401,7 @@ class LshNegativeSampler(NegativeSampler):
                               mask_accidental_hits(res.ids, positives))
         if mode == "cosine":
             cosines, query_mask = self._cosines(queries, positives, res.ids)
+            cosines = tf.stop_gradient(cosines)  # a proposal, not a loss term
             p = simhash_inclusion_probability(cosines, query_mask, self.K,
                                               self.L, res.rate)
         else:
