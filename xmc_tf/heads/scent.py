@@ -13,12 +13,12 @@ set is built with ``make_tf_dataset(..., with_example_ids=True)``
 (:meth:`ScentHead.dataset_kwargs`) and sized from the training set
 (:meth:`ScentHead.prepare`).
 
-Cost per step: ``b x |C_t| <= b^2`` scores instead of ``b x m``.  For a
-label-major dense layer (:class:`~xmc_tf.layers.LabelDense`) the ``|C_t|``
-rows are gathered once and multiplied with the batch (``[b, d] x [d, |C_t|]``);
-for a :class:`~xmc_tf.layers.UniformSparseDense` the rows are scored with
-``score_candidates`` (op ``Xmc>UniformSparseSampledMatmul``, ``b |C_t| s``).
-Both give ``IndexedSlices`` gradients over ``C_t``.
+Cost per step: ``b x |C_t| <= b^2`` scores instead of ``b x m``: the head
+layer's ``score_shared`` gathers the ``|C_t|`` rows once and scores them for
+the whole batch (:class:`~xmc_tf.layers.LabelDense`: ``[b, d] x [d, |C_t|]``;
+:class:`~xmc_tf.layers.UniformSparseDense`: op ``Xmc>UniformSparseMatmul``
+on the gathered rows, ``b |C_t| s``).  Both give ``IndexedSlices``
+gradients over ``C_t``.
 
 Evaluation is exact: the trained model is the ordinary full-scoring model,
 decoded by the head of its layer (:func:`xmc_tf.heads.head_for_model`);
@@ -60,7 +60,6 @@ from xmc_tf.heads.base import OUTPUT_LAYER, Head, output_layer, register
 from xmc_tf.layers import LabelDense, UniformSparseDense
 from xmc_tf.losses.scent import (CORRECTIONS, NEGATIVES, VARIANTS, ScentLoss,
                                  multiclass_labels)
-from xmc_tf.optimizers.rows import gather_rows
 
 __all__ = ["ScentHead", "ScentTrainer", "scent_optimizer", "SCENT_LAYERS"]
 
@@ -121,8 +120,9 @@ class ScentTrainer(keras.Model):
 
     Args:
       model: functional ``keras.Model`` whose head layer (named
-        ``"output"``) is a :class:`~xmc_tf.layers.LabelDense` or has
-        ``score_candidates`` (:class:`~xmc_tf.layers.UniformSparseDense`).
+        ``"output"``) has ``score_shared``
+        (:class:`~xmc_tf.layers.LabelDense`,
+        :class:`~xmc_tf.layers.UniformSparseDense`).
       loss: a :class:`~xmc_tf.losses.ScentLoss` for the training set.
       **kwargs: ``keras.Model`` arguments (``name``).
 
@@ -145,8 +145,7 @@ class ScentTrainer(keras.Model):
         super().__init__(**kwargs)
         self.inference_model = model
         self.head_layer = output_layer(model)
-        if not (isinstance(self.head_layer, LabelDense) or
-                hasattr(self.head_layer, "score_candidates")):
+        if not hasattr(self.head_layer, "score_shared"):
             raise ValueError(
                 f"{type(self.head_layer).__name__} cannot score a subset of "
                 "labels; use LabelDense or UniformSparseDense")
@@ -171,7 +170,9 @@ class ScentTrainer(keras.Model):
         return self.inference_model(inputs, training=training)
 
     def score_classes(self, queries, classes):
-        """Logits ``[b, U]`` of every row for the classes ``classes [U]``.
+        """Logits ``[b, U]`` of every row for the classes ``classes [U]``:
+        the head layer's ``score_shared`` (one candidate set for the whole
+        batch; gathered rows + one product, ``IndexedSlices`` gradients).
 
         Args:
           queries: float ``[b, e]``, the head layer's input.
@@ -180,23 +181,7 @@ class ScentTrainer(keras.Model):
         Raises:
           tf.errors.InvalidArgumentError: a class id out of range.
         """
-        layer = self.head_layer
-        classes = tf.cast(classes, tf.int32)
-        if isinstance(layer, LabelDense):
-            check = tf.debugging.assert_less(
-                classes, self.num_labels,
-                message=f"class id >= num_labels = {self.num_labels}")
-            with tf.control_dependencies([check]):
-                classes = tf.identity(classes)
-            rows = gather_rows(layer.kernel, classes, dtype=queries.dtype)
-            scores = tf.matmul(queries, rows, transpose_b=True)
-            if layer.bias is not None:
-                scores = scores + gather_rows(layer.bias, classes,
-                                              dtype=scores.dtype)[None, :]
-            return scores
-        b = tf.shape(queries)[0]
-        return layer.score_candidates(
-            queries, tf.tile(classes[None, :], tf.stack([b, 1])))
+        return self.head_layer.score_shared(queries, tf.cast(classes, tf.int32))
 
     def _loss(self, x, y, ids, training):
         labels = multiclass_labels(y)
