@@ -387,15 +387,14 @@ class ScentLoss(keras.layers.Layer):
         pos = tf.reduce_sum(tf.where(match, scores, 0.0), axis=1)    # s_i,y_i
         shifted = scores - pos[:, None]                              # R_ij
         # log((1/denom) sum_j w_ij exp(R_ij)), shifted by the row maximum.
-        log_s = (tf.reduce_logsumexp(shifted + log_w, axis=1) -
-                 tf.math.log(tf.maximum(denom, 1.0)))
+        log_sum = tf.reduce_logsumexp(shifted + log_w, axis=1)
+        count = tf.maximum(denom, 1.0)
+        log_s = log_sum - tf.math.log(count)
         if self.own_term:
             if self.log_weight is not None:  # + exp(0) / K, exactly
                 log_s = _log_add_exp(log_s, -math.log(self.num_labels))
-            else:  # the own label joins the multiset / set mean
-                log_denom = tf.math.log(tf.maximum(denom, 1.0))
-                log_s = (_log_add_exp(log_s + log_denom, 0.0) -
-                         tf.math.log(tf.maximum(denom, 1.0) + 1.0))
+            else:  # the own label (exp(0)) joins the multiset / set mean
+                log_s = _log_add_exp(log_sum, 0.0) - tf.math.log(count + 1.0)
         active = tf.logical_and(
             valid, tf.logical_and(tf.reduce_any(is_neg, axis=1), denom > 0))
         return log_s, active
