@@ -55,7 +55,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from xmc_tf.samplers.base import (Candidates, NegativeSampler,
-                                  shared_candidates)
+                                  mask_accidental_hits, shared_candidates)
 from xmc_tf.samplers.uniform import UniformNegativeSampler
 
 __all__ = ["MixtureSampler"]
@@ -183,22 +183,16 @@ class MixtureSampler(NegativeSampler):
         pool = tf.unique(pool).y  # [H]
         drawn = self.uniform.draw_shared(step, self.k_r)  # [k_r]
         # A draw that repeats a pool label is masked: the pool scores it
-        # exactly already.
-        pool_sorted = tf.sort(pool)
-        size = tf.size(pool_sorted)
-        at = tf.minimum(tf.searchsorted(pool_sorted, drawn), tf.maximum(size - 1, 0))
-        in_pool = tf.logical_and(
-            size > 0, tf.equal(tf.gather(tf.concat([pool_sorted, [-1]], 0), at),
-                               drawn))
+        # exactly already (O(k_r |H|) compares).
+        outside_pool = mask_accidental_hits(drawn[None, :], pool[None, :])[0]
         m = float(self.num_labels)
-        hard = tf.zeros_like(pool, tf.float32)
+        exact = tf.zeros_like(pool, tf.float32)  # log_q 0, weight 1
         k_r = self.k_r
         return shared_candidates(
             tf.concat([pool, drawn], 0), positives,
-            log_q=tf.concat([hard, tf.fill([k_r], tf.math.log(k_r / m))], 0),
-            weights=tf.concat([hard + 1.0, tf.fill([k_r], m / k_r)], 0),
-            valid=tf.concat([tf.ones_like(pool, tf.bool),
-                             tf.logical_not(in_pool)], 0))
+            log_q=tf.concat([exact, tf.fill([k_r], tf.math.log(k_r / m))], 0),
+            weights=tf.concat([exact + 1.0, tf.fill([k_r], m / k_r)], 0),
+            valid=tf.concat([tf.ones_like(pool, tf.bool), outside_pool], 0))
 
     def get_state(self) -> dict:
         return {f"hard/{k}": v for k, v in self.hard.get_state().items()}
