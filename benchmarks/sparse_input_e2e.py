@@ -78,10 +78,12 @@ during training (initial values, dense reads outside the step).  Since then
 checkpoints read large variables in 64 MiB blocks (+0.19 instead of +1.91
 GiB while writing a 1 GiB table in copy-on-read mode), yet the job's peak
 on synthetic500k stayed 6.94 GB (sparse encoder, one epoch, rerun): the
-peak is elsewhere.  Candidates, not measured: the best-weights copy that
-``EarlyStopping(restore_best_weights=True)`` keeps (a full copy of the
-model, 1 GB here, as in Keras) and the SavedModel export's whole-variable
-reads.
+peak is elsewhere.  It was the best-weights copy that
+``EarlyStopping(restore_best_weights=True)`` kept (a full copy of the
+model, 1 GB here, as in Keras): with the best weights written to
+``backup/best-EPOCH.npz`` in blocks instead (xmc_tf.checkpoint.EarlyStopping)
+the same run peaks at 5.98 GB (-0.95 GB; load average 2.5-3.6).  Left:
+the SavedModel export's whole-variable reads.
 
 On multi-class ManNextWord the one-vs-all squared hinge over 50k classes
 dominates the step (0.57 s: 59 min per epoch of the 400k

@@ -406,3 +406,97 @@ def test_checkpoint_writes_large_variables_in_blocks(tmp_path, shape, dtype):
     got = np.load(io.BytesIO(buf.getvalue()), allow_pickle=False)
     assert got.dtype == np.dtype(dtype) and got.shape == shape
     np.testing.assert_array_equal(got, value)
+
+
+@pytest.mark.parametrize("shape,dtype", [((37, 5), "float32"),
+                                         ((29,), "int32"), ((), "float32")])
+def test_read_variable_in_blocks_inverts_write(tmp_path, shape, dtype):
+    # np.save'd arrays (an independent writer) are assigned back in blocks
+    # of 4 rows; a shape or dtype mismatch is a ValueError, not a reshape.
+    import io
+    rng = np.random.default_rng(1)
+    value = (rng.normal(size=shape) * 100).astype(dtype)
+    buf = io.BytesIO()
+    np.save(buf, value)
+    var = keras.Variable(np.zeros(shape, dtype), dtype=dtype)
+    row = np.dtype(dtype).itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    buf.seek(0)
+    ckpt._read_variable(buf, var, chunk_bytes=4 * row if shape else 1)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(var), value)
+    other = keras.Variable(np.zeros((3,) + tuple(shape), dtype), dtype=dtype)
+    buf.seek(0)
+    with pytest.raises(ValueError, match="file holds"):
+        ckpt._read_variable(buf, other)
+
+
+def _monitored_run(es, model, losses):
+    """Drives ``es`` through epochs with the given ``loss`` values, setting
+    the model's weights to ``epoch + 1`` before each epoch end; returns the
+    epochs run."""
+    es.set_model(model)
+    es.on_train_begin()
+    done = []
+    for epoch, loss in enumerate(losses):
+        es.on_epoch_begin(epoch)
+        model.set_weights([np.full(w.shape, epoch + 1, w.dtype)
+                           for w in model.get_weights()])
+        es.on_epoch_end(epoch, {"loss": loss})
+        done.append(epoch)
+        if model.stop_training:
+            break
+    es.on_train_end()
+    return done
+
+
+@pytest.mark.parametrize("losses", [[3.0, 2.0, 2.5, 2.2, 2.1, 1.0],
+                                    [1.0, 2.0, 3.0, 4.0],
+                                    [float("nan"), 2.0, 1.0, 1.5]])
+def test_early_stopping_best_weights_on_disk_match_keras(tmp_path, losses):
+    """Disk-backed best weights: same stop, best epoch and restored weights
+    as Keras' in-memory EarlyStopping; one best file left; none held in
+    the state."""
+    def model():
+        m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        m.stop_training = False
+        return m
+    ref_model, disk_model = model(), model()
+    ref = keras.callbacks.EarlyStopping(monitor="loss", patience=2,
+                                        restore_best_weights=True)
+    disk = ckpt.EarlyStopping(monitor="loss", patience=2,
+                              restore_best_weights=True,
+                              best_weights_dir=str(tmp_path))
+    assert _monitored_run(ref, ref_model, losses) == _monitored_run(
+        disk, disk_model, losses)
+    assert (disk.best_epoch, disk.stopped_epoch) == (ref.best_epoch,
+                                                      ref.stopped_epoch)
+    for a, b in zip(ref_model.get_weights(), disk_model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    disk.on_epoch_begin(0)  # the next epoch's clean-up
+    assert os.listdir(tmp_path) == [f"best-{disk.best_epoch:06d}.npz"]
+    state = disk.get_state()
+    assert state["best_weights"] is None
+    assert state["best_weights_file"] == f"best-{disk.best_epoch:06d}.npz"
+
+
+def test_early_stopping_disk_state_resume_and_missing_file(tmp_path):
+    """A restored state keeps its file and drops a killed epoch's leftover;
+    a state whose file is gone is a CheckpointError; load() of a backup
+    with only a best file is 'no checkpoint'."""
+    (tmp_path / "best-000002.npz").write_bytes(b"x")
+    (tmp_path / "best-000005.npz").write_bytes(b"killed epoch's file")
+    state = {"wait": 1, "stopped_epoch": 0, "best": 0.5, "best_epoch": 2,
+             "best_weights": None, "best_weights_file": "best-000002.npz"}
+    es = ckpt.EarlyStopping(monitor="loss", restore_best_weights=True,
+                            best_weights_dir=str(tmp_path))
+    es.set_state(state)
+    es.on_train_begin()
+    assert os.listdir(tmp_path) == ["best-000002.npz"]
+    assert es.get_state() == state
+    assert ckpt.load(str(tmp_path)) is None
+    os.remove(tmp_path / "best-000002.npz")
+    es = ckpt.EarlyStopping(monitor="loss", restore_best_weights=True,
+                            best_weights_dir=str(tmp_path))
+    es.set_state(state)
+    with pytest.raises(ckpt.CheckpointError, match="best-000002.npz are "
+                       "missing"):
+        es.on_train_begin()

@@ -18,7 +18,9 @@ What it holds:
   the trainer registers (:class:`Checkpointer`'s ``stateful``): callbacks
   such as :class:`xmc_tf.callbacks.SetRewiring` (step counter, RNG),
   :class:`EarlyStopping` and :class:`ReduceLROnPlateau` below (counters,
-  best value, best weights), and the training model if it has them (e.g.
+  best value, best weights -- for ``xmc-tf train`` the name of the
+  ``best-EPOCH.npz`` file beside the checkpoint, not the arrays), and the
+  training model if it has them (e.g.
   a sampler's index state).  A state is any nesting of dicts (str keys),
   lists, JSON scalars and NumPy arrays;
 * the bookkeeping: epochs done, whether training stopped early or finished
@@ -49,6 +51,7 @@ import zipfile
 
 import keras
 import numpy as np
+from absl import logging
 
 from xmc_tf.workdir import WorkdirError, atomic_path, write_bytes_atomic
 
@@ -58,6 +61,8 @@ __all__ = ["CheckpointError", "Checkpoint", "Checkpointer", "EarlyStopping",
 
 #: File name inside the backup directory.
 CHECKPOINT_FILE = "checkpoint.npz"
+#: Best-weights files of :class:`EarlyStopping` in the backup directory.
+BEST_WEIGHTS_PATTERN = re.compile(r"best-(\d{6})\.npz$")
 #: Version of the file layout (``meta["format"]``).
 FORMAT = 1
 
@@ -281,7 +286,8 @@ def load(directory: str) -> Checkpoint | None:
     if os.path.exists(path):
         return Checkpoint.read(path)
     if os.path.isdir(directory):
-        others = [n for n in os.listdir(directory) if not n.startswith(".")]
+        others = [n for n in os.listdir(directory) if not n.startswith(".")
+                  and not BEST_WEIGHTS_PATTERN.match(n)]
         if others:
             raise CheckpointError(
                 f"the backup {directory} holds {', '.join(sorted(others)[:3])}"
@@ -465,13 +471,67 @@ class Checkpointer(keras.callbacks.Callback):
 # Keras callbacks with state.
 
 
+def _read_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
+    """Assigns the ``.npy`` array at the position of binary file ``f`` to
+    ``variable``, at most ``chunk_bytes`` of it at a time (the reverse of
+    :func:`_write_variable`: blocks of rows assigned by slice, so a large
+    variable is never held twice).
+
+    Raises:
+      ValueError: the array's shape or dtype differs from the variable's.
+    """
+    major, _ = np.lib.format.read_magic(f)
+    read_header = (np.lib.format.read_array_header_1_0 if major == 1 else
+                   np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(f)
+    want = tuple(int(d) for d in variable.shape)
+    if tuple(shape) != want or dtype != np.dtype(variable.dtype) or fortran:
+        raise ValueError(f"{variable.path}: file holds {dtype}{list(shape)}, "
+                         f"variable is {np.dtype(variable.dtype)}{list(want)}")
+    from xmc_tf.ops.sampled import label_variable
+    tf_var = label_variable(variable)
+    row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+    if (tf_var is None or len(shape) == 0 or shape[0] == 0
+            or row_bytes * shape[0] <= chunk_bytes):
+        count = int(np.prod(shape, dtype=np.int64))
+        value = np.frombuffer(f.read(count * dtype.itemsize), dtype, count)
+        variable.assign(value.reshape(shape))
+        return
+    rows = max(1, chunk_bytes // max(row_bytes, 1))
+    for start in range(0, shape[0], rows):
+        stop = min(shape[0], start + rows)
+        block = np.frombuffer(f.read((stop - start) * row_bytes), dtype)
+        tf_var[start:stop].assign(block.reshape((stop - start,) + shape[1:]))
+
+
 class EarlyStopping(keras.callbacks.EarlyStopping):
-    """``keras.callbacks.EarlyStopping`` whose state survives a resume.
+    """``keras.callbacks.EarlyStopping`` whose state survives a resume and
+    whose best weights can live on disk instead of in memory.
 
     ``get_state()`` returns the patience counter, best value and epoch, the
     epoch it stopped at and the best weights (``restore_best_weights``);
     ``set_state`` re-applies them after Keras' ``on_train_begin`` reset.
-    Arguments as for Keras' class.
+
+    With ``best_weights_dir``, the weights of the best epoch are written to
+    ``best_weights_dir/best-EPOCH.npz`` (atomically, in blocks of rows) and
+    read back in blocks when training ends, instead of Keras' in-memory
+    copy (``model.get_weights()``: one more copy of every weight, e.g.
+    1 GB for a ``[500k, 512]`` float32 encoder).  The state then names the
+    file rather than holding the arrays, so a checkpoint does not store the
+    weights twice either.  Files of other epochs (a better epoch's
+    predecessor, a killed epoch's leftovers) are deleted once a checkpoint
+    no longer needs them: at the next epoch's start and at
+    ``on_train_begin``.
+
+    Args:
+      best_weights_dir: directory for the best-weights file (created), or
+        None for Keras' in-memory copy.
+      *args, **kwargs: as for ``keras.callbacks.EarlyStopping``.
+
+    Raises:
+      CheckpointError: (``on_train_begin``) a restored state names a
+        best-weights file that is missing; (``on_train_end``) the file does
+        not match the model.
 
     >>> cb = EarlyStopping(monitor="val_loss", patience=3)
     >>> cb.set_state(cb.get_state())
@@ -479,13 +539,23 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
 
     _pending = None
 
+    def __init__(self, *args, best_weights_dir: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.best_weights_dir = best_weights_dir
+        self.best_weights_file = None  # name inside best_weights_dir
+
+    @property
+    def _on_disk(self) -> bool:
+        return bool(self.restore_best_weights and self.best_weights_dir)
+
     def get_state(self) -> dict:
         best_weights = self.best_weights
         return {"wait": int(self.wait), "stopped_epoch": int(self.stopped_epoch),
                 "best": None if self.best is None else float(self.best),
                 "best_epoch": int(self.best_epoch),
                 "best_weights": None if best_weights is None else
-                [np.asarray(w) for w in best_weights]}
+                [np.asarray(w) for w in best_weights],
+                "best_weights_file": self.best_weights_file}
 
     def set_state(self, state: dict) -> None:
         self._pending = dict(state)
@@ -496,12 +566,82 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
         self.wait, self.stopped_epoch = s["wait"], s["stopped_epoch"]
         self.best, self.best_epoch = s["best"], s["best_epoch"]
         self.best_weights = s["best_weights"]
+        self.best_weights_file = s.get("best_weights_file")
+
+    def _remove_stale_files(self):
+        if not self.best_weights_dir or not os.path.isdir(
+                self.best_weights_dir):
+            return
+        for name in os.listdir(self.best_weights_dir):
+            if (BEST_WEIGHTS_PATTERN.match(name)
+                    and name != self.best_weights_file):
+                os.remove(os.path.join(self.best_weights_dir, name))
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         if self._pending is not None:
             self._apply()
             self._pending = None
+        else:
+            self.best_weights_file = None
+        if self._on_disk and self.best_weights_file and not os.path.exists(
+                os.path.join(self.best_weights_dir, self.best_weights_file)):
+            raise CheckpointError(
+                f"the best weights {self.best_weights_file} are missing from "
+                f"{self.best_weights_dir}; "
+                f"{discard_hint(self.best_weights_dir)}")
+        self._remove_stale_files()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._remove_stale_files()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self._on_disk:
+            return super().on_epoch_end(epoch, logs)
+        before = self.best_epoch
+        self.restore_best_weights = False  # Keras' copy: not wanted
+        try:
+            super().on_epoch_end(epoch, logs)
+        finally:
+            self.restore_best_weights = True
+        first = (self.best_weights_file is None
+                 and epoch >= self.start_from_epoch
+                 and self.get_monitor_value(logs) is not None)
+        # Keras sets best_epoch only on an improvement (values such as NaN
+        # make comparing ``best`` unreliable).
+        if (self.best_epoch == epoch and before != epoch) or first:
+            name = f"best-{epoch:06d}.npz"
+            os.makedirs(self.best_weights_dir, exist_ok=True)
+            with atomic_path(os.path.join(self.best_weights_dir, name)) as tmp:
+                with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED,
+                                     allowZip64=True) as zf:
+                    for i, v in enumerate(self.model.weights):
+                        with zf.open(f"{i:06d}.npy", "w",
+                                     force_zip64=True) as f:
+                            _write_variable(f, v)
+            self.best_weights_file = name
+            if first:  # Keras' "no best yet" rule
+                self.best_epoch = epoch
+
+    def on_train_end(self, logs=None):
+        if not (self._on_disk and self.best_weights_file):
+            return super().on_train_end(logs)
+        if self.stopped_epoch > 0 and self.verbose > 0:
+            logging.info("Epoch %d: early stopping", self.stopped_epoch + 1)
+        path = os.path.join(self.best_weights_dir, self.best_weights_file)
+        if self.verbose > 0:
+            logging.info("Restoring model weights from the end of the best "
+                         "epoch: %d (%s).", self.best_epoch + 1, path)
+        try:
+            with zipfile.ZipFile(path) as zf:
+                for i, v in enumerate(self.model.weights):
+                    with zf.open(f"{i:06d}.npy") as f:
+                        _read_variable(f, v)
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+            raise CheckpointError(
+                f"the best weights {path} do not fit the model ("
+                f"{type(e).__name__}: {' '.join(str(e).split())}); "
+                f"{discard_hint(self.best_weights_dir)}") from e
 
 
 class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):

@@ -309,7 +309,8 @@ def make_callbacks(config, workdir: str, head, layer, val_data) -> list:
     """:class:`StopOnNonFinite`, then the head's own callbacks (SET, held-out
     P@k, ...), so their epoch logs reach the rest; then LR halving and early stopping on the
     head's monitor (val P@3 when a validation split exists), both with
-    state that survives a resume (:mod:`xmc_tf.checkpoint`), and
+    state that survives a resume (:mod:`xmc_tf.checkpoint`; the best
+    weights on disk in ``workdir/backup``, not in memory), and
     TensorBoard.  The :class:`~xmc_tf.checkpoint.Checkpointer` (which also
     writes ``history.csv``) is appended by the caller, last."""
     tc = config.train
@@ -320,7 +321,8 @@ def make_callbacks(config, workdir: str, head, layer, val_data) -> list:
             min_lr=tc.min_learning_rate, verbose=1),
         xckpt.EarlyStopping(
             monitor=monitor, mode=mode, patience=tc.early_stopping_patience,
-            restore_best_weights=True, verbose=1),
+            restore_best_weights=True, verbose=1,
+            best_weights_dir=Workdir(workdir).backup_dir),
     ]
     if tc.tensorboard:
         cbs.append(keras.callbacks.TensorBoard(os.path.join(workdir,
