@@ -8,7 +8,8 @@ binary (position, word) features, 50k classes; ``--max-train`` /
 ``--max-test`` take a random subsample for development).  Every method trains
 the same model -- sparse input -> ``SparseEmbeddingBag(--dim, ReLU)`` ->
 output layer over all 50k classes (``xmc_tf.models.build_model``, no
-intermediate layer, no dropout) -- at the same batch size, for the same
+intermediate layer, dropout ``--dropout`` after the embedding, default
+none) -- at the same batch size, for the same
 number of epochs, on the same shuffled batches (``make_tf_dataset``, seed
 ``--seed``), each in its own process (so the peak RSS is per method):
 
@@ -90,7 +91,7 @@ OVERRIDES = {"lr": "lr", "alpha": "scent_alpha", "beta": "scent_beta",
              "optimizer": "scent_optimizer", "scent_lr": "scent_lr",
              "num_sampled": "num_sampled"}
 WORKER_OPTIONS = ("data_dir", "max_train", "max_test", "epochs", "batch_size",
-                  "eval_batch_size", "dim", "lr", "num_sampled",
+                  "eval_batch_size", "dim", "dropout", "lr", "num_sampled",
                   "scent_optimizer", "scent_lr", "scent_beta", "scent_alpha",
                   "seed")
 COLUMNS = ["method", "epochs", "s_per_epoch", "first_epoch_s", "train_s",
@@ -142,7 +143,7 @@ def _model_config(method, args):
     c.model.encoder = "sparse_embedding"
     c.model.encoder_dims = (args.dim,)
     c.model.intermediate_dim = 0
-    c.model.dropout = 0.0
+    c.model.dropout = args.dropout
     c.set.enabled = False
     return c
 
@@ -325,6 +326,8 @@ def _parser():
     p.add_argument("--eval-batch-size", type=int, default=1024)
     p.add_argument("--dim", type=int, default=128,
                    help="width of the embedding (input of the output layer)")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout rate after the embedding (training only)")
     p.add_argument("--lr", type=float, default=1e-2,
                    help="LazyAdam learning rate (full / sampled softmax, "
                         "and SCENT with --scent-optimizer lazy_adam)")
@@ -408,8 +411,8 @@ def main(argv=None):
         r0 = ok[0]
         print(f"\n== ManNextWord: {r0['num_train']} train / {r0['num_test']} "
               f"test, {r0['num_labels']} classes, batch {args.batch_size}, "
-              f"{args.epochs} epochs, dim {args.dim} (test P@k percent, "
-              f"test CE nats over all classes) ==")
+              f"{args.epochs} epochs, dim {args.dim}, dropout {args.dropout} "
+              f"(test P@k percent, test CE nats over all classes) ==")
         print(format_table(ok, COLUMNS))
     print(f"\nload average start/end: {result['machine']['loadavg_start']} / "
           f"{result['machine']['loadavg_end']}")
