@@ -69,6 +69,7 @@ def get_config():
         # 70.8 (dense 71.5).
         dropout=0.7,
         intermediate_dim=4096,
+        intermediate_dropout=0.0,  # dropout after the intermediate layer
         connections_per_label=64,
     ))
     c.train = ml_collections.ConfigDict(dict(

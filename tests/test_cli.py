@@ -315,7 +315,8 @@ def bad_files(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", [
-    "config_typo", "bad_head", "missing_data", "bad_header", "bad_line",
+    "config_typo", "bad_head", "bad_dropout", "missing_data", "bad_header",
+    "bad_line",
     "missing_config", "config_syntax", "unknown_flag", "no_command"])
 def test_user_errors_are_one_line(case, bad_files, tmp_path, capsys):
     work = f"--workdir={tmp_path / 'run'}"
@@ -325,6 +326,9 @@ def test_user_errors_are_one_line(case, bad_files, tmp_path, capsys):
         "bad_head": (["train", "--config=configs/dense.py",
                       "--config.model.head=dnse", work],
                      ["configs/dense.py", "config.model.head='dnse'"]),
+        "bad_dropout": (["train", "--config.model.intermediate_dropout=1.5",
+                         work], ["config.model.intermediate_dropout=1.5",
+                                 "[0, 1)"]),
         "missing_data": (["train", f"--config.data.train={bad_files}/no.txt",
                           work], [f"{bad_files}/no.txt", "No such file"]),
         "bad_header": (["train", f"--config.data.train={bad_files}/header.txt",

@@ -56,6 +56,31 @@ def test_encoder_choice_same_function(encoder, layer_type):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_intermediate_dropout_masks_only_in_training():
+    """model.intermediate_dropout: inference output unchanged (the same
+    weights without the field), training zeroes about that fraction of the
+    intermediate units and scales the rest by 1 / (1 - rate)."""
+    c = _config(head="dense")
+    c.model.dropout = 0.0  # only the intermediate layer's dropout acts
+    plain = build_model(c, 20, 5, sparse_input=True)
+    c.model.intermediate_dropout = 0.5
+    model = build_model(c, 20, 5, sparse_input=True)
+    model.set_weights(plain.get_weights())
+    x, _ = _batch()
+    np.testing.assert_allclose(model(x, training=False).numpy(),
+                               plain(x, training=False).numpy(), rtol=1e-6)
+    hidden = keras.Model(model.inputs,
+                         model.get_layer("intermediate").output)
+    after = keras.Model(model.inputs, model.layers[
+        [l.name for l in model.layers].index("intermediate") + 1].output)
+    h = hidden(x).numpy()
+    d = after(x, training=True).numpy()
+    kept = (d != 0) & (h != 0)
+    np.testing.assert_allclose(d[kept], 2 * h[kept], rtol=1e-6)
+    dropped = np.mean(d[h != 0] == 0)
+    assert 0.3 < dropped < 0.7, dropped
+
+
 def test_unknown_encoder_and_optimizer():
     with pytest.raises(ValueError, match="config.model.encoder"):
         build_model(_config(encoder="tree"), 20, 5, sparse_input=True)

@@ -7,7 +7,8 @@
          (on sparse input the first one is a SparseEmbeddingBag: its
          gradient covers only the batch's feature rows; config.model.encoder
          = "dense" keeps keras.layers.Dense, whose gradient is [D, d])
-      -> intermediate Dense (ReLU)               config.model.intermediate_dim
+      -> intermediate Dense (ReLU, dropout)      config.model.intermediate_dim
+                                                 (.intermediate_dropout)
       -> head layer named "output"               xmc_tf.heads (config.model.head)
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
@@ -76,6 +77,9 @@ def build_model(config, num_features: int, num_labels: int,
     if mc.intermediate_dim:
         x = keras.layers.Dense(mc.intermediate_dim, activation="relu",
                                name="intermediate")(x)
+        if mc.get("intermediate_dropout", 0.0):
+            x = keras.layers.Dropout(mc.intermediate_dropout,
+                                     seed=config.seed + 1)(x)
     linear = x is inputs
     outputs = head.build_layer(num_labels, int(x.shape[-1]),
                                sparse_input=sparse_input and linear)(x)
