@@ -500,3 +500,24 @@ def test_early_stopping_disk_state_resume_and_missing_file(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="best-000002.npz are "
                        "missing"):
         es.on_train_begin()
+
+
+def test_early_stopping_moves_an_in_memory_state_to_disk(tmp_path):
+    """A state with best-weight arrays (an in-memory EarlyStopping's, as
+    older checkpoints hold) resumed with best_weights_dir: the arrays become
+    best-EPOCH.npz and are what on_train_end restores."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.stop_training = False
+    arrays = [np.full(w.shape, 7.0, w.dtype) for w in model.get_weights()]
+    es = ckpt.EarlyStopping(monitor="loss", restore_best_weights=True,
+                            best_weights_dir=str(tmp_path))
+    es.set_model(model)
+    es.set_state({"wait": 0, "stopped_epoch": 0, "best": 0.5,
+                  "best_epoch": 3, "best_weights": arrays})
+    es.on_train_begin()
+    assert os.listdir(tmp_path) == ["best-000003.npz"]
+    assert es.get_state()["best_weights"] is None
+    es.on_epoch_end(4, {"loss": 0.9})  # no improvement: file kept
+    es.on_train_end()
+    for got, want in zip(model.get_weights(), arrays):
+        np.testing.assert_array_equal(got, want)

@@ -584,6 +584,12 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
             self._pending = None
         else:
             self.best_weights_file = None
+        if (self._on_disk and self.best_weights is not None
+                and not self.best_weights_file):
+            # A state of an in-memory EarlyStopping (an older checkpoint):
+            # its arrays become the file.
+            self._write_best(self.best_epoch, self.best_weights)
+            self.best_weights = None
         if self._on_disk and self.best_weights_file and not os.path.exists(
                 os.path.join(self.best_weights_dir, self.best_weights_file)):
             raise CheckpointError(
@@ -610,18 +616,26 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
         # Keras sets best_epoch only on an improvement (values such as NaN
         # make comparing ``best`` unreliable).
         if (self.best_epoch == epoch and before != epoch) or first:
-            name = f"best-{epoch:06d}.npz"
-            os.makedirs(self.best_weights_dir, exist_ok=True)
-            with atomic_path(os.path.join(self.best_weights_dir, name)) as tmp:
-                with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED,
-                                     allowZip64=True) as zf:
-                    for i, v in enumerate(self.model.weights):
-                        with zf.open(f"{i:06d}.npy", "w",
-                                     force_zip64=True) as f:
-                            _write_variable(f, v)
-            self.best_weights_file = name
+            self._write_best(epoch, self.model.weights)
             if first:  # Keras' "no best yet" rule
                 self.best_epoch = epoch
+
+    def _write_best(self, epoch, weights):
+        """Writes ``weights`` (variables, read in blocks, or arrays) as
+        ``best-EPOCH.npz`` and names it in the state."""
+        name = f"best-{epoch:06d}.npz"
+        os.makedirs(self.best_weights_dir, exist_ok=True)
+        with atomic_path(os.path.join(self.best_weights_dir, name)) as tmp:
+            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED,
+                                 allowZip64=True) as zf:
+                for i, w in enumerate(weights):
+                    with zf.open(f"{i:06d}.npy", "w", force_zip64=True) as f:
+                        if isinstance(w, np.ndarray):
+                            np.lib.format.write_array(f, w,
+                                                      allow_pickle=False)
+                        else:
+                            _write_variable(f, w)
+        self.best_weights_file = name
 
     def on_train_end(self, logs=None):
         if not (self._on_disk and self.best_weights_file):
