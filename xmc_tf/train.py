@@ -162,8 +162,9 @@ def check_config(config) -> xheads.Head:
                 raise ValueError(f"config.{field}={value!r}; expected one of "
                                  f"{allowed}")
         for name in ("dropout", "intermediate_dropout"):
-            rate = float(config.model.get(name, 0.0))
-            if not 0.0 <= rate < 1.0:
+            rate = config.model.get(name, 0.0)
+            if (not isinstance(rate, (int, float)) or isinstance(rate, bool)
+                    or not 0.0 <= rate < 1.0):
                 raise ValueError(f"config.model.{name}={rate!r} must be in "
                                  "[0, 1)")
         frac = config.data.validation_fraction
