@@ -161,6 +161,20 @@ def _write_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
         f.write(np.ascontiguousarray(block, dtype).tobytes())
 
 
+def _put_npy(zf, name: str, value) -> None:
+    """Adds ``NAME.npy`` to the open ``zipfile.ZipFile`` ``zf``: a Keras /
+    TF variable through :func:`_write_variable` (blocks of rows), anything
+    else as a C-ordered NumPy array (0-d stays 0-d)."""
+    with zf.open(name + ".npy", "w", force_zip64=True) as f:
+        if isinstance(value, np.ndarray) or np.isscalar(value):
+            value = np.asarray(value)
+            if not value.flags.c_contiguous:
+                value = value.copy(order="C")
+            np.lib.format.write_array(f, value, allow_pickle=False)
+        else:
+            _write_variable(f, value)
+
+
 def _describe_variables(variables) -> list:
     return [[v.path, list(v.shape), str(np.dtype(v.dtype))] for v in variables]
 
@@ -229,22 +243,14 @@ class Checkpoint:
         with atomic_path(path) as tmp:
             with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED,
                                  allowZip64=True) as zf:
-                def put(name, value):
-                    value = np.asarray(value)  # 0-d stays 0-d
-                    if not value.flags.c_contiguous:
-                        value = value.copy(order="C")
-                    with zf.open(name + ".npy", "w", force_zip64=True) as f:
-                        np.lib.format.write_array(f, value, allow_pickle=False)
                 for group, variables in (("model", model_variables),
                                          ("optimizer", optimizer_variables)):
                     for i, v in enumerate(variables):
-                        with zf.open(f"{group}/{i:06d}.npy", "w",
-                                     force_zip64=True) as f:
-                            _write_variable(f, v)
+                        _put_npy(zf, f"{group}/{i:06d}", v)
                 for name, value in arrays.items():
-                    put(name, value)
+                    _put_npy(zf, name, value)
                 # Last, so a file that has it was written to the end.
-                put("meta", np.frombuffer(meta_bytes, np.uint8))
+                _put_npy(zf, "meta", np.frombuffer(meta_bytes, np.uint8))
 
     @classmethod
     def read(cls, path: str) -> "Checkpoint":
@@ -612,7 +618,7 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
             self.restore_best_weights = True
         first = (self.best_weights_file is None
                  and epoch >= self.start_from_epoch
-                 and self.get_monitor_value(logs) is not None)
+                 and (logs or {}).get(self.monitor) is not None)
         # Keras sets best_epoch only on an improvement (values such as NaN
         # make comparing ``best`` unreliable).
         if (self.best_epoch == epoch and before != epoch) or first:
@@ -629,12 +635,7 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
             with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED,
                                  allowZip64=True) as zf:
                 for i, w in enumerate(weights):
-                    with zf.open(f"{i:06d}.npy", "w", force_zip64=True) as f:
-                        if isinstance(w, np.ndarray):
-                            np.lib.format.write_array(f, w,
-                                                      allow_pickle=False)
-                        else:
-                            _write_variable(f, w)
+                    _put_npy(zf, f"{i:06d}", w)
         self.best_weights_file = name
 
     def on_train_end(self, logs=None):

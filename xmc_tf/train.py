@@ -312,9 +312,9 @@ class StopOnNonFinite(keras.callbacks.Callback):
 
 
 def make_callbacks(config, workdir: str, head, layer, val_data) -> list:
-    """:class:`StopOnNonFinite`, then the head's own callbacks (SET, held-out
-    P@k, ...), so their epoch logs reach the rest; then LR halving and early stopping on the
-    head's monitor (val P@3 when a validation split exists), both with
+    """:class:`StopOnNonFinite`, then the head's own callbacks (SET,
+    held-out P@k, ...), so their epoch logs reach the rest; then LR halving
+    and early stopping on the head's monitor (val P@3 when a validation split exists), both with
     state that survives a resume (:mod:`xmc_tf.checkpoint`; the best
     weights on disk in ``workdir/backup``, not in memory), and
     TensorBoard.  The :class:`~xmc_tf.checkpoint.Checkpointer` (which also
