@@ -429,6 +429,37 @@ def test_read_variable_in_blocks_inverts_write(tmp_path, shape, dtype):
         ckpt._read_variable(buf, other)
 
 
+def test_restore_reads_variables_in_blocks(tmp_path, monkeypatch):
+    # restore() assigns every model and optimizer variable from the file in
+    # row blocks (Checkpoint.assign_to), never through a whole in-memory
+    # copy (Checkpoint.array); the values equal the saved model's.
+    model = _compiled_model()
+    rng = np.random.default_rng(5)
+    for v in model.variables + model.optimizer.variables:
+        v.assign(rng.normal(size=v.shape).astype(v.dtype))
+    path = os.path.join(tmp_path, ckpt.CHECKPOINT_FILE)
+    ckpt.Checkpoint.write(path, {}, model.variables, model.optimizer.variables,
+                          {})
+    whole = []
+    monkeypatch.setattr(ckpt.Checkpoint, "array",
+                        lambda self, name: whole.append(name))
+    fresh = _compiled_model()
+    ckpt.restore(ckpt.load(str(tmp_path)), fresh, {})
+    assert whole == []
+    for a, b in zip(fresh.variables + fresh.optimizer.variables,
+                    model.variables + model.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # A small block size gives the same values (several slice assigns).
+    again = _compiled_model()
+    loaded = ckpt.load(str(tmp_path))
+    i = next(j for j, v in enumerate(model.variables) if len(v.shape) == 2)
+    kernel, target = model.variables[i], again.variables[i]
+    loaded.assign_to(f"model/{i:06d}", target, chunk_bytes=4 * 4)
+    np.testing.assert_array_equal(np.asarray(target), np.asarray(kernel))
+    with pytest.raises(ValueError, match="file holds"):
+        loaded.assign_to(f"model/{i:06d}", again.optimizer.iterations)
+
+
 def _monitored_run(es, model, losses):
     """Drives ``es`` through epochs with the given ``loss`` values, setting
     the model's weights to ``epoch + 1`` before each epoch end; returns the

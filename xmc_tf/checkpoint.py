@@ -214,7 +214,22 @@ class Checkpoint:
         self._arrays = arrays
 
     def array(self, name: str) -> np.ndarray:
+        """The whole array ``name`` (read into memory)."""
         return self._arrays[name]
+
+    def assign_to(self, name: str, variable,
+                  chunk_bytes: int = CHUNK_BYTES) -> None:
+        """Assigns the saved array ``name`` to ``variable`` in blocks of at
+        most ``chunk_bytes`` bytes of rows (:func:`_read_variable`), so that
+        restoring a ``[D, d]`` embedding or optimizer slot never holds a
+        second whole copy of it in memory.
+
+        Raises:
+          KeyError: no array ``name``.
+          ValueError: its shape or dtype differs from the variable's.
+        """
+        with self._arrays.zip.open(f"{name}.npy") as f:
+            _read_variable(f, variable, chunk_bytes)
 
     def state(self, key: str):
         """The decoded ``get_state()`` of object ``key`` (KeyError if none)."""
@@ -329,7 +344,8 @@ def restore(checkpoint: Checkpoint, model, stateful: dict) -> None:
     """Restores variables and object states; call before ``model.fit``.
 
     Builds the optimizer if needed, checks that every variable matches the
-    recorded path/shape/dtype, assigns the values, then calls
+    recorded path/shape/dtype, assigns the values (large variables in
+    blocks of rows, :meth:`Checkpoint.assign_to`), then calls
     ``set_state`` of every object in ``stateful``.
 
     Raises:
@@ -353,7 +369,7 @@ def restore(checkpoint: Checkpoint, model, stateful: dict) -> None:
                 f"model ({group} {diff}); {discard_hint(directory)}")
     for group, variables in groups:
         for i, v in enumerate(variables):
-            v.assign(checkpoint.array(f"{group}/{i:06d}"))
+            checkpoint.assign_to(f"{group}/{i:06d}", v)
     missing = sorted(set(stateful) - set(checkpoint.meta["objects"]))
     extra = sorted(set(checkpoint.meta["objects"]) - set(stateful))
     if missing or extra:
