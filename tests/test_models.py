@@ -14,7 +14,7 @@ from xmc_tf import data as xdata
 from xmc_tf import heads
 from xmc_tf.layers import SparseEmbeddingBag, UniformSparseDense
 from xmc_tf.models import build_model, build_optimizer
-from xmc_tf.optimizers import LazyAdam
+from xmc_tf.optimizers import LazyAdam, LazyAdamW
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "configs"))
@@ -89,7 +89,23 @@ def test_unknown_encoder_and_optimizer():
     with pytest.raises(ValueError, match="config.train.optimizer"):
         build_optimizer(c)
     c.train.optimizer = "lazy_adam"
-    assert isinstance(build_optimizer(c), LazyAdam)
+    opt = build_optimizer(c)
+    assert isinstance(opt, LazyAdam) and opt.weight_decay is None
+    c.train.optimizer = "lazy_adamw"
+    c.train.weight_decay = 0.25
+    opt = build_optimizer(c)
+    assert isinstance(opt, LazyAdamW) and opt.weight_decay == 0.25
+
+
+def test_check_config_rejects_bad_weight_decay():
+    from xmc_tf.train import check_config
+    from xmc_tf.workdir import ConfigError
+    c = uniform_sparse.get_config()
+    c.train.optimizer = "lazy_adamw"
+    check_config(c)
+    c.train.weight_decay = -0.1
+    with pytest.raises(ConfigError, match=r"config.train.weight_decay=-0.1"):
+        check_config(c)
 
 
 @pytest.mark.parametrize("head,layer_type", [

@@ -28,7 +28,7 @@ __all__ = ["build_model", "build_optimizer", "ENCODERS", "OPTIMIZERS"]
 #: ``config.model.encoder``: the first encoder layer on sparse input.
 ENCODERS = ("sparse_embedding", "dense")
 #: ``config.train.optimizer``.
-OPTIMIZERS = ("lazy_adam", "adam")
+OPTIMIZERS = ("lazy_adam", "lazy_adamw", "adam")
 
 
 def build_model(config, num_features: int, num_labels: int,
@@ -91,17 +91,24 @@ def build_optimizer(config) -> keras.optimizers.Optimizer:
 
     ``"lazy_adam"`` (default): :class:`xmc_tf.optimizers.LazyAdam` -- Adam
     on dense gradients, and on ``IndexedSlices`` gradients (the sparse-input
-    encoder, sampled heads) updates of the present rows only; ``"adam"``:
-    ``keras.optimizers.Adam`` (densifies ``IndexedSlices``).
+    encoder, sampled heads) updates of the present rows only;
+    ``"lazy_adamw"``: :class:`xmc_tf.optimizers.LazyAdamW`, the same with
+    decoupled weight decay ``config.train.weight_decay`` (per step
+    ``w -= learning_rate * weight_decay * w``, on the present rows only for
+    ``IndexedSlices``); ``"adam"``: ``keras.optimizers.Adam`` (densifies
+    ``IndexedSlices``).
 
     Raises:
       ValueError: unknown ``config.train.optimizer``.
     """
-    from xmc_tf.optimizers import LazyAdam
+    from xmc_tf.optimizers import LazyAdam, LazyAdamW
     tc = config.train
     name = tc.get("optimizer", "lazy_adam")
     if name == "lazy_adam":
         return LazyAdam(learning_rate=tc.learning_rate)
+    if name == "lazy_adamw":
+        return LazyAdamW(learning_rate=tc.learning_rate,
+                         weight_decay=tc.get("weight_decay", 0.004))
     if name == "adam":
         return keras.optimizers.Adam(learning_rate=tc.learning_rate)
     raise ValueError(f"config.train.optimizer={name!r}; expected one of "

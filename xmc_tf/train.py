@@ -167,6 +167,12 @@ def check_config(config) -> xheads.Head:
                     or not 0.0 <= rate < 1.0):
                 raise ValueError(f"config.model.{name}={rate!r} must be in "
                                  "[0, 1)")
+        decay = tc.get("weight_decay", 0.004)
+        if (tc.get("optimizer") == "lazy_adamw" and (
+                not isinstance(decay, (int, float)) or isinstance(decay, bool)
+                or not decay >= 0)):
+            raise ValueError(f"config.train.weight_decay={decay!r} must be a "
+                             "number >= 0")
         frac = config.data.validation_fraction
         if not 0.0 <= frac < 1.0:
             raise ValueError(f"config.data.validation_fraction={frac!r} must "
