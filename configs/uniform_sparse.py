@@ -50,8 +50,8 @@ dense head is better on Delicious' validation splits and worse on Bibtex's
 (a tie over both), so it is not the default here; for a few thousand labels
 or less its memory (16 MB at 983 labels) is no concern and configs/dense.py
 is worth trying. Retraining on train + validation for the chosen number of
-epochs did not help (Bibtex test P@1 64.41/63.18/63.06). Extreme multi-
-class data (ManNextWord) is better served by configs/scent.py or
+epochs did not help (Bibtex test P@1 64.41/63.18/63.06). Extreme
+multi-class data (ManNextWord) is better served by configs/scent.py or
 configs/lsh.py (softmax-type losses over sampled classes): the one-vs-all
 squared hinge over 50k classes costs a [batch, 50k] loss per step.
 
