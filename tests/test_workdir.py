@@ -9,6 +9,7 @@ tests are in ``tests/test_resume.py``.
 
 import json
 import os
+import zipfile
 import socket
 import subprocess
 import sys
@@ -458,6 +459,17 @@ def test_restore_reads_variables_in_blocks(tmp_path, monkeypatch):
     np.testing.assert_array_equal(np.asarray(target), np.asarray(kernel))
     with pytest.raises(ValueError, match="file holds"):
         loaded.assign_to(f"model/{i:06d}", again.optimizer.iterations)
+    # Damaged variable data (meta intact) is a one-line CheckpointError.
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(f"model/{i:06d}.npy")
+        start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    with open(path, "r+b") as f:
+        f.seek(start + info.file_size - 1)
+        last = f.read(1)
+        f.seek(start + info.file_size - 1)
+        f.write(bytes([last[0] ^ 0xFF]))
+    with pytest.raises(ckpt.CheckpointError, match="unreadable.*rm -r"):
+        ckpt.restore(ckpt.load(str(tmp_path)), _compiled_model(), {})
 
 
 def _monitored_run(es, model, losses):

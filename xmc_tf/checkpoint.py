@@ -350,7 +350,8 @@ def restore(checkpoint: Checkpoint, model, stateful: dict) -> None:
 
     Raises:
       CheckpointError: the checkpoint was written for another model
-        (variables or stateful objects differ).
+        (variables or stateful objects differ), or a variable's data in it
+        is damaged (e.g. a CRC mismatch).
     """
     directory = os.path.dirname(checkpoint.path)
     opt = model.optimizer
@@ -367,9 +368,14 @@ def restore(checkpoint: Checkpoint, model, stateful: dict) -> None:
             raise CheckpointError(
                 f"the backup {checkpoint.path} was written for another "
                 f"model ({group} {diff}); {discard_hint(directory)}")
-    for group, variables in groups:
-        for i, v in enumerate(variables):
-            checkpoint.assign_to(f"{group}/{i:06d}", v)
+    try:
+        for group, variables in groups:
+            for i, v in enumerate(variables):
+                checkpoint.assign_to(f"{group}/{i:06d}", v)
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+        raise CheckpointError(
+            f"the backup {checkpoint.path} is unreadable ({type(e).__name__}: "
+            f"{' '.join(str(e).split())}); {discard_hint(directory)}") from e
     missing = sorted(set(stateful) - set(checkpoint.meta["objects"]))
     extra = sorted(set(checkpoint.meta["objects"]) - set(stateful))
     if missing or extra:
