@@ -83,6 +83,15 @@ def discard_hint(directory: str) -> str:
 # State encoding: JSON with NumPy arrays set aside.
 
 
+def _unreadable(path: str, error: Exception) -> CheckpointError:
+    """The one-line error for a backup file that cannot be read (the file,
+    the cause, and how to discard it)."""
+    return CheckpointError(
+        f"the backup {path} is unreadable ({type(error).__name__}: "
+        f"{' '.join(str(error).split())}); "
+        f"{discard_hint(os.path.dirname(path))}")
+
+
 def _encode(obj, arrays: dict, prefix: str):
     if isinstance(obj, dict):
         out = {}
@@ -275,7 +284,6 @@ class Checkpoint:
           CheckpointError: unreadable, truncated or of another format (the
             message names the file and how to discard it).
         """
-        directory = os.path.dirname(path)
         try:
             arrays = np.load(path, allow_pickle=False)
             meta = json.loads(bytes(arrays["meta"]).decode())
@@ -288,10 +296,7 @@ class Checkpoint:
                     if f"{group}/{i:06d}" not in names:
                         raise ValueError(f"{group} variable {i} missing")
         except Exception as e:  # zipfile, numpy and JSON errors alike
-            raise CheckpointError(
-                f"the backup {path} is unreadable ({type(e).__name__}: "
-                f"{' '.join(str(e).split())}); {discard_hint(directory)}"
-            ) from e
+            raise _unreadable(path, e) from e
         return cls(path, meta, arrays)
 
 
@@ -373,9 +378,7 @@ def restore(checkpoint: Checkpoint, model, stateful: dict) -> None:
             for i, v in enumerate(variables):
                 checkpoint.assign_to(f"{group}/{i:06d}", v)
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
-        raise CheckpointError(
-            f"the backup {checkpoint.path} is unreadable ({type(e).__name__}: "
-            f"{' '.join(str(e).split())}); {discard_hint(directory)}") from e
+        raise _unreadable(checkpoint.path, e) from e
     missing = sorted(set(stateful) - set(checkpoint.meta["objects"]))
     extra = sorted(set(checkpoint.meta["objects"]) - set(stateful))
     if missing or extra:

@@ -107,8 +107,9 @@ def build_optimizer(config) -> keras.optimizers.Optimizer:
     if name == "lazy_adam":
         return LazyAdam(learning_rate=tc.learning_rate)
     if name == "lazy_adamw":
-        return LazyAdamW(learning_rate=tc.learning_rate,
-                         weight_decay=tc.get("weight_decay", 0.004))
+        decay = ({"weight_decay": tc.weight_decay} if "weight_decay" in tc
+                 else {})  # absent: LazyAdamW's own default
+        return LazyAdamW(learning_rate=tc.learning_rate, **decay)
     if name == "adam":
         return keras.optimizers.Adam(learning_rate=tc.learning_rate)
     raise ValueError(f"config.train.optimizer={name!r}; expected one of "

@@ -167,7 +167,7 @@ def check_config(config) -> xheads.Head:
                     or not 0.0 <= rate < 1.0):
                 raise ValueError(f"config.model.{name}={rate!r} must be in "
                                  "[0, 1)")
-        decay = tc.get("weight_decay", 0.004)
+        decay = tc.get("weight_decay", 0.0)  # absent: LazyAdamW's default
         if (tc.get("optimizer") == "lazy_adamw" and (
                 not isinstance(decay, (int, float)) or isinstance(decay, bool)
                 or not decay >= 0)):
