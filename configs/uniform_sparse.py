@@ -70,7 +70,10 @@ def get_config():
     c.data = ml_collections.ConfigDict(dict(
         train="bibtex:train",  # xmc_tf.data.load_dataset spec or XC file
         test="bibtex:test",
-        normalize="tfidf",  # sparse features: "tfidf", "l2" or "none"
+        # sparse features: "auto" (tf-idf weighting for count / binary values,
+        # l2 rows only for files that hold tf-idf weights already, as most
+        # XC-repo files do), "tfidf", "l2" or "none"
+        normalize="auto",
         validation_fraction=0.1,  # of train, for LR schedule / early stop
     ))
     c.model = ml_collections.ConfigDict(dict(

@@ -189,7 +189,8 @@ def check_config(config) -> xheads.Head:
 
 
 def load_data(config, workdir: str):
-    """Reads train/test, fits the feature normalisation on train and saves
+    """Reads train/test, fits the feature normalisation on train (``"auto"``
+    resolved there: :func:`xmc_tf.data.resolve_normalization`) and saves
     it (``preprocessing.npz``) with the PSP weights
     (``inv_propensities.npy``) in ``workdir``.
 
@@ -210,19 +211,27 @@ def load_data(config, workdir: str):
             f"{train.num_labels} labels) and config.data.test={dc.test!r} "
             f"({test.num_features}, {test.num_labels}) disagree")
     idf = None
+    method = dc.normalize
     if train.is_sparse:
         try:
+            # "auto": tf-idf for count / binary values, l2 for files whose
+            # values are weights already; fixed here, on the training set.
+            method = xdata.resolve_normalization(dc.normalize, train.features)
             train.features, idf = xdata.normalize_features(train.features,
-                                                           dc.normalize)
+                                                           method)
         except ValueError as e:
             raise ConfigError(f"config.data.normalize: {e}") from e
+        if dc.normalize == "auto":
+            logging.info("config.data.normalize='auto': %s (the training "
+                         "features are %s)", method,
+                         "whole numbers" if method == "tfidf" else "weights")
         if test is not None:
             test.features, _ = xdata.normalize_features(test.features,
-                                                        dc.normalize, idf)
+                                                        method, idf)
     wd = Workdir(workdir)
     with atomic_path(wd.file(PREPROCESSING_FILE)) as tmp:
         with open(tmp, "wb") as f:
-            np.savez(f, method=dc.normalize,
+            np.savez(f, method=method,
                      idf=idf if idf is not None else np.zeros(0, np.float32))
     inv_prop = xmetrics.inverse_propensities(
         train.labels, A=config.eval.propensity_a, B=config.eval.propensity_b)

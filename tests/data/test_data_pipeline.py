@@ -2,6 +2,7 @@
 
 import math
 import os
+import sys
 
 import keras
 import numpy as np
@@ -10,6 +11,9 @@ import scipy.sparse as sp
 import tensorflow as tf
 
 from xmc_tf import data
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__)))), "configs"))
 
 
 def _padded(rows: sp.csr_matrix) -> np.ndarray:
@@ -151,6 +155,49 @@ def test_normalize_features():
         data.normalize_features(x, "tfidf", idf=np.ones(2))
     with pytest.raises(ValueError, match="only used"):
         data.normalize_features(x, "l2", idf=idf)
+
+
+def test_resolve_normalization_auto_by_value_kind():
+    counts = sp.csr_matrix(np.array([[3, 0, 1], [0, 0, 0]], np.float32))
+    weights = sp.csr_matrix(np.array([[0.25, 0, 1], [0, 2, 0]], np.float32))
+    negative = sp.csr_matrix(np.array([[-1, 0, 2]], np.float32))
+    assert data.resolve_normalization("auto", counts) == "tfidf"
+    assert data.resolve_normalization("auto", counts.toarray()) == "tfidf"
+    assert data.resolve_normalization("auto", counts.astype(np.int64)) == "tfidf"
+    assert data.resolve_normalization("auto", sp.csr_matrix((2, 3))) == "tfidf"
+    # One non-integer value anywhere (here in row 0) makes them weights.
+    assert data.resolve_normalization("auto", weights) == "l2"
+    assert data.resolve_normalization("auto", weights.toarray()) == "l2"
+    assert data.resolve_normalization("auto", negative) == "l2"
+    for method in ("tfidf", "l2", "none"):
+        assert data.resolve_normalization(method, weights) == method
+    with pytest.raises(ValueError, match="unknown method 'l1'"):
+        data.resolve_normalization("l1", counts)
+
+
+def test_load_data_resolves_auto_on_train_and_records_it(tmp_path):
+    from xmc_tf import train as xtrain  # pylint: disable=import-outside-toplevel
+    import uniform_sparse  # pylint: disable=import-outside-toplevel
+    ds = data.make_synthetic(60, 30, 8, seed=1)  # token counts
+    weighted = data.XCDataset(data.normalize_features(ds.features, "tfidf")[0],
+                              ds.labels)
+    for name, dataset, want in (("counts", ds, "tfidf"),
+                                ("weights", weighted, "l2")):
+        path = str(tmp_path / f"{name}.txt")
+        data.write_xc(path, dataset)
+        config = uniform_sparse.get_config()
+        config.data.train, config.data.test = path, path
+        workdir = tmp_path / f"wd_{name}"
+        workdir.mkdir()
+        train, test, _ = xtrain.load_data(config, str(workdir))
+        saved = np.load(workdir / "preprocessing.npz")
+        assert str(saved["method"]) == want
+        expected, _ = data.normalize_features(data.read_xc(path).features, want)
+        np.testing.assert_allclose(train.features.toarray(),
+                                   expected.toarray(), rtol=1e-6)
+        np.testing.assert_allclose(test.features.toarray(),
+                                   expected.toarray(), rtol=1e-6)
+        assert (saved["idf"].size > 0) == (want == "tfidf")
 
 
 def test_keras_fit_sparse_inputs_padded_int_targets():

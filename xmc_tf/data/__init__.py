@@ -11,7 +11,8 @@
   an XC labels file (:func:`read_embeddings`).
 * :mod:`xmc_tf.data.synthetic` -- power-law synthetic data with a planted,
   linearly learnable signal (:func:`make_synthetic`).
-* :mod:`xmc_tf.data.pipeline` -- :func:`normalize_features` (l2 / tf-idf)
+* :mod:`xmc_tf.data.pipeline` -- :func:`normalize_features` (l2 / tf-idf),
+  :func:`resolve_normalization` (``"auto"``: tf-idf for counts, else l2)
   and :func:`make_tf_dataset` (``tf.data`` batches of sparse features and
   ``-1``-padded int32 label ids).
 
@@ -24,7 +25,7 @@ Example:
 
 from xmc_tf.data.embeddings import load_embedding_array, read_embeddings
 from xmc_tf.data.pipeline import (distribute_tf_dataset, make_tf_dataset,
-                                  normalize_features)
+                                  normalize_features, resolve_normalization)
 from xmc_tf.data.synthetic import make_synthetic
 from xmc_tf.data.dataset import XCDataset
 from xmc_tf.data.specs import BUNDLED_DATASETS, load_bundled, load_dataset
@@ -45,6 +46,7 @@ __all__ = [
     "read_xc",
     "read_xc_labels",
     "read_xc_xy",
+    "resolve_normalization",
     "write_xc",
     "write_xc_labels",
 ]

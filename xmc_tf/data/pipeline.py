@@ -67,7 +67,8 @@ import tensorflow as tf
 
 from xmc_tf.data.dataset import XCDataset
 
-__all__ = ["distribute_tf_dataset", "make_tf_dataset", "normalize_features"]
+__all__ = ["distribute_tf_dataset", "make_tf_dataset", "normalize_features",
+           "resolve_normalization"]
 
 
 # ---------------------------------------------------------------------------
@@ -89,6 +90,49 @@ def _row_l2_normalize(x):
     norms[norms == 0] = 1.0
     x /= norms.astype(np.float32)
     return x
+
+
+def resolve_normalization(method: str, features) -> str:
+    """The normalisation ``"auto"`` stands for on ``features``; others as given.
+
+    XC-repo files come two ways: raw term counts or binary bag-of-words
+    values (Bibtex, Delicious, ManNextWord), and values that are already
+    tf-idf weights (EURLex-4K, Wiki10-31K, AmazonCat-13K, Amazon-670K, ...).
+    Weighting the latter by idf again would square the idf factor.
+    ``"auto"`` therefore picks ``"tfidf"`` when every stored value is a
+    non-negative whole number (counts; also an all-zero matrix) and ``"l2"``
+    otherwise.  Resolve it once, on the training features, and reuse the
+    result for every other split.
+
+    Args:
+      method: ``"auto"``, ``"tfidf"``, ``"l2"`` or ``"none"``.
+      features: ``[N, D]`` scipy sparse matrix or dense array (any dtype).
+
+    Returns:
+      ``"tfidf"``, ``"l2"`` or ``"none"``.
+
+    Raises:
+      ValueError: an unknown ``method``.
+
+    Example:
+        >>> import numpy as np, scipy.sparse as sp
+        >>> resolve_normalization("auto", sp.csr_matrix(np.array([[0., 2.]])))
+        'tfidf'
+        >>> resolve_normalization("auto", sp.csr_matrix(np.array([[0., .3]])))
+        'l2'
+    """
+    if method not in ("auto", "l2", "tfidf", "none"):
+        raise ValueError(f"normalize_features: unknown method {method!r}; "
+                         "expected 'auto', 'l2', 'tfidf' or 'none'")
+    if method != "auto":
+        return method
+    values = features.data if sp.issparse(features) else np.asarray(features)
+    values = values.reshape(-1)
+    for start in range(0, values.size, 1 << 22):  # blocks: no full copy
+        block = values[start:start + (1 << 22)]
+        if np.any(block < 0) or np.any(block != np.floor(block)):
+            return "l2"
+    return "tfidf"
 
 
 def normalize_features(features, method: str = "l2", idf=None):
