@@ -34,6 +34,14 @@ Data sets (``--datasets``):
   ``--syn-encoder-dim`` (512) for both encoders, so that a run fits beside
   other jobs.
 
+* ``synthetic53k`` (only when named): :func:`xmc_tf.data.make_synthetic`
+  shaped like the realistic XC-repo set of issue 10 (53,000 features,
+  19,600 labels, 39,500 training + 13,000 test instances, 4 labels and
+  ~100 feature tokens per instance, noise 0.3), a stand-in for that file,
+  which is not available here.  With ``--converge`` each run trains as
+  ``xmc-tf train`` does by default (validation split, LR schedule, early
+  stopping) and its time and test P@1 are set against the best peer's.
+
 Reported per run: seconds per epoch (``train_seconds / epochs`` of
 ``metrics.json``: the first epoch's tracing is included) and per step
 (batch 64, the config's), peak RSS of the
@@ -90,10 +98,26 @@ On multi-class ManNextWord the one-vs-all squared hinge over 50k classes
 dominates the step (0.57 s: 59 min per epoch of the 400k
 instances against Omikuji's ~1 min of training).
 
+Realistic shape (synthetic53k, seed 0; the default config run by hand
+with ``xmc-tf train`` on the files this script writes, peers through
+``benchmarks/peers.py`` on the same files, 2 cores, load average 2-4 during
+the first 15 minutes, ~1 later): Omikuji P@1 98.82 in 77 s, napkinXC PLT
+98.16 in 93 s.  The default config: 0.152 s/step (556 steps per epoch;
+the 4096-wide intermediate layer ~46 ms of it, connections_per_label 32
+instead of 64 no faster, so ~80 ms go to the label-sized parts: loss,
+targets, output, metrics), ~113 s per epoch with validation; validation
+P@1 after 1/4/7/10 epochs 34.6/69.2/87.0/93.1, 95.2 after 13 (~25 min),
+97.6 after 35 (66 min; still rising by 0.1 per epoch when stopped; train
+P@1 99.5).  So within 10x Omikuji's time (770 s, ~7 epochs) the default
+config is at ~87 P@1 and does not reach the peer's 98.8: the issue-10
+target is not met on this stand-in (P@1 95.2 took ~20x its time).
+
 Usage::
 
     python benchmarks/sparse_input.py --e2e --out sparse_input_e2e.json
     python benchmarks/sparse_input_e2e.py --datasets delicious --epochs 1
+    python benchmarks/sparse_input_e2e.py --datasets synthetic53k --converge \
+        --encoders sparse --out synthetic53k.json
 """
 
 from __future__ import annotations
@@ -120,7 +144,7 @@ ENCODERS = {
     "sparse": ["model.encoder=sparse_embedding", "train.optimizer=lazy_adam"],
 }
 DATASETS = ("delicious", "mannextword", "synthetic500k")
-#: Not run unless named in --datasets (one converged run takes ~1 hour).
+#: Not run unless named in --datasets (one converged run takes over an hour).
 EXTRA_DATASETS = ("synthetic53k",)
 #: make_synthetic arguments of synthetic53k: the shape of the realistic
 #: XC-repo set of issue 10 (53k tf-idf features, 19.6k labels, 39.5k
@@ -324,7 +348,9 @@ def main(argv=None) -> int:
                              "1024 needs ~10 GB with either encoder: table "
                              "and two Adam moments of 2 GB each, plus a "
                              "copy of the table while it is checkpointed)")
-    parser.add_argument("--run-timeout-s", type=float, default=3600.0)
+    parser.add_argument("--run-timeout-s", type=float, default=4 * 3600.0,
+                        help="per xmc-tf run (a converged synthetic53k "
+                             "run takes over an hour)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write results as JSON")
     args = parser.parse_args(argv)
