@@ -122,8 +122,8 @@ def resolve_normalization(method: str, features) -> str:
         'l2'
     """
     if method not in ("auto", "l2", "tfidf", "none"):
-        raise ValueError(f"normalize_features: unknown method {method!r}; "
-                         "expected 'auto', 'l2', 'tfidf' or 'none'")
+        raise ValueError(f"unknown method {method!r}; expected 'auto', "
+                         "'l2', 'tfidf' or 'none'")
     if method != "auto":
         return method
     values = features.data if sp.issparse(features) else np.asarray(features)
