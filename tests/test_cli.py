@@ -315,8 +315,8 @@ def bad_files(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", [
-    "config_typo", "bad_head", "bad_dropout", "missing_data", "bad_header",
-    "bad_line",
+    "config_typo", "bad_head", "bad_dropout", "bad_normalize", "missing_data",
+    "bad_header", "bad_line",
     "missing_config", "config_syntax", "unknown_flag", "no_command"])
 def test_user_errors_are_one_line(case, bad_files, tmp_path, capsys):
     work = f"--workdir={tmp_path / 'run'}"
@@ -329,6 +329,8 @@ def test_user_errors_are_one_line(case, bad_files, tmp_path, capsys):
         "bad_dropout": (["train", "--config.model.intermediate_dropout=1.5",
                          work], ["config.model.intermediate_dropout=1.5",
                                  "[0, 1)"]),
+        "bad_normalize": (["train", "--config.data.normalize=tf-idf", work],
+                          ["config.data.normalize", "'tf-idf'", "'auto'"]),
         "missing_data": (["train", f"--config.data.train={bad_files}/no.txt",
                           work], [f"{bad_files}/no.txt", "No such file"]),
         "bad_header": (["train", f"--config.data.train={bad_files}/header.txt",
