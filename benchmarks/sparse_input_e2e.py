@@ -162,6 +162,25 @@ def _subsample(dataset, n, rng):
                            labels=dataset.labels[rows])
 
 
+def _write_synthetic(prefix, n_train, n_test, **kwargs) -> tuple[str, str]:
+    """One :func:`xmc_tf.data.make_synthetic` draw of ``n_train + n_test``
+    instances (``kwargs``: its arguments), written as ``PREFIX_train.txt``
+    (the first ``n_train``) and ``PREFIX_test.txt`` (the rest): instances are
+    drawn independently from the same label prototypes.
+
+    Returns:
+      ``(train_path, test_path)``.
+    """
+    from xmc_tf import data as xdata  # pylint: disable=import-outside-toplevel
+    full = xdata.make_synthetic(n_train + n_test, **kwargs)
+    paths = (f"{prefix}_train.txt", f"{prefix}_test.txt")
+    for out, rows in ((paths[0], np.arange(n_train)),
+                      (paths[1], np.arange(n_train, n_train + n_test))):
+        xdata.write_xc(out, xdata.XCDataset(features=full.features[rows],
+                                            labels=full.labels[rows]))
+    return paths
+
+
 def prepare(name: str, tmp: str, args) -> tuple[str, str]:
     """Writes (or locates) the train/test XC files of data set ``name``.
 
@@ -187,28 +206,13 @@ def prepare(name: str, tmp: str, args) -> tuple[str, str]:
                              args.mnw_test, paths[1])):
             xdata.write_xc(out, _subsample(xdata.read_xc(src), n, rng))
     elif name == "synthetic500k":
-        n_train, n_test = args.syn_train, args.syn_test
-        full = xdata.make_synthetic(n_train + n_test, 500_000, 5_000,
-                                    features_per_instance=100.0,
-                                    seed=args.seed)
-        paths = (os.path.join(tmp, "syn_train.txt"),
-                 os.path.join(tmp, "syn_test.txt"))
-        # Instances are drawn independently: the first n_train train, the
-        # rest test (same label prototypes).
-        for out, rows in ((paths[0], np.arange(n_train)),
-                          (paths[1], np.arange(n_train, n_train + n_test))):
-            xdata.write_xc(out, xdata.XCDataset(features=full.features[rows],
-                                                labels=full.labels[rows]))
+        paths = _write_synthetic(
+            os.path.join(tmp, "syn"), args.syn_train, args.syn_test,
+            num_features=500_000, num_labels=5_000,
+            features_per_instance=100.0, seed=args.seed)
     elif name == "synthetic53k":
-        n_train, n_test = 39_500, 13_000
-        full = xdata.make_synthetic(n_train + n_test, seed=args.seed,
-                                    **SYNTHETIC53K)
-        paths = (os.path.join(tmp, "syn53k_train.txt"),
-                 os.path.join(tmp, "syn53k_test.txt"))
-        for out, rows in ((paths[0], np.arange(n_train)),
-                          (paths[1], np.arange(n_train, n_train + n_test))):
-            xdata.write_xc(out, xdata.XCDataset(features=full.features[rows],
-                                                labels=full.labels[rows]))
+        paths = _write_synthetic(os.path.join(tmp, "syn53k"), 39_500, 13_000,
+                                 seed=args.seed, **SYNTHETIC53K)
     else:
         raise ValueError(f"unknown data set {name!r}; expected one of "
                          f"{DATASETS + EXTRA_DATASETS}")
