@@ -282,3 +282,46 @@ def test_softmax_cross_entropy_against_numpy():
     np.testing.assert_allclose(got, want, rtol=1e-5)
     mean = SoftmaxCrossEntropy()(tf.constant(ids), tf.constant(scores))
     np.testing.assert_allclose(float(mean), np.mean(want), rtol=1e-5)
+
+
+@pytest.mark.parametrize("loss_cls", [SquaredHinge, BinaryCrossEntropy])
+@pytest.mark.parametrize("p", [0.0005, 0.03, 0.25, 0.5, 0.9])
+def test_prior_scores_minimise_the_loss_of_a_constant(loss_cls, p):
+    # Independent reference: the expected loss of a constant score c under a
+    # label that is positive with rate p, minimised by a grid search with
+    # the loss itself (positives and negatives weighted p and 1 - p).
+    loss = loss_cls(reduction=None)
+    grid = np.linspace(-10.0, 10.0, 40001).astype(np.float32)
+    scores = tf.constant(grid[:, None])
+    pos = loss(tf.ones([grid.size, 1]), scores).numpy()
+    neg = loss(tf.zeros([grid.size, 1]), scores).numpy()
+    best = grid[np.argmin(p * pos + (1 - p) * neg)]
+    got = loss_cls().prior_scores([p])
+    assert got.dtype == np.float32 and got.shape == (1,)
+    np.testing.assert_allclose(got[0], best, atol=1e-3)
+
+
+def test_softmax_prior_scores_are_the_label_distribution():
+    from xmc_tf.losses import SoftmaxCrossEntropy
+    freq = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = SoftmaxCrossEntropy().prior_scores(freq)
+    np.testing.assert_allclose(tf.nn.softmax(logits).numpy(), freq, rtol=1e-6)
+    # and it is the best constant: the expected loss of any other is higher
+    rng = np.random.default_rng(0)
+    ids = rng.choice(4, size=4000, p=freq)[:, None]
+    loss = SoftmaxCrossEntropy()
+    at_prior = float(loss(tf.constant(ids), tf.tile(logits[None], [4000, 1])))
+    for _ in range(5):
+        other = logits + rng.normal(0, 0.3, 4).astype(np.float32)
+        assert at_prior < float(loss(tf.constant(ids),
+                                     tf.tile(other[None], [4000, 1])))
+
+
+def test_smoothed_label_frequency():
+    from xmc_tf.losses import smoothed_label_frequency
+    np.testing.assert_allclose(smoothed_label_frequency([0, 2, 10], 10),
+                               [0.5 / 11, 2.5 / 11, 10.5 / 11])
+    with pytest.raises(ValueError, match="label counts"):
+        smoothed_label_frequency([0, 11], 10)
+    with pytest.raises(ValueError, match="label counts"):
+        smoothed_label_frequency([-1], 10)

@@ -14,6 +14,7 @@ the uniform-sparse backward kernels skip).
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 
@@ -103,6 +104,25 @@ class _MultiLabelLoss(keras.losses.Loss):
         y_true = dense_targets(y_true, num_labels, y_pred.dtype)
         return super().__call__(y_true, y_pred, sample_weight)
 
+    def prior_scores(self, label_frequency):
+        """The score per label that minimises the loss of a constant model.
+
+        An output layer whose bias starts here (and whose weights start
+        near 0) starts at the best model that ignores the input, instead of
+        spending its first steps learning that almost every label is a
+        negative: the prior initialisation of Lin et al., "Focal Loss for
+        Dense Object Detection", ICCV 2017, Sec. 4.1, for each loss.
+
+        Args:
+          label_frequency: float ``[num_labels]``, the fraction of training
+            instances that carry each label, in ``[0, 1]`` (a smoothed
+            estimate: see :func:`smoothed_label_frequency`).
+
+        Returns:
+          float32 numpy ``[num_labels]``.
+        """
+        raise NotImplementedError
+
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
 class SquaredHinge(_MultiLabelLoss):
@@ -137,6 +157,18 @@ class SquaredHinge(_MultiLabelLoss):
         return tf.reduce_sum(tf.square(tf.nn.relu(self.margin - signs * y_pred)),
                              axis=-1)
 
+    def prior_scores(self, label_frequency):
+        """``margin * (2 p - 1)`` per label: the minimiser over constant
+        scores ``c`` of ``p (margin - c)^2 + (1 - p) (margin + c)^2`` (both
+        hinges active for ``|c| <= margin``), so ``-margin`` for a rare
+        label.  See :meth:`_MultiLabelLoss.prior_scores`.
+
+        >>> SquaredHinge().prior_scores([0.0, 0.25, 1.0])
+        array([-1. , -0.5,  1. ], dtype=float32)
+        """
+        p = np.asarray(label_frequency, np.float64)
+        return (self.margin * (2.0 * p - 1.0)).astype(np.float32)
+
     def get_config(self):
         return {**super().get_config(), "margin": self.margin}
 
@@ -162,3 +194,42 @@ class BinaryCrossEntropy(_MultiLabelLoss):
         return tf.reduce_sum(
             tf.nn.sigmoid_cross_entropy_with_logits(labels=y_true, logits=y_pred),
             axis=-1)
+
+    def prior_scores(self, label_frequency):
+        """``log(p / (1 - p))`` per label, the logit of its frequency (the
+        minimiser of the expected binary cross-entropy of a constant logit;
+        Lin et al. 2017, Sec. 4.1).  ``p`` is clipped to ``[1e-7, 1 - 1e-7]``
+        (pass smoothed frequencies for finite, meaningful logits).
+
+        >>> BinaryCrossEntropy().prior_scores([0.5, 0.1]).round(4)
+        array([ 0.    , -2.1972], dtype=float32)
+        """
+        p = np.clip(np.asarray(label_frequency, np.float64), 1e-7, 1 - 1e-7)
+        return np.log(p / (1.0 - p)).astype(np.float32)
+
+
+def smoothed_label_frequency(label_counts, num_instances):
+    """Per-label positive rate ``(count + 0.5) / (num_instances + 1)``.
+
+    The Krichevsky-Trofimov (add-1/2) estimate: never 0 or 1, so a label
+    without training instances gets a finite prior score (about the score
+    of a label seen once in ``2 num_instances`` instances).
+
+    Args:
+      label_counts: int ``[num_labels]``, training instances per label.
+      num_instances: number of training instances (>= 0).
+
+    Returns:
+      float64 numpy ``[num_labels]`` in ``(0, 1)``.
+
+    Raises:
+      ValueError: a count is negative or exceeds ``num_instances``.
+
+    >>> smoothed_label_frequency([0, 1, 3], 3)
+    array([0.125, 0.375, 0.875])
+    """
+    counts = np.asarray(label_counts, np.float64)
+    if counts.size and (counts.min() < 0 or counts.max() > num_instances):
+        raise ValueError(f"label counts must be in [0, num_instances="
+                         f"{num_instances}], got [{counts.min()}, {counts.max()}]")
+    return (counts + 0.5) / (num_instances + 1.0)

@@ -19,6 +19,7 @@ Jain et al. (2019, "SLICE", Sec. 3) and of ``SampledSoftmax``.
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from xmc_tf.losses.hinge import _MultiLabelLoss
@@ -50,3 +51,17 @@ class SoftmaxCrossEntropy(_MultiLabelLoss):
         log_z = tf.reduce_logsumexp(y_pred, axis=-1)
         pos_sum = tf.reduce_sum(y_true * y_pred, axis=-1)
         return tf.math.divide_no_nan(num_pos * log_z - pos_sum, num_pos)
+
+    def prior_scores(self, label_frequency):
+        """``log p`` per label: a constant softmax over these logits is the
+        label distribution, the best constant prediction (softmax logits are
+        defined up to a shift; ``p`` is clipped below at ``1e-12``).  Exact
+        for multi-class rows; for multi-label rows the best constant weights
+        each instance's labels by ``1 / (its number of labels)``, which
+        frequencies approximate.
+
+        >>> SoftmaxCrossEntropy().prior_scores([1.0, 0.5]).round(4)
+        array([ 0.    , -0.6931], dtype=float32)
+        """
+        p = np.maximum(np.asarray(label_frequency, np.float64), 1e-12)
+        return np.log(p).astype(np.float32)
