@@ -109,6 +109,11 @@ def get_config():
         intermediate_dim=4096,
         intermediate_dropout=0.0,  # dropout after the intermediate layer
         connections_per_label=64,
+        # Output bias at the start (heads "uniform_sparse" and "dense"):
+        # "prior" = the loss's best constant score per label from the
+        # training label frequencies (about -1 for the squared hinge), or
+        # "zeros".  See xmc_tf.heads.dense.LabelWiseHead.
+        output_bias_init="prior",
     ))
     c.train = ml_collections.ConfigDict(dict(
         optimizer="lazy_adam",  # "lazy_adamw" or "adam" (densifies row-sparse gradients)

@@ -90,3 +90,46 @@ def test_a_new_head_touches_one_module():
         np.testing.assert_array_equal(ids, expected)
     finally:
         heads.base._REGISTRY.pop("test_bias_free", None)
+
+
+@pytest.mark.parametrize("name,loss", [("uniform_sparse", "squared_hinge"),
+                                       ("dense", "bce"), ("dense", "softmax")])
+def test_prior_output_bias(name, loss):
+    # labels 0..3 in 6, 3, 1 and 0 of 12 instances (label 3 never seen)
+    rng = np.random.default_rng(0)
+    counts = [6, 3, 1, 0]
+    y = np.zeros((12, 4), np.float32)
+    for j, n in enumerate(counts):
+        y[rng.choice(12, n, replace=False), j] = 1
+    train = xdata.XCDataset(sp.csr_matrix(rng.random((12, 5)).astype(np.float32)),
+                            sp.csr_matrix(y))
+    head = heads.get_head(_config(name, loss))
+    head.prepare(train)
+    model = build_model(head.config, 5, 4, sparse_input=True, head=head)
+    layer = heads.output_layer(model)
+    head.initialize(layer)
+    p = (np.array(counts) + 0.5) / 13.0
+    expected = {"squared_hinge": 2 * p - 1, "bce": np.log(p / (1 - p)),
+                "softmax": np.log(p)}[loss]
+    np.testing.assert_allclose(layer.bias.numpy(), expected, rtol=1e-5)
+
+    zeros = _config(name, loss)
+    zeros.model.output_bias_init = "zeros"
+    head = heads.get_head(zeros)
+    head.prepare(train)
+    model = build_model(zeros, 5, 4, sparse_input=True, head=head)
+    head.initialize(heads.output_layer(model))
+    np.testing.assert_array_equal(heads.output_layer(model).bias.numpy(), 0.0)
+
+
+def test_prior_output_bias_errors():
+    bad = _config("uniform_sparse")
+    bad.model.output_bias_init = "ones"
+    with pytest.raises(ValueError, match="output_bias_init='ones'.*prior"):
+        heads.get_head(bad)
+    head = heads.get_head(_config("uniform_sparse"))
+    head.prepare(xdata.XCDataset(sp.csr_matrix(np.ones((2, 5), np.float32)),
+                                 sp.csr_matrix(np.eye(2, 3, dtype=np.float32))))
+    model = build_model(head.config, 5, 4, sparse_input=True, head=head)
+    with pytest.raises(ValueError, match="3 labels, the output layer 4"):
+        head.initialize(heads.output_layer(model))

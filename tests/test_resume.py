@@ -62,6 +62,8 @@ ARGS = ["train", "--config=configs/uniform_sparse.py",
         "--config.model.connections_per_label=8",
         "--config.set.every_n_steps=3", "--config.set.fraction=0.25",
         "--config.train.batch_size=32", "--config.train.lr_patience=1",
+        # all five epochs run (the LR still halves on plateaus)
+        "--config.train.early_stopping_patience=5",
         "--config.train.verbose=0"]
 STEPS_PER_EPOCH = 9
 

@@ -267,6 +267,7 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     except ValueError as e:
         raise ConfigError(" ".join(str(e).split())) from e
     layer = xheads.output_layer(model)
+    head.initialize(layer)  # e.g. the prior bias; a resume restores over it
     try:
         optimizer = head.make_optimizer() or build_optimizer(config)
     except ValueError as e:

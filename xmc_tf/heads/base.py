@@ -210,6 +210,17 @@ class Head:
         """
         del train_data
 
+    def initialize(self, layer) -> None:
+        """Sets initial values of the built head layer's weights from what
+        :meth:`prepare` saw (e.g. a prior bias).  Called on a fresh model
+        only: a resumed run restores its checkpoint over these values.
+        Default: nothing.
+
+        Args:
+          layer: the built head layer.
+        """
+        del layer
+
     def dataset_kwargs(self) -> dict:
         """Extra keyword arguments of :func:`xmc_tf.data.make_tf_dataset`
         for the training data set (e.g. ``{"with_example_ids": True}`` for

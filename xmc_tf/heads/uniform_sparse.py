@@ -8,30 +8,26 @@ label's connections).  ``8 s m`` bytes plus the bias.
 
 from __future__ import annotations
 
-from xmc_tf.heads.base import OUTPUT_LAYER, Head, register
-from xmc_tf.heads.dense import LABEL_WISE_LOSSES
+from xmc_tf.heads.base import OUTPUT_LAYER, register
+from xmc_tf.heads.dense import LabelWiseHead
 from xmc_tf.layers import UniformSparseDense
 
 __all__ = ["UniformSparseHead"]
 
 
 @register
-class UniformSparseHead(Head):
+class UniformSparseHead(LabelWiseHead):
     """``config.model.head = "uniform_sparse"``: :class:`UniformSparseDense`
     with ``config.model.connections_per_label`` (capped at the input width)
     and SET when ``config.set.enabled``."""
 
     name = "uniform_sparse"
-    losses = tuple(LABEL_WISE_LOSSES)
     layer_types = (UniformSparseDense,)
 
     def build_layer(self, num_labels, input_dim, sparse_input=False):
         fan_in = min(self.config.model.connections_per_label, input_dim)
         return UniformSparseDense(num_labels, fan_in, seed=self.config.seed,
                                   name=OUTPUT_LAYER)
-
-    def make_loss(self, layer):
-        return LABEL_WISE_LOSSES[self.config.loss]()
 
     def callbacks(self, layer, val_data):
         cbs = super().callbacks(layer, val_data)
