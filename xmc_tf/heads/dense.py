@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+from absl import logging
 
 from xmc_tf.heads.base import OUTPUT_LAYER, Head, register
 from xmc_tf.layers import LabelDense, SparseEmbeddingBag
@@ -44,7 +45,7 @@ class LabelWiseHead(Head):
 
     With the squared hinge and a zero bias, every one of the ``m`` labels
     violates its margin at the start, the loss is about ``m`` per instance
-    and the first epoch or so is spent pushing all scores below -1; the
+    and the first epochs are spent pushing all scores below -1; the
     prior start skips that phase (on a 19.6k-label set the validation P@1
     after one epoch went from 35 % to 87 %).  Heads whose config has no
     ``output_bias_init`` field start at 0.
@@ -85,7 +86,10 @@ class LabelWiseHead(Head):
                 f"the training data has {self._label_frequency.shape[0]} "
                 f"labels, the output layer {layer.bias.shape[0]}")
         prior = self.make_loss(layer).prior_scores(self._label_frequency)
-        layer.bias.assign(prior.astype(layer.bias.dtype))
+        layer.bias.assign(keras.ops.cast(prior, layer.bias.dtype))
+        logging.info("output bias: the %s prior of each label's training "
+                     "frequency, in [%.3f, %.3f]", self.config.loss,
+                     float(prior.min()), float(prior.max()))
 
 
 @register
