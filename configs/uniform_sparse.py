@@ -3,7 +3,8 @@
 sparse TF-IDF input -> SparseEmbeddingBag encoder (ReLU; row-sparse
 gradient) -> intermediate Dense (ReLU, Sec. 3.4) ->
 UniformSparseDense(num_labels, connections_per_label), squared hinge loss
-(Sec. 3.3), LazyAdam 2e-3 halved on validation-P@3 plateaus down to 1e-4,
+(Sec. 3.3), output bias started at the loss's prior score per label,
+LazyAdam 1e-3 halved on validation-P@3 plateaus down to 1e-4,
 then early stopping (Sec. 4.1), SET every 1000 steps moving 10 % of each
 label's connections (Sec. 4.1).
 
@@ -19,7 +20,7 @@ bounds, load average 4-20):
     batch 256, lr 2e-3                        65.98/38.59  -
     dropout 0.5                               -            71.75/64.32
     connections_per_label 128                 -            70.90/65.02
-  lr 2e-3 (chosen: best val on both)          65.78/39.55  72.68/65.30
+  lr 2e-3 (chosen then: best val on both)     65.78/39.55  72.68/65.30
   tried after, from the chosen row (rejected):
     loss "bce"                                65.16/39.07  -
     intermediate_dropout 0.5                  63.52/38.87  71.67/64.99
@@ -28,17 +29,18 @@ bounds, load average 4-20):
       weight_decay 0.1 / 1.0                  65.98/39.21 / 62.91/38.52
     weight EMA 0.99 / 0.999 (Keras use_ema)   65.37/39.21 / 63.32/38.80
 
-Test P@1/3/5 with the chosen defaults: Bibtex 64.37/39.84/29.43 (lr 1e-3:
+Test P@1/3/5 with the defaults chosen then: Bibtex 64.37/39.84/29.43 (lr 1e-3:
 64.49/40.24/29.57; batch 256: 62.58), Delicious 69.58/63.64/58.41 (lr 1e-3:
 69.51/63.40/58.49), in 11 epochs instead of 19 (early stopping).  The
 P@1 standard error of these test sets is ~0.8 points (Delicious 3,185
 instances) and of the validation splits 1.3-2.2 points (Bibtex 488
 instances), so settings within a point are not told apart by one run.
-Over seeds 0/1/2 (each its own validation split and initialisation):
+Over seeds 0/1/2 (each its own validation split and initialisation; all
+rows of this table with a zero output bias and lr 2e-3, see below):
 
   seeds 0/1/2         Bibtex                        Delicious
                       val P@1/P@3  test P@1           val P@1/P@3  test P@1
-  these defaults      63.87/39.91  64.37/62.66/63.58  71.13/64.01  69.58/70.64/70.08
+  defaults then       63.87/39.91  64.37/62.66/63.58  71.13/64.01  69.58/70.64/70.08
   head "dense"        62.02/38.59  64.17/64.33/63.34  72.01/65.44  71.93/72.24/71.81
   connections 128     64.21/39.73  63.86/64.25/64.29  70.00/64.48  69.54/70.74/70.27
   the three models'   -            64.73              -            70.52
@@ -48,9 +50,30 @@ Over seeds 0/1/2 (each its own validation split and initialisation):
     (69 / 182 steps; the paper's choice for small data, Sec. 4.1)
   Bibtex file holding tf-idf values (as most XC-repo files do):
     normalize "tfidf" 62.64/39.07  64.29/62.70/62.50  (idf applied twice)
-    normalize "l2"    = "these defaults" (seed 0 rerun: identical)
+    normalize "l2"    = "defaults then" (seed 0 rerun: identical)
 
-(val: mean over the seeds; connections_per_label 128 moves the monitored
+The output bias then started at 0, so with the squared hinge every label
+violated its margin at the start and the first epochs went into pushing all
+scores below -1 (loss ~m per instance).  Started at the loss's best
+constant score per label (model.output_bias_init="prior"), and the
+learning rate re-chosen with it; val mean over seeds 0/1/2 (synthetic53k,
+the 19.6k-label stand-in of benchmarks/sparse_input_e2e.py: seed 0, val
+P@1/P@3 after 4 epochs):
+
+  output bias, lr     Bibtex                        Delicious                      synthetic53k
+                      val P@1/P@3  test P@1           val P@1/P@3  test P@1           val (epoch 4)
+  zeros, 2e-3 (old)   63.87/39.91  64.37/62.66/63.58  71.13/64.01  69.58/70.64/70.08  69.19/51.38
+  prior, 2e-3         63.87/39.53  64.77/64.17/63.58  70.56/65.56  72.12/71.62/70.80  88.91/60.05 (a)
+  prior, 1e-3 (now)   64.55/39.57  64.45/63.90/64.17  71.41/65.39  71.43/70.86/71.24  91.39/64.89
+
+(a) a constant -1 bias, which is the prior of a label this rare.  The
+prior start ties on the small sets' val P@3 (the early-stopping metric)
+and wins on Delicious' test; on the 19.6k-label set it reaches val P@1 87
+after one epoch instead of 35 (zeros: 87 after 7 epochs), and lr 1e-3
+keeps it rising there (2e-3 stalls at ~89), at equal or better val P@1 on
+the small sets, so 1e-3 is the default.
+
+(old table: val: mean over the seeds; connections_per_label 128 moves the monitored
 val P@3 by -0.2 / +0.5, within the noise, at twice the head's memory;
 l2 on the binary Bibtex file and SET every epoch are ties too, not
 adopted).  Weighting tf-idf values by idf again costs 0.8 val P@3, so
@@ -120,7 +143,7 @@ def get_config():
         weight_decay=0.004,  # lazy_adamw only (decoupled, x learning rate)
         batch_size=64,
         epochs=60,
-        learning_rate=2e-3,  # see the table above (1e-3 before)
+        learning_rate=1e-3,  # with the prior output bias; see the tables above
         min_learning_rate=1e-4,
         lr_patience=1,
         early_stopping_patience=3,
