@@ -315,7 +315,8 @@ def bad_files(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", [
-    "config_typo", "bad_head", "bad_dropout", "bad_normalize", "missing_data",
+    "config_typo", "bad_head", "bad_dropout", "bad_normalize",
+    "bad_activation", "missing_data",
     "bad_header", "bad_line",
     "missing_config", "config_syntax", "unknown_flag", "no_command"])
 def test_user_errors_are_one_line(case, bad_files, tmp_path, capsys):
@@ -331,6 +332,9 @@ def test_user_errors_are_one_line(case, bad_files, tmp_path, capsys):
                                  "[0, 1)"]),
         "bad_normalize": (["train", "--config.data.normalize=tf-idf", work],
                           ["config.data.normalize", "'tf-idf'", "'auto'"]),
+        "bad_activation": (
+            ["train", "--config.model.intermediate_activation=elu", work],
+            ["config.model.intermediate_activation='elu'", "'leaky_relu'"]),
         "missing_data": (["train", f"--config.data.train={bad_files}/no.txt",
                           work], [f"{bad_files}/no.txt", "No such file"]),
         "bad_header": (["train", f"--config.data.train={bad_files}/header.txt",

@@ -81,9 +81,32 @@ def test_intermediate_dropout_masks_only_in_training():
     assert 0.3 < dropped < 0.7, dropped
 
 
+@pytest.mark.parametrize("activation,negative_slope", [
+    ("relu", 0.0), ("leaky_relu", 0.2), ("linear", 1.0)])
+def test_intermediate_activation(activation, negative_slope):
+    """model.intermediate_activation: the intermediate layer's output
+    against NumPy, z where z > 0 and negative_slope * z elsewhere."""
+    c = _config()
+    c.model.intermediate_activation = activation
+    model = build_model(c, 20, 5, sparse_input=True)
+    x, _ = _batch()
+    hidden = keras.Model(model.inputs, model.get_layer("encoder_0").output)
+    inter = keras.Model(model.inputs, model.get_layer("intermediate").output)
+    kernel, bias = (w.numpy() for w in model.get_layer("intermediate").weights)
+    z = hidden(x, training=False).numpy() @ kernel + bias
+    assert (z < 0).any() and (z > 0).any()
+    want = np.where(z > 0, z, negative_slope * z)
+    np.testing.assert_allclose(inter(x, training=False).numpy(), want,
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_unknown_encoder_and_optimizer():
     with pytest.raises(ValueError, match="config.model.encoder"):
         build_model(_config(encoder="tree"), 20, 5, sparse_input=True)
+    c = _config()
+    c.model.intermediate_activation = "tanh"
+    with pytest.raises(ValueError, match="intermediate_activation='tanh'"):
+        build_model(c, 20, 5, sparse_input=True)
     c = _config()
     c.train.optimizer = "adagrad"
     with pytest.raises(ValueError, match="config.train.optimizer"):

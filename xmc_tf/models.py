@@ -7,8 +7,9 @@
          (on sparse input the first one is a SparseEmbeddingBag: its
          gradient covers only the batch's feature rows; config.model.encoder
          = "dense" keeps keras.layers.Dense, whose gradient is [D, d])
-      -> intermediate Dense (ReLU, dropout)      config.model.intermediate_dim
-                                                 (.intermediate_dropout)
+      -> intermediate Dense (dropout)            config.model.intermediate_dim
+                                                 (.intermediate_activation,
+                                                  .intermediate_dropout)
       -> head layer named "output"               xmc_tf.heads (config.model.head)
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
@@ -23,10 +24,13 @@ import keras
 from xmc_tf import heads as xheads
 from xmc_tf.layers import SparseEmbeddingBag
 
-__all__ = ["build_model", "build_optimizer", "ENCODERS", "OPTIMIZERS"]
+__all__ = ["build_model", "build_optimizer", "ENCODERS",
+           "INTERMEDIATE_ACTIVATIONS", "OPTIMIZERS"]
 
 #: ``config.model.encoder``: the first encoder layer on sparse input.
 ENCODERS = ("sparse_embedding", "dense")
+#: ``config.model.intermediate_activation`` (Keras activation names).
+INTERMEDIATE_ACTIVATIONS = ("relu", "leaky_relu", "gelu", "linear")
 #: ``config.train.optimizer``.
 OPTIMIZERS = ("lazy_adam", "lazy_adamw", "adam")
 
@@ -52,8 +56,9 @@ def build_model(config, num_features: int, num_labels: int,
       ``[b, R, B]`` bucket logits for MACH).
 
     Raises:
-      ValueError: unknown ``config.model.head``, or ``config.loss`` not
-        made for it.
+      ValueError: unknown ``config.model.head``, ``.encoder`` or
+        ``.intermediate_activation``, or ``config.loss`` not made for the
+        head.
     """
     head = head or xheads.get_head(config)
     mc = config.model
@@ -61,6 +66,10 @@ def build_model(config, num_features: int, num_labels: int,
     if encoder not in ENCODERS:
         raise ValueError(f"config.model.encoder={encoder!r}; expected one of "
                          f"{ENCODERS}")
+    activation = mc.get("intermediate_activation", "relu")
+    if activation not in INTERMEDIATE_ACTIVATIONS:
+        raise ValueError(f"config.model.intermediate_activation={activation!r}"
+                         f"; expected one of {INTERMEDIATE_ACTIVATIONS}")
     inputs = keras.Input(shape=(num_features,), sparse=sparse_input,
                          name="features")
     x = inputs
@@ -75,7 +84,7 @@ def build_model(config, num_features: int, num_labels: int,
         if mc.dropout:
             x = keras.layers.Dropout(mc.dropout, seed=config.seed)(x)
     if mc.intermediate_dim:
-        x = keras.layers.Dense(mc.intermediate_dim, activation="relu",
+        x = keras.layers.Dense(mc.intermediate_dim, activation=activation,
                                name="intermediate")(x)
         if mc.get("intermediate_dropout", 0.0):
             x = keras.layers.Dropout(mc.intermediate_dropout,

@@ -5,7 +5,7 @@ the model of :func:`xmc_tf.models.build_model`
 
     input (sparse TF-IDF or dense embeddings)
       -> encoder layers (ReLU)                  [learned features]
-      -> intermediate Dense (ReLU)              [Sec. 3.4 of the paper]
+      -> intermediate Dense (leaky ReLU)        [Sec. 3.4 of the paper]
       -> output head (xmc_tf.heads registry: uniform_sparse | dense | mach)
 
 trains it with ``model.fit`` (``config.train.optimizer``, LazyAdam by
@@ -50,7 +50,8 @@ from xmc_tf import checkpoint as xckpt
 from xmc_tf import data as xdata
 from xmc_tf import heads as xheads
 from xmc_tf import metrics as xmetrics
-from xmc_tf.models import ENCODERS, OPTIMIZERS, build_model, build_optimizer
+from xmc_tf.models import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
+                            build_model, build_optimizer)
 from xmc_tf.predict import evaluate_model
 from xmc_tf.saving import export_model, export_saved_model
 from xmc_tf.workdir import (ConfigError, DataError, UserError, Workdir,
@@ -157,7 +158,10 @@ def check_config(config) -> xheads.Head:
                  OPTIMIZERS),
                 ("model.encoder", config.model.get("encoder",
                                                    "sparse_embedding"),
-                 ENCODERS)):
+                 ENCODERS),
+                ("model.intermediate_activation",
+                 config.model.get("intermediate_activation", "relu"),
+                 INTERMEDIATE_ACTIVATIONS)):
             if value not in allowed:
                 raise ValueError(f"config.{field}={value!r}; expected one of "
                                  f"{allowed}")
