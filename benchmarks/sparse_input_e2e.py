@@ -102,16 +102,17 @@ Realistic shape (synthetic53k, seed 0; the default config run by hand
 with ``xmc-tf train`` on the files this script writes, peers through
 ``benchmarks/peers.py`` on the same files, 2 cores, load average 2-4 during
 the first 15 minutes, ~1 later): Omikuji P@1 98.82 in 77 s, napkinXC PLT
-98.16 in 93 s.  The default config (output bias at the prior, lr 1e-3):
-~0.2 s/step (556 steps per epoch, 104-136 s per epoch with validation);
-validation P@1 after 1/5/12 epochs 87.1/92.0/92.8 (test P@1 93.35 after
-12, 1478 s of training, peak RSS 2.6 GB), flat from epoch 8.  The earlier
-zero-bias, lr 2e-3 defaults: validation P@1 after 1/4/7/10 epochs
-34.6/69.2/87.0/93.1, 95.2 after 13 (~25 min), 97.6 after 35 (66 min;
-still rising by 0.1 per epoch when stopped; train P@1 99.5).  So within
-10x Omikuji's time (770 s, ~6 epochs) the default config is at ~92 P@1
-(zero bias: ~87) and does not reach the peer's 98.8: the issue-10 target
-is not met on this stand-in.  Step profile (microbenchmark of the
+98.16 in 93 s.  The default config (output bias at the prior, lr 1e-3,
+leaky-ReLU intermediate layer): ~0.2 s/step (556 steps per epoch, 104-150
+s per epoch with validation); validation P@1 after 1/2/6/12 epochs
+89.7/92.5/96.8/98.8, test P@1 96.71 after 6 (903 s, beside other jobs) and
+98.65 after 12 (1749 s, peak RSS 2.6 GB; still rising).  With a ReLU
+intermediate layer (the defaults until then): 87.1/89.6/92.1/92.8, test
+93.35 after 12, flat from epoch 8 with 67 % of the intermediate units
+dead; the zero-bias, lr 2e-3, ReLU defaults before: 34.6/41.9/83.6/94.8,
+97.6 after 35 (66 min).  So within 10x Omikuji's time (770 s, ~6 epochs)
+the default config is at ~96.7 P@1 and reaches the peer's 98.8 only after
+~12 epochs (~20x): the issue-10 target is not met on this stand-in.  Step profile (microbenchmark of the
 uniform-sparse op at b=64, e=4096, m=19.6k, s=64): forward 23 ms, the
 gradients w.r.t. features / weights 98 / 73 ms at a dense backward signal
 and 8 / 17 ms at 1 % non-zeros (measured beside another job: upper
