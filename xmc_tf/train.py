@@ -5,7 +5,8 @@ the model of :func:`xmc_tf.models.build_model`
 
     input (sparse TF-IDF or dense embeddings)
       -> encoder layers (ReLU)                  [learned features]
-      -> intermediate Dense (leaky ReLU)        [Sec. 3.4 of the paper]
+      -> intermediate Dense (leaky ReLU in      [Sec. 3.4 of the paper]
+         configs/uniform_sparse.py)
       -> output head (xmc_tf.heads registry: uniform_sparse | dense | mach)
 
 trains it with ``model.fit`` (``config.train.optimizer``, LazyAdam by
