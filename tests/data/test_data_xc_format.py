@@ -133,6 +133,20 @@ def test_real_files(rel, n, d, num_labels, empty):
     assert set(np.unique(ds.features.data).tolist()) == {1.0}
 
 
+def test_label_counts():
+    """XCDataset.label_counts against a count over the dense label rows;
+    an explicitly stored 0 is no label."""
+    rng = np.random.default_rng(3)
+    ds = _random_dataset(rng)
+    dense = ds.labels.toarray()
+    np.testing.assert_array_equal(ds.label_counts(),
+                                  np.count_nonzero(dense, axis=0))
+    y = sp.csr_matrix((np.array([1.0, 0.0, 1.0], np.float32),
+                       np.array([0, 2, 2]), np.array([0, 2, 3])), shape=(2, 3))
+    counts = data.XCDataset(np.zeros((2, 1), np.float32), y).label_counts()
+    assert counts.dtype == np.int64 and counts.tolist() == [1, 0, 1]
+
+
 def test_bundled_bibtex_matches_shared_copy():
     tr = data.load_bundled("bibtex", "train")
     te = data.load_dataset("bibtex:test")

@@ -82,6 +82,20 @@ class XCDataset:
         """Number of labels ``L`` (size of the label space)."""
         return int(self.labels.shape[1])
 
+    def label_counts(self) -> np.ndarray:
+        """Instances carrying each label (non-zero entries of each label
+        column), int64 ``[num_labels]``: label frequencies for priors,
+        sampling corrections and propensities.
+
+        Example:
+            >>> import numpy as np, scipy.sparse as sp
+            >>> y = sp.csr_matrix(np.array([[1, 0, 1], [1, 0, 0]], np.float32))
+            >>> XCDataset(np.zeros((2, 1), np.float32), y).label_counts().tolist()
+            [2, 0, 1]
+        """
+        return np.asarray((self.labels != 0).sum(axis=0)).ravel().astype(
+            np.int64)
+
     @property
     def is_sparse(self) -> bool:
         """True when ``features`` is a CSR matrix (False for embeddings)."""

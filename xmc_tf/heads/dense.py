@@ -17,7 +17,6 @@ Losses: squared hinge or binary cross-entropy over all labels
 from __future__ import annotations
 
 import keras
-import numpy as np
 from absl import logging
 
 from xmc_tf.heads.base import OUTPUT_LAYER, Head, register
@@ -69,9 +68,8 @@ class LabelWiseHead(Head):
         self._label_frequency = None
         if self.config.model.get("output_bias_init", "zeros") != "prior":
             return
-        counts = np.asarray((train_data.labels != 0).sum(axis=0)).ravel()
         self._label_frequency = smoothed_label_frequency(
-            counts, train_data.num_instances)
+            train_data.label_counts(), train_data.num_instances)
 
     def initialize(self, layer):
         """Assigns the prior scores to ``layer.bias`` (``"prior"``).

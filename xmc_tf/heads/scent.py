@@ -273,8 +273,7 @@ class ScentHead(Head):
                 "label; use a multi-label head (dense, uniform_sparse, sampled)")
         self._num_examples = int(train_data.num_instances)
         if self.config.scent.correction == "log_q":
-            self._label_counts = np.asarray(
-                (labels != 0).sum(axis=0)).reshape(-1).astype(np.float64)
+            self._label_counts = train_data.label_counts().astype(np.float64)
 
     def dataset_kwargs(self):
         return {"with_example_ids": True}
