@@ -21,6 +21,9 @@ one ``tf.function`` (``jit_compile=False``).  Methods:
 * ``bag+lazyadam``: :class:`xmc_tf.layers.SparseEmbeddingBag` +
   ``LazyAdam``: reads, differentiates and updates only the rows of the
   features in the batch.
+* ``bag+lazyadam-unfused``: the same with ``LazyAdam(fused=False)``: the
+  row update as ``ResourceGather`` / element-wise ops / ``scatter`` instead
+  of the fused ``Xmc>ResourceSparseApplyAdam`` pass.
 * ``bag+adam`` (not run by default): the new layer with Keras' Adam.
 
 Feature draws (``--dists``): ``uniform`` over ``[0, D)``, or ``zipf``: feature
@@ -91,8 +94,9 @@ import time
 
 import numpy as np
 
-METHODS = ("dense+adam", "dense+lazyadam", "bag+lazyadam", "bag+adam")
-DEFAULT_METHODS = "dense+adam,dense+lazyadam,bag+lazyadam"
+METHODS = ("dense+adam", "dense+lazyadam", "bag+lazyadam",
+           "bag+lazyadam-unfused", "bag+adam")
+DEFAULT_METHODS = "dense+adam,dense+lazyadam,bag+lazyadam,bag+lazyadam-unfused"
 TARGET_RATIO = 1.3
 
 
@@ -171,8 +175,10 @@ def run_case(case):
     else:
         layer = SparseEmbeddingBag(units)
     layer.build((None, num_features))
-    optimizer = (LazyAdam(1e-3) if opt_kind == "lazyadam"
-                 else keras.optimizers.Adam(1e-3))
+    if opt_kind.startswith("lazyadam"):
+        optimizer = LazyAdam(1e-3, fused=opt_kind != "lazyadam-unfused")
+    else:
+        optimizer = keras.optimizers.Adam(1e-3)
     variables = layer.trainable_variables
     optimizer.build(variables)
     upstream = tf.random.stateless_normal([batch, units], seed=[case["seed"], 7])

@@ -106,6 +106,90 @@ def test_lazy_adam_matches_numpy_on_touched_rows_only(amsgrad, weight_decay):
     assert int(opt.iterations) == len(ROW_SETS)
 
 
+def _op_types(fn, *args):
+    graph = fn.get_concrete_function(*args).graph
+    return {op.type for op in graph.get_operations()}
+
+
+@pytest.mark.parametrize("weight_decay", [None, 0.05])
+def test_fused_row_update_equals_composite_bit_for_bit(weight_decay):
+    """LazyAdam's fused CPU op (Xmc>ResourceSparseApplyAdam) and its
+    gather / element-wise / scatter composite give identical weights and
+    slots, step after step (duplicates, out-of-order rows, tf.function)."""
+    rng = np.random.default_rng(3)
+    n, d = 9, 3
+    w0 = rng.standard_normal((n, d)).astype(np.float32)
+    runs = []
+    for fused in (True, False):
+        var = keras.Variable(w0)
+        opt = LazyAdam(learning_rate=0.05, weight_decay=weight_decay,
+                       fused=fused)
+
+        def make_step(opt, var):
+            @tf.function
+            def step(values, indices):
+                opt.apply([tf.IndexedSlices(values, indices, [n, d])], [var])
+            return step
+
+        step = make_step(opt, var)
+        spec = (tf.TensorSpec([None, d]), tf.TensorSpec([None], tf.int32))
+        fused_op = "Xmc>ResourceSparseApplyAdam" in _op_types(step, *spec)
+        assert fused_op == fused
+        values_rng = np.random.default_rng(4)
+        for rows in ROW_SETS:
+            values = values_rng.standard_normal((len(rows), d))
+            step(tf.constant(values, tf.float32), tf.constant(rows, tf.int32))
+        runs.append([np_(var)] + [np_(s) for s in slot_variables(opt, var)])
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_fused_dense_update_is_keras_adam_bit_for_bit():
+    """Dense gradients go through Xmc>ResourceApplyAdam (one pass) and give
+    keras.optimizers.Adam's weights and slots exactly (any rank, scalars
+    too); fused=False runs Keras' own update."""
+    rng = np.random.default_rng(5)
+    shapes = [(5, 4), (3,), ()]
+    w0 = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in shapes]
+             for _ in range(3)]
+    results = []
+    for make in (lambda: LazyAdam(0.01), lambda: LazyAdam(0.01, fused=False),
+                 lambda: keras.optimizers.Adam(0.01)):
+        opt, var = make(), [keras.Variable(w) for w in w0]
+
+        def make_step(opt, var):
+            @tf.function
+            def step(*g):
+                opt.apply(list(g), var)
+            return step
+
+        step = make_step(opt, var)
+        spec = [tf.TensorSpec(s) for s in shapes]
+        n_fused = sum(op == "Xmc>ResourceApplyAdam" for op in [
+            o.type for o in step.get_concrete_function(*spec).graph
+            .get_operations()])
+        assert n_fused == (len(shapes) if getattr(opt, "fused", False) else 0)
+        for g in grads:
+            step(*[tf.constant(x) for x in g])
+        results.append([np_(x) for x in var + list(opt.variables)])
+    for got in results[:2]:
+        for a, b in zip(got, results[2]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_fused_row_update_copies_a_buffer_another_tensor_shares():
+    """A tensor read from the variable before the update keeps its values
+    (the kernel copies a shared buffer before writing, as TensorFlow's own
+    sparse updates do)."""
+    var = tf.Variable(np.ones((4, 2), np.float32))
+    before = var.read_value()  # eager read: shares the variable's buffer
+    LazyAdam(learning_rate=0.1).apply(
+        [tf.IndexedSlices(tf.ones((1, 2)), tf.constant([2]), [4, 2])], [var])
+    np.testing.assert_array_equal(np_(before), np.ones((4, 2)))
+    assert np_(var)[2, 0] < 1.0 and np_(var)[0, 0] == 1.0
+
+
 @pytest.mark.parametrize("make", [
     (lambda: LazyAdam(0.01), lambda: keras.optimizers.Adam(0.01)),
     (lambda: LazyAdam(0.01, amsgrad=True),
@@ -393,6 +477,7 @@ def test_out_of_range_row_raises():
 
 def test_config_round_trip_and_serialization():
     for opt in (LazyAdam(0.02, beta_1=0.8, amsgrad=True, clipnorm=2.0),
+                LazyAdam(fused=False),
                 LazyAdamW(0.03, weight_decay=0.1),
                 LazySGD(0.2, momentum=0.6, dampening=0.4)):
         config = opt.get_config()
@@ -403,6 +488,7 @@ def test_config_round_trip_and_serialization():
         back = keras.optimizers.deserialize(ser)
         assert type(back) is type(opt) and back.get_config() == config
     assert LazySGD(momentum=0.5, dampening=0.25).get_config()["dampening"] == 0.25
+    assert LazyAdam(fused=False).get_config()["fused"] is False
 
 
 @pytest.mark.parametrize("kwargs", [dict(momentum=1.5), dict(dampening=-0.1),

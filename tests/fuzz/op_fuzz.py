@@ -457,6 +457,141 @@ def fuzz_mach(max_examples):
 
 
 # ---------------------------------------------------------------------------
+# Row-sparse optimizer ops (ops/optimizers/): Xmc>ResourceSparseApplyAdam
+# against a NumPy transcription, in the variable's dtype.
+
+
+def _adam_rows_reference(w, m, v, alpha, omb1, omb2, eps, g, ids):
+    """Adam on rows ``ids`` (float arrays of one dtype, flush-to-zero)."""
+    w, m, v = w.copy(), m.copy(), v.copy()
+    t = w.dtype.type
+    for r, i in enumerate(ids):
+        m[i] = m[i] + (g[r] - m[i]) * t(omb1)
+        v[i] = v[i] + (g[r] * g[r] - v[i]) * t(omb2)
+        w[i] = w[i] - (m[i] * t(alpha)) / (np.sqrt(v[i]) + t(eps))
+    if w.dtype == np.float32:
+        w, m, v = _ftz(w), _ftz(m), _ftz(v)
+    return w, m, v
+
+
+@target("optimizers")
+def fuzz_optimizers(max_examples):
+    from hypothesis import given
+    from hypothesis import strategies as st
+    settings = _settings(max_examples)
+    lib = _library("xmc_resource_sparse_apply_adam")
+    import tensorflow as tf
+
+    @settings
+    @given(n=st.integers(1, 40), row=st.lists(st.integers(0, 5), max_size=2),
+           dtype=st.sampled_from(["float32", "float64"]),
+           index_dtype=st.sampled_from(["int32", "int64"]),
+           steps=st.integers(1, 3), data=st.data())
+    def matches_reference(n, row, dtype, index_dtype, steps, data):
+        case("optimizers.adam", n=n, row=row, dtype=dtype,
+             index_dtype=index_dtype, steps=steps)
+        rng = np.random.default_rng(n * 31 + len(row))
+        shape = (n,) + tuple(row)
+        w0, m0 = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+        v0 = rng.random(shape).astype(dtype)
+        w, m, v = (tf.Variable(a) for a in (w0, m0, v0))
+        want = (w0, m0, v0)
+        for _ in range(steps):
+            ids = np.array(data.draw(st.permutations(range(n)))[
+                :data.draw(st.integers(0, n))], index_dtype)
+            g = rng.standard_normal((len(ids),) + tuple(row)).astype(dtype)
+            alpha = float(data.draw(st.floats(1e-4, 1.0)))
+            lib.xmc_resource_sparse_apply_adam(
+                var=w.handle, m=m.handle, v=v.handle,
+                alpha=tf.constant(alpha, dtype),
+                one_minus_beta1=tf.constant(0.1, dtype),
+                one_minus_beta2=tf.constant(0.001, dtype),
+                epsilon=tf.constant(1e-7, dtype), grad=g, indices=ids)
+            want = _adam_rows_reference(*want, np.array(alpha, dtype),
+                                        np.array(0.1, dtype),
+                                        np.array(0.001, dtype),
+                                        np.array(1e-7, dtype), g, ids)
+        for got, exp in zip((w, m, v), want):
+            np.testing.assert_allclose(got.numpy(), exp, rtol=1e-6,
+                                       atol=1e-30)
+
+    @settings
+    @given(kind=st.sampled_from(["high", "negative", "duplicate",
+                                 "grad_rows", "grad_width", "m_shape",
+                                 "grad_dtype", "alias", "alpha_vector"]))
+    def bad_inputs_rejected_before_any_write(kind):
+        case("optimizers.bad", kind=kind)
+        n, d = 6, 3
+        w0 = np.arange(n * d, dtype=np.float32).reshape(n, d)
+        w = tf.Variable(w0)
+        m = tf.Variable(np.zeros((n + (kind == "m_shape"), d), np.float32))
+        v = tf.Variable(np.zeros((n, d), np.float32))
+        ids = {"high": [0, n], "negative": [1, -1],
+               "duplicate": [2, 4, 2]}.get(kind, [0, 5])
+        g = np.ones((len(ids) + (kind == "grad_rows"),
+                     d + (kind == "grad_width")),
+                    np.float64 if kind == "grad_dtype" else np.float32)
+        args = dict(var=w.handle, m=(w if kind == "alias" else m).handle,
+                    v=v.handle,
+                    alpha=tf.constant([0.1] * (1 + (kind == "alpha_vector"))
+                                      if kind == "alpha_vector" else 0.1),
+                    one_minus_beta1=tf.constant(0.1),
+                    one_minus_beta2=tf.constant(0.001),
+                    epsilon=tf.constant(1e-7), grad=g,
+                    indices=np.array(ids, np.int32))
+        if kind == "grad_dtype":
+            args.update({k: tf.cast(args[k], tf.float64) for k in (
+                "alpha", "one_minus_beta1", "one_minus_beta2", "epsilon")})
+        try:
+            lib.xmc_resource_sparse_apply_adam(**args)
+        except (tf.errors.InvalidArgumentError, ValueError):
+            pass
+        else:
+            raise AssertionError(f"bad {kind} accepted")
+        np.testing.assert_array_equal(w.numpy(), w0)
+        assert not m.numpy().any() and not v.numpy().any(), kind
+
+    @settings
+    @given(shape=st.lists(st.integers(0, 7), max_size=3),
+           dtype=st.sampled_from(["float32", "float64"]),
+           bad=st.sampled_from(["", "grad_shape", "alias"]))
+    def dense_matches_reference(shape, dtype, bad):
+        case("optimizers.dense", shape=shape, dtype=dtype, bad=bad)
+        rng = np.random.default_rng(len(shape) * 7 + sum(shape))
+        w0, m0 = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+        v0 = rng.random(shape).astype(dtype)
+        w, m, v = (tf.Variable(a) for a in (w0, m0, v0))
+        g = rng.standard_normal(shape + [1] * (bad == "grad_shape"))
+        args = dict(var=w.handle, m=(w if bad == "alias" else m).handle,
+                    v=v.handle, alpha=tf.constant(0.05, dtype),
+                    one_minus_beta1=tf.constant(0.1, dtype),
+                    one_minus_beta2=tf.constant(0.001, dtype),
+                    epsilon=tf.constant(1e-7, dtype), grad=g.astype(dtype))
+        if bad:
+            try:
+                lib.xmc_resource_apply_adam(**args)
+            except (tf.errors.InvalidArgumentError, ValueError):
+                pass
+            else:
+                raise AssertionError(f"bad {bad} accepted")
+            np.testing.assert_array_equal(w.numpy(), w0)
+            return
+        lib.xmc_resource_apply_adam(**args)
+        flat = [a.reshape(1, -1) for a in (w0, m0, v0)]
+        want = _adam_rows_reference(
+            *flat, np.array(0.05, dtype), np.array(0.1, dtype),
+            np.array(0.001, dtype), np.array(1e-7, dtype),
+            g.astype(dtype).reshape(1, -1), [0])
+        for got, exp in zip((w, m, v), want):
+            np.testing.assert_allclose(got.numpy().reshape(1, -1), exp,
+                                       rtol=1e-6, atol=1e-30)
+
+    matches_reference()
+    bad_inputs_rejected_before_any_write()
+    dense_matches_reference()
+
+
+# ---------------------------------------------------------------------------
 # Sampled ops (ops/sampled/): targets go here, e.g. @target("sampled").
 
 

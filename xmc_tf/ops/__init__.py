@@ -17,3 +17,7 @@ from xmc_tf.ops.lsh import (LshHashFamily, lsh_build_tables,  # noqa: E402
 
 __all__ += ["LshHashFamily", "lsh_build_tables", "lsh_query",
             "lsh_update_tables"]
+from xmc_tf.ops.optimizers import (resource_apply_adam,  # noqa: E402
+                                   resource_sparse_apply_adam)
+
+__all__ += ["resource_apply_adam", "resource_sparse_apply_adam"]

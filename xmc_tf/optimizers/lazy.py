@@ -69,6 +69,8 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from xmc_tf.ops.optimizers import (fused_adam_supported, resource_apply_adam,
+                                   resource_sparse_apply_adam)
 from xmc_tf.optimizers.rows import deduplicate, gather_rows, tf_variable
 
 __all__ = ["LazyAdam", "LazyAdamW", "LazySGD"]
@@ -201,6 +203,15 @@ class LazyAdam(_RowSparseMixin, keras.optimizers.Adam):
     ``LazyAdam`` (Kingma & Ba, "Adam", ICLR 2015, Algorithm 1, applied per
     row).  Cost per step: ``O(|R| d)`` instead of ``O(N d)``.
 
+    On the CPU (float32/float64 variables, no ``amsgrad``) each update is
+    one fused in-place pass: ops ``Xmc>ResourceSparseApplyAdam`` for the
+    rows of an ``IndexedSlices`` and ``Xmc>ResourceApplyAdam`` for a dense
+    gradient (:mod:`xmc_tf.ops.optimizers`), with the same operations in the
+    same order, so the same results.  Elsewhere (GPU, distributed
+    variables, ``fused=False``) the row update is the composite
+    ``ResourceGather`` / element-wise / ``scatter`` one and the dense update
+    Keras' own.
+
     Decoupled ``weight_decay`` decays only the rows in ``R`` (all rows for a
     dense gradient), before the Adam update as in Keras.  Clipping
     (``clipnorm``, ``global_clipnorm``, ``clipvalue``) applies to the
@@ -213,10 +224,13 @@ class LazyAdam(_RowSparseMixin, keras.optimizers.Adam):
       ema_overwrite_frequency, loss_scale_factor,
       gradient_accumulation_steps, name: as ``keras.optimizers.Adam``
         (``gradient_accumulation_steps`` and ``use_ema`` work but are dense).
+      fused: use the fused CPU row update where it applies (default True);
+        False always runs the composite update.
       **kwargs: base optimizer keyword arguments.
 
     Attributes:
       _momentums, _velocities, _velocity_hats: slot lists, as Keras' Adam.
+      fused: the ``fused`` argument.
 
     Raises:
       ValueError: invalid hyperparameters (as Keras' Adam).
@@ -232,22 +246,59 @@ class LazyAdam(_RowSparseMixin, keras.optimizers.Adam):
       [1.0, 1.0, 0.9, 1.0]
     """
 
-    def update_step(self, gradient, variable, learning_rate):
-        """One update of ``variable``; sparse rows only for ``IndexedSlices``."""
-        if not isinstance(gradient, tf.IndexedSlices):
-            self._decay(variable, learning_rate)
-            return super().update_step(gradient, variable, learning_rate)
-        indices, grad = self._sparse_rows(gradient, variable)
-        self._decay(variable, learning_rate, indices)
+    def __init__(self, *args, fused=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fused = bool(fused)
+
+    def get_config(self):
+        """Keras' Adam config plus ``fused``."""
+        config = super().get_config()
+        config["fused"] = self.fused
+        return config
+
+    def _fused(self, *variables) -> bool:
+        """Whether the fused row update can serve these (CPU) variables."""
+        if not self.fused:
+            return False
+        try:
+            tf_vars = [tf_variable(x) for x in variables]
+        except TypeError:
+            return False
+        return all(fused_adam_supported(x) for x in tf_vars)
+
+    def _alpha(self, variable, learning_rate):
+        """Bias-corrected step size, computed as keras.optimizers.Adam."""
         dtype = variable.dtype
         lr = ops.cast(learning_rate, dtype)
         local_step = ops.cast(self.iterations + 1, dtype)
         beta_1_power = ops.power(ops.cast(self.beta_1, dtype), local_step)
         beta_2_power = ops.power(ops.cast(self.beta_2, dtype), local_step)
-        alpha = lr * ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        return lr * ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+
+    def update_step(self, gradient, variable, learning_rate):
+        """One update of ``variable``; sparse rows only for ``IndexedSlices``."""
         index = self._get_variable_index(variable)
         m = self._momentums[index]
         v = self._velocities[index]
+        if not isinstance(gradient, tf.IndexedSlices):
+            self._decay(variable, learning_rate)
+            if self.amsgrad or not self._fused(variable, m, v):
+                return super().update_step(gradient, variable, learning_rate)
+            # Keras' update in one pass (Xmc>ResourceApplyAdam).
+            return resource_apply_adam(
+                tf_variable(variable), tf_variable(m), tf_variable(v),
+                self._alpha(variable, learning_rate), self.beta_1,
+                self.beta_2, self.epsilon,
+                ops.cast(gradient, variable.dtype))
+        indices, grad = self._sparse_rows(gradient, variable)
+        self._decay(variable, learning_rate, indices)
+        alpha = self._alpha(variable, learning_rate)
+        if not self.amsgrad and self._fused(variable, m, v):
+            # One in-place pass over the rows (Xmc>ResourceSparseApplyAdam).
+            resource_sparse_apply_adam(
+                tf_variable(variable), tf_variable(m), tf_variable(v), alpha,
+                self.beta_1, self.beta_2, self.epsilon, grad, indices)
+            return
 
         m_rows = gather_rows(m, indices)
         m_rows = ops.add(m_rows, ops.multiply(ops.subtract(grad, m_rows),

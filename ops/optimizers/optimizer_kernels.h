@@ -1,0 +1,52 @@
+// Shared functor header of the row-sparse optimizer op family.
+//
+// One Adam step on one row of a variable, for the rows that a row-sparse
+// (tf.IndexedSlices) gradient touches.  Kingma & Ba, "Adam: A Method for
+// Stochastic Optimization", ICLR 2015, Algorithm 1, with the bias corrections
+// folded into the step size as in the paper's Sec. 2 ("the efficiency of
+// algorithm 1 can be improved"): alpha_t = lr * sqrt(1 - beta2^t) /
+// (1 - beta1^t), computed by the caller.  Same formula, operation for
+// operation, as keras.optimizers.Adam and xmc_tf.optimizers.LazyAdam:
+//
+//   m   += (g - m) * (1 - beta1)
+//   v   += (g * g - v) * (1 - beta2)
+//   var -= (m * alpha) / (sqrt(v) + epsilon)
+//
+// Framework-free (no TensorFlow includes), so that a CUDA launcher can share
+// it.
+#ifndef XMC_TF_OPS_OPTIMIZERS_OPTIMIZER_KERNELS_H_
+#define XMC_TF_OPS_OPTIMIZERS_OPTIMIZER_KERNELS_H_
+
+#include <cmath>
+#include <cstdint>
+
+namespace xmc_tf {
+
+// Constants of one Adam step, in the variable's dtype T.
+template <typename T>
+struct AdamStep {
+  T alpha;           // bias-corrected step size alpha_t
+  T one_minus_beta1;
+  T one_minus_beta2;
+  T epsilon;
+};
+
+// Updates `n` contiguous elements of one row: var, m, v in place, g read.
+// No aliasing between the four arrays (checked by the kernel).
+template <typename T>
+inline void AdamRowUpdate(const AdamStep<T>& step, const T* __restrict__ g,
+                          T* __restrict__ var, T* __restrict__ m,
+                          T* __restrict__ v, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T gj = g[j];
+    const T mj = m[j] + (gj - m[j]) * step.one_minus_beta1;
+    const T vj = v[j] + (gj * gj - v[j]) * step.one_minus_beta2;
+    m[j] = mj;
+    v[j] = vj;
+    var[j] -= (mj * step.alpha) / (std::sqrt(vj) + step.epsilon);
+  }
+}
+
+}  // namespace xmc_tf
+
+#endif  // XMC_TF_OPS_OPTIMIZERS_OPTIMIZER_KERNELS_H_
