@@ -178,16 +178,18 @@ def test_fused_dense_update_is_keras_adam_bit_for_bit():
             np.testing.assert_array_equal(a, b)
 
 
-def test_fused_row_update_copies_a_buffer_another_tensor_shares():
+@pytest.mark.parametrize("dense", [False, True])
+def test_fused_update_copies_a_buffer_another_tensor_shares(dense):
     """A tensor read from the variable before the update keeps its values
-    (the kernel copies a shared buffer before writing, as TensorFlow's own
-    sparse updates do)."""
+    (both fused kernels copy a shared buffer before writing, as
+    TensorFlow's own training ops do)."""
     var = tf.Variable(np.ones((4, 2), np.float32))
     before = var.read_value()  # eager read: shares the variable's buffer
-    LazyAdam(learning_rate=0.1).apply(
-        [tf.IndexedSlices(tf.ones((1, 2)), tf.constant([2]), [4, 2])], [var])
+    grad = (tf.ones((4, 2)) if dense else
+            tf.IndexedSlices(tf.ones((1, 2)), tf.constant([2]), [4, 2]))
+    LazyAdam(learning_rate=0.1).apply([grad], [var])
     np.testing.assert_array_equal(np_(before), np.ones((4, 2)))
-    assert np_(var)[2, 0] < 1.0 and np_(var)[0, 0] == 1.0
+    assert np_(var)[2, 0] < 1.0 and (np_(var)[0, 0] == 1.0) != dense
 
 
 @pytest.mark.parametrize("make", [

@@ -13,8 +13,9 @@
 // three variables are locked exclusively in address order (no deadlock with
 // another op locking the same variables), and a buffer that another tensor
 // still shares is copied before the in-place write, as TensorFlow's sparse
-// training ops do (EnsureSparseVariableAccess); the variables are then put in
-// copy-on-read mode like after any TensorFlow sparse update.
+// training ops do; the row update then puts the variables in copy-on-read
+// mode like any TensorFlow sparse op (EnsureSparseVariableAccess), the dense
+// update does not (a Dense kernel's reads keep sharing its buffer).
 
 #include <algorithm>
 #include <array>
@@ -124,11 +125,14 @@ class AdamVariables {
   const TensorShape& shape() const { return vars_[0]->tensor()->shape(); }
 
   // Makes every buffer writable in place: one that another tensor still
-  // shares is copied first (as TensorFlow's own training ops do), and the
-  // variables go to copy-on-read mode like after any TensorFlow sparse
-  // update.  Then data(i) may be written.
+  // shares is copied first (as TensorFlow's own training ops do).  `sparse`
+  // (the row update) also puts the variables in copy-on-read mode, as every
+  // TensorFlow sparse op (ResourceGather, ResourceScatter*) does; the dense
+  // update leaves the mode alone, so that the dense reads of a Dense
+  // layer's kernel keep sharing its buffer instead of copying it.  Then
+  // data(i) may be written.
   template <typename T>
-  Status PrepareToWrite(OpKernelContext* ctx) {
+  Status PrepareToWrite(OpKernelContext* ctx, bool sparse) {
     for (int i = 0; i < 3; ++i) {
       Tensor* t = vars_[i]->tensor();
       if (!t->RefCountIsOne()) {
@@ -142,7 +146,7 @@ class AdamVariables {
                     copy.flat<T>().data());
         *t = copy;
       }
-      vars_[i]->copy_on_read_mode.store(true);
+      if (sparse) vars_[i]->copy_on_read_mode.store(true);
     }
     return ::tensorflow::OkStatus();
   }
@@ -207,7 +211,7 @@ class ResourceSparseApplyAdamOp : public OpKernel {
                     " ([len(indices)] + var.shape[1:])"));
     OP_REQUIRES_OK(ctx, ValidateRowIds<Index>(indices, shape.dim_size(0)));
     if (k == 0 || row_shape.num_elements() == 0) return;
-    OP_REQUIRES_OK(ctx, vars.PrepareToWrite<T>(ctx));
+    OP_REQUIRES_OK(ctx, vars.PrepareToWrite<T>(ctx, /*sparse=*/true));
 
     const int64_t d = row_shape.num_elements();
     const T* g = grad.flat<T>().data();
@@ -244,7 +248,7 @@ class ResourceApplyAdamOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ReadAdamStep<T>(ctx, &step));
     const int64_t n = grad.NumElements();
     if (n == 0) return;
-    OP_REQUIRES_OK(ctx, vars.PrepareToWrite<T>(ctx));
+    OP_REQUIRES_OK(ctx, vars.PrepareToWrite<T>(ctx, /*sparse=*/false));
     const T* g = grad.flat<T>().data();
     T* w = vars.data<T>(0);
     T* m = vars.data<T>(1);

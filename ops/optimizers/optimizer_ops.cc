@@ -105,7 +105,8 @@ assignments.
 
 var, m, v: resource handles of three distinct initialised variables of dtype T
   and one shape (any rank); a buffer shared with another tensor is copied
-  before the write.
+  before the write.  Unlike the row update, this op does not put the
+  variables in copy-on-read mode (their dense reads keep sharing the buffer).
 alpha, one_minus_beta1, one_minus_beta2, epsilon: scalars T, as in
   Xmc>ResourceSparseApplyAdam.
 grad: T, the shape of var.
