@@ -63,6 +63,41 @@ def test_output_equals_dense_product_with_duplicates_and_empty_rows():
     np.testing.assert_allclose(out, np_(ref), rtol=1e-5, atol=1e-5)
 
 
+def test_cpu_op_path_equals_sparse_dense_matmul_path(monkeypatch):
+    """On the CPU the layer runs Xmc>EmbeddingBag (and its gradient op);
+    with the ops switched off it runs tf.sparse.sparse_dense_matmul: same
+    outputs and same IndexedSlices gradient."""
+    import xmc_tf.layers.sparse_input as si
+    rng = np.random.default_rng(4)
+    x, _ = random_sparse(rng, 9, 40, 0.2)
+    results = []
+    for use_op in (True, False):
+        if not use_op:
+            monkeypatch.setattr(si, "embedding_bag_supported",
+                                lambda *a, **k: False)
+        layer = built(SparseEmbeddingBag(7, activation="relu"), 40)
+
+        def make_step(layer):
+            @tf.function
+            def step(x):
+                with tf.GradientTape() as tape:
+                    y = layer(x)
+                    loss = tf.reduce_sum(y * y)
+                return y, tape.gradient(loss, layer.kernel)
+            return step
+
+        step = make_step(layer)
+        ops = {op.type for op in step.get_concrete_function(x).graph
+               .get_operations()}
+        assert ("Xmc>EmbeddingBag" in ops) == use_op
+        y, g = step(x)
+        results.append((np_(y), g.indices.numpy(), g.values.numpy()))
+    (y1, i1, v1), (y2, i2, v2) = results
+    np.testing.assert_allclose(y1, y2, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(i1, i2)
+    np.testing.assert_allclose(v1, v2, rtol=1e-5, atol=1e-6)
+
+
 def test_float64_layer_matches_numpy_tightly():
     rng = np.random.default_rng(1)
     x, dense = random_sparse(rng, 9, 40, 0.2, np.float64)

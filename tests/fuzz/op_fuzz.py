@@ -592,6 +592,72 @@ def fuzz_optimizers(max_examples):
 
 
 # ---------------------------------------------------------------------------
+# Embedding-bag ops (ops/embedding_bag/): Xmc>EmbeddingBag and its table
+# gradient against NumPy loops over the entries.
+
+
+@target("embedding_bag")
+def fuzz_embedding_bag(max_examples):
+    from hypothesis import given
+    from hypothesis import strategies as st
+    settings = _settings(max_examples)
+    lib = _library("xmc_embedding_bag")
+    import tensorflow as tf
+
+    @settings
+    @given(batch=st.integers(0, 9), u=st.integers(0, 9), d=st.integers(0, 17),
+           nnz=st.integers(0, 60), dtype=st.sampled_from(["float32",
+                                                          "float64"]),
+           bad=st.sampled_from(["", "", "row", "position", "length"]))
+    def matches_numpy(batch, u, d, nnz, dtype, bad):
+        case("embedding_bag", batch=batch, u=u, d=d, nnz=nnz, dtype=dtype,
+             bad=bad)
+        rng = np.random.default_rng(batch * 1000 + u * 100 + nnz)
+        if batch == 0 or u == 0:
+            nnz = 0
+        rows = rng.integers(0, max(batch, 1), nnz)
+        positions = rng.integers(0, max(u, 1), nnz)
+        weights = rng.standard_normal(nnz).astype(dtype)
+        table = rng.standard_normal((u, d)).astype(dtype)
+        backward = rng.standard_normal((batch, d)).astype(dtype)
+        if bad == "row":  # entry (batch, 0): row out of range
+            rows, positions = np.append(rows, batch), np.append(positions, 0)
+        elif bad == "position":  # entry (0, u): position out of range
+            rows, positions = np.append(rows, 0), np.append(positions, u)
+        if bad:  # one more weight (and, for "length", nothing else)
+            weights = np.append(weights, 1.0).astype(dtype)
+        args = dict(rows=rows.astype(np.int64),
+                    positions=positions.astype(np.int64), weights=weights)
+        if bad:
+            for call in (
+                    lambda: lib.xmc_embedding_bag(
+                        table=table, batch_size=np.int64(batch), **args),
+                    lambda: lib.xmc_embedding_bag_grad_table(
+                        backward=backward, num_table_rows=np.int64(u),
+                        **args)):
+                try:
+                    call()
+                except (tf.errors.InvalidArgumentError, ValueError):
+                    continue
+                raise AssertionError(f"bad {bad} accepted")
+            return
+        out = lib.xmc_embedding_bag(table=table, batch_size=np.int64(batch),
+                                    **args).numpy()
+        grad = lib.xmc_embedding_bag_grad_table(
+            backward=backward, num_table_rows=np.int64(u), **args).numpy()
+        want_out = np.zeros((batch, d))
+        want_grad = np.zeros((u, d))
+        for r, p, w in zip(rows, positions, weights):
+            want_out[r] += float(w) * table[p]
+            want_grad[p] += float(w) * backward[r]
+        tol = 1e-5 if dtype == "float32" else 1e-12
+        np.testing.assert_allclose(out, want_out, rtol=tol, atol=tol)
+        np.testing.assert_allclose(grad, want_grad, rtol=tol, atol=tol)
+
+    matches_numpy()
+
+
+# ---------------------------------------------------------------------------
 # Sampled ops (ops/sampled/): targets go here, e.g. @target("sampled").
 
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from xmc_tf.optimizers.rows import gather_rows
+from xmc_tf.ops.embedding_bag import embedding_bag, embedding_bag_supported
+from xmc_tf.optimizers.rows import gather_rows, tf_variable
 
 __all__ = ["SparseEmbeddingBag"]
 
@@ -59,6 +60,10 @@ class SparseEmbeddingBag(keras.layers.Layer):
     and multiplies the remapped ``[batch, u]`` sparse input with them; the
     gradient w.r.t. ``kernel`` is a ``tf.IndexedSlices`` with exactly the
     ``u`` features of the batch as unique indices and values ``[u, units]``.
+    On the CPU (float32/float64) that product and its gradient are the
+    multi-threaded ops ``Xmc>EmbeddingBag`` / ``Xmc>EmbeddingBagGradTable``
+    (:mod:`xmc_tf.ops.embedding_bag`); elsewhere
+    ``tf.sparse.sparse_dense_matmul``.
     (Keras 3.15's ``Dense`` also yields an ``IndexedSlices``, with indices
     that include feature 0 whenever a row is empty, but reads the whole
     kernel every step.)  Train it with :class:`xmc_tf.optimizers.LazyAdam` /
@@ -190,6 +195,9 @@ class SparseEmbeddingBag(keras.layers.Layer):
         # The only read of the table: its u distinct rows (gradient:
         # IndexedSlices over unique_ids).
         table_rows = gather_rows(self.kernel, unique_ids, dtype=dtype)
+        if embedding_bag_supported(dtype, tf_variable(self.kernel).device):
+            # Multi-threaded CPU kernels (Xmc>EmbeddingBag and its gradient).
+            return embedding_bag(rows, positions, weights, table_rows, batch)
         local = tf.SparseTensor(
             tf.stack([rows, positions], axis=1), weights,
             tf.stack([batch, tf.size(unique_ids, out_type=tf.int64)]))

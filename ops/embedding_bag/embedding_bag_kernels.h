@@ -1,0 +1,56 @@
+// Shared functor header of the embedding-bag op family.
+//
+// The sparse-input encoder (xmc_tf.layers.SparseEmbeddingBag) computes, for a
+// batch of sparse rows given as COO entries e = (rows[e], positions[e],
+// weights[e]) over the u distinct feature rows `table` [u, d] of the batch:
+//
+//   out[i, :]        = sum_{e: rows[e] = i}      weights[e] * table[positions[e], :]
+//   grad_table[p, :] = sum_{e: positions[e] = p} weights[e] * backward[rows[e], :]
+//
+// Both are one bucket pass (counting sort of the entries by output row) and
+// one axpy of d floats per entry into the output row that owns it, so no two
+// threads write one row.
+//
+// Framework-free (no TensorFlow includes).
+#ifndef XMC_TF_OPS_EMBEDDING_BAG_EMBEDDING_BAG_KERNELS_H_
+#define XMC_TF_OPS_EMBEDDING_BAG_EMBEDDING_BAG_KERNELS_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace xmc_tf {
+
+// Counting sort of entries by key (keys in [0, num_keys), already checked):
+// on return, the entries of key k are order[offsets[k] .. offsets[k + 1]),
+// in their original order.
+inline void BucketEntries(const int64_t* keys, int64_t n, int64_t num_keys,
+                          std::vector<int64_t>* offsets,
+                          std::vector<int64_t>* order) {
+  offsets->assign(num_keys + 1, 0);
+  for (int64_t e = 0; e < n; ++e) ++(*offsets)[keys[e] + 1];
+  for (int64_t k = 0; k < num_keys; ++k) (*offsets)[k + 1] += (*offsets)[k];
+  std::vector<int64_t> next(offsets->begin(), offsets->end() - 1);
+  order->resize(n);
+  for (int64_t e = 0; e < n; ++e) (*order)[next[keys[e]]++] = e;
+}
+
+// out_row[0:d] = sum over the entries order[begin:end] of
+// scale[e] * source[other[e] * d : +d]  (accumulated in T, entry order).
+template <typename T>
+inline void AccumulateRow(const int64_t* order, int64_t begin, int64_t end,
+                          const int64_t* other, const T* scale,
+                          const T* __restrict__ source, int64_t d,
+                          T* __restrict__ out_row) {
+  std::fill(out_row, out_row + d, T(0));
+  for (int64_t j = begin; j < end; ++j) {
+    const int64_t e = order[j];
+    const T w = scale[e];
+    const T* src = source + other[e] * d;
+    for (int64_t c = 0; c < d; ++c) out_row[c] += w * src[c];
+  }
+}
+
+}  // namespace xmc_tf
+
+#endif  // XMC_TF_OPS_EMBEDDING_BAG_EMBEDDING_BAG_KERNELS_H_
