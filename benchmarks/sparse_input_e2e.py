@@ -118,6 +118,20 @@ gradients w.r.t. features / weights 98 / 73 ms at a dense backward signal
 and 8 / 17 ms at 1 % non-zeros (measured beside another job: upper
 bounds), the 4096-wide intermediate layer ~34 ms forward and backward.
 
+Then a TensorFlow profile of the whole step (op times, inter-op
+parallelism 1) showed LazyAdam's composite row update and Keras' unfused
+Adam (~39 ms together) and TensorFlow's single-threaded
+SparseTensorDenseMatMul for the encoder (~33 ms, forward and adjoint) as
+the largest parts.  With the fused Adam ops (ops/optimizers/) and the
+embedding-bag ops (ops/embedding_bag/), both on the CPU and with the same
+results (the same validation P@1 epoch by epoch, test P@1 98.65 after 12
+epochs), the default step went from 163-206 ms to 126-133 ms (interleaved
+runs of 120 steps, medians), and 12 epochs from 1749 s to 1253 s (fused
+Adam only) and 1116 s (both; 81-120 s per epoch with validation and the
+checkpoint, peak RSS 2.96 GB).  Within 770 s the run has finished 8
+epochs: validation P@1 97.6 (Omikuji 98.82 test): still not met, at ~14x
+Omikuji's time for 98.65.
+
 Usage::
 
     python benchmarks/sparse_input.py --e2e --out sparse_input_e2e.json
