@@ -21,6 +21,3 @@ from xmc_tf.ops.optimizers import (resource_apply_adam,  # noqa: E402
                                    resource_sparse_apply_adam)
 
 __all__ += ["resource_apply_adam", "resource_sparse_apply_adam"]
-from xmc_tf.ops.embedding_bag import embedding_bag  # noqa: E402
-
-__all__ += ["embedding_bag"]
