@@ -224,8 +224,9 @@ class LazyAdam(_RowSparseMixin, keras.optimizers.Adam):
       ema_overwrite_frequency, loss_scale_factor,
       gradient_accumulation_steps, name: as ``keras.optimizers.Adam``
         (``gradient_accumulation_steps`` and ``use_ema`` work but are dense).
-      fused: use the fused CPU row update where it applies (default True);
-        False always runs the composite update.
+      fused: use the fused CPU ops (row and dense updates) where they apply
+        (default True); False always runs the composite row update and
+        Keras' own dense update.
       **kwargs: base optimizer keyword arguments.
 
     Attributes:
@@ -257,7 +258,7 @@ class LazyAdam(_RowSparseMixin, keras.optimizers.Adam):
         return config
 
     def _fused(self, *variables) -> bool:
-        """Whether the fused row update can serve these (CPU) variables."""
+        """Whether the fused ops can update these (CPU) variables."""
         if not self.fused:
             return False
         try:
