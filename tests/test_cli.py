@@ -370,6 +370,33 @@ def test_errors_in_a_fresh_process_stay_one_line(tmp_path):
     assert f"{tmp_path}/missing.txt.gz" in lines[-1]
 
 
+@pytest.mark.parametrize("level", ["1", "2"])
+def test_tf_startup_lines_below_the_log_level_are_dropped(capfd, monkeypatch,
+                                                          level):
+    """Lines written to file descriptor 2 inside ``_quiet_tf_startup``: absl's
+    preamble and INFO lines go at level 1, WARNING lines too at level 2;
+    anything else comes back, also when the block raises."""
+    from xmc_tf import cli
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", level)
+    lines = [cli._ABSL_PREAMBLE + "\n",
+             "I0000 00:00:1.2 9 port.cc:153] oneDNN custom operations are on\n",
+             "W0000 00:00:1.2 9 foo.cc:1] a warning\n",
+             "E0000 00:00:1.2 9 foo.cc:1] an error\n",
+             "something else\n"]
+    with pytest.raises(RuntimeError):
+        with cli._quiet_tf_startup():
+            for line in lines:
+                os.write(2, line.encode())
+            raise RuntimeError("import failed")
+    err = capfd.readouterr().err
+    want = lines[3:] if level == "2" else lines[2:]
+    assert err == "".join(want)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    with cli._quiet_tf_startup():
+        os.write(2, lines[1].encode())
+    assert capfd.readouterr().err == lines[1]
+
+
 def test_workdir_locked_by_a_live_run(tmp_path, capsys):
     from xmc_tf.workdir import WorkdirLock
     with WorkdirLock(str(tmp_path)):

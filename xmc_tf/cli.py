@@ -31,11 +31,13 @@ without the ~10 s TensorFlow import; commands import what they need.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import sys
+import tempfile
 import textwrap
 import traceback
 
@@ -283,15 +285,69 @@ def _load_config(fv, path):
 # Commands (import TensorFlow).
 
 
+#: absl's line before its C++ logging is initialised (printed by TensorFlow's
+#: import on some CPUs, e.g. with oneDNN's start-up INFO line).
+_ABSL_PREAMBLE = ("WARNING: All log messages before absl::InitializeLog() is "
+                  "called are written to STDERR")
+
+
+def _startup_noise(line: str, min_level: int) -> bool:
+    """Whether ``line`` (one line that TensorFlow's C++ code wrote to stderr
+    while it was imported) is below ``TF_CPP_MIN_LOG_LEVEL`` ``min_level``
+    (0 INFO, 1 WARNING, 2 ERROR, 3 FATAL): absl's ``I0000 ...`` lines and its
+    preamble from 1 on, ``W....`` lines from 2, ``E....`` lines from 3."""
+    if min_level >= 1 and line.strip() == _ABSL_PREAMBLE:
+        return True
+    return bool(re.match(r"[IWE]\d{4} ", line)) and (
+        "IWE".index(line[0]) < min_level)
+
+
+@contextlib.contextmanager
+def _quiet_tf_startup():
+    """Drops TensorFlow's C++ start-up log lines below ``TF_CPP_MIN_LOG_LEVEL``.
+
+    TensorFlow 2.21 prints some lines (oneDNN's "custom operations are on",
+    absl's preamble) before its log level is read, so the variable alone
+    does not quiet them.  File descriptor 2 goes to a temporary file for
+    the ``with`` block; the lines that :func:`_startup_noise` does not drop
+    are written back to stderr afterwards, also when the block raises.
+    """
+    try:
+        min_level = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        min_level = 0
+    if min_level < 1:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode("utf-8", "replace")
+            kept = [l for l in text.splitlines(keepends=True)
+                    if not _startup_noise(l, min_level)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
 def _import_xmc_tf():
     """Imports xmc_tf and loads the op library, raising its error (one line)
-    instead of the import-time warning."""
+    instead of the import-time warning; TensorFlow's start-up log lines are
+    quieted (:func:`_quiet_tf_startup`)."""
     import warnings
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_tf_startup():
         warnings.simplefilter("ignore")
         import xmc_tf  # noqa: F401
-    from xmc_tf.ops import _loader
-    _loader.load()
+        from xmc_tf.ops import _loader
+        _loader.load()
 
 
 def _train(fv, config_path):
