@@ -32,7 +32,6 @@ without the ~10 s TensorFlow import; commands import what they need.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import re

@@ -16,6 +16,20 @@ namespace xmc_tf {
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
+namespace {
+
+// Inputs 3..6 of both Adam ops (alpha, one_minus_beta1, one_minus_beta2,
+// epsilon) are scalars; InvalidArgument otherwise.
+::tensorflow::Status ScalarHyperparameters(InferenceContext* c) {
+  ShapeHandle unused;
+  for (int i = 3; i < 7; ++i) {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
+  }
+  return ::tensorflow::OkStatus();
+}
+
+}  // namespace
+
 REGISTER_OP("Xmc>ResourceSparseApplyAdam")
     .Input("var: resource")
     .Input("m: resource")
@@ -29,10 +43,8 @@ REGISTER_OP("Xmc>ResourceSparseApplyAdam")
     .Attr("T: {float, double}")
     .Attr("Tindices: {int32, int64}")
     .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ScalarHyperparameters(c));
       ShapeHandle unused;
-      for (int i = 3; i < 7; ++i) {
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
-      }
       TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(7), 1, &unused));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(8), 1, &unused));
       TF_RETURN_IF_ERROR(
@@ -84,11 +96,7 @@ REGISTER_OP("Xmc>ResourceApplyAdam")
     .Input("grad: T")
     .Attr("T: {float, double}")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle unused;
-      for (int i = 3; i < 7; ++i) {
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
-      }
-      return ::tensorflow::OkStatus();
+      return ScalarHyperparameters(c);
     })
     .Doc(R"doc(
 Adam step on every element of a variable and its two moment slots, in place.

@@ -74,6 +74,32 @@ def _library(op_name):
     return lib
 
 
+def _expect_rejected(call, what, contains=None, errors=None):
+    """Calls ``call()`` and fails unless it raises one of ``errors``.
+
+    Args:
+      call: a no-argument callable running the op on bad input.
+      what: the bad input, for the failure message.
+      contains: text the error message must hold (None: any message).
+      errors: exception types that count as a rejection (default:
+        ``tf.errors.InvalidArgumentError`` or ``ValueError``, the latter
+        from shape inference).
+
+    Raises:
+      AssertionError: ``call`` returned, or its message lacks ``contains``.
+    """
+    import tensorflow as tf
+    if errors is None:
+        errors = (tf.errors.InvalidArgumentError, ValueError)
+    try:
+        call()
+    except errors as err:
+        if contains is not None:
+            assert contains in str(err), (what, contains, str(err)[:300])
+    else:
+        raise AssertionError(f"{what} accepted")
+
+
 # ---------------------------------------------------------------------------
 # Uniform-sparse ops: Xmc>UniformSparseMatmul and its two gradients.
 
@@ -243,13 +269,9 @@ def fuzz_uniform_sparse(max_examples):
                 backward=g, features=x, indices=idx),
         }
         for name, call in calls.items():
-            try:
-                call()
-            except tf.errors.InvalidArgumentError as err:
-                assert want in str(err), (name, want, str(err)[:300])
-            else:
-                raise AssertionError(f"{name}: no InvalidArgumentError for "
-                                     f"out-of-range {want}")
+            _expect_rejected(call, f"{name}: out-of-range {want}",
+                             contains=want,
+                             errors=tf.errors.InvalidArgumentError)
 
     @settings
     @given(kind=st.sampled_from(["weights_shape", "backward_rows",
@@ -411,12 +433,10 @@ def fuzz_mach(max_examples):
         row = int(rng.integers(0, b))
         probs[row, rng.integers(0, R), rng.integers(0, B)] = bad
         h = MachHashing.random(5000, B, R, seed=seed)
-        try:
-            mach_top_k(probs, 3, h, method=method)
-        except tf.errors.InvalidArgumentError as err:
-            assert f"probs[{row}] contains a NaN" in str(err), str(err)[:300]
-        else:
-            raise AssertionError("non-finite probs accepted")
+        _expect_rejected(lambda: mach_top_k(probs, 3, h, method=method),
+                         "non-finite probs",
+                         contains=f"probs[{row}] contains a NaN",
+                         errors=tf.errors.InvalidArgumentError)
 
     @settings
     @given(attr=st.sampled_from(["k", "hash_a", "hash_b", "prime",
@@ -444,12 +464,8 @@ def fuzz_mach(max_examples):
             shape[1] += 1
         else:
             shape[2] += 1
-        try:
-            lib.xmc_mach_top_k(tf.zeros(shape), **attrs)
-        except (tf.errors.InvalidArgumentError, ValueError):
-            pass
-        else:
-            raise AssertionError(f"bad {attr} accepted")
+        _expect_rejected(lambda: lib.xmc_mach_top_k(tf.zeros(shape), **attrs),
+                         f"bad {attr}")
 
     top_k_matches_reference()
     non_finite_rejected()
@@ -542,12 +558,8 @@ def fuzz_optimizers(max_examples):
         if kind == "grad_dtype":
             args.update({k: tf.cast(args[k], tf.float64) for k in (
                 "alpha", "one_minus_beta1", "one_minus_beta2", "epsilon")})
-        try:
-            lib.xmc_resource_sparse_apply_adam(**args)
-        except (tf.errors.InvalidArgumentError, ValueError):
-            pass
-        else:
-            raise AssertionError(f"bad {kind} accepted")
+        _expect_rejected(lambda: lib.xmc_resource_sparse_apply_adam(**args),
+                         f"bad {kind}")
         np.testing.assert_array_equal(w.numpy(), w0)
         assert not m.numpy().any() and not v.numpy().any(), kind
 
@@ -568,12 +580,8 @@ def fuzz_optimizers(max_examples):
                     one_minus_beta2=tf.constant(0.001, dtype),
                     epsilon=tf.constant(1e-7, dtype), grad=g.astype(dtype))
         if bad:
-            try:
-                lib.xmc_resource_apply_adam(**args)
-            except (tf.errors.InvalidArgumentError, ValueError):
-                pass
-            else:
-                raise AssertionError(f"bad {bad} accepted")
+            _expect_rejected(lambda: lib.xmc_resource_apply_adam(**args),
+                             f"bad {bad}")
             np.testing.assert_array_equal(w.numpy(), w0)
             return
         lib.xmc_resource_apply_adam(**args)
@@ -602,7 +610,6 @@ def fuzz_embedding_bag(max_examples):
     from hypothesis import strategies as st
     settings = _settings(max_examples)
     lib = _library("xmc_embedding_bag")
-    import tensorflow as tf
 
     @settings
     @given(batch=st.integers(0, 9), u=st.integers(0, 9), d=st.integers(0, 17),
@@ -635,11 +642,7 @@ def fuzz_embedding_bag(max_examples):
                     lambda: lib.xmc_embedding_bag_grad_table(
                         backward=backward, num_table_rows=np.int64(u),
                         **args)):
-                try:
-                    call()
-                except (tf.errors.InvalidArgumentError, ValueError):
-                    continue
-                raise AssertionError(f"bad {bad} accepted")
+                _expect_rejected(call, f"bad {bad}")
             return
         out = lib.xmc_embedding_bag(table=table, batch_size=np.int64(batch),
                                     **args).numpy()
