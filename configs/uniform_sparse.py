@@ -141,6 +141,7 @@ squared hinge over 50k classes costs a [batch, 50k] loss per step.
 """
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 
 def get_config():
@@ -175,7 +176,9 @@ def get_config():
         # 8 bytes x 64 per label (Delicious: 0.5 MB vs 16 MB dense).
         # Test P@1 with these defaults: Bibtex 62.9 (dense 62.5), Delicious
         # 70.8 (dense 71.5).
-        dropout=0.7,
+        # None: by the data's label regime (config.auto below); a number
+        # overrides it.
+        dropout=placeholder(float),
         intermediate_dim=4096,
         # "leaky_relu": ReLU units of the intermediate layer die under the
         # prior start on large label sets (see the docstring); or "relu"
@@ -193,12 +196,26 @@ def get_config():
         weight_decay=0.004,  # lazy_adamw only (decoupled, x learning rate)
         batch_size=64,
         epochs=60,
-        learning_rate=1e-3,  # with the prior output bias; see the tables above
+        # None: by the data's label regime (config.auto below); a number
+        # overrides it.  See the tables above.
+        learning_rate=placeholder(float),
         min_learning_rate=1e-4,
         lr_patience=1,
         early_stopping_patience=3,
         tensorboard=False,
         verbose=2,  # Keras: 1 = progress bar, 2 = one line per epoch
+    ))
+    # Values for the fields left None above, by the mean number of training
+    # positives per label (xmc_tf.train.resolve_auto; see the last table of
+    # the docstring): few positives per label (most XC-repo files) train
+    # faster with less dropout and a larger step; Bibtex/Delicious-like data
+    # (many per label) overfit with them.
+    c.auto = ml_collections.ConfigDict(dict(
+        few_positives_below=32.0,
+        few_positives=ml_collections.ConfigDict(dict(
+            learning_rate=2e-3, dropout=0.5)),
+        many_positives=ml_collections.ConfigDict(dict(
+            learning_rate=1e-3, dropout=0.7)),
     ))
     c.set = ml_collections.ConfigDict(dict(
         enabled=True, every_n_steps=1000, fraction=0.1))
