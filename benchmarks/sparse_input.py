@@ -79,6 +79,22 @@ average ~1.5 (``--methods bag+lazyadam,bag+lazyadam-unfused --units 1024
 1.32 (zipf, where the distinct rows per batch grow 1.21x); peak RSS at
 500k 6.5 GB either way (table and two moments, 2 GB each at d = 1024).
 
+On a faster machine (2 cores with AVX-512, idle) and with the op library
+built with -fno-math-errno (the fused row update's sqrt vectorised), same
+shape, all four methods, 10 steps each
+(``results/sparse_input_encoder.json``)::
+
+    D        dist     uniq   bag+lazyadam  unfused  dense+lazyadam  dense+adam
+    50000    uniform   6006     10.6         31.0        40.5           196.4
+    50000    zipf      3511      7.9         17.2        37.5           192.1
+    500000   uniform   6361     12.5         34.0       207.3          1674.4
+    500000   zipf      4243     10.5         23.9       200.0          1691.0
+
+Scaling of bag+lazyadam 50k -> 500k: 1.17 (uniform) and 1.32 (zipf; 1.09
+per distinct row); a second run of bag+lazyadam alone with 30 steps:
+1.17 and 1.20.  Peak RSS at 500k: 6.7 GB (bag+lazyadam) against 10.9 GB
+(dense+adam), which is 134-162x slower there.
+
 Part 2 (``--e2e``, ``benchmarks/sparse_input_e2e.py``): the main job end to
 end with each encoder on Delicious, ManNextWord and a 500k-feature set,
 next to napkinXC and Omikuji; its measurements are in that file.
