@@ -60,9 +60,6 @@ def get_config():
     # values until its prior output bias came with 1e-3 and leaky ReLU (that
     # bias is for label-wise heads only)
     c.train.learning_rate = 2e-3
-    # Chosen with this dropout (uniform_sparse.py's then default); the
-    # label-regime choice there (config.auto) was measured for its own head.
-    c.model.dropout = 0.7
     c.model.intermediate_activation = "relu"
     c.model.sampled_layer = "uniform_sparse"  # or "dense"
     c.sampler = ml_collections.ConfigDict(dict(

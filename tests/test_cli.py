@@ -82,32 +82,6 @@ def test_train_outputs(trained):
     assert "P@1" in out  # the printed results table
 
 
-def test_train_resolves_learning_rate_and_dropout_from_the_labels(trained):
-    """configs/uniform_sparse.py leaves both to resolve_auto: the run records
-    the regime of its training labels, writes the values it used to
-    config.json and builds its model with them."""
-    tmp, workdir, _, _ = trained
-    train = xdata.read_xc(tmp / "train.txt.gz")
-    per_label = train.labels.nnz / train.num_labels  # 450 instances, 50 labels
-    metrics = json.loads((workdir / "metrics.json").read_text())
-    auto = metrics["auto"]
-    assert auto["positives_per_label"] == pytest.approx(per_label, abs=0.01)
-    want = ({"train.learning_rate": 2e-3, "model.dropout": 0.5}
-            if per_label < 32 else
-            {"train.learning_rate": 1e-3, "model.dropout": 0.7})
-    assert auto["regime"] == ("few_positives" if per_label < 32
-                              else "many_positives")
-    assert auto["set"] == want
-    config = json.loads((workdir / "config.json").read_text())
-    assert config["train"]["learning_rate"] == want["train.learning_rate"]
-    assert config["model"]["dropout"] == want["model.dropout"]
-    import keras
-    model = keras.models.load_model(workdir / "model.keras", compile=False)
-    rates = [layer.rate for layer in model.layers
-             if isinstance(layer, keras.layers.Dropout)]
-    assert rates == [want["model.dropout"]]
-
-
 def test_evaluate_reproduces_metrics(trained):
     tmp, workdir, _, _ = trained
     out = xmc_tf_main("evaluate", f"--workdir={workdir}",

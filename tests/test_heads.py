@@ -29,8 +29,6 @@ def _config(head, loss="squared_hinge"):
     c.model.connections_per_label = 4
     c.model.num_buckets = 4
     c.model.num_repetitions = 2
-    # Fixed (the config leaves them to resolve_auto, which needs data).
-    c.train.learning_rate, c.model.dropout = 1e-3, 0.7
     return c
 
 

@@ -29,8 +29,6 @@ def _config(head="uniform_sparse", encoder_dims=(8,), intermediate=16,
     c.model.encoder_dims = encoder_dims
     c.model.intermediate_dim = intermediate
     c.model.connections_per_label = 4
-    # Fixed (the config leaves them to resolve_auto, which needs data).
-    c.train.learning_rate, c.model.dropout = 1e-3, 0.7
     return c
 
 
@@ -150,80 +148,3 @@ def test_linear_model_on_sparse_input(head, layer_type):
         idx, w = out.indices.numpy(), out.kernel.numpy()
         want = np.einsum("bmk,mk->bm", dense_x[:, idx], w) + out.bias.numpy()
     np.testing.assert_allclose(model(x).numpy(), want, rtol=1e-5, atol=1e-6)
-
-
-# ---------------------------------------------------------------------------
-# resolve_auto: learning rate and dropout from the training labels' regime.
-
-
-def _labels_with(per_label, num_labels=10, n=200):
-    """A dataset whose every label has exactly ``per_label`` positives."""
-    rows = np.arange(num_labels * per_label) % n
-    cols = np.repeat(np.arange(num_labels), per_label)
-    y = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)),
-                      shape=(n, num_labels))
-    x = sp.random(n, 20, density=0.2, format="csr", random_state=0,
-                  dtype=np.float32)
-    return xdata.XCDataset(x, y)
-
-
-@pytest.mark.parametrize("per_label,regime,lr,dropout", [
-    (8, "few_positives", 2e-3, 0.5),
-    (31, "few_positives", 2e-3, 0.5),
-    (32, "many_positives", 1e-3, 0.7),  # the bound belongs to "many"
-    (74, "many_positives", 1e-3, 0.7),
-])
-def test_resolve_auto_by_positives_per_label(per_label, regime, lr, dropout):
-    from xmc_tf.train import resolve_auto
-    c = uniform_sparse.get_config()
-    assert c.train.learning_rate is None and c.model.dropout is None
-    out, info = resolve_auto(c, _labels_with(per_label))
-    assert (out.train.learning_rate, out.model.dropout) == (lr, dropout)
-    assert info == {"positives_per_label": float(per_label), "regime": regime,
-                    "set": {"train.learning_rate": lr,
-                            "model.dropout": dropout}}
-    assert c.train.learning_rate is None and c.model.dropout is None  # a copy
-    model = build_model(out, 20, 10, sparse_input=True)
-    assert [l.rate for l in model.layers
-            if isinstance(l, keras.layers.Dropout)] == [dropout]
-    assert float(build_optimizer(out).learning_rate) == pytest.approx(lr)
-
-
-def test_resolve_auto_keeps_numbers_and_counts_unseen_labels():
-    from xmc_tf.train import resolve_auto
-    c = uniform_sparse.get_config()
-    c.model.dropout = 0.6
-    data = _labels_with(40, num_labels=10)
-    # 20 labels, 10 of them never positive: 400 / 20 = 20 per label -> few.
-    data = xdata.XCDataset(data.features, sp.hstack(
-        [data.labels, sp.csr_matrix((200, 10), dtype=np.float32)]).tocsr())
-    out, info = resolve_auto(c, data)
-    assert out.model.dropout == 0.6 and out.train.learning_rate == 2e-3
-    assert info["set"] == {"train.learning_rate": 2e-3}
-    c.train.learning_rate = 5e-4
-    out, info = resolve_auto(c, data)
-    assert out is c and info == {}
-
-
-def test_unresolved_config_is_refused_where_it_is_used():
-    from xmc_tf.train import check_config
-    from xmc_tf.workdir import ConfigError
-    c = uniform_sparse.get_config()
-    with pytest.raises(ValueError, match=r"config.model.dropout is None"):
-        build_model(c, 20, 5, sparse_input=True)
-    with pytest.raises(ValueError, match=r"config.train.learning_rate is None"):
-        build_optimizer(c)
-    check_config(c)  # None is valid there: resolved after the data is read
-    for bad in (0.0, -1e-3):
-        c.train.learning_rate = bad
-        with pytest.raises(ConfigError, match="learning_rate.*must be a number > 0"):
-            check_config(c)
-    c.train.learning_rate = None
-    c.auto.many_positives.dropout = 1.5  # checked whatever the data
-    with pytest.raises(ConfigError, match=r"config.auto.many_positives.dropout=1.5"):
-        check_config(c)
-    del c["auto"]
-    with pytest.raises(ConfigError, match="no `auto` section"):
-        check_config(c)
-    c.train.learning_rate, c.model.dropout = 1e-3, 0.7
-    check_config(c)  # without None fields the section is not needed

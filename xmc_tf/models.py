@@ -57,9 +57,8 @@ def build_model(config, num_features: int, num_labels: int,
 
     Raises:
       ValueError: unknown ``config.model.head``, ``.encoder`` or
-        ``.intermediate_activation``, ``config.loss`` not made for the
-        head, or ``config.model.dropout`` still ``None`` (see
-        :func:`xmc_tf.train.resolve_auto`).
+        ``.intermediate_activation``, or ``config.loss`` not made for the
+        head.
     """
     head = head or xheads.get_head(config)
     mc = config.model
@@ -82,9 +81,8 @@ def build_model(config, num_features: int, num_labels: int,
             layer = keras.layers.Dense(units, activation="relu",
                                        name=f"encoder_{i}")
         x = layer(x)
-        dropout = _resolved(config, "model", "dropout")
-        if dropout:
-            x = keras.layers.Dropout(dropout, seed=config.seed)(x)
+        if mc.dropout:
+            x = keras.layers.Dropout(mc.dropout, seed=config.seed)(x)
     if mc.intermediate_dim:
         x = keras.layers.Dense(mc.intermediate_dim, activation=activation,
                                name="intermediate")(x)
@@ -95,17 +93,6 @@ def build_model(config, num_features: int, num_labels: int,
     outputs = head.build_layer(num_labels, int(x.shape[-1]),
                                sparse_input=sparse_input and linear)(x)
     return keras.Model(inputs, outputs, name=f"xmc_{mc.head}")
-
-
-def _resolved(config, section: str, name: str):
-    """``config[section][name]``; ValueError if it is still ``None``."""
-    value = config[section].get(name)
-    if value is None:
-        raise ValueError(
-            f"config.{section}.{name} is None (chosen from the training "
-            "labels): pass the config through xmc_tf.train.resolve_auto("
-            "config, train) first, or set a number")
-    return value
 
 
 def build_optimizer(config) -> keras.optimizers.Optimizer:
@@ -121,21 +108,18 @@ def build_optimizer(config) -> keras.optimizers.Optimizer:
     ``IndexedSlices``).
 
     Raises:
-      ValueError: unknown ``config.train.optimizer``, or
-        ``config.train.learning_rate`` still ``None`` (see
-        :func:`xmc_tf.train.resolve_auto`).
+      ValueError: unknown ``config.train.optimizer``.
     """
     from xmc_tf.optimizers import LazyAdam, LazyAdamW
     tc = config.train
     name = tc.get("optimizer", "lazy_adam")
-    lr = _resolved(config, "train", "learning_rate")
     if name == "lazy_adam":
-        return LazyAdam(learning_rate=lr)
+        return LazyAdam(learning_rate=tc.learning_rate)
     if name == "lazy_adamw":
         decay = ({"weight_decay": tc.weight_decay} if "weight_decay" in tc
                  else {})  # absent: LazyAdamW's own default
-        return LazyAdamW(learning_rate=lr, **decay)
+        return LazyAdamW(learning_rate=tc.learning_rate, **decay)
     if name == "adam":
-        return keras.optimizers.Adam(learning_rate=lr)
+        return keras.optimizers.Adam(learning_rate=tc.learning_rate)
     raise ValueError(f"config.train.optimizer={name!r}; expected one of "
                      f"{OPTIMIZERS}")

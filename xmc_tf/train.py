@@ -26,10 +26,9 @@ not retrained unless ``overwrite``, a killed run resumes exactly from
 renamed into place when complete.
 
 Steps of :func:`train_and_evaluate`, each a function below (where to hook
-in): :func:`check_config` -> :func:`load_data` -> :func:`resolve_auto`
-(the learning rate and dropout left ``None``, from the training labels) ->
-:func:`build_and_compile` (model, optimizer, the model ``fit`` runs) ->
-:func:`make_callbacks` -> restore / ``fit`` -> evaluate -> export.
+in): :func:`check_config` -> :func:`load_data` -> :func:`build_and_compile`
+(model, optimizer, the model ``fit`` runs) -> :func:`make_callbacks` ->
+restore / ``fit`` -> evaluate -> export.
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 3.4 and 4.1.
@@ -37,7 +36,6 @@ Extremely Large Output Spaces", Sec. 3.4 and 4.1.
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import math
@@ -63,14 +61,10 @@ from xmc_tf.workdir import (ConfigError, DataError, UserError, Workdir,
 __all__ = ["train_and_evaluate", "build_model", "export_saved_model",
            "load_for_model", "format_table", "check_config", "load_data",
            "build_and_compile", "make_callbacks", "StopOnNonFinite",
-           "TrainingDiverged", "resolve_auto", "AUTO_FIELDS"]
+           "TrainingDiverged"]
 
 PREPROCESSING_FILE = Workdir.PREPROCESSING
 INV_PROPENSITIES_FILE = Workdir.INV_PROPENSITIES
-
-#: Config fields that ``None`` leaves to :func:`resolve_auto`, and their
-#: entry in ``config.auto.few_positives`` / ``.many_positives``.
-AUTO_FIELDS = (("train", "learning_rate"), ("model", "dropout"))
 
 #: Config fields that may change between a run and its resume (they do not
 #: change what is computed).
@@ -174,19 +168,10 @@ def check_config(config) -> xheads.Head:
                                  f"{allowed}")
         for name in ("dropout", "intermediate_dropout"):
             rate = config.model.get(name, 0.0)
-            if rate is None and name == "dropout":
-                continue  # resolve_auto's, checked below
             if (not isinstance(rate, (int, float)) or isinstance(rate, bool)
                     or not 0.0 <= rate < 1.0):
                 raise ValueError(f"config.model.{name}={rate!r} must be in "
                                  "[0, 1)")
-        lr = tc.get("learning_rate")
-        if lr is not None and (not isinstance(lr, (int, float))
-                               or isinstance(lr, bool) or not lr > 0):
-            raise ValueError(f"config.train.learning_rate={lr!r} must be a "
-                             "number > 0")
-        if any(config[sec].get(name) is None for sec, name in AUTO_FIELDS):
-            _auto_values(config, 0.0)  # a missing or bad config.auto raises
         decay = tc.get("weight_decay", 0.0)  # absent: LazyAdamW's default
         if (tc.get("optimizer") == "lazy_adamw" and (
                 not isinstance(decay, (int, float)) or isinstance(decay, bool)
@@ -206,87 +191,6 @@ def check_config(config) -> xheads.Head:
         raise ConfigError("config.train.tensorboard=True needs the tensorboard "
                           "package: pip install 'tensorboard~=2.21.0'")
     return head
-
-
-def _auto_values(config, positives_per_label: float) -> tuple[str, dict]:
-    """(regime name, ``{field: value}``) of ``config.auto`` for data with
-    ``positives_per_label`` training positives per label on average."""
-    auto = config.get("auto")
-    if auto is None:
-        raise ValueError(
-            "config.train.learning_rate / config.model.dropout is None (set "
-            "by the label regime) but the config has no `auto` section; set "
-            "them, e.g. --config.train.learning_rate=1e-3")
-    below = auto.few_positives_below
-    if (not isinstance(below, (int, float)) or isinstance(below, bool)
-            or not below >= 0):
-        raise ValueError(f"config.auto.few_positives_below={below!r} must be "
-                         "a number >= 0")
-    for regime in ("few_positives", "many_positives"):
-        for _, name in AUTO_FIELDS:
-            value = auto[regime][name]
-            ok = (isinstance(value, (int, float))
-                  and not isinstance(value, bool)
-                  and (0.0 <= value < 1.0 if name == "dropout"
-                       else value > 0))
-            if not ok:
-                raise ValueError(
-                    f"config.auto.{regime}.{name}={value!r} must be "
-                    + ("in [0, 1)" if name == "dropout" else "a number > 0"))
-    regime = ("few_positives" if positives_per_label < below
-              else "many_positives")
-    return regime, {name: auto[regime][name] for _, name in AUTO_FIELDS}
-
-
-def resolve_auto(config, train: xdata.XCDataset):
-    """The config with its ``None`` learning rate and dropout filled in from
-    the training labels' regime.
-
-    Few training positives per label -- the mean ``nnz(Y) / num_labels``
-    below ``config.auto.few_positives_below`` (32 in
-    ``configs/uniform_sparse.py``), as in most XC-repo data sets -- take
-    ``config.auto.few_positives`` (lr 2e-3, dropout 0.5: a label's weights
-    see a positive only a few times per epoch, and these reach the best tree
-    peer's P@1 in a third of the epochs); otherwise
-    ``config.auto.many_positives`` (lr 1e-3, dropout 0.7, chosen on Bibtex
-    and Delicious, 74 and 250 per label, where the others overfit).  The
-    table is in the docstring of ``configs/uniform_sparse.py``.  A field set
-    to a number (``--config.model.dropout=0.6``) is kept.  Logs one line.
-
-    Args:
-      config: the job's ConfigDict (not modified).
-      train: the training set (its ``labels``, ``[n, num_labels]`` CSR).
-
-    Returns:
-      ``(config, info)``: a copy of ``config`` with no ``None`` in
-      :data:`AUTO_FIELDS` (``config`` itself if it had none), and ``info``
-      ``{"positives_per_label": float, "regime": str, "set": {field:
-      value}}`` (``{}`` if nothing was set).
-
-    Raises:
-      ConfigError: a ``None`` field without a valid ``config.auto``.
-    """
-    todo = [(sec, name) for sec, name in AUTO_FIELDS
-            if config[sec].get(name) is None]
-    if not todo:
-        return config, {}
-    per_label = train.labels.nnz / max(train.num_labels, 1)
-    try:
-        regime, values = _auto_values(config, per_label)
-    except (ValueError, KeyError, AttributeError, TypeError) as e:
-        raise ConfigError(" ".join(str(e).split()).strip("'\"")) from e
-    out = copy.deepcopy(config)
-    chosen = {}
-    for sec, name in todo:
-        out[sec][name] = float(values[name])
-        chosen[f"{sec}.{name}"] = float(values[name])
-    logging.info(
-        "%.1f training positives per label on average (%s %g): %s",
-        per_label, "<" if regime == "few_positives" else ">=",
-        config.auto.few_positives_below,
-        ", ".join(f"config.{k}={v:g}" for k, v in chosen.items()))
-    return out, {"positives_per_label": round(per_label, 2),
-                 "regime": regime, "set": chosen}
 
 
 def load_data(config, workdir: str):
@@ -543,16 +447,10 @@ def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
 
 
 def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
+    tc = config.train
     keras.utils.set_random_seed(config.seed)
     train, test, inv_prop = load_data(config, wd.path)
     logging.info("train: %s; test: %s", train, test)
-    # The backup's config (the resume check) stays the one given: a rerun
-    # resolves the None fields from the same data to the same values.
-    resume_config = _resume_config(config)
-    config, auto = resolve_auto(config, train)
-    if auto:  # the head reads its config (e.g. its own optimizer's lr)
-        head = xheads.get_head(config)
-    tc = config.train
     write_bytes_atomic(wd.file(Workdir.CONFIG),
                        config.to_json_best_effort(indent=2).encode())
 
@@ -573,7 +471,7 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
     cbs += extra_callbacks
     stateful = xckpt.stateful_objects(cbs, fit_model)
     meta = {"run_id": Workdir.new_run_id(), "resumes": 0,
-            "config": resume_config}
+            "config": _resume_config(config)}
     if ckpt is not None:
         m = ckpt.meta
         meta.update(run_id=m["run_id"], resumes=m["resumes"] + 1,
@@ -623,8 +521,6 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
         "model_bytes": model_bytes(model),
         "head": config.model.head,
     })
-    if auto:
-        results["auto"] = auto
     results.update(head.results(layer))
     export_model(model, wd.path, k=max(config.eval.ks))
     results["peak_memory_bytes"] = checkpointer.peak_memory_bytes
