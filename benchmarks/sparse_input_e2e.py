@@ -161,7 +161,7 @@ and dropout 0.5 on this file)::
     napkinXC PLT                                     -     23.3  98.15/79.75/56.64
     Omikuji                                          -     25.2  98.79/80.02/56.28
 
-The same P@1 bit for bit as above in 12 % less time (8.7x Omikuji's).  Two
+The same P@1 bit for bit as above in 10-12 % less time (8.7x Omikuji's).  Two
 more sets from this generator (1k labels and 2.5k instances: 9 positives
 per label; 2k labels and 39.5k instances: 79) prefer lr 2e-3 / dropout 0.5
 too, while the real files do not (``configs/uniform_sparse.py``): the
