@@ -180,10 +180,10 @@ split, LR halving, early stopping; same machine, idle, one run,
 The defaults end above both peers on P@1, P@3 and P@5, at 28.8x Omikuji's
 training time (peak RSS 3.2 GB).  Validation P@1 after 1/2/4/8/12/16/20
 epochs: 89.49/92.51/95.24/97.72/98.86/99.11/99.14 (val P@3, the
-early-stopping metric, rose for ~20 epochs); 8 epochs (246 s) fit in 10x Omikuji's time.  The peer's
-P@1 is passed after 12-13 epochs (test 98.65 after 12 in an earlier run),
-so the speed part of the target needs epochs ~1.6x faster than these (or
-~2.9x for the converged model in 10x).
+early-stopping metric, rose for ~20 epochs); 8 epochs (246 s) fit in 10x
+Omikuji's time.  The peer's P@1 is passed after 12-13 epochs (test 98.65
+after 12 in an earlier run), so the speed part of the target needs epochs
+~1.6x faster than these (or ~2.9x for the converged model in 10x).
 
 Usage::
 
