@@ -2,9 +2,12 @@
 
 from xmc_tf.layers.label_dense import LabelDense
 from xmc_tf.layers.mach import MachDecoder, MachHead
-from xmc_tf.layers.sparse_input import SparseEmbeddingBag
-from xmc_tf.layers.uniform_sparse import UniformSparseDense, random_connections
+from xmc_tf.layers.sparse_input import SparseDropout, SparseEmbeddingBag
+from xmc_tf.layers.uniform_sparse import (UniformSparseDense,
+                                          label_feature_connections,
+                                          random_connections)
 
-__all__ = ["MachDecoder", "MachHead", "UniformSparseDense", "random_connections"]
+__all__ = ["MachDecoder", "MachHead", "UniformSparseDense",
+           "label_feature_connections", "random_connections"]
 __all__ += ["LabelDense"]
-__all__ += ["SparseEmbeddingBag"]
+__all__ += ["SparseDropout", "SparseEmbeddingBag"]

@@ -62,6 +62,83 @@ def random_connections(num_labels: int, fan_in: int, num_features: int,
         out[dup] = rng.integers(0, num_features, size=n)
 
 
+def label_feature_connections(features, labels, fan_in: int, seed=None,
+                              return_weights: bool = False):
+    """Each label's ``fan_in`` strongest features in its positive instances.
+
+    The label representation of PIFA (positive instance feature
+    aggregation: the sum of the feature vectors of a label's training
+    instances, as in Parabel's and PECOS' label clustering) keeps, per
+    label, the ``fan_in`` features of largest summed value; a label whose
+    instances have fewer distinct features is filled up with distinct
+    random ones.  These are the starting connections of a uniform-sparse
+    layer on the input features (a sparse linear classifier per label,
+    ``config.model.wide_connections``): random connections into 10^4-10^6
+    features almost never hit a label's informative ones.
+
+    Args:
+      features: ``scipy.sparse`` ``[n, e]`` float, the (normalised) training
+        features.
+      labels: ``scipy.sparse`` ``[n, m]``, non-zero = positive.
+      fan_in: s, ``1 <= s <= e``.
+      seed: int or None, for the random fill.
+
+      return_weights: also return the aggregate's values at the
+        connections, each row scaled to unit l2 norm (0 at filled ones):
+        ``x . w_j`` is then the cosine of ``x`` and label ``j``'s
+        (truncated) centroid, a nearest-centroid classifier.
+
+    Returns:
+      int32 ``[m, s]``, each row ``s`` distinct sorted values in ``[0, e)``
+      (and, with ``return_weights``, float32 ``[m, s]``).
+      Memory: the ``[m, e]`` sparse aggregate (at most ``nnz(labels) x``
+      features per instance entries) plus ``O(m s)``.
+
+    Raises:
+      ValueError: ``fan_in`` outside ``[1, e]`` or ``features`` and
+        ``labels`` with different numbers of rows.
+
+    >>> import scipy.sparse as sp
+    >>> x = sp.csr_matrix(np.array([[0., 2., 1., 0.], [3., 0., 0., 0.]]))
+    >>> y = sp.csr_matrix(np.array([[1], [0]]))
+    >>> label_feature_connections(x, y, 2, seed=0).tolist()
+    [[1, 2]]
+    """
+    import scipy.sparse as sp
+    num_features = features.shape[1]
+    if not 1 <= fan_in <= num_features:
+        raise ValueError(f"connections_per_label={fan_in} must be in "
+                         f"[1, num_features={num_features}]")
+    if features.shape[0] != labels.shape[0]:
+        raise ValueError(f"features have {features.shape[0]} rows, labels "
+                         f"{labels.shape[0]}")
+    positives = sp.csr_matrix(labels, dtype=np.float32)
+    positives.data[:] = 1.0
+    agg = sp.csr_matrix(positives.T @ sp.csr_matrix(features, dtype=np.float32))
+    agg.eliminate_zeros()
+    agg.data = np.abs(agg.data)
+    out = random_connections(agg.shape[0], fan_in, num_features, seed)
+    weights = np.zeros(out.shape, np.float32)
+    for j in range(agg.shape[0]):
+        lo, hi = agg.indptr[j], agg.indptr[j + 1]
+        if lo == hi:
+            continue
+        cols, vals = agg.indices[lo:hi], agg.data[lo:hi]
+        if hi - lo > fan_in:
+            top = np.argpartition(-vals, fan_in - 1)[:fan_in]
+            cols, vals = cols[top], vals[top]
+        else:  # all of them, then random ones not among them
+            rest = out[j][~np.isin(out[j], cols)][:fan_in - cols.size]
+            cols = np.concatenate([cols, rest])
+            vals = np.concatenate([vals, np.zeros(rest.size, vals.dtype)])
+        order = np.argsort(cols)
+        out[j], weights[j] = cols[order], vals[order]
+    if not return_weights:
+        return out
+    norms = np.sqrt(np.square(weights).sum(axis=1, keepdims=True))
+    return out, weights / np.maximum(norms, 1e-12)
+
+
 @keras.saving.register_keras_serializable(package="xmc_tf")
 class UniformSparseDense(keras.layers.Layer):
     """Output layer in which every label has exactly ``s`` incoming connections.
@@ -90,6 +167,12 @@ class UniformSparseDense(keras.layers.Layer):
         as fan_in = units, fan_out = s (``glorot_uniform``: limit
         ``sqrt(6 / (units + s))``).
       seed: int seed of the connection draw (None: random).
+      kernel_scale: float > 0; the connection weights are ``kernel_scale *
+        kernel``.  Under Adam-type optimizers (steps of about the learning
+        rate, whatever the gradient's scale) this multiplies the layer's
+        effective learning rate by ``kernel_scale`` (a per-layer learning
+        rate, as the wide part of a wide-and-deep model needs: a label's
+        weights move only on the few batches where it matters).  Default 1.
 
     Input shape: ``[batch, num_features]`` float tensor; a
     ``tf.SparseTensor`` (the layer directly on sparse input features, a
@@ -111,7 +194,7 @@ class UniformSparseDense(keras.layers.Layer):
                  bias_initializer="zeros", kernel_regularizer=None,
                  bias_regularizer=None, activity_regularizer=None,
                  kernel_constraint=None, bias_constraint=None, seed=None,
-                 **kwargs):
+                 kernel_scale=1.0, **kwargs):
         super().__init__(activity_regularizer=activity_regularizer, **kwargs)
         if int(units) < 1 or int(connections_per_label) < 1:
             raise ValueError("units and connections_per_label must be >= 1, got "
@@ -127,6 +210,9 @@ class UniformSparseDense(keras.layers.Layer):
         self.kernel_constraint = keras.constraints.get(kernel_constraint)
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.seed = seed
+        if not float(kernel_scale) > 0:
+            raise ValueError(f"kernel_scale must be > 0, got {kernel_scale}")
+        self.kernel_scale = float(kernel_scale)
         self.input_spec = keras.layers.InputSpec(min_ndim=2, max_ndim=2)
         # XLA cannot compile the custom op: jit_compile="auto" then stays off.
         self.supports_jit = False
@@ -162,11 +248,18 @@ class UniformSparseDense(keras.layers.Layer):
             # Directly on sparse input features (a linear model): the op
             # reads dense rows, so the batch is densified ([b, e] floats).
             inputs = tf.sparse.to_dense(tf.sparse.reorder(inputs))
-        outputs = uniform_sparse_matmul(inputs, self.indices,
+        outputs = uniform_sparse_matmul(self._scaled(inputs), self.indices,
                                         keras.ops.cast(self.kernel, inputs.dtype))
         if self.bias is not None:
             outputs = outputs + keras.ops.cast(self.bias, outputs.dtype)
         return self.activation(outputs)
+
+    def _scaled(self, inputs):
+        """``kernel_scale * inputs`` (the same products as scaling the
+        kernel, without a copy of it)."""
+        if self.kernel_scale == 1.0:
+            return inputs
+        return inputs * keras.ops.cast(self.kernel_scale, inputs.dtype)
 
     def score_candidates(self, inputs, candidates):
         """Logits of per-instance candidate labels (no activation).
@@ -208,7 +301,7 @@ class UniformSparseDense(keras.layers.Layer):
         if not self.built:
             raise ValueError(f"{self.name} is not built: call the layer on an "
                              "input (or build it) before score_candidates")
-        inputs = tf.convert_to_tensor(inputs)
+        inputs = self._scaled(tf.convert_to_tensor(inputs))
         candidates = tf.convert_to_tensor(candidates, tf.int32)
         kernel = self.kernel
         if kernel.dtype != inputs.dtype:  # mixed precision: a full cast copy
@@ -257,7 +350,7 @@ class UniformSparseDense(keras.layers.Layer):
         if not self.built:
             raise ValueError(f"{self.name} is not built: call the layer on an "
                              "input (or build it) before score_shared")
-        inputs = tf.convert_to_tensor(inputs)
+        inputs = self._scaled(tf.convert_to_tensor(inputs))
         ids = check_shared_candidates(candidates, self.units)
         indices = gather_label_rows(self.indices, ids)  # [C, s]
         weights = gather_label_rows(self.kernel, ids, inputs.dtype)
@@ -283,5 +376,6 @@ class UniformSparseDense(keras.layers.Layer):
             "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
             "bias_constraint": keras.constraints.serialize(self.bias_constraint),
             "seed": self.seed,
+            "kernel_scale": self.kernel_scale,
         })
         return config
