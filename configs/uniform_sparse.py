@@ -210,6 +210,11 @@ def get_config():
         # 8 bytes x 64 per label (Delicious: 0.5 MB vs 16 MB dense).
         # Test P@1 with these defaults: Bibtex 62.9 (dense 62.5), Delicious
         # 70.8 (dense 71.5).
+        input_dropout=0.0,
+        wide_connections=0,
+        wide_init="zeros",
+        wide_lr_multiplier=1.0,
+        wide_l2=0.0,
         dropout=0.7,
         intermediate_dim=4096,
         # "leaky_relu": ReLU units of the intermediate layer die under the

@@ -22,10 +22,11 @@ from __future__ import annotations
 import keras
 
 from xmc_tf import heads as xheads
-from xmc_tf.layers import SparseEmbeddingBag
+from xmc_tf.heads.base import WIDE_LAYER
+from xmc_tf.layers import SparseDropout, SparseEmbeddingBag, UniformSparseDense
 
 __all__ = ["build_model", "build_optimizer", "ENCODERS",
-           "INTERMEDIATE_ACTIVATIONS", "OPTIMIZERS"]
+           "INTERMEDIATE_ACTIVATIONS", "OPTIMIZERS", "WIDE_LAYER"]
 
 #: ``config.model.encoder``: the first encoder layer on sparse input.
 ENCODERS = ("sparse_embedding", "dense")
@@ -73,6 +74,10 @@ def build_model(config, num_features: int, num_labels: int,
     inputs = keras.Input(shape=(num_features,), sparse=sparse_input,
                          name="features")
     x = inputs
+    if mc.get("input_dropout", 0.0):
+        x = SparseDropout(mc.input_dropout, seed=config.seed + 2,
+                          name="input_dropout")(x)
+    features = x
     for i, units in enumerate(mc.encoder_dims):
         if i == 0 and sparse_input and encoder == "sparse_embedding":
             layer = SparseEmbeddingBag(units, activation="relu",
@@ -89,9 +94,25 @@ def build_model(config, num_features: int, num_labels: int,
         if mc.get("intermediate_dropout", 0.0):
             x = keras.layers.Dropout(mc.intermediate_dropout,
                                      seed=config.seed + 1)(x)
-    linear = x is inputs
+    linear = x is features
     outputs = head.build_layer(num_labels, int(x.shape[-1]),
                                sparse_input=sparse_input and linear)(x)
+    wide = mc.get("wide_connections", 0)
+    if wide and not linear:
+        if not head.wide_path:
+            raise ValueError(f"config.model.wide_connections={wide}: head "
+                             f"{mc.head!r} has no wide path (heads with one: "
+                             "those that score every label)")
+        # A per-label sparse linear classifier on the input features, added
+        # to the deep scores (its connections: head.initialize, from data).
+        wide_scores = UniformSparseDense(
+            num_labels, min(int(wide), num_features), use_bias=False,
+            kernel_initializer="zeros", seed=config.seed,
+            kernel_scale=mc.get("wide_lr_multiplier", 1.0),
+            kernel_regularizer=(keras.regularizers.L2(mc.wide_l2)
+                                if mc.get("wide_l2", 0.0) else None),
+            name=WIDE_LAYER)(features)
+        outputs = keras.layers.Add(name="scores")([outputs, wide_scores])
     return keras.Model(inputs, outputs, name=f"xmc_{mc.head}")
 
 

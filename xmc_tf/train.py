@@ -166,7 +166,12 @@ def check_config(config) -> xheads.Head:
             if value not in allowed:
                 raise ValueError(f"config.{field}={value!r}; expected one of "
                                  f"{allowed}")
-        for name in ("dropout", "intermediate_dropout"):
+        wide = config.model.get("wide_connections", 0)
+        if (not isinstance(wide, int) or isinstance(wide, bool)
+                or wide < 0):
+            raise ValueError(f"config.model.wide_connections={wide!r} must "
+                             "be an int >= 0")
+        for name in ("input_dropout", "dropout", "intermediate_dropout"):
             rate = config.model.get(name, 0.0)
             if (not isinstance(rate, (int, float)) or isinstance(rate, bool)
                     or not 0.0 <= rate < 1.0):
@@ -178,6 +183,11 @@ def check_config(config) -> xheads.Head:
                 or not decay >= 0)):
             raise ValueError(f"config.train.weight_decay={decay!r} must be a "
                              "number >= 0")
+        min_delta = tc.get("min_delta", 0.0)
+        if (not isinstance(min_delta, (int, float)) or isinstance(min_delta, bool)
+                or not min_delta >= 0):
+            raise ValueError(f"config.train.min_delta={min_delta!r} must be "
+                             "a number >= 0")
         frac = config.data.validation_fraction
         if not 0.0 <= frac < 1.0:
             raise ValueError(f"config.data.validation_fraction={frac!r} must "
@@ -272,7 +282,7 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     except ValueError as e:
         raise ConfigError(" ".join(str(e).split())) from e
     layer = xheads.output_layer(model)
-    head.initialize(layer)  # e.g. the prior bias; a resume restores over it
+    head.initialize(layer, model)  # e.g. the prior bias; a resume restores over it
     try:
         optimizer = head.make_optimizer() or build_optimizer(config)
     except ValueError as e:
@@ -342,13 +352,18 @@ def make_callbacks(config, workdir: str, head, layer, val_data) -> list:
     writes ``history.csv``) is appended by the caller, last."""
     tc = config.train
     monitor, mode = head.monitor(val_data is not None)
+    # An epoch counts as progress only if the monitor moves by
+    # config.train.min_delta, so a run whose metric creeps ends by itself
+    # (absent: Keras' defaults, 1e-4 for the schedule and 0 for stopping).
+    deltas = ({"lr": 1e-4, "stop": 0.0} if "min_delta" not in tc else
+              {"lr": float(tc.min_delta), "stop": float(tc.min_delta)})
     cbs = [StopOnNonFinite()] + head.callbacks(layer, val_data) + [
         xckpt.ReduceLROnPlateau(
             monitor=monitor, mode=mode, factor=0.5, patience=tc.lr_patience,
-            min_lr=tc.min_learning_rate, verbose=1),
+            min_lr=tc.min_learning_rate, min_delta=deltas["lr"], verbose=1),
         xckpt.EarlyStopping(
             monitor=monitor, mode=mode, patience=tc.early_stopping_patience,
-            restore_best_weights=True, verbose=1,
+            min_delta=deltas["stop"], restore_best_weights=True, verbose=1,
             best_weights_dir=Workdir(workdir).backup_dir),
     ]
     if tc.tensorboard:

@@ -32,6 +32,9 @@ _REGISTRY: dict[str, type["Head"]] = {}
 
 #: Name of the head layer in every model built by xmc_tf.
 OUTPUT_LAYER = "output"
+#: Name of the wide (per-label linear, on the input features) layer of
+#: models built with ``config.model.wide_connections``.
+WIDE_LAYER = "wide"
 
 
 def register(cls: type["Head"]) -> type["Head"]:
@@ -138,6 +141,9 @@ class Head:
     #: scores are available); otherwise validation P@k comes from
     #: :class:`xmc_tf.callbacks.TopKEvaluation` once per epoch.
     full_scores_in_training: ClassVar[bool] = True
+    #: Whether ``config.model.wide_connections`` (a per-label linear path on
+    #: the input features added to the head's scores) fits this head.
+    wide_path: ClassVar[bool] = False
 
     def __init__(self, config):
         self.config = config
@@ -210,16 +216,17 @@ class Head:
         """
         del train_data
 
-    def initialize(self, layer) -> None:
-        """Sets initial values of the built head layer's weights from what
-        :meth:`prepare` saw (e.g. a prior bias).  Called on a fresh model
-        only: a resumed run restores its checkpoint over these values.
-        Default: nothing.
+    def initialize(self, layer, model=None) -> None:
+        """Sets initial values of the built head layer's weights (and of
+        other layers of ``model``) from what :meth:`prepare` saw (e.g. a
+        prior bias).  Called on a fresh model only: a resumed run restores
+        its checkpoint over these values.  Default: nothing.
 
         Args:
           layer: the built head layer.
+          model: the built inference model, or None.
         """
-        del layer
+        del layer, model
 
     def dataset_kwargs(self) -> dict:
         """Extra keyword arguments of :func:`xmc_tf.data.make_tf_dataset`

@@ -17,10 +17,13 @@ Losses: squared hinge or binary cross-entropy over all labels
 from __future__ import annotations
 
 import keras
+import numpy as np
+import scipy.sparse as sp
 from absl import logging
 
-from xmc_tf.heads.base import OUTPUT_LAYER, Head, register
-from xmc_tf.layers import LabelDense, SparseEmbeddingBag
+from xmc_tf.heads.base import OUTPUT_LAYER, WIDE_LAYER, Head, register
+from xmc_tf.layers import (LabelDense, SparseEmbeddingBag,
+                            label_feature_connections)
 from xmc_tf.losses import (BinaryCrossEntropy, SoftmaxCrossEntropy, SquaredHinge,
                             smoothed_label_frequency)
 
@@ -33,6 +36,15 @@ LABEL_WISE_LOSSES = {"squared_hinge": SquaredHinge, "bce": BinaryCrossEntropy,
 
 #: ``config.model.output_bias_init`` values of the label-wise heads.
 OUTPUT_BIAS_INITS = ("prior", "zeros")
+
+
+def sp_rows(indices, weights, rows, num_features):
+    """CSR ``[len(rows), num_features]`` of the uniform-sparse rows ``rows``
+    (``indices``/``weights`` ``[m, s]``)."""
+    s = indices.shape[1]
+    return sp.csr_matrix((weights[rows].ravel(), indices[rows].ravel(),
+                          np.arange(len(rows) + 1) * s),
+                         shape=(len(rows), num_features))
 
 
 class LabelWiseHead(Head):
@@ -51,7 +63,10 @@ class LabelWiseHead(Head):
     """
 
     losses = tuple(LABEL_WISE_LOSSES)
+    wide_path = True
     _label_frequency = None
+    _wide_connections = None
+    _wide_scale = 0.0
 
     def check_config(self):
         super().check_config()
@@ -64,19 +79,49 @@ class LabelWiseHead(Head):
         return LABEL_WISE_LOSSES[self.config.loss]()
 
     def prepare(self, train_data):
-        """Counts the training instances of each label (``"prior"``)."""
-        self._label_frequency = None
+        """Counts the training instances of each label (``"prior"``) and,
+        with ``config.model.wide_connections`` on sparse features, picks
+        the wide path's connections
+        (:func:`~xmc_tf.layers.label_feature_connections`)."""
+        self._label_frequency = self._wide_connections = None
+        self._wide_scale = 0.0
+        wide = self.config.model.get("wide_connections", 0)
+        if wide and train_data.is_sparse:
+            self._wide_connections = label_feature_connections(
+                train_data.features, train_data.labels,
+                min(int(wide), train_data.num_features), self.config.seed,
+                return_weights=True)
+            if self.config.model.get("wide_init", "zeros") == "centroid":
+                indices, weights = self._wide_connections
+                # Scale: a positive pair's mean cosine scores 1.
+                pos = train_data.labels.tocoo()
+                rows = train_data.features[pos.row]
+                cos = np.asarray(rows.multiply(sp_rows(indices, weights,
+                    pos.col, train_data.num_features)).sum(axis=1)).ravel()
+                self._wide_scale = 1.0 / max(float(cos.mean()), 1e-3)
         if self.config.model.get("output_bias_init", "zeros") != "prior":
             return
         self._label_frequency = smoothed_label_frequency(
             train_data.label_counts(), train_data.num_instances)
 
-    def initialize(self, layer):
-        """Assigns the prior scores to ``layer.bias`` (``"prior"``).
+    def initialize(self, layer, model=None):
+        """Assigns the prior scores to ``layer.bias`` (``"prior"``) and the
+        connections :meth:`prepare` picked to the ``model``'s wide layer.
 
         Raises:
           ValueError: :meth:`prepare` saw another number of labels.
         """
+        if self._wide_connections is not None and model is not None:
+            wide = model.get_layer(WIDE_LAYER)
+            indices, weights = self._wide_connections
+            wide.indices.assign(indices)
+            if self._wide_scale:
+                wide.kernel.assign(weights * (self._wide_scale /
+                                              wide.kernel_scale))
+            logging.info("wide path: %d connections per label from the "
+                         "labels' positive instances, kernel %s",
+                         indices.shape[1], f"the centroids x {self._wide_scale:.3g}"
+                         if self._wide_scale else "zeros")
         if self._label_frequency is None or getattr(layer, "bias", None) is None:
             return
         if self._label_frequency.shape[0] != layer.bias.shape[0]:

@@ -35,5 +35,5 @@ class UniformSparseHead(LabelWiseHead):
             from xmc_tf.callbacks import SetRewiring
             cbs.append(SetRewiring(every_n_steps=self.config.set.every_n_steps,
                                    fraction=self.config.set.fraction,
-                                   seed=self.config.seed))
+                                   layers=[layer], seed=self.config.seed))
         return cbs
