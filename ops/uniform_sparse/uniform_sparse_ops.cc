@@ -1,5 +1,7 @@
 // Op registrations of the uniform-sparse family (Xmc>UniformSparseMatmul and
-// its two gradients).
+// its two gradients; Xmc>UniformSparseInvertedIndex and
+// Xmc>UniformSparseMatmulSparseInput with its weight gradient, the same layer
+// on a sparse input batch).
 //
 // Source: E. Schultheis, R. Babbar, "Towards Memory-Efficient Training for
 // Extremely Large Output Spaces -- Learning with 500k Labels on a Single
@@ -121,6 +123,192 @@ whose whole backward column is zero does not read indices[j, :] at all.
 
 backward: [batch, num_labels]; features: [batch, num_features];
 indices: [num_labels, fan_in].  grad_weights: [num_labels, fan_in].
+)doc");
+
+// ---------------------------------------------------------------------------
+// The uniform-sparse layer on a sparse input batch (a per-label sparse linear
+// classifier on tf-idf features): the transposed ("inverted") traversal.
+
+namespace {
+
+// rows / cols / values: vectors of one length, starting at input `first`.
+Status SparseInputEntryShapes(InferenceContext* c, int first) {
+  ShapeHandle entries;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(first), 1, &entries));
+  for (int i = first + 1; i < first + 3; ++i) {
+    ShapeHandle other;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &other));
+    TF_RETURN_IF_ERROR(c->Merge(entries, other, &entries));
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// offsets [D + 1] (D + 1 >= 1), entries [m * s] against weights [m, s].
+Status InvertedIndexShapes(InferenceContext* c, int offsets_input,
+                           int entries_input, int weights_input,
+                           ShapeHandle* weights) {
+  ShapeHandle offsets, entries;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(offsets_input), 1, &offsets));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(entries_input), 1, &entries));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(weights_input), 2, weights));
+  if (c->ValueKnown(c->Dim(offsets, 0)) && c->Value(c->Dim(offsets, 0)) < 1) {
+    return ::tensorflow::errors::InvalidArgument(
+        "offsets must have num_features + 1 >= 1 elements, got 0");
+  }
+  DimensionHandle unused, num_connections;
+  TF_RETURN_IF_ERROR(c->Multiply(c->Dim(*weights, 0), c->Dim(*weights, 1),
+                                 &num_connections));
+  return c->Merge(c->Dim(entries, 0), num_connections, &unused);
+}
+
+}  // namespace
+
+REGISTER_OP("Xmc>UniformSparseInvertedIndex")
+    .Input("indices: int32")
+    .Input("num_features: int64")
+    .Output("offsets: int64")
+    .Output("entries: Tidx")
+    .Attr("Tidx: {int32, int64} = DT_INT32")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle indices, unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &indices));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
+      DimensionHandle num_features, offsets, entries;
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(1, &num_features));
+      TF_RETURN_IF_ERROR(c->Add(num_features, 1, &offsets));
+      TF_RETURN_IF_ERROR(
+          c->Multiply(c->Dim(indices, 0), c->Dim(indices, 1), &entries));
+      c->set_output(0, c->Vector(offsets));
+      c->set_output(1, c->Vector(entries));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Inverted index (CSR of the transpose) of uniform-sparse connections.
+
+A counting sort of the flat connection positions p = j * fan_in + k by their
+feature indices[j, k]: the positions connected to feature f are
+entries[offsets[f] : offsets[f + 1]], in increasing p (so p / fan_in is the
+label and p % fan_in the slot of the connection).  O(num_labels * fan_in +
+num_features) time and memory; multi-threaded when num_labels * fan_in is
+at least 2^15 and 4 * num_features (one histogram per thread).  CPU only (on
+a GPU, TensorFlow places it on the CPU).
+
+indices: [num_labels, fan_in] int32, every entry in [0, num_features).
+num_features: scalar int64 D >= 0.
+offsets: [D + 1] int64, offsets[0] = 0, non-decreasing,
+  offsets[D] = num_labels * fan_in.
+entries: [num_labels * fan_in] Tidx (int32 by default: then
+  num_labels * fan_in must be < 2^31; int64 otherwise), a permutation of
+  [0, num_labels * fan_in).
+An index out of [0, D) is InvalidArgument naming it ("indices[j, k] = v is
+out of range [0, D)").
+)doc");
+
+REGISTER_OP("Xmc>UniformSparseMatmulSparseInput")
+    .Input("rows: int64")
+    .Input("cols: int64")
+    .Input("values: T")
+    .Input("batch_size: int64")
+    .Input("offsets: int64")
+    .Input("entries: Tidx")
+    .Input("weights: T")
+    .Output("scores: T")
+    .Attr("T: {float} = DT_FLOAT")
+    .Attr("Tidx: {int32, int64} = DT_INT32")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(SparseInputEntryShapes(c, 0));
+      ShapeHandle unused, weights;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &unused));
+      TF_RETURN_IF_ERROR(InvertedIndexShapes(c, 4, 5, 6, &weights));
+      DimensionHandle batch;
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(3, &batch));
+      c->set_output(0, c->Matrix(batch, c->Dim(weights, 0)));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Uniform-sparse layer scores on a sparse input batch, via the inverted index.
+
+With X the [batch_size, D] sparse matrix whose stored entries are
+(rows[e], cols[e], values[e]) and (offsets, entries) the inverted index of
+`indices` (Xmc>UniformSparseInvertedIndex):
+
+scores[i, j] = sum over stored entries (i, f, v) of
+               sum over p in entries[offsets[f] : offsets[f + 1]] with
+                   p / fan_in = j of v * weights_flat[p]
+
+i.e. Xmc>UniformSparseMatmul(to_dense(X), indices, weights), up to rounding
+(Schultheis & Babbar's uniform-sparse layer applied to sparse inputs,
+traversed feature by feature instead of label by label).  Repeated (i, f)
+entries add up (tf.sparse.to_dense would reject them).  Only stored entries
+form products: an inf/NaN weight reaches only the rows that store a value
+(even an explicit 0) for its feature.
+
+The cost is O(batch_size * num_labels) to zero the output plus one
+multiply-add per (stored entry, connected position) pair, about
+nnz * num_labels * fan_in / D.
+Multi-threaded over batch rows (every output row has one writer); within a
+row the sums run in entry order, then in increasing p (deterministic).
+float32 only; CPU only (on a GPU, TensorFlow places it on the CPU).
+
+rows: [nnz] int64 in [0, batch_size).  cols: [nnz] int64 in [0, D).
+values: [nnz] float32.  batch_size: scalar int64 >= 0.
+offsets: [D + 1] int64, offsets[0] = 0, non-decreasing, offsets[D] =
+  num_labels * fan_in.
+entries: [num_labels * fan_in] int32/int64, each in [0, num_labels * fan_in).
+weights: [num_labels, fan_in] float32.
+scores: [batch_size, num_labels] float32.
+Any violation is InvalidArgument naming the first offending entry.
+)doc");
+
+REGISTER_OP("Xmc>UniformSparseMatmulSparseInputGradWeights")
+    .Input("backward: T")
+    .Input("rows: int64")
+    .Input("cols: int64")
+    .Input("values: T")
+    .Input("offsets: int64")
+    .Input("entries: Tidx")
+    .Input("weights: T")
+    .Output("grad_weights: T")
+    .Attr("T: {float} = DT_FLOAT")
+    .Attr("Tidx: {int32, int64} = DT_INT32")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle backward, weights;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &backward));
+      TF_RETURN_IF_ERROR(SparseInputEntryShapes(c, 1));
+      TF_RETURN_IF_ERROR(InvertedIndexShapes(c, 4, 5, 6, &weights));
+      DimensionHandle unused;
+      TF_RETURN_IF_ERROR(
+          c->Merge(c->Dim(backward, 1), c->Dim(weights, 0), &unused));
+      c->set_output(0, weights);
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient of Xmc>UniformSparseMatmulSparseInput w.r.t. weights.
+
+grad_weights_flat[p] = sum over stored entries (i, f, v) with p in
+    entries[offsets[f] : offsets[f + 1]] of v * backward[i, p / fan_in]
+
+(with an index from Xmc>UniformSparseInvertedIndex: the entries whose
+feature is indices_flat[p]).  A zero backward[i, j] contributes exactly 0
+(its product is skipped, also against an inf/NaN value).  Positions of
+features that the batch does not store are 0.  Only the shape of `weights`
+is read.  There is no gradient w.r.t. rows, cols or values (input data).
+
+The batch's entries are grouped by feature (sorted by col, O(nnz log nnz)),
+and the distinct features are processed in parallel: a feature's worker owns
+the positions of its list, so every output element has one writer.  This
+needs the lists of the batch's features to be disjoint (always true of an
+index built by Xmc>UniformSparseInvertedIndex); a position listed twice in
+them is InvalidArgument.  The cost is O(num_labels * fan_in) to zero the
+output plus one multiply-add per (stored entry, connected position) pair.
+float32 only; CPU only (on a GPU, TensorFlow places it on the CPU).
+
+backward: [batch, num_labels] float32.  rows: [nnz] int64 in [0, batch).
+cols: [nnz] int64 in [0, D).  values: [nnz] float32.
+offsets: [D + 1] int64; entries: [num_labels * fan_in] int32/int64, as for
+Xmc>UniformSparseMatmulSparseInput.  weights: [num_labels, fan_in] float32.
+grad_weights: [num_labels, fan_in] float32.
+Any violation is InvalidArgument naming the first offending entry.
 )doc");
 
 }  // namespace xmc_tf

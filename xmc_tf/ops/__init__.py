@@ -5,10 +5,13 @@ from xmc_tf.ops.mach import MachHashing, mach_top_k, meta_probabilities
 from xmc_tf.ops.sampled import (check_candidates, check_shared_candidates,
                                 dense_sampled_matmul,
                                 uniform_sparse_sampled_matmul)
-from xmc_tf.ops.uniform_sparse import uniform_sparse_matmul
+from xmc_tf.ops.uniform_sparse import (uniform_sparse_inverted_index,
+                                       uniform_sparse_matmul,
+                                       uniform_sparse_matmul_sparse_input)
 
 __all__ = ["MachHashing", "OpLibraryError", "load", "mach_top_k",
-           "meta_probabilities", "uniform_sparse_matmul"]
+           "meta_probabilities", "uniform_sparse_inverted_index",
+           "uniform_sparse_matmul", "uniform_sparse_matmul_sparse_input"]
 __all__ += ["check_candidates", "check_shared_candidates",
             "dense_sampled_matmul",
             "uniform_sparse_sampled_matmul"]
