@@ -11,10 +11,21 @@
                                                  (.intermediate_activation,
                                                   .intermediate_dropout)
       -> head layer named "output"               xmc_tf.heads (config.model.head)
+      (+ on sparse input: the wide path, a        config.model.wide_connections
+         per-label sparse linear layer named      (.wide_lr_multiplier,
+         "wide" on the input features, its         .wide_init, .wide_l2;
+         scores added to the head's)               .input_dropout before both)
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 3.4 (a wide dense intermediate layer
-before the sparse output layer).
+before the sparse output layer), Sec. 4.1 (dropout on the input features).
+The wide path is the "wide" part of Cheng et al., "Wide & Deep Learning
+for Recommender Systems" (DLRS 2016): a linear model on the sparse
+features trained jointly with the deep one, its scores added; here each
+label keeps the features of its positive instances (PIFA, as the label
+representations of Parabel / PECOS) as uniform-sparse connections, and
+the kernel is trained ``wide_lr_multiplier`` times faster (a label's
+weights move only on the batches where the label matters).
 """
 
 from __future__ import annotations
@@ -97,7 +108,9 @@ def build_model(config, num_features: int, num_labels: int,
     linear = x is features
     outputs = head.build_layer(num_labels, int(x.shape[-1]),
                                sparse_input=sparse_input and linear)(x)
-    wide = mc.get("wide_connections", 0)
+    # The wide path reads sparse (tf-idf) features; dense embeddings are
+    # read whole by the encoder already.
+    wide = mc.get("wide_connections", 0) if sparse_input else 0
     if wide and not linear:
         if not head.wide_path:
             raise ValueError(f"config.model.wide_connections={wide}: head "

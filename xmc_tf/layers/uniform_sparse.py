@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from xmc_tf.ops.sampled import (check_shared_candidates, gather_label_rows,
                                 uniform_sparse_sampled_matmul)
-from xmc_tf.ops.uniform_sparse import uniform_sparse_matmul
+from xmc_tf.ops.uniform_sparse import (uniform_sparse_matmul,
+                                       uniform_sparse_matmul_sparse_input)
 
 
 def random_connections(num_labels: int, fan_in: int, num_features: int,
@@ -174,9 +175,14 @@ class UniformSparseDense(keras.layers.Layer):
         rate, as the wide part of a wide-and-deep model needs: a label's
         weights move only on the few batches where it matters).  Default 1.
 
-    Input shape: ``[batch, num_features]`` float tensor; a
-    ``tf.SparseTensor`` (the layer directly on sparse input features, a
-    linear model) is densified per batch (``4 b e`` bytes).
+    Input shape: ``[batch, num_features]`` float tensor, or a
+    ``tf.SparseTensor`` (the layer directly on sparse input features: a
+    per-label sparse linear model, e.g. the wide path of
+    ``config.model.wide_connections``): float32 batches go through
+    :func:`xmc_tf.ops.uniform_sparse_matmul_sparse_input` (cost about
+    ``nnz * m * s / e`` multiply-adds plus a sort of the ``m s``
+    connections, no dense batch), other dtypes are densified per batch
+    (``b e`` values).
     Output shape: ``[batch, units]``.
 
     Raises:
@@ -244,12 +250,19 @@ class UniformSparseDense(keras.layers.Layer):
                                                  axes={-1: self.num_features})
 
     def call(self, inputs):
-        if isinstance(inputs, tf.SparseTensor):
-            # Directly on sparse input features (a linear model): the op
-            # reads dense rows, so the batch is densified ([b, e] floats).
-            inputs = tf.sparse.to_dense(tf.sparse.reorder(inputs))
-        outputs = uniform_sparse_matmul(self._scaled(inputs), self.indices,
-                                        keras.ops.cast(self.kernel, inputs.dtype))
+        if isinstance(inputs, tf.SparseTensor) and (
+                inputs.dtype == tf.float32 and self.kernel.dtype == "float32"):
+            # Directly on sparse input features (a linear model): the
+            # connections are traversed feature by feature, one product per
+            # (stored entry, connection of its feature), no [b, e] batch.
+            outputs = uniform_sparse_matmul_sparse_input(
+                self._scaled(inputs), self.indices, self.kernel)
+        else:
+            if isinstance(inputs, tf.SparseTensor):  # other dtypes: densify
+                inputs = tf.sparse.to_dense(tf.sparse.reorder(inputs))
+            outputs = uniform_sparse_matmul(
+                self._scaled(inputs), self.indices,
+                keras.ops.cast(self.kernel, inputs.dtype))
         if self.bias is not None:
             outputs = outputs + keras.ops.cast(self.bias, outputs.dtype)
         return self.activation(outputs)
@@ -259,6 +272,9 @@ class UniformSparseDense(keras.layers.Layer):
         kernel, without a copy of it)."""
         if self.kernel_scale == 1.0:
             return inputs
+        if isinstance(inputs, tf.SparseTensor):
+            return inputs.with_values(
+                inputs.values * tf.cast(self.kernel_scale, inputs.dtype))
         return inputs * keras.ops.cast(self.kernel_scale, inputs.dtype)
 
     def score_candidates(self, inputs, candidates):
