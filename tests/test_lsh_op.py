@@ -788,3 +788,264 @@ def test_inclusion_probability_formulas():
     c = collision_inclusion_probability([[3, 0]], [12], [0.25]).numpy()
     np.testing.assert_allclose(c[0], [1 - (1 - 0.25 * 3 / 12)**12, 0.0],
                                rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------
+# Strict input checking (issue 30, item 7): each defect found by fuzzing is
+# an InvalidArgument naming the bad argument, or the right answer.
+
+IAE = tf.errors.InvalidArgumentError
+
+# Cases that crashed the interpreter (SIGSEGV / SIGABRT, or an allocation
+# the size of num_features) run in a child process: a regression fails the
+# test instead of killing pytest.  Each prints "RESULT <name> <type> <msg>".
+_CHILD_CASES = r'''
+import faulthandler, resource, sys
+faulthandler.enable()
+# 8 GiB of address space (TensorFlow needs < 2): an allocation per
+# coordinate of 2^31 features fails here instead of exhausting the machine.
+resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+import numpy as np
+import tensorflow as tf
+from xmc_tf.ops.lsh import (dwta_bins, lsh_build_tables, lsh_dwta_hash,
+                            lsh_dwta_hash_sparse, lsh_sparse_cosine)
+
+def run(name, fn):
+    print("CASE", name, flush=True)
+    try:
+        out = fn()
+        msg = "none " + repr(np.asarray(out).tolist())
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        msg = type(e).__name__ + " " + " ".join(str(e).split())
+    print("RESULT", name, msg, flush=True)
+
+one_idx = np.array([[1]], np.int32)
+one_w = np.ones((1, 1), np.float32)
+bins = dwta_bins(16, 4, 4)
+run("dwta_sparse_num_features/eager", lambda: lsh_dwta_hash_sparse(
+    one_idx, one_w, bins, num_features=2**40, num_bits=2))
+run("dwta_sparse_num_features/function", lambda: tf.function(
+    lambda i, w: lsh_dwta_hash_sparse(i, w, bins, num_features=2**40,
+                                      num_bits=2))(one_idx, one_w))
+run("build_tables_num_buckets/eager", lambda: lsh_build_tables(
+    np.zeros((5, 0), np.int32), 2**63 - 1)[0])
+run("build_tables_num_buckets/function", lambda: tf.function(
+    lambda c: lsh_build_tables(c, 2**63 - 1)[0])(np.zeros((5, 0), np.int32)))
+run("build_tables_num_buckets/function_unknown_shape", lambda: tf.function(
+    lambda c: lsh_build_tables(c, 2**63 - 1)[0],
+    input_signature=[tf.TensorSpec([None, None], tf.int32)])(
+        np.zeros((5, 0), np.int32)))
+run("sparse_cosine_num_features/eager", lambda: lsh_sparse_cosine(
+    one_idx[None], one_w[None], one_idx[None], one_w[None], 2**40))
+# The largest num_features, bins spread over it: valid, and it must not
+# allocate per coordinate (the dense result on compacted coordinates).
+rng = np.random.default_rng(0)
+coords = np.sort(rng.choice(2**31 - 1, 16, replace=False)).astype(np.int32)
+x = rng.normal(size=(3, 16)).astype(np.float32)
+idx = np.tile(np.arange(16, dtype=np.int32), (3, 1))
+small = dwta_bins(16, 8, 4, seed=1)
+want = lsh_dwta_hash(x, small, 2).numpy()
+got = lsh_dwta_hash_sparse(coords[idx], x, coords[small], 2**31 - 1, 2)
+run("dwta_sparse_huge_space", lambda: int((got.numpy() == want).all()))
+a = np.array([[[5, 2**31 - 2, 9]]], np.int32)
+aw = np.array([[[1.0, 2.0, 3.0]]], np.float32)
+run("sparse_cosine_huge_space", lambda: lsh_sparse_cosine(
+    a, aw, a[:, :, :2], aw[:, :, :2], 2**31 - 1))
+'''
+
+
+@pytest.fixture(scope="module")
+def child_results():
+    """Runs _CHILD_CASES in a child interpreter (same op library)."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [root] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, "-c", _CHILD_CASES], env=env,
+                          cwd=root, capture_output=True, text=True,
+                          timeout=600)
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            _, name, kind, *msg = line.split(" ", 3) + [""]
+            results[name] = (kind, " ".join(msg).strip())
+    cases = [ln for ln in proc.stdout.splitlines() if ln.startswith("CASE ")]
+    how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
+           else f"exit code {proc.returncode}")
+    info = (f"child {how}; last case: {cases[-1] if cases else None}\n"
+            f"--- stderr (tail) ---\n{proc.stderr[-3000:]}")
+    return results, info
+
+
+@pytest.mark.parametrize("name,error,text", [
+    # eager and inside a tf.function: the kernel rejects the attribute.
+    ("dwta_sparse_num_features/eager", "InvalidArgumentError",
+     "num_features must be in [1, 2^31 - 1]"),
+    ("dwta_sparse_num_features/function", "InvalidArgumentError",
+     "num_features must be in [1, 2^31 - 1]"),
+    ("build_tables_num_buckets/eager", "InvalidArgumentError",
+     "num_buckets must be in [1, 2^24]"),
+    # In a graph the shape function rejects it (before B + 1): TensorFlow
+    # raises a shape function's InvalidArgument as ValueError.
+    ("build_tables_num_buckets/function", "ValueError",
+     "num_buckets must be in [1, 2^24]"),
+    ("build_tables_num_buckets/function_unknown_shape", "ValueError",
+     "num_buckets must be in [1, 2^24]"),
+    ("sparse_cosine_num_features/eager", "InvalidArgumentError",
+     "num_features must be in [1, 2^31 - 1]"),
+])
+def test_former_crashes_are_invalid_argument(child_results, name, error,
+                                             text):
+    results, info = child_results
+    assert name in results, f"{name} did not finish: {info}"
+    kind, msg = results[name]
+    assert kind == error, (name, kind, msg)
+    assert text in msg, (name, msg)
+
+
+def test_huge_num_features_is_valid_without_dense_scratch(child_results):
+    """num_features = 2^31 - 1 with coordinates spread over it: DWTA equals
+    the dense hash of the compacted vectors, the cosine is exact."""
+    results, info = child_results
+    for name in ("dwta_sparse_huge_space", "sparse_cosine_huge_space"):
+        assert name in results, f"{name} did not finish: {info}"
+    assert results["dwta_sparse_huge_space"] == ("none", "1")
+    kind, msg = results["sparse_cosine_huge_space"]
+    assert kind == "none", msg
+    cos = float(msg.strip("[]"))
+    assert cos == pytest.approx(math.sqrt(5 / 14), abs=1e-7)
+
+
+def test_num_bucket_limits():
+    """num_buckets in [1, 2^24]; 2^24 itself is valid (no table: L = 0)."""
+    offsets, labels = lsh_build_tables(np.zeros((3, 0), np.int32), 2**24)
+    assert offsets.shape == (0, 2**24 + 1) and labels.shape == (0, 3)
+    with pytest.raises(IAE, match=r"num_buckets must be in \[1, 2\^24\] "
+                                  r"\(bucket ids of at most 24 bits\), "
+                                  r"got 16777217"):
+        lsh_build_tables(np.zeros((3, 1), np.int32), 2**24 + 1)
+
+
+def _small_tables(m=8, L=2, B=4, seed=60):
+    rng = np.random.default_rng(seed)
+    codes = random_codes(rng, m, L, B)
+    offsets, labels = lsh_build_tables(codes, B)
+    return codes, offsets.numpy(), labels.numpy()
+
+
+def _eager_and_graph(fn, *args):
+    """[fn(*args), tf.function(fn)(*args)] as callables."""
+    return [lambda: fn(*args), lambda: tf.function(fn)(*args)]
+
+
+@pytest.mark.parametrize("value", [100, -7, 8])
+def test_update_rejects_label_ids_out_of_range(value):
+    """Label ids of the tables in [0, m): 100, -7 or m are not copied."""
+    codes, offsets, labels = _small_tables()
+    labels[1, 5] = value
+    rows, new = np.array([0], np.int32), np.zeros((1, 2), np.int32)
+    for call in _eager_and_graph(lsh_update_tables, offsets, labels, codes,
+                                 rows, new):
+        with pytest.raises(IAE, match=rf"labels\[1, 5\] = {value} is not in "
+                                      r"\[0, 8\) \(num_labels\)"):
+            call()
+
+
+def test_update_rejects_a_non_permutation():
+    """Every table holds each label once: a repeated id is rejected (here
+    in a table the update does not touch, which is block-copied)."""
+    codes, offsets, labels = _small_tables()
+    first = labels[0, 2]
+    labels[0, 6] = first  # label labels[0, 6] vanishes, `first` repeats
+    rows = np.array([3], np.int32)
+    new = codes[3:4].copy()  # no move at all: every table copied
+    for call in _eager_and_graph(lsh_update_tables, offsets, labels, codes,
+                                 rows, new):
+        with pytest.raises(IAE, match=rf"labels\[0, 6\] = {first} repeats an "
+                                      r"earlier label id: labels\[0\] must "
+                                      r"be a permutation of \[0, 8\)"):
+            call()
+
+
+def test_update_rejects_codes_out_of_range_anywhere():
+    """codes [m, L] are all bucket ids, also those of labels not moved
+    (they are copied to new_codes)."""
+    codes, offsets, labels = _small_tables()
+    bad = codes.copy()
+    bad[6, 1] = 4
+    rows, new = np.array([0], np.int32), np.zeros((1, 2), np.int32)
+    for call in _eager_and_graph(lsh_update_tables, offsets, labels, bad,
+                                 rows, new):
+        with pytest.raises(IAE, match=r"codes\[6, 1\] = 4 is not in \[0, 4\) "
+                                      r"\(num_buckets\)"):
+            call()
+    bad[6, 1] = -3
+    with pytest.raises(IAE, match=r"codes\[6, 1\] = -3 is not in"):
+        lsh_update_tables(offsets, labels, bad, rows, new)
+
+
+@pytest.mark.parametrize("value", [4, 9, -5])
+def test_query_rejects_candidate_codes_out_of_range(value):
+    """codes outside [0, B) used to count 0 collisions; now the codes rows
+    read for the collision counts are checked."""
+    codes, offsets, labels = _small_tables()
+    bad = codes.copy()
+    bad[:, 0] = value  # every label's code in table 0
+    qc = codes[:1][:, None, :]
+    k = 16  # >= every probed entry: all candidates are read
+    fn = lambda o, lab, c, q: lsh_query(o, lab, c, q, k).collisions
+    for call in _eager_and_graph(fn, offsets, labels, bad, qc):
+        with pytest.raises(IAE, match=rf"codes\[\d+, 0\] = {value} is not in "
+                                      r"\[0, 4\) \(num_buckets; read for the "
+                                      r"collision counts of batch row 0\)"):
+            call()
+    # Without collision counts the codes are not read (documented).
+    res = lsh_query(offsets, labels, bad, qc, k, count_collisions=False)
+    assert res.valid.numpy().any()
+
+
+@pytest.mark.parametrize("a_w,b_w,want", [
+    ([[[3e38, 3e38]]], [[[1.0]]], 1.0),          # the fuzzed case
+    ([[[3e38, 3e38]]], [[[-3e38]]], -1.0),
+    ([[[3e38, -3e38]]], [[[1.0]]], 0.0),          # cancels to a zero vector
+    ([[[3.4e38, 3.4e38]]], [[[3.4e38]]], 1.0),
+])
+def test_sparse_cosine_sums_duplicates_in_float64(a_w, b_w, want):
+    """Duplicates summed in float64 as documented: 3e38 + 3e38 is no inf,
+    and the norms do not overflow (NaN before)."""
+    a_i, b_i = [[[0, 0]]], [[[0]]]
+    for call in _eager_and_graph(
+            lambda *a: lsh_sparse_cosine(*a, 4),
+            np.array(a_i, np.int32), np.array(a_w, np.float32),
+            np.array(b_i, np.int32), np.array(b_w, np.float32)):
+        got = call().numpy()
+        assert got.shape == (1, 1, 1)
+        assert got[0, 0, 0] == want
+
+
+def test_sparse_hash_rejects_overflowing_duplicate_sums():
+    """A float32 duplicate sum that overflows makes the densified row
+    infinite, which the dense ops reject: so do the sparse ones."""
+    idx = np.array([[0, 1], [2, 2]], np.int32)
+    w = np.array([[1.0, 2.0], [3e38, 3e38]], np.float32)
+    proj = simhash_projection(4, 2, 2)
+    bins = dwta_bins(4, 4, 2)
+    with np.errstate(over="ignore"):
+        dense = densify(idx, w, 4)  # row 1 holds inf
+    with pytest.raises(IAE, match=r"vectors\[1\]"):
+        lsh_simhash(dense, proj, 2)
+    for call in (
+            lambda: lsh_simhash_sparse(idx, w, proj, 2),
+            lambda: lsh_dwta_hash_sparse(idx, w, bins, 4, 2),
+            lambda: tf.function(lambda i: lsh_simhash_sparse(i, w, proj,
+                                                             2))(idx)):
+        with pytest.raises(IAE, match=r"weights\[1\]: the weights of index "
+                                      r"2 sum to an infinite value"):
+            call()
+    # Large but finite sums are fine.
+    w[1] = [1e38, 1e38]
+    np.testing.assert_array_equal(lsh_simhash_sparse(idx, w, proj, 2),
+                                  lsh_simhash(densify(idx, w, 4), proj, 2))

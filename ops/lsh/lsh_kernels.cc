@@ -5,9 +5,13 @@
 // Sec. 1.2-2.3, Algorithm 1; SimHash (Charikar 2002, LNS Appendix A.2); DWTA
 // (Chen & Shrivastava, UAI 2018, LNS Appendix A.3).
 //
-// Every kernel validates ranks, shapes, dtypes (by registration) and the
-// range of every index it dereferences, and fails with InvalidArgument
-// naming the offending entry.  Work is spread over TensorFlow's intra-op
+// Every kernel validates ranks, shapes, dtypes (by registration), the
+// attributes that size its outputs or scratch memory, the range of every
+// index it dereferences and of every id or code it copies into its outputs
+// (the update's tables must be permutations), and fails with InvalidArgument
+// naming the offending entry.  Checks are O(input) passes outside the hot
+// loops (the query checks what it reads, so its cost stays independent of
+// m).  Work is spread over TensorFlow's intra-op
 // thread pool: rows for hashing, querying and cosines; tables for building
 // and updating.
 //
@@ -70,34 +74,42 @@ std::string ValidateLayout(int64_t num_bits, int64_t bits_per_hash,
   return err.str();
 }
 
+template <typename T>
 int64_t CanonicalSparse(const int32_t* indices, const float* weights,
                         int64_t s, int64_t num_features,
-                        std::vector<std::pair<int32_t, float>>* out) {
+                        std::vector<std::pair<int32_t, T>>* out) {
   out->clear();
   for (int64_t t = 0; t < s; ++t) {
     if (indices[t] < 0 || indices[t] >= num_features) return t;
-    out->emplace_back(indices[t], weights[t]);
+    out->emplace_back(indices[t], static_cast<T>(weights[t]));
   }
   // Stable: duplicates are summed in their input order.
   std::stable_sort(out->begin(), out->end(),
-                   [](const std::pair<int32_t, float>& a,
-                      const std::pair<int32_t, float>& b) {
+                   [](const std::pair<int32_t, T>& a,
+                      const std::pair<int32_t, T>& b) {
                      return a.first < b.first;
                    });
   size_t w = 0;
   for (size_t r = 0; r < out->size();) {
     const int32_t index = (*out)[r].first;
-    float sum = (*out)[r].second;
+    T sum = (*out)[r].second;
     size_t e = r + 1;
     for (; e < out->size() && (*out)[e].first == index; ++e) {
       sum += (*out)[e].second;
     }
-    if (sum != 0.0f) (*out)[w++] = {index, sum};
+    if (sum != T(0)) (*out)[w++] = {index, sum};
     r = e;
   }
   out->resize(w);
   return -1;
 }
+
+template int64_t CanonicalSparse<float>(
+    const int32_t*, const float*, int64_t, int64_t,
+    std::vector<std::pair<int32_t, float>>*);
+template int64_t CanonicalSparse<double>(
+    const int32_t*, const float*, int64_t, int64_t,
+    std::vector<std::pair<int32_t, double>>*);
 
 namespace {
 
@@ -143,22 +155,45 @@ void SimHashSparse(const std::vector<std::pair<int32_t, float>>& entries,
 }
 
 DwtaHasher::DwtaHasher(const int32_t* bins, int64_t num_hashes, int bin_size,
-                       int64_t input_dim, uint64_t seed)
+                       int64_t input_dim, uint64_t seed, bool sparse)
     : bins_(bins),
       H_(num_hashes),
       w_(bin_size),
       d_(input_dim),
       seed_mix_(Mix64(seed ^ 0x4457544148415348ULL)) {
-  inv_offsets_.assign(d_ + 1, 0);
+  if (!sparse) return;
   const int64_t n = H_ * w_;
-  for (int64_t t = 0; t < n; ++t) ++inv_offsets_[bins_[t] + 1];
-  for (int64_t i = 0; i < d_; ++i) inv_offsets_[i + 1] += inv_offsets_[i];
+  int64_t max_bin = -1;
+  for (int64_t t = 0; t < n; ++t) {
+    max_bin = std::max<int64_t>(max_bin, bins_[t]);
+  }
+  // Dense map (one slot per coordinate 0 .. max_bin) while that is at most a
+  // few times the bins themselves or small; otherwise (a huge, sparsely
+  // covered coordinate range) a compact map over the distinct coordinates.
+  const int64_t kDenseMin = int64_t{1} << 22;
+  if (max_bin < std::max<int64_t>(kDenseMin, 8 * n)) {
+    dense_size_ = max_bin + 1;
+  } else {
+    coords_.assign(bins_, bins_ + n);
+    std::sort(coords_.begin(), coords_.end());
+    coords_.erase(std::unique(coords_.begin(), coords_.end()), coords_.end());
+  }
+  const int64_t slots =
+      coords_.empty() ? dense_size_ : static_cast<int64_t>(coords_.size());
+  auto slot_of = [&](int32_t coord) -> int64_t {
+    if (coords_.empty()) return coord;
+    return std::lower_bound(coords_.begin(), coords_.end(), coord) -
+           coords_.begin();
+  };
+  inv_offsets_.assign(slots + 1, 0);
+  for (int64_t t = 0; t < n; ++t) ++inv_offsets_[slot_of(bins_[t]) + 1];
+  for (int64_t i = 0; i < slots; ++i) inv_offsets_[i + 1] += inv_offsets_[i];
   inv_bin_.resize(n);
   inv_pos_.resize(n);
   std::vector<int64_t> fill(inv_offsets_.begin(), inv_offsets_.end() - 1);
   for (int64_t j = 0; j < H_; ++j) {
     for (int p = 0; p < w_; ++p) {
-      const int64_t slot = fill[bins_[j * w_ + p]]++;
+      const int64_t slot = fill[slot_of(bins_[j * w_ + p])]++;
       inv_bin_[slot] = static_cast<int32_t>(j);
       inv_pos_[slot] = static_cast<int16_t>(p);
     }
@@ -192,10 +227,22 @@ void DwtaHasher::HashSparse(
   scratch->best.resize(H_);
   int16_t* pos = scratch->pos.data();
   float* best = scratch->best.data();
+  // Entries are sorted by coordinate: the compact map's binary searches
+  // start where the previous one ended.
+  auto lo = coords_.begin();
   for (const auto& e : entries) {
     const float v = e.second;
-    for (int64_t t = inv_offsets_[e.first]; t < inv_offsets_[e.first + 1];
-         ++t) {
+    int64_t slot;
+    if (coords_.empty()) {
+      if (e.first >= dense_size_) break;  // sorted: no later entry is binned
+      slot = e.first;
+    } else {
+      lo = std::lower_bound(lo, coords_.end(), e.first);
+      if (lo == coords_.end()) break;
+      if (*lo != e.first) continue;
+      slot = lo - coords_.begin();
+    }
+    for (int64_t t = inv_offsets_[slot]; t < inv_offsets_[slot + 1]; ++t) {
       const int32_t j = inv_bin_[t];
       const int16_t p = inv_pos_[t];
       // Same winner as the dense scan: the largest value, ties to the lowest
@@ -347,6 +394,43 @@ bool UpdateTable(const int32_t* old_offsets, const int32_t* old_labels,
   return true;
 }
 
+int64_t FirstNonPermutation(const int32_t* labels, int64_t m,
+                            std::vector<uint64_t>* seen) {
+  seen->assign(static_cast<size_t>(m / 64 + 1), 0);
+  uint64_t* bits = seen->data();
+  // Fast path, branch-free: every entry in [0, m) (the sign bit of
+  // j | (hi - j) in uint32 is set exactly when j < 0 or j > hi = m - 1), then
+  // every label marked; m entries covering m labels are a permutation.
+  if (m > 0) {
+    const uint32_t hi = static_cast<uint32_t>(m - 1);
+    uint32_t acc = 0;
+    for (int64_t t = 0; t < m; ++t) {
+      const uint32_t j = static_cast<uint32_t>(labels[t]);
+      acc |= j | (hi - j);
+    }
+    if (!(acc >> 31)) {
+      for (int64_t t = 0; t < m; ++t) {
+        const uint32_t j = static_cast<uint32_t>(labels[t]);
+        bits[j >> 6] |= uint64_t{1} << (j & 63);
+      }
+      uint64_t all = ~uint64_t{0};
+      for (int64_t w = 0; w < m / 64; ++w) all &= bits[w];
+      if (m % 64 != 0) all &= bits[m / 64] | (~uint64_t{0} << (m % 64));
+      if (all == ~uint64_t{0}) return -1;
+      seen->assign(seen->size(), 0);
+    }
+  }
+  // Slow path (an error): the first entry out of range or repeated.
+  for (int64_t t = 0; t < m; ++t) {
+    const uint32_t j = static_cast<uint32_t>(labels[t]);
+    if (j >= static_cast<uint64_t>(m)) return t;  // negative or >= m
+    const uint64_t bit = uint64_t{1} << (j & 63);
+    if (bits[j >> 6] & bit) return t;
+    bits[j >> 6] |= bit;
+  }
+  return -1;
+}
+
 namespace {
 
 // Open-addressing set of non-negative int64 (-1 = empty slot).
@@ -455,6 +539,20 @@ QueryStatus QueryRow(const Tables& t, const int32_t* query_codes, int64_t q,
         __builtin_prefetch(row + byte);
       }
     }
+    // The codes rows read must hold bucket ids: one branch-free pass per
+    // row, O(k L) next to the O(k q L) counts (the sign bit of c | (hi - c)
+    // in uint32 is set exactly when c < 0 or c > hi = B - 1).
+    const uint32_t hi =
+        static_cast<uint32_t>(std::min<int64_t>(B, int64_t{1} << 31) - 1);
+    uint32_t acc = 0;
+    for (int i = 0; i < n; ++i) {
+      const int32_t* row = t.codes + static_cast<int64_t>(found[i]) * L;
+      for (int64_t l = 0; l < L; ++l) {
+        const uint32_t c = static_cast<uint32_t>(row[l]);
+        acc |= c | (hi - c);
+      }
+    }
+    if (acc >> 31) return QueryStatus::kBadCode;
     for (int i = 0; i < n; ++i) {
       const int32_t* row = t.codes + static_cast<int64_t>(found[i]) * L;
       int32_t count = 0;
@@ -499,6 +597,34 @@ absl::Status CheckInt32Size(int64_t n, const char* what) {
                                    " does not fit the int32 ids of the tables");
   }
   return absl::OkStatus();
+}
+
+// num_features sizes nothing, but coordinates are int32 ids.
+absl::Status CheckNumFeatures(int64_t num_features) {
+  if (num_features < 1 || num_features > lsh::kMaxNumFeatures) {
+    return errors::InvalidArgument(
+        "num_features must be in [1, 2^31 - 1] (int32 coordinates), got ",
+        num_features);
+  }
+  return absl::OkStatus();
+}
+
+// Index of the first entry of codes [n] not in [0, B), or -1.  A
+// vectorised pass unless it finds one: with hi = min(B, 2^31) - 1, the sign
+// bit of c | (hi - c) (in uint32) is set exactly when c < 0 or c > hi.
+int64_t FirstCodeOutOfRange(const int32_t* codes, int64_t n, int64_t B) {
+  const uint32_t hi =
+      static_cast<uint32_t>(std::min<int64_t>(B, int64_t{1} << 31) - 1);
+  uint32_t acc = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const uint32_t c = static_cast<uint32_t>(codes[t]);
+    acc |= c | (hi - c);
+  }
+  if (!(acc >> 31)) return -1;
+  for (int64_t t = 0; t < n; ++t) {
+    if (codes[t] < 0 || codes[t] > static_cast<int64_t>(hi)) return t;
+  }
+  return -1;
 }
 
 // Index of the first non-finite entry of a float array, or -1.
@@ -620,14 +746,45 @@ absl::Status CheckSparseRows(const Tensor& indices, const Tensor& weights) {
   return absl::OkStatus();
 }
 
-// Row-level failure of a sparse hashing kernel: bad index or non-finite.
+// Row-level failure of a sparse hashing kernel: bad index, non-finite
+// weight, or duplicates whose float32 sum overflows (the densified vector
+// would hold an infinity, which the dense ops reject).
 struct SparseErrors {
-  FirstError index_row, finite_row;
-  std::atomic<int64_t> index_col{0};
+  FirstError index_row, finite_row, overflow_row;
 };
 
+// Index of the first entry whose (summed) value is infinite, or -1.
+template <typename T>
+int64_t FirstInfiniteSum(const std::vector<std::pair<int32_t, T>>& entries) {
+  for (size_t t = 0; t < entries.size(); ++t) {
+    if (!std::isfinite(entries[t].second)) return static_cast<int64_t>(t);
+  }
+  return -1;
+}
+
+// Validates a sparse row (indices, weights: s entries) and canonicalises it
+// into `entries`; records a failure in `errs` and returns false.
+bool SparseRow(const int32_t* idx, const float* w, int64_t s,
+               int64_t num_features, int64_t row, SparseErrors* errs,
+               std::vector<std::pair<int32_t, float>>* entries) {
+  if (lsh::CanonicalSparse(idx, w, s, num_features, entries) >= 0) {
+    errs->index_row.Set(row);
+    return false;
+  }
+  if (FirstNonFinite(w, s) >= 0) {
+    errs->finite_row.Set(row);
+    return false;
+  }
+  if (FirstInfiniteSum(*entries) >= 0) {
+    errs->overflow_row.Set(row);
+    return false;
+  }
+  return true;
+}
+
 absl::Status ReportSparseErrors(const SparseErrors& errs,
-                                const Tensor& indices, int64_t num_features) {
+                                const Tensor& indices, const Tensor& weights,
+                                int64_t num_features) {
   if (errs.index_row.any()) {
     const int64_t r = errs.index_row.row.load();
     // Recompute the column deterministically for the message.
@@ -644,6 +801,20 @@ absl::Status ReportSparseErrors(const SparseErrors& errs,
   if (errs.finite_row.any()) {
     return errors::InvalidArgument("weights[", errs.finite_row.row.load(),
                                    "] contains a NaN or infinite value");
+  }
+  if (errs.overflow_row.any()) {
+    const int64_t r = errs.overflow_row.row.load();
+    const int64_t s = indices.dim_size(1);
+    std::vector<std::pair<int32_t, float>> entries;
+    lsh::CanonicalSparse(indices.flat<int32_t>().data() + r * s,
+                         weights.flat<float>().data() + r * s, s,
+                         num_features, &entries);
+    const int64_t t = FirstInfiniteSum(entries);
+    return errors::InvalidArgument(
+        "weights[", r, "]: the weights of index ",
+        t < 0 ? -1 : entries[t].first,
+        " sum to an infinite value in float32 (the densified vector would "
+        "not be finite)");
   }
   return absl::OkStatus();
 }
@@ -675,12 +846,7 @@ class LshSimHashSparseOp : public OpKernel {
       std::vector<float> acc(H);
       std::vector<std::pair<int32_t, float>> entries;
       for (int64_t i = start; i < limit; ++i) {
-        if (lsh::CanonicalSparse(idx + i * s, w + i * s, s, e, &entries) >= 0) {
-          errs.index_row.Set(i);
-          continue;
-        }
-        if (FirstNonFinite(w + i * s, s) >= 0) {
-          errs.finite_row.Set(i);
+        if (!SparseRow(idx + i * s, w + i * s, s, e, i, &errs, &entries)) {
           continue;
         }
         lsh::SimHashSparse(entries, proj, H, layout, acc.data(), out + i * L);
@@ -689,7 +855,7 @@ class LshSimHashSparseOp : public OpKernel {
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     ::tensorflow::Shard(workers->num_threads, workers->workers, n,
                         2 * s * H + 8 * H + 20 * s, work);
-    OP_REQUIRES_OK(ctx, ReportSparseErrors(errs, indices, e));
+    OP_REQUIRES_OK(ctx, ReportSparseErrors(errs, indices, weights, e));
   }
 
  private:
@@ -747,7 +913,8 @@ class LshDwtaHashOp : public OpKernel {
     if (n == 0) return;
     const lsh::DwtaHasher hasher(bins.flat<int32_t>().data(), H,
                                  static_cast<int>(bins.dim_size(1)), d,
-                                 static_cast<uint64_t>(seed_));
+                                 static_cast<uint64_t>(seed_),
+                                 /*sparse=*/false);
     const float* x = vectors.flat<float>().data();
     int32_t* out = codes->flat<int32_t>().data();
     FirstError bad;
@@ -780,6 +947,7 @@ class LshDwtaHashSparseOp : public OpKernel {
       : OpKernel(ctx), attrs_(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
+    OP_REQUIRES_OK(ctx, CheckNumFeatures(num_features_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -796,7 +964,8 @@ class LshDwtaHashSparseOp : public OpKernel {
     if (n == 0) return;
     const lsh::DwtaHasher hasher(bins.flat<int32_t>().data(), H,
                                  static_cast<int>(bins.dim_size(1)),
-                                 num_features_, static_cast<uint64_t>(seed_));
+                                 num_features_, static_cast<uint64_t>(seed_),
+                                 /*sparse=*/true);
     const int32_t* idx = indices.flat<int32_t>().data();
     const float* w = weights.flat<float>().data();
     int32_t* out = codes->flat<int32_t>().data();
@@ -805,13 +974,8 @@ class LshDwtaHashSparseOp : public OpKernel {
       lsh::DwtaHasher::Scratch scratch;
       std::vector<std::pair<int32_t, float>> entries;
       for (int64_t i = start; i < limit; ++i) {
-        if (lsh::CanonicalSparse(idx + i * s, w + i * s, s, num_features_,
-                                 &entries) >= 0) {
-          errs.index_row.Set(i);
-          continue;
-        }
-        if (FirstNonFinite(w + i * s, s) >= 0) {
-          errs.finite_row.Set(i);
+        if (!SparseRow(idx + i * s, w + i * s, s, num_features_, i, &errs,
+                       &entries)) {
           continue;
         }
         hasher.HashSparse(entries, layout, &scratch, out + i * L);
@@ -822,7 +986,8 @@ class LshDwtaHashSparseOp : public OpKernel {
         1 + H * bins.dim_size(1) / std::max<int64_t>(num_features_, 1);
     ::tensorflow::Shard(workers->num_threads, workers->workers, n,
                         4 * s * per_coord + 4 * H + 20 * s, work);
-    OP_REQUIRES_OK(ctx, ReportSparseErrors(errs, indices, num_features_));
+    OP_REQUIRES_OK(ctx,
+                   ReportSparseErrors(errs, indices, weights, num_features_));
   }
 
  private:
@@ -837,6 +1002,11 @@ class LshBuildTablesOp : public OpKernel {
  public:
   explicit LshBuildTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
+    // Before any B + 1: offsets are [L, B + 1].
+    OP_REQUIRES(ctx, num_buckets_ >= 1 && num_buckets_ <= lsh::kMaxNumBuckets,
+                errors::InvalidArgument(
+                    "num_buckets must be in [1, 2^24] (bucket ids of at most "
+                    "24 bits), got ", num_buckets_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -970,15 +1140,17 @@ class LshUpdateTablesOp : public OpKernel {
     const int32_t* old_codes = codes.flat<int32_t>().data();
     const int32_t* old_off = offsets.flat<int32_t>().data();
     const int32_t* old_lab = labels.flat<int32_t>().data();
+    // The old codes of the moved labels name the buckets they leave.  (The
+    // others are checked while they are copied to new_codes, below.)
     for (const auto& u : unique) {
-      for (int64_t l = 0; l < L; ++l) {
-        const int32_t c = old_codes[static_cast<int64_t>(u.first) * L + l];
-        OP_REQUIRES(ctx, c >= 0 && c < B,
-                    errors::InvalidArgument("codes[", u.first, ", ", l,
-                                            "] = ", c, " is not in [0, ", B,
-                                            ") (num_buckets)"));
-      }
+      const int32_t* row = old_codes + static_cast<int64_t>(u.first) * L;
+      const int64_t l = FirstCodeOutOfRange(row, L, B);
+      OP_REQUIRES(ctx, l < 0,
+                  errors::InvalidArgument(
+                      "codes[", u.first, ", ", l, "] = ", row[l < 0 ? 0 : l],
+                      " is not in [0, ", B, ") (num_buckets)"));
     }
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     Tensor* new_offsets = nullptr;
     Tensor* new_labels = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, offsets.shape(), &new_offsets));
@@ -986,9 +1158,17 @@ class LshUpdateTablesOp : public OpKernel {
     int32_t* new_off = new_offsets->flat<int32_t>().data();
     int32_t* new_lab = new_labels->flat<int32_t>().data();
     std::atomic<int64_t> bad_table{-1};
+    FirstError bad_labels;  // a table whose labels are not a permutation
     auto work = [&](int64_t start, int64_t limit) {
       std::vector<lsh::Move> moves;
+      std::vector<uint64_t> seen;
       for (int64_t l = start; l < limit; ++l) {
+        // Each table holds every label once (Xmc>LshBuildTables): checked
+        // here, O(m), since untouched runs are block-copied unread.
+        if (lsh::FirstNonPermutation(old_lab + l * m, m, &seen) >= 0) {
+          bad_labels.Set(l);
+          continue;
+        }
         moves.clear();
         for (const auto& u : unique) {
           const int32_t from = old_codes[static_cast<int64_t>(u.first) * L + l];
@@ -1008,21 +1188,62 @@ class LshUpdateTablesOp : public OpKernel {
         }
       }
     };
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(workers->num_threads, workers->workers, L,
-                        m + 4 * B + 40 * static_cast<int64_t>(unique.size()),
-                        work);
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, L,
+        3 * m + 4 * B + 40 * static_cast<int64_t>(unique.size()), work);
+    if (bad_labels.any()) {
+      const int64_t l = bad_labels.row.load();
+      std::vector<uint64_t> seen;
+      const int64_t t = lsh::FirstNonPermutation(old_lab + l * m, m, &seen);
+      const int32_t v = old_lab[l * m + t];
+      if (v < 0 || v >= m) {
+        ctx->CtxFailure(errors::InvalidArgument(
+            "labels[", l, ", ", t, "] = ", v, " is not in [0, ", m,
+            ") (num_labels)"));
+      } else {
+        ctx->CtxFailure(errors::InvalidArgument(
+            "labels[", l, ", ", t, "] = ", v, " repeats an earlier label id: "
+            "labels[", l, "] must be a permutation of [0, ", m,
+            ") (every label once per table, as Xmc>LshBuildTables builds "
+            "them)"));
+      }
+      return;
+    }
     OP_REQUIRES(ctx, bad_table.load() < 0,
                 errors::InvalidArgument(
                     "table ", bad_table.load(),
                     " does not match codes: a re-hashed label was not in the "
                     "bucket its old code names (rebuild the tables)"));
     // Codes: updated copy (in place when the input buffer can be forwarded).
+    // Every old code must be a bucket id: checked on the copy, block by
+    // block while it is in cache (one vectorised pass).
     Tensor* new_codes = nullptr;
     OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
                             {2}, 2, codes.shape(), &new_codes));
     int32_t* nc = new_codes->flat<int32_t>().data();
-    if (nc != old_codes) std::memcpy(nc, old_codes, m * L * sizeof(int32_t));
+    FirstError bad_code_row;
+    auto copy_codes = [&](int64_t start, int64_t limit) {
+      constexpr int64_t kChunk = 8192;  // 32 KB: checked while in L1
+      for (int64_t a = start * L; a < limit * L; a += kChunk) {
+        const int64_t len = std::min(kChunk, limit * L - a);
+        if (nc != old_codes) std::memcpy(nc + a, old_codes + a, len * 4);
+        const int64_t t = FirstCodeOutOfRange(nc + a, len, B);
+        if (t >= 0) {
+          bad_code_row.Set((a + t) / L);
+          return;
+        }
+      }
+    };
+    ::tensorflow::Shard(workers->num_threads, workers->workers, m, 3 * L + 1,
+                        copy_codes);
+    if (bad_code_row.any()) {
+      const int64_t j = bad_code_row.row.load();
+      const int64_t l = FirstCodeOutOfRange(nc + j * L, L, B);
+      ctx->CtxFailure(errors::InvalidArgument("codes[", j, ", ", l, "] = ",
+                                              nc[j * L + l], " is not in [0, ",
+                                              B, ") (num_buckets)"));
+      return;
+    }
     for (const auto& u : unique) {
       std::memcpy(nc + static_cast<int64_t>(u.first) * L, rc + u.second * L,
                   L * sizeof(int32_t));
@@ -1083,7 +1304,7 @@ class LshQueryOp : public OpKernel {
     int32_t* out_coll = collisions->flat<int32_t>().data();
     float* out_rate = rate->flat<float>().data();
     int64_t* out_probed = probed->flat<int64_t>().data();
-    FirstError bad_code, corrupt;
+    FirstError bad_code, corrupt, bad_label_code;
     auto work = [&](int64_t start, int64_t limit) {
       lsh::QueryScratch scratch;
       for (int64_t i = start; i < limit; ++i) {
@@ -1093,6 +1314,7 @@ class LshQueryOp : public OpKernel {
             out_coll + i * k_, out_rate + i, out_probed + i);
         if (status == lsh::QueryStatus::kBadQueryCode) bad_code.Set(i);
         if (status == lsh::QueryStatus::kCorruptTables) corrupt.Set(i);
+        if (status == lsh::QueryStatus::kBadCode) bad_label_code.Set(i);
       }
     };
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
@@ -1117,6 +1339,26 @@ class LshQueryOp : public OpKernel {
                     "the tables are corrupt (an offset or a label id out of "
                     "range) at batch row ",
                     corrupt.row.load(), "; rebuild them"));
+    if (bad_label_code.any()) {
+      // The candidates of that row were written before their codes were
+      // read: find the first bad code among them.
+      const int64_t i = bad_label_code.row.load();
+      const int32_t* cd = codes.flat<int32_t>().data();
+      for (int64_t t = 0; t < k_ && out_valid[i * k_ + t]; ++t) {
+        const int64_t j = out_ids[i * k_ + t];
+        for (int64_t l = 0; l < L; ++l) {
+          const int32_t c = cd[j * L + l];
+          if (c < 0 || c >= B) {
+            ctx->CtxFailure(errors::InvalidArgument(
+                "codes[", j, ", ", l, "] = ", c, " is not in [0, ", B,
+                ") (num_buckets; read for the collision counts of batch row ",
+                i, ")"));
+            return;
+          }
+        }
+      }
+      ctx->CtxFailure(errors::Internal("LshQuery: bad code not found"));
+    }
   }
 
  private:
@@ -1139,10 +1381,23 @@ absl::Status CheckSparseBatch(const Tensor& indices, const Tensor& weights,
   return absl::OkStatus();
 }
 
+// Euclidean norm of a canonical row, in float64.  The entries are float32
+// values or float64 sums of at most s of them (|v| < s * 2^128), so the
+// squares cannot overflow and need no scaling.
+double Norm(const std::vector<std::pair<int32_t, double>>& row) {
+  double sq = 0.0;
+  for (const auto& c : row) sq += c.second * c.second;
+  return std::sqrt(sq);
+}
+
+// Largest num_features whose scatter array (float64, per shard) is dense.
+constexpr int64_t kCosineDenseMax = int64_t{1} << 22;
+
 class LshSparseCosineOp : public OpKernel {
  public:
   explicit LshSparseCosineOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
+    OP_REQUIRES_OK(ctx, CheckNumFeatures(num_features_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -1170,13 +1425,20 @@ class LshSparseCosineOp : public OpKernel {
     const float* bw = b_w.flat<float>().data();
     float* out = cos->flat<float>().data();
     const int64_t e = num_features_;
+    // The b row being compared is scattered into an array indexed by
+    // "slot": its coordinate when num_features is moderate (dense map), else
+    // the coordinate's rank among the distinct coordinates of the instance's
+    // k a rows (compact map: memory O(k s_a), never O(num_features)).
+    const bool dense_map = e <= kCosineDenseMax;
     // Failing rows, as flat row numbers of a ([batch * k]) and b.
     FirstError a_index, a_finite, b_index, b_finite;
     auto work = [&](int64_t start, int64_t limit) {
-      std::vector<double> dense(e, 0.0);
-      std::vector<std::vector<std::pair<int32_t, float>>> rows(k);
+      std::vector<double> scatter(dense_map ? e : 0, 0.0);  // 0 between rows
+      std::vector<int32_t> coords;  // compact map: sorted distinct coordinates
+      std::vector<std::vector<std::pair<int32_t, double>>> rows(k);
       std::vector<double> norm(k);
-      std::vector<std::pair<int32_t, float>> query;
+      std::vector<std::pair<int32_t, double>> query;
+      std::vector<int64_t> slots;  // slots of the b row's scattered entries
       for (int64_t i = start; i < limit; ++i) {
         bool ok = true;
         for (int64_t j = 0; j < k && ok; ++j) {
@@ -1189,43 +1451,70 @@ class LshSparseCosineOp : public OpKernel {
             a_finite.Set(r);
             ok = false;
           }
-          double sq = 0.0;
-          for (const auto& c : rows[j]) sq += double(c.second) * c.second;
-          norm[j] = std::sqrt(sq);
+          norm[j] = Norm(rows[j]);
         }
-        for (int64_t p = 0; p < n && ok; ++p) {
+        if (!ok) continue;
+        if (!dense_map) {
+          coords.clear();
+          for (const auto& row : rows) {
+            for (const auto& c : row) coords.push_back(c.first);
+          }
+          std::sort(coords.begin(), coords.end());
+          coords.erase(std::unique(coords.begin(), coords.end()),
+                       coords.end());
+          if (scatter.size() < coords.size()) scatter.resize(coords.size());
+          for (auto& row : rows) {  // coordinates -> ranks (rows are sorted)
+            auto lo = coords.begin();
+            for (auto& c : row) {
+              lo = std::lower_bound(lo, coords.end(), c.first);
+              c.first = static_cast<int32_t>(lo - coords.begin());
+            }
+          }
+        }
+        for (int64_t p = 0; p < n; ++p) {
           const int64_t r = i * n + p;
           if (lsh::CanonicalSparse(bi + r * sb, bw + r * sb, sb, e, &query) >=
               0) {
             b_index.Set(r);
-            ok = false;
             break;
           }
           if (FirstNonFinite(bw + r * sb, sb) >= 0) {
             b_finite.Set(r);
-            ok = false;
             break;
           }
-          double sq = 0.0;
-          for (const auto& c : query) {
-            dense[c.first] = c.second;
-            sq += double(c.second) * c.second;
+          const double qn = Norm(query);
+          slots.clear();
+          if (dense_map) {
+            for (const auto& c : query) {
+              scatter[c.first] = c.second;
+              slots.push_back(c.first);
+            }
+          } else {
+            auto lo = coords.begin();
+            for (const auto& c : query) {
+              lo = std::lower_bound(lo, coords.end(), c.first);
+              if (lo == coords.end()) break;
+              if (*lo != c.first) continue;  // in no a row: adds 0 to dots
+              scatter[lo - coords.begin()] = c.second;
+              slots.push_back(lo - coords.begin());
+            }
           }
-          const double qn = std::sqrt(sq);
           float* o = out + i * k * n + p;
           for (int64_t j = 0; j < k; ++j) {
             double dot = 0.0;
-            for (const auto& c : rows[j]) dot += dense[c.first] * c.second;
+            for (const auto& c : rows[j]) dot += scatter[c.first] * c.second;
             const double den = qn * norm[j];
             o[j * n] = den > 0.0 ? static_cast<float>(dot / den) : 0.0f;
           }
-          for (const auto& c : query) dense[c.first] = 0.0;
+          for (int64_t slot : slots) scatter[slot] = 0.0;
         }
       }
     };
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     ::tensorflow::Shard(workers->num_threads, workers->workers, batch,
-                        20 * k * sa + 4 * n * (k * sa + sb) + e, work);
+                        20 * k * sa + 4 * n * (k * sa + sb) +
+                            (dense_map ? e : 40 * k * sa),
+                        work);
     const struct {
       const FirstError& err;
       const Tensor& idx;

@@ -89,12 +89,23 @@ struct CodeLayout {
 std::string ValidateLayout(int64_t num_bits, int64_t bits_per_hash,
                            int64_t bucket_bits, int64_t num_hashes);
 
+// Limits of the attributes that size outputs or scratch memory (checked by
+// the kernels, and by the shape functions where a shape depends on them).
+// Sparse coordinates are int32 ids, so num_features <= 2^31 - 1; bucket ids
+// of the hashing ops have at most 24 bits, so num_buckets <= 2^24 (offsets
+// [L, B + 1] stay addressable and B + 1 cannot overflow).
+constexpr int64_t kMaxNumFeatures = 2147483647;  // 2^31 - 1
+constexpr int64_t kMaxNumBuckets = int64_t{1} << 24;
+
 // A sparse vector's non-zero entries, sorted by index, duplicates summed (in
-// their input order) and exact zeros dropped: the entries of its densified
-// vector.  Returns the index of the first out-of-range entry, or -1.
+// their input order, in T: float for the hashing ops, whose densified vector
+// is float32, double for the cosines) and exact zeros dropped: the entries
+// of its densified vector.  Returns the index of the first out-of-range
+// entry, or -1.
+template <typename T>
 int64_t CanonicalSparse(const int32_t* indices, const float* weights,
                         int64_t s, int64_t num_features,
-                        std::vector<std::pair<int32_t, float>>* out);
+                        std::vector<std::pair<int32_t, T>>* out);
 
 // ----- SimHash (signed random projections) ---------------------------------
 
@@ -118,10 +129,16 @@ void SimHashSparse(const std::vector<std::pair<int32_t, float>>& entries,
 // Shrivastava 2018): bin c_t = Mix64(Mix64(seed) + j * 2^32 + t) mod H for
 // t = 1, 2, ... 32, then j + 1, j + 2, ... (mod H); the first non-empty one
 // is taken.  An all-zero vector hashes to 0 everywhere.
+//
+// HashSparse needs the inverse map coordinate -> (bin, position); it is built
+// only when `sparse` is true, over the coordinates the bins hold (its memory
+// is O(H w + max bins[j, p]) when the bins cover their coordinate range
+// densely, else O(H w) with a binary search per sparse entry), never over
+// all of input_dim.
 class DwtaHasher {
  public:
   DwtaHasher(const int32_t* bins, int64_t num_hashes, int bin_size,
-             int64_t input_dim, uint64_t seed);
+             int64_t input_dim, uint64_t seed, bool sparse);
   int64_t num_hashes() const { return H_; }
   // Scratch (per thread): best value and position per bin.
   struct Scratch {
@@ -143,8 +160,12 @@ class DwtaHasher {
   int w_;
   int64_t d_;
   uint64_t seed_mix_;
-  // Inverse map coordinate -> (bin, position), CSR.
-  std::vector<int64_t> inv_offsets_;  // [d + 1]
+  // Inverse map coordinate -> (bin, position), CSR over "slots": slot =
+  // coordinate (dense map, coords_ empty, coordinates >= dense_size_ are in
+  // no bin) or the rank of the coordinate in coords_ (compact map).
+  int64_t dense_size_ = 0;
+  std::vector<int32_t> coords_;       // compact map: sorted distinct coords
+  std::vector<int64_t> inv_offsets_;  // [slots + 1]
   std::vector<int32_t> inv_bin_;
   std::vector<int16_t> inv_pos_;
 };
@@ -172,6 +193,12 @@ bool UpdateTable(const int32_t* old_offsets, const int32_t* old_labels,
                  int64_t m, int64_t B, std::vector<Move>* moves,
                  int32_t* new_offsets, int32_t* new_labels);
 
+// Checks that labels [m] (one table) is a permutation of [0, m): returns the
+// position of the first entry out of range or repeating an earlier one, or
+// -1.  `seen` is scratch (resized to m / 64 + 1 words).  O(m).
+int64_t FirstNonPermutation(const int32_t* labels, int64_t m,
+                            std::vector<uint64_t>* seen);
+
 // ----- Query ------------------------------------------------------------------
 
 struct Tables {
@@ -190,13 +217,21 @@ struct QueryScratch {
   std::vector<int32_t> found;
 };
 
-enum class QueryStatus { kOk = 0, kBadQueryCode = 1, kCorruptTables = 2 };
+enum class QueryStatus {
+  kOk = 0,
+  kBadQueryCode = 1,
+  kCorruptTables = 2,
+  kBadCode = 3,  // a code of a candidate (codes[id, l], read for the
+                 // collision counts) is not in [0, B)
+};
 
 // Candidates of one instance (see the op documentation of Xmc>LshQuery).
 // query_codes [q, L]: entry -1 = no probe.  Writes k ids (valid first, then
 // padding id 0), valid flags, collision counts (when count_collisions, else
 // 0), the sampling rate r = min(1, k / T) and T (entries in the probed
-// buckets).
+// buckets).  Validates what it reads: the query codes, the offsets of the
+// probed buckets, the labels read and (with count_collisions) the codes rows
+// of the candidates.
 QueryStatus QueryRow(const Tables& t, const int32_t* query_codes, int64_t q,
                      int k, uint64_t row_key, bool count_collisions,
                      QueryScratch* scratch, int32_t* ids, bool* valid,

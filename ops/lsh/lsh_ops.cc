@@ -8,6 +8,7 @@
 // Datasets", UAI 2018; LNS Appendix A.3).  Layouts: see lsh_kernels.h.
 #include <cstdint>
 
+#include "ops/lsh/lsh_kernels.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -117,12 +118,14 @@ instead of O(num_features K L), and bit-identical to Xmc>LshSimHash on the
 densified rows.  See Xmc>LshSimHash for the codes.
 
 indices: [n, s] int32, every entry in [0, num_features).
-weights: [n, s] float32, finite.
+weights: [n, s] float32, finite, and the float32 sums of duplicate indices
+  finite too (the densified row must be finite, as Xmc>LshSimHash requires).
 projection: [num_features, K * L] float32.
 codes: [n, L] int32.
 
 Raises InvalidArgument for wrong ranks or shapes, an index out of range, a
-NaN/inf value, or an attribute out of range.
+NaN/inf value, duplicate weights whose float32 sum overflows, or an
+attribute out of range.
 )doc");
 
 REGISTER_OP("Xmc>LshDwtaHash")
@@ -190,16 +193,22 @@ REGISTER_OP("Xmc>LshDwtaHashSparse")
 DWTA bucket ids of uniform-sparse vectors (num_features coordinates).
 
 Visits only the row's non-zero entries (duplicates summed) and, through an
-inverse map coordinate -> (bin, position) built per call in O(K L w +
-num_features), only the bins containing them: O(s K L w / num_features) per
-row.  Identical to Xmc>LshDwtaHash on the densified rows.
+inverse map coordinate -> (bin, position) built per call, only the bins
+containing them: O(s K L w / num_features) per row.  The map covers only
+the coordinates the bins hold: an array over [0, max(bins)] (O(K L w +
+max(bins)) per call) when that range is at most max(2^22, 8 K L w), else the
+sorted distinct bin coordinates with a binary search per entry; its memory
+never grows with num_features.  Identical to Xmc>LshDwtaHash on the
+densified rows.
 
 indices: [n, s] int32 in [0, num_features).
-weights: [n, s] float32, finite.
+weights: [n, s] float32, finite (duplicate sums too, as Xmc>LshSimHashSparse).
 bins: [K * L, w] int32 in [0, num_features).
 codes: [n, L] int32.
+num_features: the input dimension e, in [1, 2^31 - 1] (int32 coordinates).
 
-Raises InvalidArgument as Xmc>LshDwtaHash, and for an index out of range.
+Raises InvalidArgument as Xmc>LshDwtaHash, and for an index out of range,
+num_features out of range, or duplicate weights whose float32 sum overflows.
 )doc");
 
 REGISTER_OP("Xmc>LshBuildTables")
@@ -212,6 +221,12 @@ REGISTER_OP("Xmc>LshBuildTables")
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &codes));
       int64_t B;
       TF_RETURN_IF_ERROR(c->GetAttr("num_buckets", &B));
+      // Before B + 1 (which would overflow for B near 2^63).
+      if (B < 1 || B > lsh::kMaxNumBuckets) {
+        return errors::InvalidArgument(
+            "num_buckets must be in [1, 2^24] (bucket ids of at most 24 "
+            "bits), got ", B);
+      }
       c->set_output(0, c->Matrix(c->Dim(codes, 1), B + 1));
       c->set_output(1, c->Matrix(c->Dim(codes, 1), c->Dim(codes, 0)));
       return absl::OkStatus();
@@ -226,11 +241,12 @@ c + 1]] in increasing order.
 
 codes: [m, L] int32 bucket ids in [0, num_buckets) (Xmc>LshSimHash etc.).
 offsets: [L, num_buckets + 1] int32, offsets[l, 0] = 0, offsets[l, B] = m.
-labels: [L, m] int32 label ids.
-num_buckets: B.
+labels: [L, m] int32 label ids, a permutation of [0, m) per table.
+num_buckets: B, in [1, 2^24] (bucket ids have at most 24 bits).
 
-Raises InvalidArgument when codes is not a matrix, a code is out of range, or
-m does not fit int32.
+Raises InvalidArgument when codes is not a matrix, a code is out of range,
+m does not fit int32, or num_buckets is out of range (the shape function
+rejects it too, so a graph fails when it is built).
 )doc");
 
 REGISTER_OP("Xmc>LshUpdateTables")
@@ -265,14 +281,21 @@ unchanged runs of labels; the op is functional, so it writes a new [L, m]
 label array (O(L m) memory traffic, but no hashing).  Tables without a
 moved label are copied.  A row listed twice takes its last row_codes.
 
-offsets, labels, codes: the current tables and codes (Xmc>LshBuildTables).
+offsets, labels, codes: the current tables and codes (Xmc>LshBuildTables):
+  offsets [L, B + 1] non-decreasing from 0 to m per table; labels [L, m], a
+  permutation of [0, m) per table (every label once in every table); codes
+  [m, L], every entry in [0, B).
 rows: [r] int32 label ids in [0, m).
 row_codes: [r, L] int32 new bucket ids in [0, B).
 new_offsets, new_labels, new_codes: the updated tables and codes.
 
-Raises InvalidArgument for inconsistent shapes, a row or code out of range,
-malformed offsets, or tables that do not match `codes` (a re-hashed label
-missing from the bucket its old code names).
+Every input is validated in O(input) passes (the L m labels and m L codes
+once each, besides the copy), so invalid tables are never propagated.
+
+Raises InvalidArgument for inconsistent shapes, a row, row code or code out
+of range, malformed offsets, a label id out of [0, m) or repeated within a
+table (labels[l] not a permutation), or tables that do not match `codes` (a
+re-hashed label missing from the bucket its old code names).
 )doc");
 
 REGISTER_OP("Xmc>LshQuery")
@@ -301,6 +324,10 @@ REGISTER_OP("Xmc>LshQuery")
           c->Merge(c->Dim(query, 2), c->Dim(offsets, 0), &unused));
       int64_t k;
       TF_RETURN_IF_ERROR(c->GetAttr("num_candidates", &k));
+      if (k < 1 || k > (int64_t{1} << 24)) {
+        return errors::InvalidArgument(
+            "num_candidates must be in [1, 2^24], got ", k);
+      }
       ShapeHandle out = c->Matrix(c->Dim(query, 0), k);
       c->set_output(0, out);
       c->set_output(1, out);
@@ -342,12 +369,15 @@ collisions: [batch, num_candidates] int32, the number of (query, table)
   everywhere without count_collisions).
 rate: [batch] float32, r = min(1, num_candidates / T).
 probed: [batch] int64, T.
-num_candidates: k >= 1.
+num_candidates: k, in [1, 2^24].
 seed: seed of the draws.
 count_collisions: compute `collisions` (O(k q L) per instance).
 
 Raises InvalidArgument for inconsistent shapes, a query code out of range, a
-non-scalar step, or (checked on the entries read) malformed tables.
+non-scalar step, num_candidates out of range, or (checked on the entries
+read, so that the cost stays independent of m) malformed tables: an offset
+of a probed bucket or a label id read out of range, or, with
+count_collisions, a code of a candidate (codes[id, l]) not in [0, B).
 )doc");
 
 REGISTER_OP("Xmc>LshSparseCosine")
@@ -375,21 +405,25 @@ Cosines between two batches of uniform-sparse vectors: a x b per instance.
 
 cosines[i, j, p] = cos(a_ij, b_ip), where a_ij is a_weights[i, j, :] at the
 coordinates a_indices[i, j, :] of a num_features-dimensional space
-(duplicates summed), likewise b_ip; accumulated in float64; 0 when a vector
-is zero.  With the gathered rows of a uniform-sparse head (candidates as a,
-positive labels as b) this gives the SimHash collision probability
-1 - acos(cos) / pi of LSH-label candidates (LNS Theorem 1) without
-densifying the head.  O(n (s_a k + s_b)) per instance plus the sort of the
-k rows of a.
+(duplicates summed in float64), likewise b_ip; dot products and norms in
+float64 too (no float32 weight can overflow them); 0 when a vector is zero.
+With the gathered rows of a uniform-sparse head (candidates as a, positive
+labels as b) this gives the SimHash collision probability 1 - acos(cos) / pi
+of LSH-label candidates (LNS Theorem 1) without densifying the head.
+O(n (s_a k + s_b)) per instance plus the sort of the k rows of a.  The
+scratch memory is num_features doubles per thread up to 2^22 features, and
+above O(k s_a) (the distinct coordinates of an instance's a rows, searched
+by bisection, adding a log factor).
 
 a_indices: [batch, k, s_a] int32 in [0, num_features).
 a_weights: [batch, k, s_a] float32, finite.
 b_indices: [batch, n, s_b] int32 in [0, num_features).
 b_weights: [batch, n, s_b] float32, finite.
 cosines: [batch, k, n] float32.
+num_features: the dimension e, in [1, 2^31 - 1] (int32 coordinates).
 
-Raises InvalidArgument for wrong ranks or shapes, an index out of range or a
-NaN/inf weight.
+Raises InvalidArgument for wrong ranks or shapes, an index out of range, a
+NaN/inf weight, or num_features out of range.
 )doc");
 
 }  // namespace xmc_tf

@@ -328,6 +328,133 @@ def fuzz_uniform_sparse(max_examples):
 
 
 # ---------------------------------------------------------------------------
+# Uniform-sparse layer on sparse input: Xmc>UniformSparseInvertedIndex,
+# Xmc>UniformSparseMatmulSparseInput and its weight gradient against NumPy
+# (products only for stored entries, duplicates summed, zero backward
+# entries contribute exactly 0).
+
+
+@target("uniform_sparse_sparse_input")
+def fuzz_uniform_sparse_sparse_input(max_examples):
+    from hypothesis import given
+    from hypothesis import strategies as st
+    import tensorflow as tf
+
+    lib = _library("xmc_uniform_sparse_matmul_sparse_input")
+    settings = _settings(max_examples)
+
+    @settings
+    @given(b=st.integers(0, 20), e=st.integers(1, 80), m=st.integers(0, 50),
+           s=st.integers(0, 8), nnz=st.integers(0, 120),
+           tidx=st.sampled_from(["int32", "int64"]),
+           density=st.sampled_from([0.0, 0.1, 0.5, 1.0]),
+           special=st.sampled_from(["none", "nonfinite"]),
+           bad=st.sampled_from(["", "", "", "row", "col", "index", "entry",
+                                "offsets"]),
+           seed=st.integers(0, 2**31 - 1))
+    def matches_numpy(b, e, m, s, nnz, tidx, density, special, bad, seed):
+        case("uniform_sparse_sparse_input", b=b, e=e, m=m, s=s, nnz=nnz,
+             tidx=tidx, density=density, special=special, bad=bad,
+             seed=seed)
+        rng = np.random.default_rng(seed)
+        nnz = nnz if b else 0
+        # Unordered entries with repeats (they add up).
+        rows = rng.integers(0, max(b, 1), nnz).astype(np.int64)
+        cols = rng.integers(0, e, nnz).astype(np.int64)
+        vals = rng.normal(size=nnz).astype(np.float32)
+        idx = rng.integers(0, e, size=(m, s)).astype(np.int32)
+        w = rng.normal(size=(m, s)).astype(np.float32)
+        g = rng.normal(size=(b, m)).astype(np.float32)
+        g[rng.random((b, m)) >= density] = 0.0
+        if special == "nonfinite":
+            for arr in (vals, w):
+                if arr.size:
+                    k = rng.integers(1, 3)
+                    arr.reshape(-1)[rng.integers(0, arr.size, k)] = \
+                        rng.choice([np.inf, -np.inf, np.nan], k)
+        n = m * s
+        dtype = getattr(tf, tidx)
+        if bad == "index" and n:
+            idx.reshape(-1)[rng.integers(0, n)] = rng.choice([-1, e])
+            first = int(np.flatnonzero((idx < 0) | (idx >= e))[0])
+            _expect_rejected(
+                lambda: lib.xmc_uniform_sparse_inverted_index(
+                    indices=idx, num_features=np.int64(e), Tidx=dtype),
+                "bad index", f"indices[{first // s}, {first % s}] = ",
+                tf.errors.InvalidArgumentError)
+            return
+        offsets, entries = lib.xmc_uniform_sparse_inverted_index(
+            indices=idx, num_features=np.int64(e), Tidx=dtype)
+        flat = idx.reshape(-1)
+        np.testing.assert_array_equal(
+            offsets.numpy(), np.concatenate(
+                [[0], np.cumsum(np.bincount(flat, minlength=e))]))
+        np.testing.assert_array_equal(entries.numpy(),
+                                      np.argsort(flat, kind="stable"))
+        assert entries.dtype == dtype
+        offsets, entries = offsets.numpy(), entries.numpy()
+        want = None
+        if bad == "row" and b:
+            rows[rng.integers(0, nnz)] = b if nnz else 0
+            want = "rows[" if nnz else None
+        elif bad == "col" and nnz:
+            cols[rng.integers(0, nnz)] = e
+            want = "cols["
+        elif bad == "entry" and n:
+            entries[rng.integers(0, n)] = n
+            want = "entries["
+        elif bad == "offsets":
+            offsets[-1] += 1
+            want = "offsets["
+        args = dict(rows=rows, cols=cols, values=vals, offsets=offsets,
+                    entries=entries)
+
+        def forward():
+            return lib.xmc_uniform_sparse_matmul_sparse_input(
+                batch_size=np.int64(b), weights=w, **args)
+
+        def grad_weights():
+            return lib.xmc_uniform_sparse_matmul_sparse_input_grad_weights(
+                backward=g, weights=w, **args)
+
+        if want is not None:
+            for call in (forward, grad_weights):
+                _expect_rejected(call, f"bad {bad}", want,
+                                 tf.errors.InvalidArgumentError)
+            return
+        pos = np.arange(n)
+        hit = cols[:, None] == flat[None, :]  # [nnz, n]: entry meets p
+        with np.errstate(invalid="ignore", over="ignore"):
+            v64, w64, g64 = (a.astype(np.float64) for a in (vals, w, g))
+
+            def reference(v64, w64, g64):
+                terms = np.where(hit, v64[:, None] * w64.reshape(-1)[None],
+                                 0.0)
+                scores = np.zeros((b, m))
+                np.add.at(scores, (np.broadcast_to(rows[:, None], hit.shape),
+                                   np.broadcast_to(pos // max(s, 1),
+                                                   hit.shape)), terms)
+                back = g64[rows][:, pos // max(s, 1)] if n else \
+                    np.zeros((nnz, 0))
+                gterms = np.where(hit & (back != 0), v64[:, None] * back,
+                                  0.0)
+                return scores, gterms.sum(axis=0).reshape(m, s)
+
+            want_scores, want_grad = reference(v64, w64, g64)
+            scale_scores, scale_grad = reference(np.abs(v64), np.abs(w64),
+                                                 np.abs(g64))
+        got_scores = forward().numpy()
+        got_grad = grad_weights().numpy()
+        eps = (2.0 ** -24, 2.0 ** -126)
+        _assert_close(got_scores, want_scores, scale_scores, eps, nnz,
+                      "scores")
+        _assert_close(got_grad, want_grad, scale_grad, eps, nnz,
+                      "grad_weights")
+
+    matches_numpy()
+
+
+# ---------------------------------------------------------------------------
 # MACH decoder: Xmc>MachTopK (threshold, threshold without fallback, brute
 # force) against NumPy, bit for bit.
 
@@ -665,7 +792,488 @@ def fuzz_embedding_bag(max_examples):
 
 
 # ---------------------------------------------------------------------------
-# LSH ops (ops/lsh/): targets go here, e.g. @target("lsh").
+# LSH ops (ops/lsh/): Xmc>LshSimHash(Sparse), Xmc>LshDwtaHash(Sparse),
+# Xmc>LshBuildTables, Xmc>LshUpdateTables, Xmc>LshQuery and
+# Xmc>LshSparseCosine against NumPy references (the documented hash
+# layout, a stable argsort, set unions, float64 cosines), and rejection of
+# bad input (ids, codes, attributes and sums out of range) with
+# InvalidArgument naming the offending argument.
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x):
+    """splitmix64 finaliser (ops/lsh/lsh_kernels.h), on Python ints."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _lsh_codes(values, K, bits, bucket_bits):
+    """Table codes [n, L] from per-function values [n, K L]: K values of
+    ``bits`` bits concatenated (first lowest), folded by the salted mixing
+    hash when longer than ``bucket_bits``."""
+    n, H = values.shape
+    L = H // K
+    out = np.zeros((n, L), np.int64)
+    for i in range(n):
+        for l in range(L):
+            raw = 0
+            for k in range(K):
+                raw |= int(values[i, l * K + k]) << (k * bits)
+            if K * bits > bucket_bits:
+                raw = _mix64(raw ^ _mix64(l + 1)) >> (64 - bucket_bits)
+            out[i, l] = raw
+    return out
+
+
+def _dwta_values(x, bins, seed):
+    """DWTA hash values [n, H] with the documented densification."""
+    n = x.shape[0]
+    H, w = bins.shape
+    seed_mix = _mix64((seed & _M64) ^ 0x4457544148415348)
+    out = np.zeros((n, H), np.int64)
+    for i in range(n):
+        pos = np.full(H, -1)
+        for j in range(H):
+            best = None
+            for p in range(w):
+                v = x[i, bins[j, p]]
+                if v != 0 and (best is None or v > best):
+                    best, pos[j] = v, p
+        if (pos < 0).all():
+            continue
+        for j in range(H):
+            donor = j if pos[j] >= 0 else None
+            for t in range(1, 33):
+                if donor is not None:
+                    break
+                c = _mix64((seed_mix + (j << 32) + t) & _M64) % H
+                if pos[c] >= 0:
+                    donor = c
+            if donor is None:
+                donor = next((j + t) % H for t in range(1, H)
+                             if pos[(j + t) % H] >= 0)
+            out[i, j] = pos[donor]
+    return out
+
+
+def _densify32(indices, weights, e):
+    """float32 rows with duplicates summed in input order (as the ops)."""
+    x = np.zeros((indices.shape[0], e), np.float32)
+    with np.errstate(over="ignore"):
+        for i in range(indices.shape[0]):
+            np.add.at(x[i], indices[i], weights[i])
+    return x
+
+
+def _lsh_tables(codes, B):
+    codes = np.asarray(codes)
+    m, L = codes.shape
+    offsets = np.zeros((L, B + 1), np.int64)
+    labels = np.zeros((L, m), np.int64)
+    for l in range(L):
+        labels[l] = np.argsort(codes[:, l], kind="stable")
+        offsets[l, 1:] = np.cumsum(np.bincount(codes[:, l], minlength=B))
+    return offsets, labels
+
+
+def _sparse_rows(rng, shape, e, scale):
+    """indices / weights of sparse rows: duplicate indices, exact zeros,
+    cancelling duplicates, values scaled by ``scale`` (no subnormals)."""
+    s = shape[-1]
+    indices = rng.integers(0, e, shape).astype(np.int32)
+    fmax = float(np.finfo(np.float32).max)
+    weights = np.clip(rng.normal(size=shape) * scale, -fmax,
+                      fmax).astype(np.float32)
+    if s >= 2:
+        dup = rng.random(shape[:-1]) < 0.5
+        indices[..., 1] = np.where(dup, indices[..., 0], indices[..., 1])
+        cancel = rng.random(shape[:-1]) < 0.2
+        weights[..., 1] = np.where(dup & cancel, -weights[..., 0],
+                                   weights[..., 1])
+    weights[rng.random(shape) < 0.15] = 0.0
+    return indices, weights
+
+
+def _relabel(rng, e, big):
+    """An injective map of [0, e) into [0, big) (big >= e), as an array."""
+    if big <= 4 * e:
+        return rng.permutation(big)[:e].astype(np.int64)
+    out = set()
+    while len(out) < e:
+        out.update(int(v) for v in rng.integers(0, big, e - len(out)))
+    return rng.permutation(np.array(sorted(out), np.int64))
+
+
+@target("lsh")
+def fuzz_lsh(max_examples):
+    from hypothesis import example, given
+    from hypothesis import strategies as st
+    import tensorflow as tf
+
+    _library("xmc_lsh_query")
+    from xmc_tf.ops import lsh
+    try:  # a scratch allocation per coordinate of 2^31 features (a
+        # regression) fails in this process instead of exhausting the machine
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+    except (ImportError, ValueError, OSError):
+        pass
+    settings = _settings(max_examples)
+    IAE = tf.errors.InvalidArgumentError
+    U24 = 2.0 ** -24
+
+    @settings
+    @given(kind=st.sampled_from(["simhash", "dwta"]), n=st.integers(0, 6),
+           d=st.integers(1, 24), K=st.integers(1, 6), L=st.integers(1, 4),
+           log_w=st.integers(1, 3), bucket_bits=st.sampled_from([4, 16, 24]),
+           mode=st.sampled_from(["ints", "gauss", "relu"]),
+           big=st.sampled_from([0, 2**22 + 3, 2**31 - 1]),
+           seed=st.integers(0, 2**31 - 1))
+    def hashes_match_reference(kind, n, d, K, L, log_w, bucket_bits, mode,
+                               big, seed):
+        case("lsh.hashes", kind=kind, n=n, d=d, K=K, L=L, log_w=log_w,
+             bucket_bits=bucket_bits, mode=mode, big=big, seed=seed)
+        rng = np.random.default_rng(seed)
+        w = 2 ** log_w
+        if mode == "ints":  # exact float32 sums: bit-exact SimHash
+            x = rng.integers(-3, 4, (n, d)).astype(np.float32)
+        else:
+            x = rng.normal(size=(n, d)).astype(np.float32)
+        if mode == "relu":
+            x[x < 0.4] = 0.0
+        s = int(rng.integers(1, 6))
+        idx, wts = _sparse_rows(rng, (n, s), d, 1.0)
+        if mode == "ints":
+            wts = np.round(wts * 2)
+        dense_of_sparse = _densify32(idx, wts, d)
+        if kind == "simhash":
+            proj = (rng.integers(-3, 4, (d, K * L)) if mode == "ints" else
+                    rng.normal(size=(d, K * L))).astype(np.float32)
+            got = lsh.lsh_simhash(x, proj, K, bucket_bits).numpy()
+            got_sp = lsh.lsh_simhash_sparse(idx, wts, proj, K,
+                                            bucket_bits).numpy()
+            want_sp_dense = lsh.lsh_simhash(dense_of_sparse, proj, K,
+                                            bucket_bits).numpy()
+            # The sparse path is bit-identical to the densified rows.
+            np.testing.assert_array_equal(got_sp, want_sp_dense)
+            for xs, codes in ((x, got), (dense_of_sparse, got_sp)):
+                p = xs.astype(np.float64) @ proj.astype(np.float64)
+                want = _lsh_codes((p > 0).astype(np.int64), K, 1,
+                                  bucket_bits)
+                # float32 accumulation may flip a bit only where |p| is
+                # within the rounding bound of its terms (never for ints).
+                bound = (np.abs(xs).astype(np.float64) @
+                         np.abs(proj).astype(np.float64)) * (d + 2) * U24
+                shaky = (np.abs(p) <= bound).reshape(n, L, K).any(-1)
+                if mode == "ints":
+                    shaky[:] = False
+                assert codes.shape == (n, L), codes.shape
+                bad = (codes != want) & ~shaky
+                assert not bad.any(), (np.argwhere(bad)[:3], codes, want)
+            return
+        bins = rng.integers(0, d, (K * L, w)).astype(np.int32)
+        got = lsh.lsh_dwta_hash(x, bins, K, bucket_bits, seed=seed).numpy()
+        want = _lsh_codes(_dwta_values(x, bins, seed), K, log_w, bucket_bits)
+        np.testing.assert_array_equal(got, want)
+        got_sp = lsh.lsh_dwta_hash_sparse(idx, wts, bins, d, K, bucket_bits,
+                                          seed=seed).numpy()
+        want_sp = _lsh_codes(_dwta_values(dense_of_sparse, bins, seed), K,
+                             log_w, bucket_bits)
+        np.testing.assert_array_equal(got_sp, want_sp)
+        if big:
+            # Coordinates relabelled injectively into a huge space: same
+            # codes (through the compact inverse map when bins are sparse).
+            f = _relabel(rng, d, big)
+            got_big = lsh.lsh_dwta_hash_sparse(
+                f[idx].astype(np.int32), wts, f[bins].astype(np.int32), big,
+                K, bucket_bits, seed=seed).numpy()
+            np.testing.assert_array_equal(got_big, want_sp)
+
+    @settings
+    @given(m=st.integers(0, 60), L=st.integers(0, 4), B=st.integers(1, 9),
+           r=st.integers(0, 12), q=st.integers(1, 3), b=st.integers(0, 4),
+           k=st.integers(1, 40), count=st.booleans(),
+           seed=st.integers(0, 2**31 - 1))
+    def tables_match_reference(m, L, B, r, q, b, k, count, seed):
+        case("lsh.tables", m=m, L=L, B=B, r=r, q=q, b=b, k=k, count=count,
+             seed=seed)
+        rng = np.random.default_rng(seed)
+        codes = rng.integers(0, B, (m, L)).astype(np.int32)
+        off, lab = lsh.lsh_build_tables(codes, B)
+        want_off, want_lab = _lsh_tables(codes, B)
+        np.testing.assert_array_equal(off.numpy(), want_off)
+        np.testing.assert_array_equal(lab.numpy(), want_lab)
+        # Update (repeated rows: the last wins) == rebuild.
+        rows = rng.integers(0, m, r).astype(np.int32) if m else \
+            np.zeros(0, np.int32)
+        new = rng.integers(0, B, (len(rows), L)).astype(np.int32)
+        o2, l2, c2 = lsh.lsh_update_tables(off, lab, codes, rows, new)
+        expect = codes.copy()
+        for row, c in zip(rows, new):
+            expect[row] = c
+        want_off, want_lab = _lsh_tables(expect, B)
+        np.testing.assert_array_equal(c2.numpy(), expect)
+        np.testing.assert_array_equal(o2.numpy(), want_off)
+        np.testing.assert_array_equal(l2.numpy(), want_lab)
+        # Query against the set union of the probed buckets.
+        qc = rng.integers(-1, B, (b, q, L)).astype(np.int32)
+        res = lsh.lsh_query(o2, l2, c2, qc, k, step=seed, seed=7,
+                            count_collisions=count)
+        ids, valid = res.ids.numpy(), res.valid.numpy()
+        for i in range(b):
+            union, total = set(), 0
+            for qq in range(q):
+                for l in range(L):
+                    c = qc[i, qq, l]
+                    if c >= 0:
+                        bucket = want_lab[l, want_off[l, c]:want_off[l, c + 1]]
+                        total += len(bucket)
+                        union.update(bucket.tolist())
+            nv = int(valid[i].sum())
+            assert valid[i, :nv].all() and not valid[i, nv:].any()
+            got = ids[i, :nv].tolist()
+            assert len(set(got)) == nv and set(got) <= union
+            assert (ids[i, nv:] == 0).all()
+            assert int(res.probed[i]) == total
+            if total <= k:
+                assert set(got) == union and float(res.rate[i]) == 1.0
+            else:
+                assert abs(float(res.rate[i]) - k / total) <= 1e-6 * k / total
+            coll = res.collisions.numpy()[i]
+            for t, j in enumerate(got):
+                want = (sum(int(expect[j, l] == qc[i, qq, l])
+                            for qq in range(q) for l in range(L))
+                        if count else 0)
+                assert coll[t] == want, (i, j, coll[t], want)
+            assert not coll[nv:].any()
+
+    @settings
+    @given(batch=st.integers(0, 3), k=st.integers(0, 4), n=st.integers(0, 3),
+           sa=st.integers(0, 5), sb=st.integers(0, 5), e=st.integers(1, 12),
+           scale=st.sampled_from([1.0, 1e30, 3e38, 1e-30]),
+           big=st.sampled_from([0, 2**22 + 1, 2**31 - 1]),
+           seed=st.integers(0, 2**31 - 1))
+    def cosine_matches_reference(batch, k, n, sa, sb, e, scale, big, seed):
+        case("lsh.cosine", batch=batch, k=k, n=n, sa=sa, sb=sb, e=e,
+             scale=scale, big=big, seed=seed)
+        rng = np.random.default_rng(seed)
+        ai, aw = _sparse_rows(rng, (batch, k, sa), e, scale)
+        bi, bw = _sparse_rows(rng, (batch, n, sb), e, scale)
+        aw, bw = _ftz(aw), _ftz(bw)  # the kernels read subnormals as 0
+        if scale == 3e38:  # duplicates overflow float32, not float64
+            aw[np.abs(aw) > 0] = np.float32(3e38)
+        if big:
+            f = _relabel(rng, e, big)
+            ai_, bi_, e_ = f[ai].astype(np.int32), f[bi].astype(np.int32), big
+        else:
+            ai_, bi_, e_ = ai, bi, e
+        got = lsh.lsh_sparse_cosine(ai_, aw, bi_, bw, e_).numpy()
+        assert got.shape == (batch, k, n), got.shape
+        for i in range(batch):
+            xa = np.zeros((k, e))
+            xb = np.zeros((n, e))
+            for j in range(k):
+                np.add.at(xa[j], ai[i, j], aw[i, j].astype(np.float64))
+            for p in range(n):
+                np.add.at(xb[p], bi[i, p], bw[i, p].astype(np.float64))
+            na, nb = np.linalg.norm(xa, axis=1), np.linalg.norm(xb, axis=1)
+            den = na[:, None] * nb[None, :]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                want = np.where(den > 0, (xa @ xb.T) / den, 0.0)
+            assert np.isfinite(got[i]).all(), got[i]
+            tol = U24 + 4 * (sa + sb + 2) * 2.0 ** -52
+            err = np.abs(got[i] - want)
+            assert (err <= tol * np.maximum(np.abs(want), 1.0)).all(), (
+                i, got[i], want)
+
+    bad_kinds = ["update_label_range", "update_label_repeat",
+                 "update_code_range", "update_row_range",
+                 "update_row_code_range", "query_code_range",
+                 "query_label_codes", "build_code_range",
+                 "build_num_buckets", "dwta_num_features",
+                 "cosine_num_features", "sparse_sum_overflow",
+                 "cosine_index_range", "dwta_index_range"]
+
+    def every_kind(fn):
+        """Explicit examples: each kind, eagerly and in a graph."""
+        for kind in bad_kinds:
+            for graph in (False, True):
+                fn = example(kind=kind, graph=graph, seed=1)(fn)
+        return fn
+
+    @settings
+    @every_kind
+    @given(kind=st.sampled_from(bad_kinds), graph=st.booleans(),
+           seed=st.integers(0, 2**31 - 1))
+    def bad_input_rejected(kind, graph, seed):
+        case("lsh.bad", kind=kind, graph=graph, seed=seed)
+        rng = np.random.default_rng(seed)
+        m, L, B = int(rng.integers(1, 30)), int(rng.integers(1, 4)), \
+            int(rng.integers(1, 9))
+        codes = rng.integers(0, B, (m, L)).astype(np.int32)
+        off, lab = (t.numpy() for t in lsh.lsh_build_tables(codes, B))
+        rows = rng.integers(0, m, 3).astype(np.int32)
+        new = rng.integers(0, B, (3, L)).astype(np.int32)
+        out_of = [-1, -7, -2**31, 2**31 - 1]
+        errors = IAE
+
+        def call(fn, *args):
+            """fn(*args), eagerly or inside a tf.function."""
+            if not graph:
+                return fn(*args)
+            return tf.function(fn)(*args)
+
+        if kind == "update_label_range":
+            l, t = int(rng.integers(0, L)), int(rng.integers(0, m))
+            v = int(rng.choice(out_of + [m, m + 100]))
+            lab[l, t] = v
+            bad_l = int(np.flatnonzero((lab[l:] < 0) | (lab[l:] >= m))[0])
+            l2, t2 = l + bad_l // m, bad_l % m  # first bad in scan order
+            want = f"labels[{l2}, {t2}] = {lab[l2, t2]} is not in [0, {m})"
+            fn = lambda: call(lsh.lsh_update_tables, off, lab, codes, rows,
+                              new)
+        elif kind == "update_label_repeat":
+            if m < 2:
+                return
+            l = int(rng.integers(0, L))
+            t, u = rng.choice(m, 2, replace=False)
+            lab[l, t] = lab[l, u]
+            seen, pos = set(), None
+            for pos, v in enumerate(lab[l].tolist()):
+                if v in seen:
+                    break
+                seen.add(v)
+            want = (f"labels[{l}, {pos}] = {lab[l, pos]} repeats an earlier "
+                    f"label id: labels[{l}] must be a permutation")
+            fn = lambda: call(lsh.lsh_update_tables, off, lab, codes, rows,
+                              new)
+        elif kind == "update_code_range":
+            j, l = int(rng.integers(0, m)), int(rng.integers(0, L))
+            v = int(rng.choice(out_of + [B, B + 5]))
+            codes[j, l] = v
+            # The moved labels' old codes are checked first, then all.
+            moved = sorted(set(rows.tolist()))
+            first = next((r for r in moved if (codes[r] != np.clip(
+                codes[r], 0, B - 1)).any()), None)
+            jj = first if first is not None else j
+            ll = int(np.flatnonzero((codes[jj] < 0) | (codes[jj] >= B))[0])
+            want = f"codes[{jj}, {ll}] = {codes[jj, ll]} is not in [0, {B})"
+            fn = lambda: call(lsh.lsh_update_tables, off, lab, codes, rows,
+                              new)
+        elif kind == "update_row_range":
+            i = int(rng.integers(0, 3))
+            rows[i] = int(rng.choice(out_of + [m]))
+            i = int(np.flatnonzero((rows < 0) | (rows >= m))[0])
+            want = f"rows[{i}] = {rows[i]} is not in [0, {m})"
+            fn = lambda: call(lsh.lsh_update_tables, off, lab, codes, rows,
+                              new)
+        elif kind == "update_row_code_range":
+            i, l = int(rng.integers(0, 3)), int(rng.integers(0, L))
+            new[i, l] = int(rng.choice(out_of + [B]))
+            want = f"row_codes[{i}, {l}] = {new[i, l]} is not in [0, {B})"
+            fn = lambda: call(lsh.lsh_update_tables, off, lab, codes, rows,
+                              new)
+        elif kind == "query_code_range":
+            qc = codes[:2][:, None, :].copy()
+            i, l = int(rng.integers(0, len(qc))), int(rng.integers(0, L))
+            qc[i, 0, l] = int(rng.choice([-2, -7, -2**31, B, 2**31 - 1]))
+            first = int(np.flatnonzero((qc.reshape(-1) < -1) |
+                                       (qc.reshape(-1) >= B))[0])
+            i, l = divmod(first, L)
+            want = f"query_codes[{i}, 0, {l}] = {qc[i, 0, l]} is not -1"
+            fn = lambda: call(lsh.lsh_query, off, lab, codes, qc, 5)
+        elif kind == "query_label_codes":
+            qc = codes[:1][:, None, :].copy()  # probes label 0's buckets
+            bad_codes = codes.copy()
+            v = int(rng.choice(out_of + [B, B + 5]))
+            bad_codes[0, int(rng.integers(0, L))] = v
+            k = L * m  # >= the probed entries: label 0 is read
+            # Unread (no collision counts): accepted, as documented.
+            call(lambda *a: lsh.lsh_query(*a, count_collisions=False).ids,
+                 off, lab, bad_codes, qc, k)
+            want = f"] = {v} is not in [0, {B}) (num_buckets; read for"
+            fn = lambda: call(lambda *a: lsh.lsh_query(*a).ids, off, lab,
+                              bad_codes, qc, k)
+        elif kind == "build_code_range":
+            j, l = int(rng.integers(0, m)), int(rng.integers(0, L))
+            codes[j, l] = int(rng.choice(out_of + [B]))
+            first = int(np.flatnonzero((codes.reshape(-1) < 0) |
+                                       (codes.reshape(-1) >= B))[0])
+            j, l = divmod(first, L)
+            want = f"codes[{j}, {l}] = {codes[j, l]} is not in [0, {B})"
+            fn = lambda: call(lambda c: lsh.lsh_build_tables(c, B), codes)
+        elif kind == "build_num_buckets":
+            nb = int(rng.choice([2**24 + 1, 2**31, 2**40, 2**63 - 1]))
+            shape = (int(rng.integers(0, 6)), int(rng.integers(0, 3)))
+            want = f"num_buckets must be in [1, 2^24]"
+            # In a graph the shape function rejects it: ValueError.
+            errors = (ValueError,) if graph else IAE
+            fn = lambda: call(lambda c: lsh.lsh_build_tables(c, nb),
+                              np.zeros(shape, np.int32))
+        elif kind in ("dwta_num_features", "cosine_num_features"):
+            nf = int(rng.choice([2**31, 2**40, 2**63 - 1]))
+            want = f"num_features must be in [1, 2^31 - 1]"
+            idx = np.array([[1]], np.int32)
+            if kind == "dwta_num_features":
+                bins = lsh.dwta_bins(16, 4, 4)
+                fn = lambda: call(lambda i: lsh.lsh_dwta_hash_sparse(
+                    i, np.ones((1, 1), np.float32), bins, nf, 2), idx)
+            else:
+                fn = lambda: call(lambda i: lsh.lsh_sparse_cosine(
+                    i[None], np.ones((1, 1, 1), np.float32), i[None],
+                    np.ones((1, 1, 1), np.float32), nf), idx)
+        elif kind == "sparse_sum_overflow":
+            n, s, e = int(rng.integers(1, 4)), int(rng.integers(2, 5)), 8
+            idx = rng.integers(0, e, (n, s)).astype(np.int32)
+            wts = rng.normal(size=(n, s)).astype(np.float32)
+            i = int(rng.integers(0, n))
+            idx[i, 1] = idx[i, 0]
+            wts[i, :2] = np.float32(rng.choice([3e38, -3e38]))
+            dense = _densify32(idx, wts, e)
+            i = int(np.flatnonzero(~np.isfinite(dense).all(1))[0])
+            want = f"weights[{i}]: the weights of index"
+            if rng.random() < 0.5:
+                proj = rng.normal(size=(e, 4)).astype(np.float32)
+                fn = lambda: call(lambda a, b: lsh.lsh_simhash_sparse(
+                    a, b, proj, 2), idx, wts)
+            else:
+                bins = lsh.dwta_bins(e, 4, 4)
+                fn = lambda: call(lambda a, b: lsh.lsh_dwta_hash_sparse(
+                    a, b, bins, e, 2), idx, wts)
+        elif kind == "cosine_index_range":
+            e = int(rng.integers(1, 9))
+            ai = rng.integers(0, e, (2, 3, 2)).astype(np.int32)
+            v = int(rng.choice(out_of + [e]))
+            ai[1, 2, 1] = v
+            first = int(np.flatnonzero((ai.reshape(-1) < 0) |
+                                       (ai.reshape(-1) >= e))[0])
+            want = (f"a_indices[{first // 6}, {first // 2 % 3}, "
+                    f"{first % 2}] = {v} is not in [0, {e})")
+            fn = lambda: call(lambda a: lsh.lsh_sparse_cosine(
+                a, np.ones((2, 3, 2), np.float32), np.zeros((2, 1, 1),
+                                                            np.int32),
+                np.ones((2, 1, 1), np.float32), e), ai)
+        else:  # dwta_index_range
+            e = int(rng.integers(4, 9))
+            idx = rng.integers(0, e, (3, 2)).astype(np.int32)
+            idx[2, 1] = int(rng.choice(out_of + [e]))
+            first = int(np.flatnonzero((idx.reshape(-1) < 0) |
+                                       (idx.reshape(-1) >= e))[0])
+            want = (f"indices[{first // 2}, {first % 2}] = "
+                    f"{idx.reshape(-1)[first]} is not in [0, {e})")
+            bins = lsh.dwta_bins(e, 4, 4)
+            fn = lambda: call(lambda a: lsh.lsh_dwta_hash_sparse(
+                a, np.ones((3, 2), np.float32), bins, e, 2), idx)
+        _expect_rejected(fn, f"lsh {kind} (graph={graph})", contains=want,
+                         errors=errors)
+
+    hashes_match_reference()
+    tables_match_reference()
+    cosine_matches_reference()
+    bad_input_rejected()
 
 
 def main(argv):

@@ -187,7 +187,8 @@ def lsh_simhash_sparse(indices, weights, projection, num_bits: int,
 
     Args:
       indices: int32 ``[n, s]`` in ``[0, e)``.
-      weights: float32 ``[n, s]``.
+      weights: float32 ``[n, s]``, finite; duplicate indices are summed in
+        float32 (as in the densified row), and those sums must be finite.
       projection: float32 ``[e, K * L]``.
       num_bits: K.
       bucket_bits: cap on the bits of a bucket id.
@@ -196,8 +197,11 @@ def lsh_simhash_sparse(indices, weights, projection, num_bits: int,
       int32 ``[n, L]``.
 
     Raises:
-      tf.errors.InvalidArgumentError: index out of range, shape mismatch,
-        NaN/inf.
+      tf.errors.InvalidArgumentError: an index out of ``[0, e)`` (the
+        message names ``indices[i, t]``), ``weights`` shape differing from
+        ``indices``, a NaN/inf weight, duplicate weights whose float32 sum
+        overflows (``weights[i]``: the densified row would not be finite),
+        or a bad attribute.
     """
     return _ops().xmc_lsh_sim_hash_sparse(
         tf.convert_to_tensor(indices, tf.int32),
@@ -242,11 +246,17 @@ def lsh_dwta_hash_sparse(indices, weights, bins, num_features: int,
     Same codes as :func:`lsh_dwta_hash` on the densified rows; visits only
     the bins that contain a non-zero coordinate.
 
+    Scratch memory follows the coordinates held by ``bins``, never
+    ``num_features``: one slot per coordinate up to ``max(bins)`` while that
+    is below ``max(2^22, 8 K L w)``, else ``O(K L w)`` (sorted coordinates,
+    searched by bisection).
+
     Args:
       indices: int32 ``[n, s]`` in ``[0, num_features)``.
-      weights: float32 ``[n, s]``.
+      weights: float32 ``[n, s]``, finite (duplicate sums too, see
+        :func:`lsh_simhash_sparse`).
       bins: int32 ``[K * L, w]`` in ``[0, num_features)``.
-      num_features: e.
+      num_features: e, in ``[1, 2^31 - 1]`` (int32 coordinates).
       num_bits: K.
       bucket_bits: cap on the bits of a bucket id.
       seed: seed of the densification.
@@ -255,8 +265,10 @@ def lsh_dwta_hash_sparse(indices, weights, bins, num_features: int,
       int32 ``[n, L]``.
 
     Raises:
-      tf.errors.InvalidArgumentError: as :func:`lsh_dwta_hash`, and an index
-        out of range.
+      tf.errors.InvalidArgumentError: as :func:`lsh_dwta_hash`; an index
+        out of range (``indices[i, t]``); ``num_features`` outside
+        ``[1, 2^31 - 1]`` (the message names ``num_features``); duplicate
+        weights whose float32 sum overflows.
     """
     return _ops().xmc_lsh_dwta_hash_sparse(
         tf.convert_to_tensor(indices, tf.int32),
@@ -272,15 +284,22 @@ def lsh_build_tables(codes, num_buckets: int):
 
     Args:
       codes: int32 ``[m, L]`` in ``[0, num_buckets)``.
-      num_buckets: B.
+      num_buckets: B, in ``[1, 2^24]`` (bucket ids have at most 24 bits;
+        :attr:`LshHashFamily.num_buckets` always is).
 
     Returns:
       ``(offsets, labels)``: int32 ``[L, B + 1]`` and ``[L, m]``; bucket
       ``c`` of table ``l`` is ``labels[l, offsets[l, c]:offsets[l, c + 1]]``
-      in increasing label order.
+      in increasing label order (every label once per table).
 
     Raises:
-      tf.errors.InvalidArgumentError: a code out of range.
+      tf.errors.InvalidArgumentError: a code out of range (the message names
+        ``codes[j, l]``), ``m`` above ``2^31 - 1``, or ``num_buckets``
+        outside ``[1, 2^24]`` (message names ``num_buckets``).
+      ValueError: ``num_buckets`` out of range or ``codes`` not a matrix
+        while a graph is built (``tf.function``): the op's shape function
+        rejects them with InvalidArgument, which TensorFlow raises as
+        ``ValueError`` at graph construction.
     """
     return _ops().xmc_lsh_build_tables(tf.convert_to_tensor(codes, tf.int32),
                                        num_buckets=int(num_buckets))
@@ -293,19 +312,29 @@ def lsh_update_tables(offsets, labels, codes, rows, row_codes):
     :func:`lsh_build_tables` on the updated codes.  A row listed twice takes
     its last ``row_codes``.
 
+    Every input is validated in O(input) passes (each label and code is
+    read once besides the copy), so invalid tables are never propagated.
+
     Args:
-      offsets: int32 ``[L, B + 1]``.
-      labels: int32 ``[L, m]``.
-      codes: int32 ``[m, L]``, the codes the tables were built from.
-      rows: int32 ``[r]`` label ids.
-      row_codes: int32 ``[r, L]`` their new codes.
+      offsets: int32 ``[L, B + 1]``, non-decreasing from 0 to ``m`` per
+        table.
+      labels: int32 ``[L, m]``, a permutation of ``[0, m)`` per table (as
+        :func:`lsh_build_tables` returns them).
+      codes: int32 ``[m, L]`` in ``[0, B)``, the codes the tables were built
+        from.
+      rows: int32 ``[r]`` label ids in ``[0, m)``.
+      row_codes: int32 ``[r, L]`` their new codes, in ``[0, B)``.
 
     Returns:
-      ``(offsets, labels, codes)`` updated.
+      ``(offsets, labels, codes)`` updated: int32 ``[L, B + 1]``,
+      ``[L, m]`` and ``[m, L]``.
 
     Raises:
-      tf.errors.InvalidArgumentError: shape mismatch, a row or code out of
-        range, or tables that do not match ``codes``.
+      tf.errors.InvalidArgumentError: shape mismatch; ``rows[i]``,
+        ``row_codes[i, l]`` or ``codes[j, l]`` out of range; malformed
+        ``offsets``; ``labels[l, t]`` out of ``[0, m)`` or repeating an
+        earlier label of table ``l`` (not a permutation); or tables that do
+        not match ``codes``.  Messages name the offending entry.
     """
     return _ops().xmc_lsh_update_tables(
         tf.convert_to_tensor(offsets, tf.int32),
@@ -350,7 +379,7 @@ def lsh_query(offsets, labels, codes, query_codes, num_candidates: int,
       labels: int32 ``[L, m]``.
       codes: int32 ``[m, L]``.
       query_codes: int32 ``[b, q, L]``, -1 or in ``[0, B)``.
-      num_candidates: k >= 1.
+      num_candidates: k, in ``[1, 2^24]``.
       step: int64 scalar keying the draws (the optimizer step).
       seed: int seed of the draws.
       count_collisions: whether to fill ``collisions`` (O(k q L)).
@@ -360,7 +389,13 @@ def lsh_query(offsets, labels, codes, query_codes, num_candidates: int,
 
     Raises:
       tf.errors.InvalidArgumentError: shape mismatch, a query code out of
-        range, malformed tables.
+        range (``query_codes[i, q, l]``), ``num_candidates`` out of range, or
+        malformed tables, checked on what is read so that the cost stays
+        independent of ``m``: an offset of a probed bucket or a label id
+        read out of range, or, with ``count_collisions``, a code of a
+        candidate (``codes[j, l]``) outside ``[0, B)``.
+      ValueError: ``num_candidates`` out of range or inconsistent static
+        shapes while a graph is built (shape function).
     """
     out = _ops().xmc_lsh_query(
         tf.convert_to_tensor(offsets, tf.int32),
@@ -377,24 +412,28 @@ def lsh_sparse_cosine(a_indices, a_weights, b_indices, b_weights,
     """Cosines between batches of sparse vectors (op ``Xmc>LshSparseCosine``).
 
     ``cos[i, j, p] = cos(a_ij, b_ip)`` where ``a_ij`` is ``a_weights[i, j]``
-    at coordinates ``a_indices[i, j]`` (duplicates summed), accumulated in
-    float64; 0 when a vector is zero.  Feed it the gathered rows of a
-    uniform-sparse head (candidates, positives) to get LSH-label collision
-    probabilities without densifying the head.
+    at coordinates ``a_indices[i, j]``; duplicates are summed, and dot
+    products and norms accumulated, in float64 (weights near the float32
+    limit cannot overflow); 0 when a vector is zero.  Feed it the gathered
+    rows of a uniform-sparse head (candidates, positives) to get LSH-label
+    collision probabilities without densifying the head.
 
     Args:
       a_indices: int32 ``[b, k, s_a]`` in ``[0, num_features)``.
       a_weights: float32 ``[b, k, s_a]``.
       b_indices: int32 ``[b, n, s_b]`` in ``[0, num_features)``.
       b_weights: float32 ``[b, n, s_b]``.
-      num_features: e.
+      num_features: e, in ``[1, 2^31 - 1]`` (int32 coordinates; scratch
+        memory does not grow with it beyond ``2^22``).
 
     Returns:
       float32 ``[b, k, n]``.
 
     Raises:
-      tf.errors.InvalidArgumentError: an index out of range, NaN/inf,
-        shapes.
+      tf.errors.InvalidArgumentError: an index out of range
+        (``a_indices[i, j, t]`` / ``b_indices[i, p, t]``), a NaN/inf weight,
+        mismatched shapes or batch sizes, or ``num_features`` outside
+        ``[1, 2^31 - 1]`` (message names ``num_features``).
     """
     return _ops().xmc_lsh_sparse_cosine(
         tf.convert_to_tensor(a_indices, tf.int32),
