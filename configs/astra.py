@@ -61,6 +61,10 @@ def get_config():
     # bias is for label-wise heads only)
     c.train.learning_rate = 2e-3
     c.model.intermediate_activation = "relu"
+    # measured without the wide path and train.min_delta of label-wise
+    # heads (docs/real_data.md)
+    c.model.wide_connections = 0
+    del c.train["min_delta"]
     c.model.sampled_layer = "uniform_sparse"  # or "dense"
     c.sampler = ml_collections.ConfigDict(dict(
         kind="mixture",  # "uniform", "in_batch", "ann", "mixture", "lsh"

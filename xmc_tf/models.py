@@ -115,7 +115,8 @@ def build_model(config, num_features: int, num_labels: int,
         if not head.wide_path:
             raise ValueError(f"config.model.wide_connections={wide}: head "
                              f"{mc.head!r} has no wide path (heads with one: "
-                             "those that score every label)")
+                             "those that score every label); set "
+                             "config.model.wide_connections=0")
         # A per-label sparse linear classifier on the input features, added
         # to the deep scores (its connections: head.initialize, from data).
         wide_scores = UniformSparseDense(
