@@ -64,6 +64,7 @@ class AllNegatives(NegativeSampler):
 def _config(layer, loss="squared_hinge", kind="uniform"):
     c = uniform_sparse.get_config()
     c.model.head = "sampled"
+    c.model.wide_connections = 0  # label-wise heads only
     c.model.sampled_layer = layer
     c.loss = loss
     c.model.encoder_dims = (16,)
