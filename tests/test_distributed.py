@@ -166,7 +166,10 @@ _WORKER = _COMMON + textwrap.dedent(r"""
                              int(stats["set_moved"])])
             return stats
 
-    set_cb = LoggedSet(every_n_steps=3, fraction=0.25, seed=config.seed)
+    # The head's layer only, as UniformSparseHead does (the wide path's
+    # connections come from the data and are not rewired).
+    set_cb = LoggedSet(every_n_steps=3, fraction=0.25, layers=[layer],
+                       seed=config.seed)
     train = xdata.distribute_tf_dataset(strategy, ds, 64, shuffle=True,
                                         seed=config.seed, repeat=True)
     hist = model.fit(train, steps_per_epoch=5, epochs=2, verbose=0,
@@ -277,8 +280,10 @@ def test_two_workers_end_identical_and_rewire_on_the_same_steps(two_workers):
     names = " ".join(a.files)
     assert "output/indices" in names and "output/kernel" in names
     assert "encoder_0" in names and "intermediate" in names
-    # LazyAdam: step, learning rate, two moments of the 6 trainable weights.
-    assert sum(k.startswith("opt/") for k in a.files) == 2 + 2 * 6
+    assert "wide/indices" in names and "wide/kernel" in names
+    # LazyAdam: step, learning rate, two moments of the 7 trainable weights
+    # (encoder, intermediate and output kernel + bias, the wide kernel).
+    assert sum(k.startswith("opt/") for k in a.files) == 2 + 2 * 7
     assert "output_kernel_momentum" in names
     for key in a.files:  # weights, connectivity and optimizer state
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)

@@ -31,6 +31,7 @@ weights move only on the batches where the label matters).
 from __future__ import annotations
 
 import keras
+from absl import logging
 
 from xmc_tf import heads as xheads
 from xmc_tf.heads.base import WIDE_LAYER
@@ -70,7 +71,8 @@ def build_model(config, num_features: int, num_labels: int,
     Raises:
       ValueError: unknown ``config.model.head``, ``.encoder`` or
         ``.intermediate_activation``, or ``config.loss`` not made for the
-        head.
+        head.  (``config.model.wide_connections`` is ignored, with a log
+        line, for heads without a wide path: MACH, sampled, SCENT.)
     """
     head = head or xheads.get_head(config)
     mc = config.model
@@ -111,12 +113,13 @@ def build_model(config, num_features: int, num_labels: int,
     # The wide path reads sparse (tf-idf) features; dense embeddings are
     # read whole by the encoder already.
     wide = mc.get("wide_connections", 0) if sparse_input else 0
+    if wide and not head.wide_path:
+        # e.g. --config.model.head=mach on the default config: the field
+        # belongs to the heads that score every label.
+        logging.info("config.model.wide_connections=%s: head %r has no wide "
+                     "path; built without it", wide, mc.head)
+        wide = 0
     if wide and not linear:
-        if not head.wide_path:
-            raise ValueError(f"config.model.wide_connections={wide}: head "
-                             f"{mc.head!r} has no wide path (heads with one: "
-                             "those that score every label); set "
-                             "config.model.wide_connections=0")
         # A per-label sparse linear classifier on the input features, added
         # to the deep scores (its connections: head.initialize, from data).
         wide_scores = UniformSparseDense(
