@@ -29,6 +29,11 @@ import sys
 
 import numpy as np
 
+# The NumPy references of the LSH ops, shared with tests/test_lsh_op.py.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lsh_reference import (ref_codes_from_values,  # noqa: E402
+                           ref_dwta_values, ref_tables)
+
 TARGETS = {}
 
 SKIP = 77
@@ -799,66 +804,6 @@ def fuzz_embedding_bag(max_examples):
 # bad input (ids, codes, attributes and sums out of range) with
 # InvalidArgument naming the offending argument.
 
-_M64 = (1 << 64) - 1
-
-
-def _mix64(x):
-    """splitmix64 finaliser (ops/lsh/lsh_kernels.h), on Python ints."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
-
-
-def _lsh_codes(values, K, bits, bucket_bits):
-    """Table codes [n, L] from per-function values [n, K L]: K values of
-    ``bits`` bits concatenated (first lowest), folded by the salted mixing
-    hash when longer than ``bucket_bits``."""
-    n, H = values.shape
-    L = H // K
-    out = np.zeros((n, L), np.int64)
-    for i in range(n):
-        for l in range(L):
-            raw = 0
-            for k in range(K):
-                raw |= int(values[i, l * K + k]) << (k * bits)
-            if K * bits > bucket_bits:
-                raw = _mix64(raw ^ _mix64(l + 1)) >> (64 - bucket_bits)
-            out[i, l] = raw
-    return out
-
-
-def _dwta_values(x, bins, seed):
-    """DWTA hash values [n, H] with the documented densification."""
-    n = x.shape[0]
-    H, w = bins.shape
-    seed_mix = _mix64((seed & _M64) ^ 0x4457544148415348)
-    out = np.zeros((n, H), np.int64)
-    for i in range(n):
-        pos = np.full(H, -1)
-        for j in range(H):
-            best = None
-            for p in range(w):
-                v = x[i, bins[j, p]]
-                if v != 0 and (best is None or v > best):
-                    best, pos[j] = v, p
-        if (pos < 0).all():
-            continue
-        for j in range(H):
-            donor = j if pos[j] >= 0 else None
-            for t in range(1, 33):
-                if donor is not None:
-                    break
-                c = _mix64((seed_mix + (j << 32) + t) & _M64) % H
-                if pos[c] >= 0:
-                    donor = c
-            if donor is None:
-                donor = next((j + t) % H for t in range(1, H)
-                             if pos[(j + t) % H] >= 0)
-            out[i, j] = pos[donor]
-    return out
-
-
 def _densify32(indices, weights, e):
     """float32 rows with duplicates summed in input order (as the ops)."""
     x = np.zeros((indices.shape[0], e), np.float32)
@@ -866,17 +811,6 @@ def _densify32(indices, weights, e):
         for i in range(indices.shape[0]):
             np.add.at(x[i], indices[i], weights[i])
     return x
-
-
-def _lsh_tables(codes, B):
-    codes = np.asarray(codes)
-    m, L = codes.shape
-    offsets = np.zeros((L, B + 1), np.int64)
-    labels = np.zeros((L, m), np.int64)
-    for l in range(L):
-        labels[l] = np.argsort(codes[:, l], kind="stable")
-        offsets[l, 1:] = np.cumsum(np.bincount(codes[:, l], minlength=B))
-    return offsets, labels
 
 
 def _sparse_rows(rng, shape, e, scale):
@@ -961,8 +895,8 @@ def fuzz_lsh(max_examples):
             np.testing.assert_array_equal(got_sp, want_sp_dense)
             for xs, codes in ((x, got), (dense_of_sparse, got_sp)):
                 p = xs.astype(np.float64) @ proj.astype(np.float64)
-                want = _lsh_codes((p > 0).astype(np.int64), K, 1,
-                                  bucket_bits)
+                want = ref_codes_from_values((p > 0).astype(np.int64), K,
+                                             1, bucket_bits)
                 # float32 accumulation may flip a bit only where |p| is
                 # within the rounding bound of its terms (never for ints).
                 bound = (np.abs(xs).astype(np.float64) @
@@ -976,12 +910,14 @@ def fuzz_lsh(max_examples):
             return
         bins = rng.integers(0, d, (K * L, w)).astype(np.int32)
         got = lsh.lsh_dwta_hash(x, bins, K, bucket_bits, seed=seed).numpy()
-        want = _lsh_codes(_dwta_values(x, bins, seed), K, log_w, bucket_bits)
+        want = ref_codes_from_values(ref_dwta_values(x, bins, seed), K,
+                                     log_w, bucket_bits)
         np.testing.assert_array_equal(got, want)
         got_sp = lsh.lsh_dwta_hash_sparse(idx, wts, bins, d, K, bucket_bits,
                                           seed=seed).numpy()
-        want_sp = _lsh_codes(_dwta_values(dense_of_sparse, bins, seed), K,
-                             log_w, bucket_bits)
+        want_sp = ref_codes_from_values(
+            ref_dwta_values(dense_of_sparse, bins, seed), K, log_w,
+            bucket_bits)
         np.testing.assert_array_equal(got_sp, want_sp)
         if big:
             # Coordinates relabelled injectively into a huge space: same
@@ -1003,7 +939,7 @@ def fuzz_lsh(max_examples):
         rng = np.random.default_rng(seed)
         codes = rng.integers(0, B, (m, L)).astype(np.int32)
         off, lab = lsh.lsh_build_tables(codes, B)
-        want_off, want_lab = _lsh_tables(codes, B)
+        want_off, want_lab = ref_tables(codes, B)
         np.testing.assert_array_equal(off.numpy(), want_off)
         np.testing.assert_array_equal(lab.numpy(), want_lab)
         # Update (repeated rows: the last wins) == rebuild.
@@ -1014,7 +950,7 @@ def fuzz_lsh(max_examples):
         expect = codes.copy()
         for row, c in zip(rows, new):
             expect[row] = c
-        want_off, want_lab = _lsh_tables(expect, B)
+        want_off, want_lab = ref_tables(expect, B)
         np.testing.assert_array_equal(c2.numpy(), expect)
         np.testing.assert_array_equal(o2.numpy(), want_off)
         np.testing.assert_array_equal(l2.numpy(), want_lab)
