@@ -9,8 +9,16 @@
 # 2. bazel build //ops:xmc_ops  ->  bazel-bin/ops/_xmc_ops.so, against the
 #    TensorFlow of $PYTHON_BIN_PATH (default: the active virtual environment's
 #    python, else python3 on PATH).  Nothing is downloaded (see .bazelrc).
+#    CUDA as for pip (tools/build_ops.py): with nvcc on PATH (or $NVCC) the
+#    build requires CUDA (XMC_TF_CUDA=1: nvcc launchers, GPU kernel
+#    registrations, static CUDA runtime; third_party/cuda/); without nvcc it
+#    is CPU only (XMC_TF_CUDA=0), and says so.  XMC_TF_CUDA=0|1 set by the
+#    caller wins.
 # 3. tools/bazel_smoke_test.py: loads that library through xmc_tf
-#    (XMC_TF_LIBRARY_PATH) and checks uniform_sparse_matmul against NumPy.
+#    (XMC_TF_LIBRARY_PATH) and checks uniform_sparse_matmul against NumPy;
+#    with CUDA also that the library's build record says cuda (as .ci/run
+#    checks the pip build) and that the GPU kernels are registered and the
+#    CUDA runtime linked in (--expect-cuda; no GPU needed).
 #
 # Idempotent: a second run finds bazel installed and the build up to date.
 # Prints the time of each step.
@@ -23,7 +31,7 @@ step_start() { STEP_NAME="$1"; STEP_T0=$(date +%s.%N); echo "=== ${STEP_NAME}"; 
 step_end() {
   local dt
   dt=$(awk -v a="${STEP_T0}" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-  TIMINGS+=("$(printf '%-28s %7s s' "${STEP_NAME}" "${dt}")")
+  TIMINGS+=("$(printf '%-38s %7s s' "${STEP_NAME}" "${dt}")")
   echo "=== ${STEP_NAME}: ${dt} s"
 }
 
@@ -61,13 +69,37 @@ fi
 export PYTHON_BIN_PATH
 echo "PYTHON_BIN_PATH=${PYTHON_BIN_PATH}"
 
-step_start "bazel build //ops:xmc_ops"
+# CUDA or not: @local_config_cuda (third_party/cuda/cuda_configure.bzl) reads
+# XMC_TF_CUDA from this environment.  "auto" is made explicit here so that
+# nvcc without a usable toolkit fails the build instead of quietly building
+# CPU only.
+CUDA_WHY="XMC_TF_CUDA=${XMC_TF_CUDA:-}"
+case "${XMC_TF_CUDA:-auto}" in
+  0|1) ;;
+  auto)
+    if [ -n "${NVCC:-}" ] || command -v nvcc >/dev/null 2>&1; then
+      XMC_TF_CUDA=1 CUDA_WHY="nvcc found"
+    else
+      XMC_TF_CUDA=0 CUDA_WHY="no nvcc on PATH"
+    fi ;;
+  *) echo "XMC_TF_CUDA must be auto, 0 or 1 (got '${XMC_TF_CUDA}')" >&2; exit 1 ;;
+esac
+export XMC_TF_CUDA
+if [ "${XMC_TF_CUDA}" = 1 ]; then
+  echo "CUDA (${CUDA_WHY}): building the CUDA kernels too, nvcc" \
+       "$(command -v "${NVCC:-nvcc}" || echo "${NVCC:-nvcc}"), archs ${XMC_TF_CUDA_ARCHS:-75;80;86;89;90}"
+else
+  echo "CUDA off (${CUDA_WHY}): CPU-only build, no GPU kernels"
+fi
+
+step_start "bazel build //ops:xmc_ops ($([ "${XMC_TF_CUDA}" = 1 ] && echo CUDA || echo CPU only))"
 bazel build //ops:xmc_ops "$@"
 step_end
 
 # --- 3. smoke test --------------------------------------------------------------
 step_start "smoke test"
-"${PYTHON_BIN_PATH}" tools/bazel_smoke_test.py --library bazel-bin/ops/_xmc_ops.so
+"${PYTHON_BIN_PATH}" tools/bazel_smoke_test.py --library bazel-bin/ops/_xmc_ops.so \
+  --expect-cuda "${XMC_TF_CUDA}"
 step_end
 
 echo "=== timings"

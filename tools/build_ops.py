@@ -43,6 +43,8 @@ DEFAULT_CUDA_ARCHS = "75;80;86;89;90"
 CXX_FLAGS = ["-std=c++17", "-O3", "-fno-math-errno", "-fPIC", "-Wall",
              "-Wno-sign-compare", "-Wno-deprecated-declarations",
              "-Wno-unused-function"]
+# Static CUDA runtime, after -L<cuda lib dir> on the link line.
+CUDA_LINK_LIBS = ["-l:libcudart_static.a", "-ldl", "-lrt", "-lpthread"]
 
 
 def _tf_flags():
@@ -87,6 +89,46 @@ def cuda_gencode_flags(archs: str):
     return flags
 
 
+def nvcc_flags(archs: str):
+    """nvcc flags for one ``*.cu.cc`` launcher, before ``-I``/``-c``/``-o``.
+
+    Shared with the Bazel build (third_party/cuda/cuda_configure.bzl).
+    """
+    return ["-x", "cu", "-std=c++17", "-O3", "-Xcompiler", "-fPIC",
+            *cuda_gencode_flags(archs)]
+
+
+def cuda_config(cuda: str = None):
+    """The CUDA part of a build: None for CPU only, else a dict.
+
+    Args:
+      cuda: "auto", "1" or "0"; default from $XMC_TF_CUDA or "auto".
+
+    Returns:
+      None when CUDA is off or (with "auto") not found; else ``{"nvcc",
+      "cuda_root", "cuda_libdir", "archs", "nvcc_flags", "link_libs"}``:
+      ``link_libs`` follow ``-L<cuda_libdir>`` on the link line.  Used by
+      build() and by the Bazel build (third_party/cuda/cuda_configure.bzl),
+      so both find the same nvcc and use the same flags and archs.
+
+    Raises:
+      RuntimeError: CUDA was required ("1") and not found.
+    """
+    cuda = (cuda or os.environ.get("XMC_TF_CUDA", "auto")).lower()
+    nvcc, cuda_root = find_cuda() if cuda != "0" else (None, None)
+    if cuda == "1" and not nvcc:
+        raise RuntimeError("XMC_TF_CUDA=1 but nvcc/libcudart_static.a not found")
+    if not nvcc:
+        return None
+    archs = os.environ.get("XMC_TF_CUDA_ARCHS", DEFAULT_CUDA_ARCHS)
+    libdir = next(os.path.join(cuda_root, d) for d in ("lib64", "lib")
+                  if os.path.exists(os.path.join(cuda_root, d,
+                                                 "libcudart_static.a")))
+    return {"nvcc": nvcc, "cuda_root": cuda_root, "cuda_libdir": libdir,
+            "archs": archs, "nvcc_flags": nvcc_flags(archs),
+            "link_libs": CUDA_LINK_LIBS}
+
+
 def _run(cmd):
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -110,12 +152,10 @@ def build(output: str, cuda: str = None, verbose: bool = True) -> dict:
     Raises:
       RuntimeError: a compiler failed, or CUDA was required and not found.
     """
-    cuda = (cuda or os.environ.get("XMC_TF_CUDA", "auto")).lower()
     cxx = os.environ.get("CXX", "g++")
     tf_cflags, tf_lflags, tf_version = _tf_flags()
-    nvcc, cuda_root = find_cuda() if cuda != "0" else (None, None)
-    if cuda == "1" and not nvcc:
-        raise RuntimeError("XMC_TF_CUDA=1 but nvcc/libcudart_static.a not found")
+    cuda_cfg = cuda_config(cuda)
+    nvcc = cuda_cfg["nvcc"] if cuda_cfg else None
     archs = os.environ.get("XMC_TF_CUDA_ARCHS", DEFAULT_CUDA_ARCHS)
 
     families = [f for f in os.environ.get("XMC_TF_OP_FAMILIES", "*").split(",")
@@ -141,9 +181,8 @@ def build(output: str, cuda: str = None, verbose: bool = True) -> dict:
     for src in cu_sources:
         obj = os.path.join(tmp, os.path.relpath(src, ROOT).replace(os.sep, "_")
                            + ".o")
-        jobs.append([nvcc, "-x", "cu", "-std=c++17", "-O3",
-                     "-Xcompiler", "-fPIC", f"-I{ROOT}",
-                     *cuda_gencode_flags(archs), "-c", src, "-o", obj])
+        jobs.append([nvcc, *cuda_cfg["nvcc_flags"], f"-I{ROOT}", "-c", src,
+                     "-o", obj])
         objects.append(obj)
     # The build record is embedded in the library itself (read back by
     # xmc_tf/ops/_loader.py), so it travels with the .so in every install mode.
@@ -164,11 +203,7 @@ def build(output: str, cuda: str = None, verbose: bool = True) -> dict:
 
     link = [cxx, "-shared", *objects, "-o", output, *tf_lflags]
     if with_cuda:
-        libdir = next(os.path.join(cuda_root, d) for d in ("lib64", "lib")
-                      if os.path.exists(os.path.join(cuda_root, d,
-                                                     "libcudart_static.a")))
-        link += [f"-L{libdir}", "-l:libcudart_static.a", "-ldl", "-lrt",
-                 "-lpthread"]
+        link += [f"-L{cuda_cfg['cuda_libdir']}", *cuda_cfg["link_libs"]]
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     _run(link)
     if verbose:

@@ -9,6 +9,8 @@ and writes a BUILD file from BUILD.tpl with two targets:
   @local_config_tf//:tf_header_lib        headers + defines (propagated)
   @local_config_tf//:libtensorflow_framework   the shared library to link
 
+and @local_config_tf//:version.bzl with TF_VERSION (tf.__version__).
+
 The interpreter is $PYTHON_BIN_PATH, else `python3` on PATH (so an active
 virtual environment is used).  The rule re-runs when PYTHON_BIN_PATH or
 VIRTUAL_ENV changes; after installing another TensorFlow into the same
@@ -69,6 +71,9 @@ def _tf_configure_impl(repository_ctx):
     repository_ctx.symlink(config["include"], "include")
     lib_name = config["lib"].split("/")[-1]
     repository_ctx.symlink(config["lib"], "lib/" + lib_name)
+    # For `load("@local_config_tf//:version.bzl", "TF_VERSION")`: the op
+    # library's build record (//third_party:build_info.bzl) names it.
+    repository_ctx.file("version.bzl", "TF_VERSION = %s\n" % repr(config["version"]))
     repository_ctx.template("BUILD", repository_ctx.attr._build_tpl, {
         "%{TF_DEFINES}": repr(config["defines"]),
         "%{TF_LIB}": "lib/" + lib_name,

@@ -54,14 +54,15 @@ def library_path() -> str:
 
 
 def build_info(path: str) -> dict:
-    """The build record embedded in the library by tools/build_ops.py.
+    """The build record embedded in the library by tools/build_ops.py (or
+    by the Bazel build, ``third_party/build_info.bzl``: the same record).
 
     Args:
       path: the library file.
 
     Returns:
       ``{"tf_version": str, "cuda": bool, "cuda_archs": str | None}``, or
-      ``{}`` for a library built otherwise (e.g. by Bazel).
+      ``{}`` for a library built without one.
     """
     with open(path, "rb") as f:
         blob = f.read()
