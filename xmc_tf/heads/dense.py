@@ -27,7 +27,8 @@ from xmc_tf.layers import (LabelDense, SparseEmbeddingBag,
 from xmc_tf.losses import (BinaryCrossEntropy, SoftmaxCrossEntropy, SquaredHinge,
                             smoothed_label_frequency)
 
-__all__ = ["DenseHead", "LABEL_WISE_LOSSES", "LabelWiseHead", "OUTPUT_BIAS_INITS"]
+__all__ = ["DenseHead", "LABEL_WISE_LOSSES", "LabelWiseHead", "OUTPUT_BIAS_INITS",
+           "WIDE_INITS"]
 
 #: ``config.loss`` -> loss class of the heads that score every label.
 LABEL_WISE_LOSSES = {"squared_hinge": SquaredHinge, "bce": BinaryCrossEntropy,
@@ -38,13 +39,22 @@ LABEL_WISE_LOSSES = {"squared_hinge": SquaredHinge, "bce": BinaryCrossEntropy,
 OUTPUT_BIAS_INITS = ("prior", "zeros")
 
 
-def sp_rows(indices, weights, rows, num_features):
-    """CSR ``[len(rows), num_features]`` of the uniform-sparse rows ``rows``
-    (``indices``/``weights`` ``[m, s]``)."""
+#: ``config.model.wide_init`` values: the wide kernel starts at 0, or at
+#: each label's centroid cosine scaled so that a positive pair scores 1.
+WIDE_INITS = ("zeros", "centroid")
+
+
+def _centroid_scale(train_data, indices, weights) -> float:
+    """``1 / mean`` over the training positives ``(i, j)`` of ``x_i . w_j``
+    (``w_j``: label ``j``'s uniform-sparse row ``indices``/``weights``)."""
+    pos = train_data.labels.tocoo()
     s = indices.shape[1]
-    return sp.csr_matrix((weights[rows].ravel(), indices[rows].ravel(),
-                          np.arange(len(rows) + 1) * s),
-                         shape=(len(rows), num_features))
+    label_rows = sp.csr_matrix(
+        (weights[pos.col].ravel(), indices[pos.col].ravel(),
+         np.arange(pos.nnz + 1) * s),
+        shape=(pos.nnz, train_data.num_features))
+    scores = train_data.features[pos.row].multiply(label_rows).sum(axis=1)
+    return 1.0 / max(float(np.mean(scores)), 1e-3)
 
 
 class LabelWiseHead(Head):
@@ -74,6 +84,10 @@ class LabelWiseHead(Head):
         if init not in OUTPUT_BIAS_INITS:
             raise ValueError(f"config.model.output_bias_init={init!r}; "
                              f"expected one of {OUTPUT_BIAS_INITS}")
+        wide_init = self.config.model.get("wide_init", "zeros")
+        if wide_init not in WIDE_INITS:
+            raise ValueError(f"config.model.wide_init={wide_init!r}; "
+                             f"expected one of {WIDE_INITS}")
 
     def make_loss(self, layer):
         return LABEL_WISE_LOSSES[self.config.loss]()
@@ -92,13 +106,8 @@ class LabelWiseHead(Head):
                 min(int(wide), train_data.num_features), self.config.seed,
                 return_weights=True)
             if self.config.model.get("wide_init", "zeros") == "centroid":
-                indices, weights = self._wide_connections
-                # Scale: a positive pair's mean cosine scores 1.
-                pos = train_data.labels.tocoo()
-                rows = train_data.features[pos.row]
-                cos = np.asarray(rows.multiply(sp_rows(indices, weights,
-                    pos.col, train_data.num_features)).sum(axis=1)).ravel()
-                self._wide_scale = 1.0 / max(float(cos.mean()), 1e-3)
+                self._wide_scale = _centroid_scale(train_data,
+                                                   *self._wide_connections)
         if self.config.model.get("output_bias_init", "zeros") != "prior":
             return
         self._label_frequency = smoothed_label_frequency(
