@@ -251,3 +251,24 @@ def test_lsh_label_query_gradients_are_finite(shared):
     assert np.isfinite(float(loss))
     for v, g in zip(variables, grads):
         assert np.all(np.isfinite(tf.convert_to_tensor(g).numpy())), v.path
+
+
+@pytest.mark.parametrize("kind,needs_faiss", [("ann", True), ("mixture", True),
+                                              ("uniform", False), ("lsh", False)])
+def test_missing_faiss_is_a_config_error_before_training(monkeypatch, kind,
+                                                         needs_faiss):
+    """Without faiss, an ANN sampler is refused at the config check (the
+    CLI's one-line error, exit 2), not an epoch in at the first refresh."""
+    import importlib.util
+
+    from xmc_tf.train import ConfigError, check_config
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "faiss"
+                        else real(name, *a))
+    c = _config("uniform_sparse", kind=kind)
+    if needs_faiss:
+        with pytest.raises(ConfigError, match="needs faiss.*xmc_tf\\[ann\\]"):
+            check_config(c)
+    else:
+        check_config(c)

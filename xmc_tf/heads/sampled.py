@@ -54,6 +54,8 @@ Source: ASTRA (Mehta et al.), Algorithm 1 and Eq. 2; the LSH paper
 
 from __future__ import annotations
 
+import importlib.util
+
 import keras
 import tensorflow as tf
 
@@ -74,6 +76,8 @@ SAMPLED_LAYERS = ("uniform_sparse", "dense")
 SAMPLER_KINDS = ("uniform", "in_batch", "ann", "mixture", "lsh")
 #: Kinds with a shared-candidates mode (``config.sampler.shared``).
 SHARED_KINDS = ("uniform", "mixture", "lsh")
+#: ``config.sampler.kind`` values whose sampler keeps a faiss index.
+ANN_KINDS = ("ann", "mixture")
 
 
 def sampler_sizes(sampler_config, num_labels: int) -> dict:
@@ -371,6 +375,12 @@ class SampledHead(Head):
         if self.config.sampler.get("shared", False) and kind not in SHARED_KINDS:
             raise ValueError(f"config.sampler.shared=True needs kind in "
                              f"{SHARED_KINDS}, got {kind!r}")
+        if kind in ANN_KINDS and importlib.util.find_spec("faiss") is None:
+            # Before any work: without faiss the first index refresh, an
+            # epoch in, would fail.
+            raise ValueError(f"config.sampler.kind={kind!r} needs faiss, an "
+                             "optional dependency: pip install "
+                             "'xmc_tf[ann]' (or faiss-cpu)")
 
     def build_layer(self, num_labels, input_dim, sparse_input=False):
         mc = self.config.model
