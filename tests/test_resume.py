@@ -137,3 +137,25 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert ha == hb
     assert int(float(hb[-1]["set_rewires"])) == 5 * STEPS_PER_EPOCH // 3
     assert int(float(hb[-1]["set_moved"])) == 20 * 2  # 25 % of 8 per label
+
+
+def test_resume_with_another_number_of_epochs(tmp_path):
+    """``train.epochs`` may change between a run and its resume: the run
+    ends at the new count, and the resume says so in one line."""
+    run = tmp_path / "killed"
+    code, err = _train(tmp_path, run, KILL_AT_STEP=STEPS_PER_EPOCH + 2)
+    assert code == -signal.SIGKILL, err
+    assert ckpt.load(os.path.join(run, "backup")).meta["epochs_done"] == 1
+    ARGS_3 = [a if a != "--config.train.epochs=5" else
+              "--config.train.epochs=3" for a in ARGS]
+    script = tmp_path / "det_train.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), *ARGS_3, f"--workdir={run}"],
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True,
+        text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [l for l in proc.stderr.splitlines()
+            if "resuming with config.train.epochs=3" in l]
+    assert len(said) == 1 and "had 5" in said[0], proc.stderr[-3000:]
+    assert len(_history(run)) == 3
+    assert json.loads((run / "metrics.json").read_text())["epochs"] == 3

@@ -67,8 +67,9 @@ PREPROCESSING_FILE = Workdir.PREPROCESSING
 INV_PROPENSITIES_FILE = Workdir.INV_PROPENSITIES
 
 #: Config fields that may change between a run and its resume (they do not
-#: change what is computed).
-RESUME_MAY_CHANGE = ("train.verbose", "train.tensorboard")
+#: change what is computed; ``train.epochs`` moves the end of the run, which
+#: the resume says in one line).
+RESUME_MAY_CHANGE = ("train.verbose", "train.tensorboard", "train.epochs")
 
 
 def peak_memory_bytes() -> int:
@@ -486,9 +487,13 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
     cbs += extra_callbacks
     stateful = xckpt.stateful_objects(cbs, fit_model)
     meta = {"run_id": Workdir.new_run_id(), "resumes": 0,
-            "config": _resume_config(config)}
+            "config": _resume_config(config), "train_epochs": tc.epochs}
     if ckpt is not None:
         m = ckpt.meta
+        if m.get("train_epochs", tc.epochs) != tc.epochs:
+            logging.warning("resuming with config.train.epochs=%d (the "
+                            "interrupted run had %d)", tc.epochs,
+                            m["train_epochs"])
         meta.update(run_id=m["run_id"], resumes=m["resumes"] + 1,
                     history=m["history"], train_seconds=m["train_seconds"],
                     peak_memory_bytes=m["peak_memory_bytes"])
