@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import scipy.sparse as sp
 import tensorflow as tf
 
 from xmc_tf.ops.sampled import (check_shared_candidates, gather_label_rows,
@@ -83,7 +84,6 @@ def label_feature_connections(features, labels, fan_in: int, seed=None,
       labels: ``scipy.sparse`` ``[n, m]``, non-zero = positive.
       fan_in: s, ``1 <= s <= e``.
       seed: int or None, for the random fill.
-
       return_weights: also return the aggregate's values at the
         connections, each row scaled to unit l2 norm (0 at filled ones):
         ``x . w_j`` is then the cosine of ``x`` and label ``j``'s
@@ -105,7 +105,6 @@ def label_feature_connections(features, labels, fan_in: int, seed=None,
     >>> label_feature_connections(x, y, 2, seed=0).tolist()
     [[1, 2]]
     """
-    import scipy.sparse as sp
     num_features = features.shape[1]
     if not 1 <= fan_in <= num_features:
         raise ValueError(f"connections_per_label={fan_in} must be in "
