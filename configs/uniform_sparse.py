@@ -243,6 +243,9 @@ def get_config():
         # training label frequencies (about -1 for the squared hinge), or
         # "zeros".  See xmc_tf.heads.dense.LabelWiseHead.
         output_bias_init="prior",
+        # Members trained with seeds seed, seed+1, ... and averaged into one
+        # exported model (xmc_tf.ensemble; tree methods average 3 trees).
+        ensemble_size=1,
     ))
     c.train = ml_collections.ConfigDict(dict(
         optimizer="lazy_adam",  # "lazy_adamw" or "adam" (densifies row-sparse gradients)

@@ -36,6 +36,7 @@ Extremely Large Output Spaces", Sec. 3.4 and 4.1.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
@@ -49,8 +50,10 @@ from absl import logging
 
 from xmc_tf import checkpoint as xckpt
 from xmc_tf import data as xdata
+from xmc_tf import ensemble as xensemble
 from xmc_tf import heads as xheads
 from xmc_tf import metrics as xmetrics
+from xmc_tf import saving as xsaving
 from xmc_tf.models import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
                             build_model, build_optimizer)
 from xmc_tf.predict import evaluate_model
@@ -81,6 +84,24 @@ def subset(dataset: xdata.XCDataset, rows: np.ndarray) -> xdata.XCDataset:
     """The instances `rows` of `dataset` (a new XCDataset)."""
     return xdata.XCDataset(features=dataset.features[rows],
                            labels=dataset.labels[rows])
+
+
+def validation_split(train: xdata.XCDataset, config):
+    """Splits the training set into the part ``fit`` trains on and the
+    validation part (``config.data.validation_fraction`` of the instances,
+    drawn with ``config.data.split_seed``, default ``config.seed``).
+
+    Returns:
+      ``(fit_data, val_data_or_None)``, rows in file order.
+    """
+    seed = config.data.get("split_seed", None)
+    rng = np.random.default_rng(config.seed if seed is None else seed)
+    order = rng.permutation(train.num_instances)
+    num_val = int(round(config.data.validation_fraction * train.num_instances))
+    if not num_val:
+        return train, None
+    return (subset(train, np.sort(order[num_val:])),
+            subset(train, np.sort(order[:num_val])))
 
 
 def _variable_bytes(variables) -> int:
@@ -167,6 +188,15 @@ def check_config(config) -> xheads.Head:
             if value not in allowed:
                 raise ValueError(f"config.{field}={value!r}; expected one of "
                                  f"{allowed}")
+        size = config.model.get("ensemble_size", 1)
+        if (not isinstance(size, int) or isinstance(size, bool)
+                or size < 1):
+            raise ValueError(f"config.model.ensemble_size={size!r} must be "
+                             "an int >= 1")
+        if size > 1 and not head.scores_every_label:
+            raise ValueError(
+                f"config.model.ensemble_size={size} needs a head that scores "
+                f"every label; head {head.name!r} does not (use 1)")
         wide = config.model.get("wide_connections", 0)
         if (not isinstance(wide, int) or isinstance(wide, bool)
                 or wide < 0):
@@ -456,6 +486,9 @@ def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
                             "without releasing its lock", workdir,
                             lock.previous_owner.get("pid"))
         wd.prepare_training(overwrite)
+        if config.model.get("ensemble_size", 1) > 1:
+            return _run_ensemble(config, wd, overwrite=overwrite,
+                                 force=force, callbacks=list(callbacks))
         ckpt = xckpt.load(wd.backup_dir)
         if ckpt is not None:
             _check_resumable(ckpt, config)
@@ -470,11 +503,7 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
     write_bytes_atomic(wd.file(Workdir.CONFIG),
                        config.to_json_best_effort(indent=2).encode())
 
-    rng = np.random.default_rng(config.seed)
-    order = rng.permutation(train.num_instances)
-    num_val = int(round(config.data.validation_fraction * train.num_instances))
-    fit_data = subset(train, np.sort(order[num_val:])) if num_val else train
-    val_data = subset(train, np.sort(order[:num_val])) if num_val else None
+    fit_data, val_data = validation_split(train, config)
 
     try:
         head.prepare(fit_data)  # e.g. SCENT sizes its per-instance duals
@@ -549,6 +578,128 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
     # The backup goes only now that the export is complete.
     shutil.rmtree(wd.backup_dir, ignore_errors=True)
     return metrics
+
+
+# ---------------------------------------------------------------------------
+# Ensembles.
+
+#: Sub-directory of an ensemble's workdir holding one workdir per member.
+MEMBERS_DIR = "members"
+
+
+def member_config(config, index: int):
+    """The config of ensemble member ``index`` (0-based): ``config`` with
+    ``seed = config.seed + index``, the ensemble's validation split
+    (``data.split_seed``, default ``config.seed``) and ``ensemble_size 1``.
+
+    Members differ only in their random streams (initial weights, SET
+    draws, batch order), as in deep ensembles (Lakshminarayanan et al.,
+    NeurIPS 2017); sharing the split keeps the ensemble's validation
+    metrics clean."""
+    member = copy.deepcopy(config)
+    split_seed = config.data.get("split_seed", None)
+    with member.unlocked():
+        member.seed = int(config.seed) + int(index)
+        member.data.split_seed = int(config.seed if split_seed is None
+                                     else split_seed)
+        member.model.ensemble_size = 1
+    return member
+
+
+def _check_member(member_wd: Workdir, config) -> dict:
+    """The metrics of a finished member workdir, after checking that it
+    was trained with ``config`` (fields of :data:`RESUME_MAY_CHANGE`
+    aside).
+
+    Raises:
+      ConfigError: the member was trained with another config.
+      IncompleteWorkdir: its model files do not match its metrics.json.
+    """
+    metrics = member_wd.check_complete()
+    try:
+        with open(member_wd.file(Workdir.CONFIG)) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        saved = None
+    if saved is not None:
+        for key in RESUME_MAY_CHANGE:
+            section, field = key.split(".")
+            saved.get(section, {}).pop(field, None)
+    if saved != _resume_config(config):
+        raise ConfigError(
+            f"ensemble member {member_wd.path} was trained with another "
+            "config; rerun with that config, or pass --overwrite to retrain "
+            "every member")
+    return metrics
+
+
+def _run_ensemble(config, wd: Workdir, *, overwrite: bool, force: bool,
+                  callbacks: list) -> dict:
+    """Trains ``config.model.ensemble_size`` members one after the other,
+    each a complete run of its own in ``WORKDIR/members/<i>`` (so a killed
+    ensemble resumes inside the member it was training, and finished
+    members are not retrained), then exports the model that averages their
+    scores (:func:`xmc_tf.ensemble.average_scores`) with its validation
+    and test metrics; ``metrics.json`` also lists each member's."""
+    n = int(config.model.ensemble_size)
+    members_dir = wd.file(MEMBERS_DIR)
+    if overwrite:
+        shutil.rmtree(members_dir, ignore_errors=True)
+    member_metrics, member_dirs = [], []
+    for i in range(n):
+        mc = member_config(config, i)
+        mdir = os.path.join(members_dir, str(i))
+        mwd = Workdir(mdir)
+        if mwd.completion() is not None:
+            metrics = _check_member(mwd, mc)
+            logging.info("ensemble member %d/%d (seed %d) already trained in "
+                         "%s", i + 1, n, mc.seed, mdir)
+        else:
+            logging.info("ensemble member %d/%d (seed %d): training in %s",
+                         i + 1, n, mc.seed, mdir)
+            metrics = train_and_evaluate(mc, mdir, force=force,
+                                         callbacks=callbacks)
+        member_metrics.append(metrics)
+        member_dirs.append(mdir)
+        keras.backend.clear_session()  # the member's graphs and variables
+
+    keras.utils.set_random_seed(config.seed)
+    train, test, inv_prop = load_data(config, wd.path)
+    write_bytes_atomic(wd.file(Workdir.CONFIG),
+                       config.to_json_best_effort(indent=2).encode())
+    _, val_data = validation_split(train, member_config(config, 0))
+    model = xensemble.average_scores(
+        [xsaving.load_model(d) for d in member_dirs])
+    ks, batch = tuple(config.eval.ks), config.eval.batch_size
+    results = {}
+    if val_data is not None:
+        val = evaluate_model(model, val_data, None, ks, batch)
+        results.update({f"val_{k}": v for k, v in val.items() if "@" in k})
+    if test is not None:
+        results.update(evaluate_model(model, test, inv_prop, ks, batch))
+    results.update({
+        "train_seconds": round(sum(m["train_seconds"]
+                                   for m in member_metrics), 2),
+        "epochs": sum(m["epochs"] for m in member_metrics),
+        "num_labels": train.num_labels,
+        "num_features": train.num_features,
+        "num_train_instances": train.num_instances,
+        "num_test_instances": test.num_instances if test is not None else 0,
+        "output_layer_bytes": sum(m["output_layer_bytes"]
+                                  for m in member_metrics),
+        "model_bytes": model_bytes(model),
+        "head": config.model.head,
+        "ensemble_size": n,
+        "members": {str(i): {k: v for k, v in m.items()
+                             if k in ("P@1", "P@3", "P@5", "train_seconds",
+                                      "epochs")}
+                    for i, m in enumerate(member_metrics)},
+    })
+    export_model(model, wd.path, k=max(ks))
+    results["peak_memory_bytes"] = max(
+        [peak_memory_bytes()] + [m.get("peak_memory_bytes", 0)
+                                 for m in member_metrics])
+    return wd.mark_complete(results, Workdir.new_run_id(), resumes=0)
 
 
 def format_table(results: dict) -> str:

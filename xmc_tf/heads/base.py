@@ -25,6 +25,8 @@ from typing import ClassVar
 import keras
 import tensorflow as tf
 
+from xmc_tf import ensemble as xensemble
+
 __all__ = ["Head", "register", "get_head", "head_for_model", "inference_model",
            "names", "output_layer"]
 
@@ -102,11 +104,16 @@ def head_for_model(model: keras.Model) -> type["Head"]:
     """The registered head class that decodes a (loaded) model's outputs.
 
     Sampled heads train a full-scoring layer (uniform-sparse or dense), so a
-    model trained with one is decoded by the head of that layer.
+    model trained with one is decoded by the head of that layer; an
+    ensemble (:func:`xmc_tf.ensemble.average_scores`) by its first
+    member's head (every member scores all labels).
 
     Raises:
       ValueError: no registered head recognises the model's output layer.
     """
+    members = xensemble.members(inference_model(model))
+    if members:
+        return head_for_model(members[0])
     layer = output_layer(model)
     for cls in _REGISTRY.values():
         if cls.matches(layer):
@@ -144,6 +151,10 @@ class Head:
     #: Whether ``config.model.wide_connections`` (a per-label linear path on
     #: the input features added to the head's scores) fits this head.
     wide_path: ClassVar[bool] = False
+    #: Whether the inference model outputs a score per label
+    #: (``[batch, num_labels]``), so that ``config.model.ensemble_size``
+    #: members can be averaged (:mod:`xmc_tf.ensemble`).
+    scores_every_label: ClassVar[bool] = True
 
     def __init__(self, config):
         self.config = config

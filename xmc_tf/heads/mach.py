@@ -33,6 +33,7 @@ class MachOutputHead(Head):
     losses = tuple(MACH_LOSSES)
     layer_types = (MachHeadLayer,)
     full_scores_in_training = False
+    scores_every_label = False  # bucket scores, decoded by Xmc>MachTopK
 
     def build_layer(self, num_labels, input_dim, sparse_input=False):
         mc = self.config.model
