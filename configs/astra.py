@@ -29,19 +29,21 @@ not the test file), val P@1 / P@3 after 6 epochs, seed 0: uncapped (32 +
 of the scored labels.  Delicious was not swept: there the cap changes 288
 candidates to 245.
 
-``sampler.shared = True``: one candidate set per batch, scored by every
-row in one matrix product -- a pool of the rows' hard negatives and the
-batch's positives scored exactly plus ``k_r`` uniform draws (unbiased, see
-:mod:`xmc_tf.samplers.mixture`).  Off by default (multi-label validation:
-Bibtex equal, Delicious val P@1 67.6 vs 70.0 per row); on for multi-class
+``sampler.shared = "auto"`` (the default; or True / False): on
+multi-class data (at most one label per instance) one candidate set per
+batch, scored by every row in one matrix product -- a pool of the rows'
+hard negatives and the batch's positives scored exactly plus ``k_r`` uniform draws (unbiased, see
+:mod:`xmc_tf.samplers.mixture`); per row on multi-label data (validation:
+Bibtex equal, Delicious val P@1 67.6 vs 70.0 per row).  Multi-class
 data: ManNextWord (50k classes, softmax, 1 epoch) P@1 9.05 at 14 s/epoch
 vs 7.14 at 38 s per row and 9.09 at 119 s for the full softmax
 (docs/sampled.md).
 
 Other samplers (``sampler.kind``): ``"uniform"`` (``num_negatives``
 uniform negatives), ``"in_batch"``, ``"ann"`` (hard only), ``"lsh"`` (see
-configs/lsh.py).  Losses: ``"squared_hinge"``, ``"bce"``, ``"softmax"``
-(sampled softmax with log-Q correction; multi-class data).
+configs/lsh.py).  Losses: ``"auto"`` (the default: ``"softmax"`` on
+multi-class data, ``"squared_hinge"`` on multi-label data), or one of
+them, or ``"bce"``.
 """
 
 import os
@@ -66,7 +68,13 @@ def get_config():
     c.model.wide_connections = 0
     del c.train["min_delta"]
     c.model.sampled_layer = "uniform_sparse"  # or "dense"
-    c.sampler = ml_collections.ConfigDict(dict(
+    # "auto": read from the training labels (xmc_tf.heads.sampled.
+    # regime_choices, logged): the sampled softmax on multi-class data
+    # (ASTRA's weighted squared hinge: P@1 0.03 after an epoch on 50k
+    # classes), the squared hinge on multi-label data.
+    c.loss = "auto"
+    # type_safe=False: `shared` takes True, False or "auto".
+    c.sampler = ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
         kind="mixture",  # "uniform", "in_batch", "ann", "mixture", "lsh"
         num_negatives=256,  # k of "uniform" / "in_batch" / "ann" / "lsh"
         num_hard=32,  # k_h (ASTRA: O(log L))
@@ -77,7 +85,9 @@ def get_config():
         refresh_every_epochs=1,  # tau_r
         refresh_every_steps=0,  # 0: epoch schedule only
         max_fraction=0.25,  # cap on candidates per row, fraction of m
-        shared=False,  # one candidate set per batch ("uniform", "mixture")
+        # one candidate set per batch ("uniform", "mixture", "lsh"); "auto":
+        # shared on multi-class data, per row on multi-label data
+        shared="auto",
         pool_positives=True,  # shared "mixture": batch positives in the pool
         hash="simhash", K=9, L=50, query="embedding",  # "lsh" only
         weighting="inverse_probability",  # "lsh": or "none"

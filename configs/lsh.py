@@ -32,7 +32,8 @@ P@1 / P@3 (percent) by epoch, seed 0, under heavy machine load:
 * ``max_fraction = 0.25``: at most a quarter of the labels per row
   (Bibtex k = 39, Delicious 245, >= 1,024 labels: k = 256).
 
-``sampler.shared = True`` (multi-class data): the LSH tables retrieve
+``sampler.shared = "auto"`` (shared on multi-class data, per row on
+multi-label data; or True / False): shared, the LSH tables retrieve
 ``num_hard`` labels per row into a pool shared by the batch, with the
 batch's positives, plus ``num_uniform`` uniform draws; ManNextWord (50k
 classes, 1 epoch): P@1 9.64 at 14 s/epoch vs 6.16 at 69 s per row and 9.09

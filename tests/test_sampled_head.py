@@ -272,3 +272,42 @@ def test_missing_faiss_is_a_config_error_before_training(monkeypatch, kind,
             check_config(c)
     else:
         check_config(c)
+
+
+@pytest.mark.parametrize("kind", ["mixture", "lsh", "ann"])
+def test_auto_loss_and_candidates_follow_the_data_regime(kind):
+    """``config.loss = "auto"`` and ``sampler.shared = "auto"`` (the
+    astra/lsh configs' defaults) become the sampled softmax on one shared
+    candidate set for multi-class training labels, the squared hinge on
+    per-row candidates for multi-label ones; set values are kept."""
+    from xmc_tf.losses.sampled import SampledSoftmax
+    from xmc_tf.samplers.mixture import MixtureSampler
+    config = _config("dense", "auto", kind)
+    config.sampler = uniform_sparse.ml_collections.ConfigDict(
+        dict(config.sampler), type_safe=False)
+    config.sampler.shared = "auto"
+    rows = np.arange(40)
+    multi_class = xdata.XCDataset(
+        _data(n=40).features,
+        sp.csr_matrix((np.ones(40, np.float32), (rows, rows % M)),
+                      shape=(40, M)))
+    for data, loss_cls, shared in ((multi_class, SampledSoftmax, True),
+                                   (_data(), SampledSquaredHinge, False)):
+        head = heads.get_head(config)
+        head.prepare(data)
+        model = build_model(config, D, M, sparse_input=True, head=head)
+        trainer = head.training_model(model, heads.output_layer(model))
+        want_shared = shared and kind != "ann"  # "ann" has no shared mode
+        assert isinstance(trainer.sampled_loss, loss_cls)
+        assert head.choices()["shared"] is want_shared
+        assert trainer.shared is want_shared
+        if kind == "lsh":  # a shared LSH sampler is a mixture with a pool
+            assert isinstance(trainer.sampler, MixtureSampler) is want_shared
+    config.loss, config.sampler.shared = "bce", "False"  # as the CLI gives it
+    head = heads.get_head(config)
+    head.prepare(multi_class)
+    assert head.choices() == {"loss": "bce", "shared": False,
+                              "multi_class": True}
+    config.sampler.shared = "sometimes"
+    with pytest.raises(ValueError, match="sampler.shared"):
+        heads.get_head(config)

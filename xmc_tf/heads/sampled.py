@@ -28,7 +28,10 @@ Config (``config.model.head = "sampled"``):
 * ``config.model.sampled_layer``: ``"uniform_sparse"`` (fan-in
   ``config.model.connections_per_label``) or ``"dense"`` (a label-major
   :class:`~xmc_tf.layers.LabelDense`).
-* ``config.loss``: ``"squared_hinge"``, ``"bce"`` or ``"softmax"``.
+* ``config.loss``: ``"squared_hinge"``, ``"bce"``, ``"softmax"`` or
+  ``"auto"`` (read from the training labels by :func:`regime_choices`:
+  the sampled softmax on multi-class data, the squared hinge on
+  multi-label data).
 * ``config.sampler``: ``kind`` (``"uniform"``, ``"in_batch"``, ``"ann"``,
   ``"mixture"``, ``"lsh"``), ``num_negatives`` (k of uniform / in-batch /
   ann / lsh), ``num_hard`` / ``num_uniform`` (k_h / k_r of the mixture),
@@ -44,7 +47,8 @@ Config (``config.model.head = "sampled"``):
   in one matrix product, kinds ``"uniform"``, ``"mixture"`` and ``"lsh"``
   (a shared mixture whose pool the LSH tables retrieve: ``num_hard`` per
   row, plus ``num_uniform`` uniform draws); see
-  :mod:`xmc_tf.samplers.base`) and ``pool_positives`` (shared mixture: the
+  :mod:`xmc_tf.samplers.base`; ``"auto"``: shared on multi-class data, per
+  row on multi-label data, :func:`regime_choices`) and ``pool_positives`` (shared mixture: the
   batch's positives join the exactly scored pool, see
   :mod:`xmc_tf.samplers.mixture`).
 
@@ -56,6 +60,9 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
+from absl import logging
+
 import keras
 import tensorflow as tf
 
@@ -65,7 +72,7 @@ from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy,
                                    SampledSoftmax, SampledSquaredHinge)
 
 __all__ = ["SampledHead", "SampledTrainer", "SAMPLED_LOSSES", "make_sampler",
-           "sampler_sizes", "lsh_auto_K"]
+           "sampler_sizes", "lsh_auto_K", "regime_choices"]
 
 #: ``config.loss`` -> sampled loss class.
 SAMPLED_LOSSES = {"squared_hinge": SampledSquaredHinge,
@@ -78,6 +85,74 @@ SAMPLER_KINDS = ("uniform", "in_batch", "ann", "mixture", "lsh")
 SHARED_KINDS = ("uniform", "mixture", "lsh")
 #: ``config.sampler.kind`` values whose sampler keeps a faiss index.
 ANN_KINDS = ("ann", "mixture")
+
+
+#: ``config.loss`` / ``config.sampler.shared`` value read from the data.
+AUTO = "auto"
+
+
+def _shared_setting(value):
+    """``config.sampler.shared`` as True, False or None (``"auto"``); the
+    command line gives a string field strings (``--config.sampler.shared=
+    True`` on a config whose default is ``"auto"``).
+
+    Raises:
+      ValueError: any other value.
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text == AUTO:
+        return None
+    if text in ("true", "1"):
+        return True
+    if text in ("false", "0", "none", ""):
+        return False
+    raise ValueError(f"config.sampler.shared={value!r}; expected True, False "
+                     f"or {AUTO!r}")
+
+
+def regime_choices(config, labels) -> dict:
+    """The loss and candidate mode of a sampled head, read from the data.
+
+    Multi-class training data (every instance has at most one label) trains
+    with the sampled softmax on one candidate set shared by the batch (as
+    ``tf.nn.sampled_softmax_loss`` does: the weighted squared hinge of
+    ASTRA's Eq. 2 gave P@1 0.03 after an epoch on a 50k-class set, loss
+    7,286, the weights ``m / k_r`` being ~200); multi-label data with the
+    squared hinge on per-row candidates (Bibtex equal, Delicious val P@1
+    70.0 per row vs 67.6 shared: docs/sampled.md).  Only ``"auto"`` values
+    are replaced; a value the config sets is kept.
+
+    Args:
+      config: the job config (``config.loss``, ``config.sampler.kind`` and
+        ``.shared``).
+      labels: ``scipy.sparse`` CSR ``[n, m]`` training labels.
+
+    Returns:
+      ``{"loss": str, "shared": bool, "multi_class": bool}``.
+
+    Raises:
+      ValueError: a ``config.sampler.shared`` value that is not a bool or
+        ``"auto"``.
+
+    >>> import ml_collections, scipy.sparse as sp
+    >>> c = ml_collections.ConfigDict(dict(loss="auto", sampler=dict(
+    ...     kind="mixture", shared="auto")))
+    >>> regime_choices(c, sp.identity(3, format="csr"))
+    {'loss': 'softmax', 'shared': True, 'multi_class': True}
+    >>> regime_choices(c, sp.csr_matrix([[1, 1], [0, 1]]))
+    {'loss': 'squared_hinge', 'shared': False, 'multi_class': False}
+    """
+    counts = np.diff(labels.indptr)
+    multi_class = bool(counts.size) and int(counts.max()) <= 1
+    loss = config.loss
+    if loss == AUTO:
+        loss = "softmax" if multi_class else "squared_hinge"
+    shared = _shared_setting(config.sampler.get("shared", False))
+    if shared is None:
+        shared = multi_class and config.sampler.kind in SHARED_KINDS
+    return {"loss": loss, "shared": bool(shared), "multi_class": multi_class}
 
 
 def sampler_sizes(sampler_config, num_labels: int) -> dict:
@@ -163,13 +238,16 @@ def lsh_auto_K(num_labels: int, num_candidates: int, L: int) -> int:  # noqa: N8
     return int(min(16, max(1, math.floor(math.log2(max(ratio, 2.0))))))
 
 
-def make_sampler(sampler_config, num_labels: int, seed: int):
+def make_sampler(sampler_config, num_labels: int, seed: int,
+                 shared: bool | None = None):
     """The :class:`~xmc_tf.samplers.NegativeSampler` a config describes.
 
     Args:
       sampler_config: ``config.sampler`` (see the module docstring).
       num_labels: m.
       seed: seed of the draws (and of an index's k-means / projection).
+      shared: whether the batch shares one candidate set (None:
+        ``sampler_config.shared``, which must then be a bool).
 
     Returns:
       The (unbound) sampler.
@@ -204,7 +282,8 @@ def make_sampler(sampler_config, num_labels: int, seed: int):
             pool_positives=bool(sc.get("pool_positives", True)))
     if kind == "lsh":
         from xmc_tf.samplers.lsh import LshNegativeSampler
-        shared = bool(sc.get("shared", False))
+        if shared is None:
+            shared = bool(_shared_setting(sc.get("shared", False)))
         if shared:  # LSH retrieves the pool of a shared mixture
             k = max(sizes["num_hard"], 1)
         K = int(sc.K) or lsh_auto_K(num_labels, k, int(sc.L))  # noqa: N806
@@ -361,9 +440,11 @@ class SampledHead(Head):
     def __init__(self, config):
         super().__init__(config)
         self._sampler = None
+        self._choices = None
 
     def check_config(self):
-        super().check_config()
+        if self.config.loss != AUTO:
+            super().check_config()
         layer = self.config.model.sampled_layer
         if layer not in SAMPLED_LAYERS:
             raise ValueError(f"config.model.sampled_layer={layer!r}; expected "
@@ -372,7 +453,8 @@ class SampledHead(Head):
         if kind not in SAMPLER_KINDS:
             raise ValueError(f"config.sampler.kind={kind!r}"
                              f"; expected one of {SAMPLER_KINDS}")
-        if self.config.sampler.get("shared", False) and kind not in SHARED_KINDS:
+        if (_shared_setting(self.config.sampler.get("shared", False))
+                and kind not in SHARED_KINDS):
             raise ValueError(f"config.sampler.shared=True needs kind in "
                              f"{SHARED_KINDS}, got {kind!r}")
         if kind in ANN_KINDS and importlib.util.find_spec("faiss") is None:
@@ -381,6 +463,31 @@ class SampledHead(Head):
             raise ValueError(f"config.sampler.kind={kind!r} needs faiss, an "
                              "optional dependency: pip install "
                              "'xmc_tf[ann]' (or faiss-cpu)")
+
+    def prepare(self, train_data):
+        """Resolves ``"auto"`` loss and candidate mode from the training
+        labels (:func:`regime_choices`) and logs the choice."""
+        self._choices = regime_choices(self.config, train_data.labels)
+        c = self._choices
+        if self.config.loss == AUTO or _shared_setting(
+                self.config.sampler.get("shared", False)) is None:
+            logging.info(
+                "sampled head: %s training data -> loss %r, %s candidates "
+                "(config.loss=%r, config.sampler.shared=%r)",
+                "multi-class" if c["multi_class"] else "multi-label",
+                c["loss"], "shared" if c["shared"] else "per-row",
+                self.config.loss, self.config.sampler.get("shared", False))
+
+    def choices(self) -> dict:
+        """``{"loss", "shared", "multi_class"}`` in force: those of
+        :meth:`prepare`, or the config's own values (``"auto"`` read as a
+        multi-label regime) before it."""
+        if self._choices is None:
+            c = self.config
+            shared = _shared_setting(c.sampler.get("shared", False))
+            return {"loss": "squared_hinge" if c.loss == AUTO else c.loss,
+                    "shared": bool(shared), "multi_class": False}
+        return self._choices
 
     def build_layer(self, num_labels, input_dim, sparse_input=False):
         mc = self.config.model
@@ -394,16 +501,17 @@ class SampledHead(Head):
         """The head's sampler (made once, for ``layer.units`` labels)."""
         if self._sampler is None:
             self._sampler = make_sampler(self.config.sampler, layer.units,
-                                         self.config.seed)
+                                         self.config.seed,
+                                         shared=self.choices()["shared"])
         return self._sampler
 
     def make_loss(self, layer):
-        return SAMPLED_LOSSES[self.config.loss]()
+        return SAMPLED_LOSSES[self.choices()["loss"]]()
 
     def training_model(self, model, layer):
         return SampledTrainer(model, self.sampler(layer),
                               self.make_loss(layer),
-                              shared=bool(self.config.sampler.get("shared", False)),
+                              shared=self.choices()["shared"],
                               name=f"{model.name}_trainer")
 
     def compile(self, model, layer, optimizer):
@@ -435,5 +543,7 @@ class SampledHead(Head):
         return cbs + super().callbacks(layer, val_data)
 
     def results(self, layer):
+        c = self.choices()
         return {"sampler": repr(self.sampler(layer)),
-                "sampled_layer": self.config.model.sampled_layer}
+                "sampled_layer": self.config.model.sampled_layer,
+                "loss": c["loss"], "shared_candidates": c["shared"]}
