@@ -2,6 +2,7 @@
 
 from xmc_tf.layers.label_dense import LabelDense
 from xmc_tf.layers.mach import MachDecoder, MachHead
+from xmc_tf.layers.normalization import FeatureNormalization
 from xmc_tf.layers.sparse_input import SparseDropout, SparseEmbeddingBag
 from xmc_tf.layers.uniform_sparse import (UniformSparseDense,
                                           label_feature_connections,
@@ -11,3 +12,4 @@ __all__ = ["MachDecoder", "MachHead", "UniformSparseDense",
            "label_feature_connections", "random_connections"]
 __all__ += ["LabelDense"]
 __all__ += ["SparseDropout", "SparseEmbeddingBag"]
+__all__ += ["FeatureNormalization"]
