@@ -289,6 +289,22 @@ def test_label_vectors_auto_switches_to_projection_beyond_budget():
     assert t.matrix is not None and v.shape[1] == 129
 
 
+def test_label_vectors_auto_projects_wide_large_label_spaces():
+    """Within the memory budget, "auto" still projects once a search would
+    scan more than MAX_EXACT_ENTRIES floats per query (m * (e + 1))."""
+    from xmc_tf.samplers.vectors import MAX_EXACT_ENTRIES, projection_dim
+    e = 4095  # e + 1 = 4096 with the bias
+    limit = MAX_EXACT_ENTRIES // (e + 1)
+    for m, want in ((limit, None), (limit + 1, 128)):
+        head = UniformSparseDense(m, 2, seed=0)
+        head.build((None, e))
+        assert projection_dim(head) == want, m
+        assert projection_dim(head, projection="none") is None
+    narrow = UniformSparseDense(MAX_EXACT_ENTRIES // 64, 2, seed=0)
+    narrow.build((None, 100))  # e + 1 <= 128: projecting would not shrink it
+    assert projection_dim(narrow) is None
+
+
 def test_projected_scores_are_unbiased():
     """E_R[<R^T x, R^T w>] = <x, w>: average over many projection seeds."""
     sparse, _ = make_heads(m=20, e=24, randomize_bias=False)
