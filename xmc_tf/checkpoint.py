@@ -53,7 +53,8 @@ import keras
 import numpy as np
 from absl import logging
 
-from xmc_tf.workdir import WorkdirError, atomic_path, write_bytes_atomic
+from xmc_tf.errors import CheckpointError
+from xmc_tf.workdir import atomic_path, write_bytes_atomic
 
 __all__ = ["CheckpointError", "Checkpoint", "Checkpointer", "EarlyStopping",
            "ReduceLROnPlateau", "stateful_objects", "restore", "load",
@@ -65,11 +66,6 @@ CHECKPOINT_FILE = "checkpoint.npz"
 BEST_WEIGHTS_PATTERN = re.compile(r"best-(\d{6})\.npz$")
 #: Version of the file layout (``meta["format"]``).
 FORMAT = 1
-
-
-class CheckpointError(WorkdirError):
-    """The backup cannot be used: unreadable, or written for another
-    model/config.  The message names the file and how to discard it."""
 
 
 def discard_hint(directory: str) -> str:

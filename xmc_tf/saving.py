@@ -32,17 +32,13 @@ import keras
 import tensorflow as tf
 
 from xmc_tf import heads as xheads
+from xmc_tf.errors import (IncompleteWorkdir, OpLibraryError,
+                           OpNotRegisteredError)
 from xmc_tf.ops import _loader
-from xmc_tf.workdir import IncompleteWorkdir, UserError, Workdir, atomic_path
+from xmc_tf.workdir import Workdir, atomic_path
 
 __all__ = ["export_saved_model", "export_model", "load_saved_model",
            "load_model", "OpNotRegisteredError"]
-
-
-class OpNotRegisteredError(UserError, ImportError):
-    """A saved model uses an xmc_tf op that this process has not registered
-    (the message says to ``import xmc_tf`` first and which TensorFlow the op
-    library was built for)."""
 
 
 def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
@@ -147,7 +143,7 @@ def _library_note() -> str:
         built = _loader.build_info(path).get("tf_version", "unknown")
         return (f"the op library {path} was built for TensorFlow {built}; "
                 f"TensorFlow {tf.__version__} is running")
-    except _loader.OpLibraryError as e:
+    except OpLibraryError as e:
         return str(e)
 
 
@@ -164,7 +160,7 @@ def _op_error(path: str, error: Exception) -> OpNotRegisteredError:
 def _register_ops(path: str) -> None:
     try:
         _loader.load()
-    except _loader.OpLibraryError as e:
+    except OpLibraryError as e:
         raise OpNotRegisteredError(
             f"cannot load {path}: the xmc_tf op library is unavailable: {e}"
         ) from e

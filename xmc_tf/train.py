@@ -55,8 +55,8 @@ from xmc_tf.models import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
                             build_model, build_optimizer)
 from xmc_tf.predict import evaluate_model
 from xmc_tf.saving import export_model, export_saved_model
-from xmc_tf.workdir import (ConfigError, DataError, UserError, Workdir,
-                            atomic_path, write_bytes_atomic)
+from xmc_tf.errors import ConfigError, DataError, TrainingDiverged
+from xmc_tf.workdir import Workdir, atomic_path, write_bytes_atomic
 
 __all__ = ["train_and_evaluate", "build_model", "export_saved_model",
            "load_for_model", "format_table", "check_config", "load_data",
@@ -291,10 +291,6 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     fit_model = head.training_model(model, layer)
     head.compile(fit_model, layer, optimizer)  # jit_compile=False
     return model, layer, fit_model
-
-
-class TrainingDiverged(UserError):
-    """The training loss became NaN or infinite (see :class:`StopOnNonFinite`)."""
 
 
 class StopOnNonFinite(keras.callbacks.Callback):
