@@ -9,8 +9,10 @@
   library registered, and a clear message instead of TensorFlow's "Op type
   not registered" when it is not.
 
-Loading needs the op library (``Xmc>...`` ops) registered in the process:
-``import xmc_tf`` does it, and these helpers import it.
+Loading needs the op library (``Xmc>...`` ops) registered in the process
+and xmc_tf's Keras classes registered: ``import xmc_tf`` does both, and
+these helpers load the library and import the modules that register the
+classes.
 
 Example (serving, in a new process)::
 
@@ -32,6 +34,9 @@ import keras
 import tensorflow as tf
 
 from xmc_tf import heads as xheads
+# The layers, losses, metrics and optimizers register their Keras classes
+# (and the ops' gradients) when imported: load_model needs them.
+from xmc_tf import layers, losses, metrics, optimizers  # noqa: F401
 from xmc_tf.errors import (IncompleteWorkdir, OpLibraryError,
                            OpNotRegisteredError)
 from xmc_tf.ops import _loader
@@ -217,7 +222,6 @@ def load_model(workdir: str, verify: bool = True) -> keras.Model:
     if not os.path.exists(path):
         raise IncompleteWorkdir(f"{path} does not exist")
     _register_ops(path)
-    import xmc_tf  # noqa: F401  (registers the Keras classes and gradients)
     try:
         return keras.models.load_model(path, compile=False)
     except (tf.errors.NotFoundError, ValueError) as e:
