@@ -51,7 +51,8 @@ from xmc_tf.errors import (ConfigError, DataError, IncompleteWorkdir,
 __all__ = ["UserError", "ConfigError", "DataError", "WorkdirError",
            "WorkdirBusy", "WorkdirFinished", "IncompleteWorkdir", "Workdir",
            "WorkdirLock", "atomic_path", "write_json_atomic",
-           "write_bytes_atomic", "replace_dir", "fingerprint"]
+           "write_bytes_atomic", "replace_dir", "fingerprint",
+           "discard_hint"]
 
 
 # ---------------------------------------------------------------------------
@@ -380,6 +381,23 @@ class WorkdirLock:
 
 # ---------------------------------------------------------------------------
 # The work directory.
+
+
+def discard_hint(directory: str) -> str:
+    """How to discard the backup ``directory`` of a workdir, for the end of
+    an error message about it: ``rm -r`` it, or ``--overwrite`` (which also
+    discards the workdir's results).
+
+    Args:
+      directory: the backup directory (``WORKDIR/backup``).
+
+    Returns:
+      ``"discard it with `rm -r DIR` to start over (or rerun with
+      --overwrite, which also discards WORKDIR's results)"``.
+    """
+    workdir = os.path.dirname(os.path.abspath(directory))
+    return (f"discard it with `rm -r {directory}` to start over (or rerun "
+            f"with --overwrite, which also discards {workdir}'s results)")
 
 
 class Workdir:
