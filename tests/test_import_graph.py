@@ -286,6 +286,13 @@ MOVED = [
     ("xmc_tf.checkpoint", "ReduceLROnPlateau", "xmc_tf.callbacks.schedules"),
     ("xmc_tf.checkpoint", "discard_hint", "xmc_tf.workdir"),
     ("xmc_tf.checkpoint", "CHUNK_BYTES", "xmc_tf.variable_io"),
+    ("xmc_tf.data.xc_format", "read_xc", "xmc_tf.data.xc_reader"),
+    ("xmc_tf.data.xc_format", "read_xc_xy", "xmc_tf.data.xc_reader"),
+    ("xmc_tf.data.xc_format", "read_xc_labels", "xmc_tf.data.xc_reader"),
+    ("xmc_tf.data.xc_format", "PROGRESS_MIN_INSTANCES",
+     "xmc_tf.data.xc_reader"),
+    ("xmc_tf.data.xc_format", "write_xc", "xmc_tf.data.xc_writer"),
+    ("xmc_tf.data.xc_format", "write_xc_labels", "xmc_tf.data.xc_writer"),
 ]
 #: What ``xmc_tf.callbacks`` exported as one module (and the two resumable
 #: schedules it exports since it is a package).
