@@ -1,4 +1,5 @@
-"""SET rewiring of uniformly sparse layers: :func:`rewire`, :class:`SetRewiring`.
+"""SET rewiring of uniformly sparse layers (:func:`rewire`,
+:class:`SetRewiring`).
 
 Source: Mocanu et al., "Scalable training of artificial neural networks with
 adaptive sparse connectivity inspired by network science" (SET, Nature
