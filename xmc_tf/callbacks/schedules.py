@@ -30,7 +30,31 @@ __all__ = ["EarlyStopping", "ReduceLROnPlateau", "BEST_WEIGHTS_PATTERN"]
 BEST_WEIGHTS_PATTERN = re.compile(r"best-(\d{6})\.npz$")
 
 
-class EarlyStopping(keras.callbacks.EarlyStopping):
+class _RestoredState:
+    """Mixin for a Keras callback whose ``on_train_begin`` resets its state:
+    :meth:`set_state` applies a restored state at once and keeps it, and
+    :meth:`_reapply_state` (called after Keras' reset) applies it again.
+    Subclasses define ``_apply(state)``."""
+
+    _pending = None
+
+    def set_state(self, state: dict) -> None:
+        """Applies ``state`` (a :meth:`get_state` result) now and again
+        after Keras' ``on_train_begin`` reset; call before ``fit``."""
+        self._pending = dict(state)
+        self._apply(self._pending)
+
+    def _reapply_state(self) -> bool:
+        """Applies the state given to :meth:`set_state` once more (after
+        Keras' reset) and forgets it; False when there was none."""
+        if self._pending is None:
+            return False
+        self._apply(self._pending)
+        self._pending = None
+        return True
+
+
+class EarlyStopping(_RestoredState, keras.callbacks.EarlyStopping):
     """``keras.callbacks.EarlyStopping`` whose state survives a resume and
     whose best weights can live on disk instead of in memory.
 
@@ -63,8 +87,6 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
     >>> cb.set_state(cb.get_state())
     """
 
-    _pending = None
-
     def __init__(self, *args, best_weights_dir: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.best_weights_dir = best_weights_dir
@@ -83,12 +105,7 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
                 [np.asarray(w) for w in best_weights],
                 "best_weights_file": self.best_weights_file}
 
-    def set_state(self, state: dict) -> None:
-        self._pending = dict(state)
-        self._apply()
-
-    def _apply(self):
-        s = self._pending
+    def _apply(self, s):
         self.wait, self.stopped_epoch = s["wait"], s["stopped_epoch"]
         self.best, self.best_epoch = s["best"], s["best_epoch"]
         self.best_weights = s["best_weights"]
@@ -105,10 +122,7 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        if self._pending is not None:
-            self._apply()
-            self._pending = None
-        else:
+        if not self._reapply_state():
             self.best_weights_file = None
         if (self._on_disk and self.best_weights is not None
                 and not self.best_weights_file):
@@ -179,7 +193,7 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
                 f"{discard_hint(self.best_weights_dir)}") from e
 
 
-class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
+class ReduceLROnPlateau(_RestoredState, keras.callbacks.ReduceLROnPlateau):
     """``keras.callbacks.ReduceLROnPlateau`` whose state survives a resume.
 
     ``get_state()`` returns the patience and cooldown counters and the best
@@ -191,24 +205,15 @@ class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
     >>> cb.set_state(cb.get_state())
     """
 
-    _pending = None
-
     def get_state(self) -> dict:
         return {"wait": int(self.wait),
                 "cooldown_counter": int(self.cooldown_counter),
                 "best": None if self.best is None else float(self.best)}
 
-    def set_state(self, state: dict) -> None:
-        self._pending = dict(state)
-        self._apply()
-
-    def _apply(self):
-        s = self._pending
+    def _apply(self, s):
         self.wait, self.cooldown_counter = s["wait"], s["cooldown_counter"]
         self.best = s["best"]
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
-        if self._pending is not None:
-            self._apply()
-            self._pending = None
+        self._reapply_state()
