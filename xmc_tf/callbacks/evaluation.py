@@ -21,8 +21,8 @@ class TopKEvaluation(keras.callbacks.Callback):
     metric would slow every training batch.  This callback decodes only the
     held-out set, once per epoch, with the ``decoder`` it is given
     (:func:`xmc_tf.evaluation.evaluate_top_k`); the decoder is built for the
-    callback's model once and compiled with ``tf.function``, and reads the
-    model's current weights at every epoch.
+    callback's model once (compiled with ``tf.function`` unless it is
+    already), and reads the model's current weights at every epoch.
 
     Logs ``{prefix}precision_at_{k}`` for each ``k`` as a **fraction** in
     [0, 1] (the names and scale of :class:`xmc_tf.metrics.PrecisionAtK`), so
@@ -70,11 +70,16 @@ class TopKEvaluation(keras.callbacks.Callback):
         self._top_k_model = None
 
     def _decoder_for_model(self):
-        """The compiled top-``max(ks)`` decoder of the current model (built
-        once per model: it reads the weights when called)."""
+        """The compiled top-``max(ks)`` decoder of the current model, built
+        once per model (it reads the weights when called): the decoder's
+        own ``tf.function`` if it returns one, else the function compiled
+        with ``reduce_retracing`` (traced at most twice in a run: the first
+        batch's shape, then an unknown batch size)."""
         if self._top_k is None or self._top_k_model is not self.model:
-            self._top_k = tf.function(self.decoder(self.model, max(self.ks)))
-            self._top_k_model = self.model
+            top_k = self.decoder(self.model, max(self.ks))
+            if not hasattr(top_k, "get_concrete_function"):  # not compiled
+                top_k = tf.function(top_k, reduce_retracing=True)
+            self._top_k, self._top_k_model = top_k, self.model
         return self._top_k
 
     def evaluate(self) -> dict:
