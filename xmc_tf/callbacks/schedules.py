@@ -97,6 +97,8 @@ class EarlyStopping(_RestoredState, keras.callbacks.EarlyStopping):
         return bool(self.restore_best_weights and self.best_weights_dir)
 
     def get_state(self) -> dict:
+        """Patience counter, best value and epoch, stopped epoch, and the
+        best weights (arrays, or the name of their file) for a resume."""
         best_weights = self.best_weights
         return {"wait": int(self.wait), "stopped_epoch": int(self.stopped_epoch),
                 "best": None if self.best is None else float(self.best),
@@ -206,6 +208,7 @@ class ReduceLROnPlateau(_RestoredState, keras.callbacks.ReduceLROnPlateau):
     """
 
     def get_state(self) -> dict:
+        """Patience and cooldown counters and best value, for a resume."""
         return {"wait": int(self.wait),
                 "cooldown_counter": int(self.cooldown_counter),
                 "best": None if self.best is None else float(self.best)}
