@@ -352,7 +352,8 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
     a fresh ``import M`` is that same run, step for step.  So one fresh
     interpreter importing ``xmc_tf`` covers those modules, and every other
     module (where the order of imports depends on which one comes first)
-    gets its own fresh interpreter, two at a time.
+    gets its own fresh interpreter, as many at a time as there are cores
+    (at most 4).
     """
     modules = sorted(package_modules())
     start = time.perf_counter()
@@ -361,7 +362,7 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
     if root[1] == 0:
         assert root[2] <= set(modules), root[2] - set(modules)
         rest = [m for m in modules if m not in root[2]]
-        with ThreadPoolExecutor(2) as pool:
+        with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
             results += list(pool.map(_import_alone, rest))
     failures = [f"{m}: {_last_error_line(err)}"
                 for m, rc, _, err in results if rc != 0]
