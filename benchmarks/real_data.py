@@ -473,7 +473,7 @@ def _ours_child(conn, config_name, overrides, max_epochs, train_spec,
         config.data.test = test_spec
         config.seed = int(seed)
         from xmc_tf import train as xtrain  # pylint: disable=import-outside-toplevel
-        from xmc_tf.workdir import UserError  # pylint: disable=import-outside-toplevel
+        from xmc_tf.errors import UserError  # pylint: disable=import-outside-toplevel
         curve = make_curve_callback()
         try:
             metrics = xtrain.train_and_evaluate(
@@ -941,7 +941,7 @@ def run(args) -> int:
     from xmc_tf import data as xdata  # pylint: disable=import-outside-toplevel
     from xmc_tf import metrics as xmetrics  # pylint: disable=import-outside-toplevel
     from xmc_tf import train as xtrain  # pylint: disable=import-outside-toplevel
-    from xmc_tf.workdir import UserError  # pylint: disable=import-outside-toplevel
+    from xmc_tf.errors import UserError  # pylint: disable=import-outside-toplevel
     try:
         xtrain.check_config(config)
     except UserError as e:

@@ -89,7 +89,7 @@ on synthetic500k stayed 6.94 GB (sparse encoder, one epoch, rerun): the
 peak is elsewhere.  It was the best-weights copy that
 ``EarlyStopping(restore_best_weights=True)`` kept (a full copy of the
 model, 1 GB here, as in Keras): with the best weights written to
-``backup/best-EPOCH.npz`` in blocks instead (xmc_tf.checkpoint.EarlyStopping)
+``backup/best-EPOCH.npz`` in blocks instead (xmc_tf.callbacks.EarlyStopping)
 the same run peaks at 5.98 GB (-0.95 GB; load average 2.5-3.6;
 ``results/sparse_input_e2e_best_on_disk.json``).  Left:
 the SavedModel export's whole-variable reads.

@@ -9,7 +9,7 @@ from xmc_tf import data as xdata
 from xmc_tf.callbacks import TopKEvaluation
 from xmc_tf.layers import MachHead
 from xmc_tf import heads
-from xmc_tf.predict import predict_top_k
+from xmc_tf.predict import predict_top_k, top_k_function
 from xmc_tf.ops import _loader
 
 try:
@@ -38,7 +38,8 @@ def test_dense_head_logs_val_precision():
     data, _ = _data()
     inputs = keras.Input((20,), sparse=True)
     model = keras.Model(inputs, keras.layers.Dense(30)(inputs))
-    cb = TopKEvaluation(data, ks=(1, 3), batch_size=50)
+    cb = TopKEvaluation(data, ks=(1, 3), batch_size=50,
+                        decoder=top_k_function)
     cb.set_model(model)
     logs = {"loss": 1.0}
     cb.on_epoch_end(0, logs)
@@ -49,7 +50,11 @@ def test_dense_head_logs_val_precision():
     assert logs["loss"] == 1.0
     assert heads.head_for_model(model) is heads.DenseHead
     with pytest.raises(ValueError):
-        TopKEvaluation(data, ks=())
+        TopKEvaluation(data, ks=(), decoder=top_k_function)
+    with pytest.raises(ValueError, match="decoder must be a function"):
+        TopKEvaluation(data, ks=(1,), decoder="top_k")
+    with pytest.raises(TypeError, match="decoder"):
+        TopKEvaluation(data, ks=(1,))  # pylint: disable=missing-kwoa
 
 
 @pytest.mark.skipif(not _HAS_MACH, reason="op library without ops/mach")
@@ -69,8 +74,66 @@ def test_mach_head_is_decoded_exactly():
                          for row in scores])
     np.testing.assert_array_equal(ids, expected)
     logs = {}
-    cb = TopKEvaluation(data, ks=(1,), prefix="held_out_")
+    cb = TopKEvaluation(data, ks=(1,), prefix="held_out_",
+                        decoder=heads.MachOutputHead.top_k_function)
     cb.set_model(model)
     cb.on_epoch_end(0, logs)
     assert logs["held_out_precision_at_1"] == pytest.approx(
         _np_precision(scores, data.labels, 1), abs=1e-9)
+
+
+def test_decoder_is_built_once_and_sees_the_current_weights():
+    # The callback asks the decoder once per model (top max(ks) labels) and
+    # evaluates every epoch with the model's weights of that epoch.
+    data, rng = _data(seed=3)
+    inputs = keras.Input((20,), sparse=True)
+    dense = keras.layers.Dense(30)
+    model = keras.Model(inputs, dense(inputs))
+    calls = []
+
+    def decoder(m, k):
+        calls.append(k)
+        return heads.DenseHead.top_k_function(m, k)
+
+    cb = TopKEvaluation(data, ks=(1, 3), batch_size=64, decoder=decoder)
+    cb.set_model(model)
+    x = xdata.make_tf_dataset(data, 1000).get_single_element()[0]
+    for epoch in range(4):  # batches of 64 and 56 rows every epoch
+        dense.kernel.assign(rng.normal(size=(20, 30)).astype(np.float32))
+        logs = {}
+        cb.on_epoch_end(epoch, logs)
+        scores = np.asarray(model(x))
+        for k in (1, 3):
+            assert logs[f"val_precision_at_{k}"] == pytest.approx(
+                _np_precision(scores, data.labels, k), abs=1e-9)
+    assert calls == [3]
+    # Compiled with reduce_retracing: the first batch's shape, then an
+    # unknown batch size that also serves the shorter last batch.
+    assert 1 <= cb._top_k.experimental_get_tracing_count() <= 2
+    other = keras.Model(inputs, keras.layers.Dense(30)(inputs))
+    cb.set_model(other)
+    cb.on_epoch_end(3, {})
+    assert calls == [3, 3]
+
+
+def test_a_compiled_decoder_is_used_as_it_is():
+    # predict.top_k_function returns a tf.function: not wrapped again.
+    data, _ = _data(seed=4)
+    inputs = keras.Input((20,), sparse=True)
+    model = keras.Model(inputs, keras.layers.Dense(30)(inputs))
+    made = []
+
+    def decoder(m, k):
+        made.append(top_k_function(m, k))
+        return made[-1]
+
+    cb = TopKEvaluation(data, ks=(2,), batch_size=50, decoder=decoder)
+    cb.set_model(model)
+    logs = {}
+    cb.on_epoch_end(0, logs)
+    assert cb._top_k is made[0]
+    assert made[0].experimental_get_tracing_count() >= 1
+    scores = np.asarray(model(
+        xdata.make_tf_dataset(data, 1000).get_single_element()[0]))
+    assert logs["val_precision_at_2"] == pytest.approx(
+        _np_precision(scores, data.labels, 2), abs=1e-9)

@@ -20,7 +20,7 @@ import pytest
 
 import xmc_tf
 from xmc_tf import checkpoint as ckpt
-from xmc_tf import saving, workdir
+from xmc_tf import saving, variable_io, workdir
 from xmc_tf.callbacks import SetRewiring
 from xmc_tf.workdir import (IncompleteWorkdir, Workdir, WorkdirBusy,
                             WorkdirFinished, WorkdirLock)
@@ -403,7 +403,7 @@ def test_checkpoint_writes_large_variables_in_blocks(tmp_path, shape, dtype):
         value[0] += 1
     row = np.dtype(dtype).itemsize * int(np.prod(shape[1:], dtype=np.int64))
     buf = io.BytesIO()
-    ckpt._write_variable(buf, var, chunk_bytes=4 * row if shape else 1)
+    variable_io.write_variable(buf, var, chunk_bytes=4 * row if shape else 1)
     got = np.load(io.BytesIO(buf.getvalue()), allow_pickle=False)
     assert got.dtype == np.dtype(dtype) and got.shape == shape
     np.testing.assert_array_equal(got, value)
@@ -422,12 +422,12 @@ def test_read_variable_in_blocks_inverts_write(tmp_path, shape, dtype):
     var = keras.Variable(np.zeros(shape, dtype), dtype=dtype)
     row = np.dtype(dtype).itemsize * int(np.prod(shape[1:], dtype=np.int64))
     buf.seek(0)
-    ckpt._read_variable(buf, var, chunk_bytes=4 * row if shape else 1)
+    variable_io.read_variable(buf, var, chunk_bytes=4 * row if shape else 1)
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(var), value)
     other = keras.Variable(np.zeros((3,) + tuple(shape), dtype), dtype=dtype)
     buf.seek(0)
     with pytest.raises(ValueError, match="file holds"):
-        ckpt._read_variable(buf, other)
+        variable_io.read_variable(buf, other)
 
 
 def test_restore_reads_variables_in_blocks(tmp_path, monkeypatch):

@@ -132,11 +132,12 @@ def main(argv=None) -> int:
     import numpy as np
     import tensorflow as tf
     import xmc_tf
+    from xmc_tf.errors import OpLibraryError
     from xmc_tf.ops import _loader
 
     try:
         module = _loader.load()
-    except _loader.OpLibraryError as e:
+    except OpLibraryError as e:
         print(f"FAIL: {e}", file=sys.stderr)
         return 1
     if os.path.realpath(_loader.library_path()) != os.path.realpath(library):

@@ -8,11 +8,12 @@ Keras classes.  Models using xmc_tf layers must be compiled with
 
 import warnings
 
+from xmc_tf.errors import OpLibraryError
 from xmc_tf.ops import _loader
 
 try:
     _loader.load()
-except _loader.OpLibraryError as _e:  # re-raised at the first op use
+except OpLibraryError as _e:  # re-raised at the first op use
     warnings.warn(str(_e))
 
 from xmc_tf import callbacks, layers, losses, metrics, ops  # noqa: E402

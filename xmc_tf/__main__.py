@@ -2,4 +2,5 @@
 
 from xmc_tf.cli import run
 
-run()
+if __name__ == "__main__":  # not when imported (e.g. by a test or a tool)
+    run()

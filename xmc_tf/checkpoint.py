@@ -17,7 +17,8 @@ What it holds:
 * the state of every object with ``get_state()``/``set_state(state)`` that
   the trainer registers (:class:`Checkpointer`'s ``stateful``): callbacks
   such as :class:`xmc_tf.callbacks.SetRewiring` (step counter, RNG),
-  :class:`EarlyStopping` and :class:`ReduceLROnPlateau` below (counters,
+  :class:`xmc_tf.callbacks.EarlyStopping` and
+  :class:`xmc_tf.callbacks.ReduceLROnPlateau` (counters,
   best value, best weights -- for ``xmc-tf train`` the name of the
   ``best-EPOCH.npz`` file beside the checkpoint, not the arrays), and the
   training model if it has them (e.g.
@@ -31,7 +32,7 @@ What it holds:
 Restore order (:func:`restore`): model and optimizer variables are assigned
 and ``set_state`` is called *before* ``model.fit`` starts, so no callback
 acts on a half-restored run; callbacks whose ``on_train_begin`` resets their
-state must re-apply a restored one (as the two Keras subclasses here do).
+state must re-apply a restored one (as those two Keras subclasses do).
 The data order is keyed by ``(seed, epoch)``
 (:func:`xmc_tf.data.make_tf_dataset`), so the resumed epochs see the same
 batches.  The granularity is one epoch: a run killed mid-epoch repeats that
@@ -51,9 +52,14 @@ import zipfile
 
 import keras
 import numpy as np
-from absl import logging
 
-from xmc_tf.workdir import WorkdirError, atomic_path, write_bytes_atomic
+# EarlyStopping and ReduceLROnPlateau live in xmc_tf.callbacks.schedules
+# and discard_hint in xmc_tf.workdir; they stay importable from here.
+from xmc_tf.callbacks.schedules import (BEST_WEIGHTS_PATTERN, EarlyStopping,
+                                        ReduceLROnPlateau)
+from xmc_tf.errors import CheckpointError
+from xmc_tf.variable_io import CHUNK_BYTES, put_npy, read_variable
+from xmc_tf.workdir import atomic_path, discard_hint, write_bytes_atomic
 
 __all__ = ["CheckpointError", "Checkpoint", "Checkpointer", "EarlyStopping",
            "ReduceLROnPlateau", "stateful_objects", "restore", "load",
@@ -61,22 +67,8 @@ __all__ = ["CheckpointError", "Checkpoint", "Checkpointer", "EarlyStopping",
 
 #: File name inside the backup directory.
 CHECKPOINT_FILE = "checkpoint.npz"
-#: Best-weights files of :class:`EarlyStopping` in the backup directory.
-BEST_WEIGHTS_PATTERN = re.compile(r"best-(\d{6})\.npz$")
 #: Version of the file layout (``meta["format"]``).
 FORMAT = 1
-
-
-class CheckpointError(WorkdirError):
-    """The backup cannot be used: unreadable, or written for another
-    model/config.  The message names the file and how to discard it."""
-
-
-def discard_hint(directory: str) -> str:
-    """How to discard backup ``directory`` (for error messages)."""
-    workdir = os.path.dirname(os.path.abspath(directory))
-    return (f"discard it with `rm -r {directory}` to start over (or rerun "
-            f"with --overwrite, which also discards {workdir}'s results)")
 
 
 # ---------------------------------------------------------------------------
@@ -125,65 +117,6 @@ def _decode(obj, arrays):
     return obj
 
 
-#: Largest block of a variable read at once when writing a checkpoint.
-CHUNK_BYTES = 64 * 2**20
-
-
-def _write_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
-    """Writes ``variable`` to the binary file ``f`` in ``.npy`` format,
-    reading at most ``chunk_bytes`` of it at a time.
-
-    A variable larger than ``chunk_bytes`` is read in blocks of rows with
-    ``ResourceGather`` (``tf.gather`` on the variable), so writing it never
-    holds a second full copy: after a row-sparse update TensorFlow keeps a
-    variable in copy-on-read mode, where a dense read copies all of it
-    (an encoder ``[D, d]`` and its two Adam slots: three transient copies of
-    ``4 D d`` bytes without this).  Scalars, small variables and
-    ``tf.distribute`` variables are read whole.
-
-    Args:
-      f: a writable binary file object.
-      variable: a ``keras.Variable`` (TensorFlow backend) or ``tf.Variable``.
-      chunk_bytes: bytes per block (> 0).
-    """
-    import tensorflow as tf
-
-    from xmc_tf.ops.sampled import label_variable
-    shape = tuple(int(d) for d in variable.shape)
-    dtype = np.dtype(variable.dtype)
-    tf_var = label_variable(variable)
-    row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-    if (tf_var is None or len(shape) == 0 or shape[0] == 0
-            or row_bytes * shape[0] <= chunk_bytes):
-        value = np.asarray(keras.ops.convert_to_numpy(variable))  # 0-d stays
-        if not value.flags.c_contiguous:
-            value = value.copy(order="C")
-        np.lib.format.write_array(f, value, allow_pickle=False)
-        return
-    header = {"descr": np.lib.format.dtype_to_descr(dtype),
-              "fortran_order": False, "shape": shape}
-    np.lib.format.write_array_header_2_0(f, header)
-    rows = max(1, chunk_bytes // max(row_bytes, 1))
-    for start in range(0, shape[0], rows):
-        stop = min(shape[0], start + rows)
-        block = tf.gather(tf_var, tf.range(start, stop)).numpy()
-        f.write(np.ascontiguousarray(block, dtype).tobytes())
-
-
-def _put_npy(zf, name: str, value) -> None:
-    """Adds ``NAME.npy`` to the open ``zipfile.ZipFile`` ``zf``: a Keras /
-    TF variable through :func:`_write_variable` (blocks of rows), anything
-    else as a C-ordered NumPy array (0-d stays 0-d)."""
-    with zf.open(name + ".npy", "w", force_zip64=True) as f:
-        if isinstance(value, np.ndarray) or np.isscalar(value):
-            value = np.asarray(value)
-            if not value.flags.c_contiguous:
-                value = value.copy(order="C")
-            np.lib.format.write_array(f, value, allow_pickle=False)
-        else:
-            _write_variable(f, value)
-
-
 def _describe_variables(variables) -> list:
     return [[v.path, list(v.shape), str(np.dtype(v.dtype))] for v in variables]
 
@@ -229,7 +162,7 @@ class Checkpoint:
     def assign_to(self, name: str, variable,
                   chunk_bytes: int = CHUNK_BYTES) -> None:
         """Assigns the saved array ``name`` to ``variable`` in blocks of at
-        most ``chunk_bytes`` bytes of rows (:func:`_read_variable`), so that
+        most ``chunk_bytes`` bytes of rows (:func:`xmc_tf.variable_io.read_variable`), so that
         restoring a ``[D, d]`` embedding or optimizer slot never holds a
         second whole copy of it in memory.
 
@@ -238,7 +171,7 @@ class Checkpoint:
           ValueError: its shape or dtype differs from the variable's.
         """
         with self._arrays.zip.open(f"{name}.npy") as f:
-            _read_variable(f, variable, chunk_bytes)
+            read_variable(f, variable, chunk_bytes)
 
     def state(self, key: str):
         """The decoded ``get_state()`` of object ``key`` (KeyError if none)."""
@@ -248,7 +181,7 @@ class Checkpoint:
     def write(path: str, meta: dict, model_variables, optimizer_variables,
               objects: dict) -> None:
         """Writes a checkpoint atomically (one array in memory at a time;
-        large variables in blocks of rows, see :func:`_write_variable`).
+        large variables in blocks of rows, see :func:`xmc_tf.variable_io.write_variable`).
 
         Args:
           path: destination ``.npz``.
@@ -270,11 +203,11 @@ class Checkpoint:
                 for group, variables in (("model", model_variables),
                                          ("optimizer", optimizer_variables)):
                     for i, v in enumerate(variables):
-                        _put_npy(zf, f"{group}/{i:06d}", v)
+                        put_npy(zf, f"{group}/{i:06d}", v)
                 for name, value in arrays.items():
-                    _put_npy(zf, name, value)
+                    put_npy(zf, name, value)
                 # Last, so a file that has it was written to the end.
-                _put_npy(zf, "meta", np.frombuffer(meta_bytes, np.uint8))
+                put_npy(zf, "meta", np.frombuffer(meta_bytes, np.uint8))
 
     @classmethod
     def read(cls, path: str) -> "Checkpoint":
@@ -496,224 +429,3 @@ class Checkpointer(keras.callbacks.Callback):
         if self._start is not None:
             self._prior_seconds = self.train_seconds
             self._start = None
-
-
-# ---------------------------------------------------------------------------
-# Keras callbacks with state.
-
-
-def _read_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
-    """Assigns the ``.npy`` array at the position of binary file ``f`` to
-    ``variable``, at most ``chunk_bytes`` of it at a time (the reverse of
-    :func:`_write_variable`: blocks of rows assigned by slice, so a large
-    variable is never held twice).
-
-    Raises:
-      ValueError: the array's shape or dtype differs from the variable's.
-    """
-    major, _ = np.lib.format.read_magic(f)
-    read_header = (np.lib.format.read_array_header_1_0 if major == 1 else
-                   np.lib.format.read_array_header_2_0)
-    shape, fortran, dtype = read_header(f)
-    want = tuple(int(d) for d in variable.shape)
-    if tuple(shape) != want or dtype != np.dtype(variable.dtype) or fortran:
-        raise ValueError(f"{variable.path}: file holds {dtype}{list(shape)}, "
-                         f"variable is {np.dtype(variable.dtype)}{list(want)}")
-    from xmc_tf.ops.sampled import label_variable
-    tf_var = label_variable(variable)
-    row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-    if (tf_var is None or len(shape) == 0 or shape[0] == 0
-            or row_bytes * shape[0] <= chunk_bytes):
-        count = int(np.prod(shape, dtype=np.int64))
-        value = np.frombuffer(f.read(count * dtype.itemsize), dtype, count)
-        variable.assign(value.reshape(shape))
-        return
-    rows = max(1, chunk_bytes // max(row_bytes, 1))
-    for start in range(0, shape[0], rows):
-        stop = min(shape[0], start + rows)
-        block = np.frombuffer(f.read((stop - start) * row_bytes), dtype)
-        tf_var[start:stop].assign(block.reshape((stop - start,) + shape[1:]))
-
-
-class EarlyStopping(keras.callbacks.EarlyStopping):
-    """``keras.callbacks.EarlyStopping`` whose state survives a resume and
-    whose best weights can live on disk instead of in memory.
-
-    ``get_state()`` returns the patience counter, best value and epoch, the
-    epoch it stopped at and the best weights (``restore_best_weights``);
-    ``set_state`` re-applies them after Keras' ``on_train_begin`` reset.
-
-    With ``best_weights_dir``, the weights of the best epoch are written to
-    ``best_weights_dir/best-EPOCH.npz`` (atomically, in blocks of rows) and
-    read back in blocks when training ends, instead of Keras' in-memory
-    copy (``model.get_weights()``: one more copy of every weight, e.g.
-    1 GB for a ``[500k, 512]`` float32 encoder).  The state then names the
-    file rather than holding the arrays, so a checkpoint does not store the
-    weights twice either.  Files of other epochs (a better epoch's
-    predecessor, a killed epoch's leftovers) are deleted once a checkpoint
-    no longer needs them: at the next epoch's start and at
-    ``on_train_begin``.
-
-    Args:
-      best_weights_dir: directory for the best-weights file (created), or
-        None for Keras' in-memory copy.
-      *args, **kwargs: as for ``keras.callbacks.EarlyStopping``.
-
-    Raises:
-      CheckpointError: (``on_train_begin``) a restored state names a
-        best-weights file that is missing; (``on_train_end``) the file does
-        not match the model.
-
-    >>> cb = EarlyStopping(monitor="val_loss", patience=3)
-    >>> cb.set_state(cb.get_state())
-    """
-
-    _pending = None
-
-    def __init__(self, *args, best_weights_dir: str | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.best_weights_dir = best_weights_dir
-        self.best_weights_file = None  # name inside best_weights_dir
-
-    @property
-    def _on_disk(self) -> bool:
-        return bool(self.restore_best_weights and self.best_weights_dir)
-
-    def get_state(self) -> dict:
-        best_weights = self.best_weights
-        return {"wait": int(self.wait), "stopped_epoch": int(self.stopped_epoch),
-                "best": None if self.best is None else float(self.best),
-                "best_epoch": int(self.best_epoch),
-                "best_weights": None if best_weights is None else
-                [np.asarray(w) for w in best_weights],
-                "best_weights_file": self.best_weights_file}
-
-    def set_state(self, state: dict) -> None:
-        self._pending = dict(state)
-        self._apply()
-
-    def _apply(self):
-        s = self._pending
-        self.wait, self.stopped_epoch = s["wait"], s["stopped_epoch"]
-        self.best, self.best_epoch = s["best"], s["best_epoch"]
-        self.best_weights = s["best_weights"]
-        self.best_weights_file = s.get("best_weights_file")
-
-    def _remove_stale_files(self):
-        if not self.best_weights_dir or not os.path.isdir(
-                self.best_weights_dir):
-            return
-        for name in os.listdir(self.best_weights_dir):
-            if (BEST_WEIGHTS_PATTERN.match(name)
-                    and name != self.best_weights_file):
-                os.remove(os.path.join(self.best_weights_dir, name))
-
-    def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)
-        if self._pending is not None:
-            self._apply()
-            self._pending = None
-        else:
-            self.best_weights_file = None
-        if (self._on_disk and self.best_weights is not None
-                and not self.best_weights_file):
-            # A state of an in-memory EarlyStopping (an older checkpoint):
-            # its arrays become the file.
-            self._write_best(self.best_epoch, self.best_weights)
-            self.best_weights = None
-        if self._on_disk and self.best_weights_file and not os.path.exists(
-                os.path.join(self.best_weights_dir, self.best_weights_file)):
-            raise CheckpointError(
-                f"the best weights {self.best_weights_file} are missing from "
-                f"{self.best_weights_dir}; "
-                f"{discard_hint(self.best_weights_dir)}")
-        self._remove_stale_files()
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._remove_stale_files()
-
-    def on_epoch_end(self, epoch, logs=None):
-        if not self._on_disk:
-            return super().on_epoch_end(epoch, logs)
-        before = self.best_epoch
-        self.restore_best_weights = False  # Keras' copy: not wanted
-        try:
-            super().on_epoch_end(epoch, logs)
-        finally:
-            self.restore_best_weights = True
-        first = (self.best_weights_file is None
-                 and epoch >= self.start_from_epoch
-                 and (logs or {}).get(self.monitor) is not None)
-        # Keras sets best_epoch only on an improvement (values such as NaN
-        # make comparing ``best`` unreliable).
-        if (self.best_epoch == epoch and before != epoch) or first:
-            self._write_best(epoch, self.model.weights)
-            if first:  # Keras' "no best yet" rule
-                self.best_epoch = epoch
-
-    def _write_best(self, epoch, weights):
-        """Writes ``weights`` (variables, read in blocks, or arrays) as
-        ``best-EPOCH.npz`` and names it in the state."""
-        name = f"best-{epoch:06d}.npz"
-        os.makedirs(self.best_weights_dir, exist_ok=True)
-        with atomic_path(os.path.join(self.best_weights_dir, name)) as tmp:
-            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED,
-                                 allowZip64=True) as zf:
-                for i, w in enumerate(weights):
-                    _put_npy(zf, f"{i:06d}", w)
-        self.best_weights_file = name
-
-    def on_train_end(self, logs=None):
-        if not (self._on_disk and self.best_weights_file):
-            return super().on_train_end(logs)
-        if self.stopped_epoch > 0 and self.verbose > 0:
-            logging.info("Epoch %d: early stopping", self.stopped_epoch + 1)
-        path = os.path.join(self.best_weights_dir, self.best_weights_file)
-        if self.verbose > 0:
-            logging.info("Restoring model weights from the end of the best "
-                         "epoch: %d (%s).", self.best_epoch + 1, path)
-        try:
-            with zipfile.ZipFile(path) as zf:
-                for i, v in enumerate(self.model.weights):
-                    with zf.open(f"{i:06d}.npy") as f:
-                        _read_variable(f, v)
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
-            raise CheckpointError(
-                f"the best weights {path} do not fit the model ("
-                f"{type(e).__name__}: {' '.join(str(e).split())}); "
-                f"{discard_hint(self.best_weights_dir)}") from e
-
-
-class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
-    """``keras.callbacks.ReduceLROnPlateau`` whose state survives a resume.
-
-    ``get_state()`` returns the patience and cooldown counters and the best
-    value (the learning rate itself is an optimizer variable, checkpointed
-    with the optimizer); ``set_state`` re-applies them after Keras'
-    ``on_train_begin`` reset.  Arguments as for Keras' class.
-
-    >>> cb = ReduceLROnPlateau(monitor="val_loss")
-    >>> cb.set_state(cb.get_state())
-    """
-
-    _pending = None
-
-    def get_state(self) -> dict:
-        return {"wait": int(self.wait),
-                "cooldown_counter": int(self.cooldown_counter),
-                "best": None if self.best is None else float(self.best)}
-
-    def set_state(self, state: dict) -> None:
-        self._pending = dict(state)
-        self._apply()
-
-    def _apply(self):
-        s = self._pending
-        self.wait, self.cooldown_counter = s["wait"], s["cooldown_counter"]
-        self.best = s["best"]
-
-    def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)
-        if self._pending is not None:
-            self._apply()
-            self._pending = None

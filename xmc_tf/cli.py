@@ -352,7 +352,7 @@ def _import_xmc_tf():
 def _train(fv, config_path):
     _import_xmc_tf()
     from xmc_tf import train
-    from xmc_tf.workdir import ConfigError
+    from xmc_tf.errors import ConfigError
     config = _load_config(fv, config_path)
     try:
         results = train.train_and_evaluate(config, fv.workdir,
@@ -403,14 +403,9 @@ _RUN = {"train": _train, "evaluate": _evaluate, "predict": _predict}
 def _is_user_error(e: BaseException) -> bool:
     if isinstance(e, (UsageError, flags.Error, OSError)):
         return True
-    kinds = []
-    workdir = sys.modules.get("xmc_tf.workdir")
-    if workdir is not None:
-        kinds.append(workdir.UserError)
-    loader = sys.modules.get("xmc_tf.ops._loader")
-    if loader is not None:
-        kinds.append(loader.OpLibraryError)
-    return bool(kinds) and isinstance(e, tuple(kinds))
+    errors = sys.modules.get("xmc_tf.errors")  # imported with xmc_tf
+    return errors is not None and isinstance(
+        e, (errors.UserError, errors.OpLibraryError))
 
 
 def _message(e: BaseException) -> str:

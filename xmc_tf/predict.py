@@ -5,8 +5,9 @@ and decodes its outputs: heads that score every label
 (``UniformSparseDense``, ``Dense``) keep the ``tf.math.top_k`` of the
 scores; a :class:`~xmc_tf.layers.MachHead` is decoded exactly by the op
 ``Xmc>MachTopK`` (Medini et al., NeurIPS 2019, Eq. 2) without a
-``[batch, num_labels]`` tensor.  Used by training (validation P@k),
-evaluation, ``xmc-tf predict`` and the SavedModel export.
+``[batch, num_labels]`` tensor.  Used by training (test metrics),
+evaluation, ``xmc-tf predict`` and the benchmarks; the batch loops are
+:mod:`xmc_tf.evaluation`'s, given the head's decoder.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from xmc_tf import data as xdata
 from xmc_tf import heads
-from xmc_tf import metrics as xmetrics
+from xmc_tf.evaluation import decode_batches, evaluate_top_k
 
 __all__ = ["top_k_function", "predict_top_k", "evaluate_model"]
 
@@ -44,25 +44,27 @@ def predict_top_k(model, dataset, k=5, batch_size=1024):
     """Top-k labels of every instance of an :class:`xmc_tf.data.XCDataset`.
 
     Scores are computed one batch of ``batch_size`` instances at a time
-    (:func:`top_k_function`), so memory is ``O(batch_size * m)`` for a
-    label-wise head and ``O(batch_size * (R B + k))`` for MACH.
+    (:func:`top_k_function`, :func:`xmc_tf.evaluation.decode_batches`), so
+    memory is ``O(batch_size * m)`` for a label-wise head and
+    ``O(batch_size * (R B + k))`` for MACH.
 
     Yields:
       ``(ids int32 [b, k], scores float32 [b, k])`` NumPy arrays per batch,
       in row order.
+
+    Raises:
+      ValueError: as :func:`top_k_function` (at the first batch).
     """
-    predict = top_k_function(model, k)
-    for features, _ in xdata.make_tf_dataset(dataset, batch_size):
-        ids, scores = predict(features)
-        yield ids.numpy(), scores.numpy()
+    yield from decode_batches(top_k_function(model, k), dataset, batch_size)
 
 
 def evaluate_model(model, dataset, inv_propensities=None, ks=(1, 3, 5),
                    batch_size=1024) -> dict:
     """P@k, nDCG@k, PSP@k and recall@k (percent) of ``model`` on ``dataset``.
 
-    Predictions come from :func:`predict_top_k` (top ``max(ks)`` labels per
-    batch), so no ``[num_instances, num_labels]`` array is held.
+    The model's decoder (:func:`top_k_function`, top ``max(ks)`` labels)
+    run by :func:`xmc_tf.evaluation.evaluate_top_k`, so no
+    ``[num_instances, num_labels]`` array is held.
 
     Args:
       model: as for :func:`top_k_function`.
@@ -75,11 +77,13 @@ def evaluate_model(model, dataset, inv_propensities=None, ks=(1, 3, 5),
     Returns:
       The dict of :meth:`xmc_tf.metrics.XMCEvaluator.result` (keys ``P@k``,
       ``nDCG@k``, ``PSP@k``, ``R@k``, ``num_instances``).
+
+    Raises:
+      ValueError: bad ``ks`` (empty, or a ``k`` out of ``[1, m]``) or
+        ``inv_propensities``; no head recognises the model.
     """
-    evaluator = xmetrics.XMCEvaluator(ks=ks, inv_propensities=inv_propensities)
-    start = 0
-    for ids, _ in predict_top_k(model, dataset, max(ks), batch_size):
-        stop = start + ids.shape[0]
-        evaluator.update(ids, dataset.labels[start:stop])
-        start = stop
-    return evaluator.result()
+    ks = tuple(ks)
+    if not ks:
+        raise ValueError("ks must not be empty")
+    return evaluate_top_k(top_k_function(model, max(ks)), dataset,
+                          inv_propensities, ks, batch_size)

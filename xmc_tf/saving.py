@@ -9,8 +9,10 @@
   library registered, and a clear message instead of TensorFlow's "Op type
   not registered" when it is not.
 
-Loading needs the op library (``Xmc>...`` ops) registered in the process:
-``import xmc_tf`` does it, and these helpers import it.
+Loading needs the op library (``Xmc>...`` ops) registered in the process
+and xmc_tf's Keras classes registered: ``import xmc_tf`` does both, and
+these helpers load the library and import the modules that register the
+classes.
 
 Example (serving, in a new process)::
 
@@ -32,17 +34,16 @@ import keras
 import tensorflow as tf
 
 from xmc_tf import heads as xheads
+# The layers, losses, metrics and optimizers register their Keras classes
+# (and the ops' gradients) when imported: load_model needs them.
+from xmc_tf import layers, losses, metrics, optimizers  # noqa: F401
+from xmc_tf.errors import (IncompleteWorkdir, OpLibraryError,
+                           OpNotRegisteredError)
 from xmc_tf.ops import _loader
-from xmc_tf.workdir import IncompleteWorkdir, UserError, Workdir, atomic_path
+from xmc_tf.workdir import Workdir, atomic_path
 
 __all__ = ["export_saved_model", "export_model", "load_saved_model",
            "load_model", "OpNotRegisteredError"]
-
-
-class OpNotRegisteredError(UserError, ImportError):
-    """A saved model uses an xmc_tf op that this process has not registered
-    (the message says to ``import xmc_tf`` first and which TensorFlow the op
-    library was built for)."""
 
 
 def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
@@ -147,7 +148,7 @@ def _library_note() -> str:
         built = _loader.build_info(path).get("tf_version", "unknown")
         return (f"the op library {path} was built for TensorFlow {built}; "
                 f"TensorFlow {tf.__version__} is running")
-    except _loader.OpLibraryError as e:
+    except OpLibraryError as e:
         return str(e)
 
 
@@ -164,7 +165,7 @@ def _op_error(path: str, error: Exception) -> OpNotRegisteredError:
 def _register_ops(path: str) -> None:
     try:
         _loader.load()
-    except _loader.OpLibraryError as e:
+    except OpLibraryError as e:
         raise OpNotRegisteredError(
             f"cannot load {path}: the xmc_tf op library is unavailable: {e}"
         ) from e
@@ -221,7 +222,6 @@ def load_model(workdir: str, verify: bool = True) -> keras.Model:
     if not os.path.exists(path):
         raise IncompleteWorkdir(f"{path} does not exist")
     _register_ops(path)
-    import xmc_tf  # noqa: F401  (registers the Keras classes and gradients)
     try:
         return keras.models.load_model(path, compile=False)
     except (tf.errors.NotFoundError, ValueError) as e:

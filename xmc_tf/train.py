@@ -48,6 +48,7 @@ import keras
 import numpy as np
 from absl import logging
 
+from xmc_tf import callbacks as xcallbacks
 from xmc_tf import checkpoint as xckpt
 from xmc_tf import data as xdata
 from xmc_tf import ensemble as xensemble
@@ -58,8 +59,10 @@ from xmc_tf.models import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
                             build_model, build_optimizer)
 from xmc_tf.predict import evaluate_model
 from xmc_tf.saving import export_model, export_saved_model
-from xmc_tf.workdir import (ConfigError, DataError, UserError, Workdir,
-                            atomic_path, write_bytes_atomic)
+from xmc_tf.errors import (CheckpointError, ConfigError, DataError,
+                           TrainingDiverged)
+from xmc_tf.workdir import (Workdir, atomic_path, discard_hint,
+                            write_bytes_atomic)
 
 __all__ = ["train_and_evaluate", "build_model", "export_saved_model",
            "load_for_model", "format_table", "check_config", "load_data",
@@ -323,10 +326,6 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     return model, layer, fit_model
 
 
-class TrainingDiverged(UserError):
-    """The training loss became NaN or infinite (see :class:`StopOnNonFinite`)."""
-
-
 class StopOnNonFinite(keras.callbacks.Callback):
     """Stops a run whose training loss is NaN or +-inf, with a clear error.
 
@@ -389,10 +388,10 @@ def make_callbacks(config, workdir: str, head, layer, val_data) -> list:
     deltas = ({"lr": 1e-4, "stop": 0.0} if "min_delta" not in tc else
               {"lr": float(tc.min_delta), "stop": float(tc.min_delta)})
     cbs = [StopOnNonFinite()] + head.callbacks(layer, val_data) + [
-        xckpt.ReduceLROnPlateau(
+        xcallbacks.ReduceLROnPlateau(
             monitor=monitor, mode=mode, factor=0.5, patience=tc.lr_patience,
             min_lr=tc.min_learning_rate, min_delta=deltas["lr"], verbose=1),
-        xckpt.EarlyStopping(
+        xcallbacks.EarlyStopping(
             monitor=monitor, mode=mode, patience=tc.early_stopping_patience,
             min_delta=deltas["stop"], restore_best_weights=True, verbose=1,
             best_weights_dir=Workdir(workdir).backup_dir),
@@ -430,10 +429,10 @@ def _check_resumable(ckpt: xckpt.Checkpoint, config) -> None:
     a, b = dict(_flat(saved)), dict(_flat(now))
     diff = [f"config.{k}={a.get(k)!r} (now {b.get(k)!r})"
             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    raise xckpt.CheckpointError(
+    raise CheckpointError(
         f"the backup {ckpt.path} belongs to a run with another config: "
         f"{', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''}; rerun with "
-        f"that config to resume, or {xckpt.discard_hint(os.path.dirname(ckpt.path))}")
+        f"that config to resume, or {discard_hint(os.path.dirname(ckpt.path))}")
 
 
 # ---------------------------------------------------------------------------

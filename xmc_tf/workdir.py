@@ -24,8 +24,9 @@ files holds a complete run (:meth:`Workdir.check_complete`), anything else is
 incomplete and is reported as such by ``xmc-tf evaluate``/``predict``.
 
 Errors the user can fix -- a bad config, bad data, a busy, finished or
-incomplete workdir, a corrupt backup -- are :class:`UserError` subclasses;
-the ``xmc-tf`` command prints them as one line (``xmc-tf: error: ...``).
+incomplete workdir, a corrupt backup -- are :class:`UserError` subclasses
+(:mod:`xmc_tf.errors`, re-exported here); the ``xmc-tf`` command prints them
+as one line (``xmc-tf: error: ...``).
 """
 
 from __future__ import annotations
@@ -42,47 +43,16 @@ import socket
 import sys
 import uuid
 
+from xmc_tf.errors import (ConfigError, DataError, IncompleteWorkdir,
+                           UserError, WorkdirBusy, WorkdirError,
+                           WorkdirFinished)
+
+# The error classes live in xmc_tf.errors; they stay importable from here.
 __all__ = ["UserError", "ConfigError", "DataError", "WorkdirError",
            "WorkdirBusy", "WorkdirFinished", "IncompleteWorkdir", "Workdir",
            "WorkdirLock", "atomic_path", "write_json_atomic",
-           "write_bytes_atomic", "replace_dir", "fingerprint"]
-
-
-# ---------------------------------------------------------------------------
-# Errors.
-
-
-class UserError(Exception):
-    """An error the user can fix (config, data, paths, workdir state).
-
-    The ``xmc-tf`` command prints it as one line ``xmc-tf: error: MESSAGE``
-    and exits with status 2 (``--debug`` adds the traceback); internal
-    errors keep their traceback.
-    """
-
-
-class ConfigError(UserError, ValueError):
-    """A config value is invalid (names the field)."""
-
-
-class DataError(UserError, ValueError):
-    """A data file or spec is invalid (names the file, and line if known)."""
-
-
-class WorkdirError(UserError):
-    """The work directory is in a state that forbids the command."""
-
-
-class WorkdirBusy(WorkdirError):
-    """Another process holds the workdir lock (names the owner)."""
-
-
-class WorkdirFinished(WorkdirError):
-    """``train`` into a workdir that holds a finished run."""
-
-
-class IncompleteWorkdir(WorkdirError):
-    """The workdir holds no complete model (evaluate/predict)."""
+           "write_bytes_atomic", "replace_dir", "fingerprint",
+           "discard_hint"]
 
 
 # ---------------------------------------------------------------------------
@@ -411,6 +381,23 @@ class WorkdirLock:
 
 # ---------------------------------------------------------------------------
 # The work directory.
+
+
+def discard_hint(directory: str) -> str:
+    """How to discard the backup ``directory`` of a workdir, for the end of
+    an error message about it: ``rm -r`` it, or ``--overwrite`` (which also
+    discards the workdir's results).
+
+    Args:
+      directory: the backup directory (``WORKDIR/backup``).
+
+    Returns:
+      ``"discard it with `rm -r DIR` to start over (or rerun with
+      --overwrite, which also discards WORKDIR's results)"``.
+    """
+    workdir = os.path.dirname(os.path.abspath(directory))
+    return (f"discard it with `rm -r {directory}` to start over (or rerun "
+            f"with --overwrite, which also discards {workdir}'s results)")
 
 
 class Workdir:

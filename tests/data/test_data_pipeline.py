@@ -563,19 +563,19 @@ def test_cache_rejects_damage(tmp_path):
 
 def test_load_cached_reads_once_with_progress_then_maps(tmp_path, capsys,
                                                         monkeypatch):
-    from xmc_tf.data import cache, xc_format
+    from xmc_tf.data import cache, xc_reader
     ds = _messy_dataset()
     path = str(tmp_path / "train.txt")
     data.write_xc(path, ds)
     calls = []
-    real = xc_format.read_xc
+    real = xc_reader.read_xc
 
     def spy(p, progress="auto"):
         calls.append(p)
         return real(p, progress=progress)
 
-    monkeypatch.setattr(xc_format, "read_xc", spy)
-    monkeypatch.setattr(xc_format, "PROGRESS_MIN_INSTANCES", 100)
+    monkeypatch.setattr(xc_reader, "read_xc", spy)
+    monkeypatch.setattr(xc_reader, "PROGRESS_MIN_INSTANCES", 100)
     first = cache.load_cached(path, tmp_path / "cache")
     out = capsys.readouterr().out
     assert "reading" in out and "300/300" in out  # the Keras progress bar

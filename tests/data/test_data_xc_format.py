@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from xmc_tf import data
-from xmc_tf.data import xc_format
+from xmc_tf.data import xc_reader
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -234,7 +234,7 @@ def test_malformed_xc(tmp_path, content, line, msg, gz):
 
 
 def test_error_line_number_in_later_chunk(tmp_path, monkeypatch):
-    monkeypatch.setattr(xc_format, "_CHUNK_BYTES", 64)
+    monkeypatch.setattr(xc_reader, "_CHUNK_BYTES", 64)
     lines = [f"{i % 7},{(i + 3) % 7} {i % 11}:1 {(i * 5) % 11 + 11}:2"
              for i in range(500)]
     lines[377] = "1 3:1 oops"
@@ -248,7 +248,7 @@ def test_error_line_number_in_later_chunk(tmp_path, monkeypatch):
     assert ds.labels.nnz == 999 and ds.features.nnz == 999
     assert ds.labels[378].indices.tolist() == [0, 3]
     assert ds.labels[377].indices.tolist() == [1]
-    monkeypatch.setattr(xc_format, "_CHUNK_BYTES", 1 << 24)
+    monkeypatch.setattr(xc_reader, "_CHUNK_BYTES", 1 << 24)
     _assert_same(ds, data.read_xc(p))
 
 
@@ -476,7 +476,7 @@ def test_error_line_is_first_bad_line_across_check_stages(tmp_path,
     lines[30] = "0 1:\u00a01"   # bad character (found by the first stage)
     content = "40 5 4\n" + "\n".join(lines) + "\n"
     for chunk in (1 << 24, 64, 7):
-        monkeypatch.setattr(xc_format, "_CHUNK_BYTES", chunk)
+        monkeypatch.setattr(xc_reader, "_CHUNK_BYTES", chunk)
         p = _write(tmp_path, "stages.txt", content)
         with pytest.raises(ValueError, match=re.escape(f"{p}, line 7:")):
             data.read_xc(p)

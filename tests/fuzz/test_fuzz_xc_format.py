@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 import xc_reference as ref
 from xmc_tf import data
-from xmc_tf.data import xc_format
+from xmc_tf.data import xc_reader
 
 # Seeded and bounded for CI; XMC_TF_FUZZ_EXAMPLES=5000 XMC_TF_FUZZ_RANDOM=1
 # explores more (random seeds) when hunting bugs by hand.
@@ -55,12 +55,12 @@ def _path(name):
 
 @contextlib.contextmanager
 def _chunk_bytes(value):
-    old = xc_format._CHUNK_BYTES
-    xc_format._CHUNK_BYTES = value
+    old = xc_reader._CHUNK_BYTES
+    xc_reader._CHUNK_BYTES = value
     try:
         yield
     finally:
-        xc_format._CHUNK_BYTES = old
+        xc_reader._CHUNK_BYTES = old
 
 
 def _write_bytes(name, payload: bytes) -> str:
@@ -80,8 +80,8 @@ def _read(path, kind):
         return ds.features, ds.labels
     if kind == "y":
         return None, data.read_xc_labels(path)
-    header, _, feats = xc_format._read_sparse_text(path, "x")
-    return xc_format._to_csr(feats, header[1], False, path), None
+    header, _, feats = xc_reader._read_sparse_text(path, "x")
+    return xc_reader._to_csr(feats, header[1], False, path), None
 
 
 def _check_matrix(m, shape, entries):

@@ -1,10 +1,11 @@
 """Data sets and input pipelines for extreme multi-label classification.
 
 * :mod:`xmc_tf.data.dataset` -- the :class:`XCDataset` container.
-* :mod:`xmc_tf.data.xc_format` -- readers/writers of the Extreme
-  Classification Repository (XC repo) sparse text formats
-  (:func:`read_xc`, :func:`write_xc`, :func:`read_xc_xy`,
-  :func:`read_xc_labels`, :func:`write_xc_labels`).
+* :mod:`xmc_tf.data.xc_format` -- the Extreme Classification Repository
+  (XC repo) sparse text formats: their grammar, and the readers
+  (:mod:`~xmc_tf.data.xc_reader`: :func:`read_xc`, :func:`read_xc_xy`,
+  :func:`read_xc_labels`) and writers (:mod:`~xmc_tf.data.xc_writer`:
+  :func:`write_xc`, :func:`write_xc_labels`) it re-exports.
 * :mod:`xmc_tf.data.specs` -- the bundled Bibtex data
   (:func:`load_bundled`) and :func:`load_dataset` (string specs for the CLI).
 * :mod:`xmc_tf.data.embeddings` -- dense ``.npy``/``.npz`` embeddings plus
@@ -29,8 +30,8 @@ from xmc_tf.data.pipeline import (distribute_tf_dataset, make_tf_dataset,
 from xmc_tf.data.synthetic import make_synthetic
 from xmc_tf.data.dataset import XCDataset
 from xmc_tf.data.specs import BUNDLED_DATASETS, load_bundled, load_dataset
-from xmc_tf.data.xc_format import (read_xc, read_xc_labels, read_xc_xy,
-                                   write_xc, write_xc_labels)
+from xmc_tf.data.xc_reader import read_xc, read_xc_labels, read_xc_xy
+from xmc_tf.data.xc_writer import write_xc, write_xc_labels
 
 __all__ = [
     "BUNDLED_DATASETS",

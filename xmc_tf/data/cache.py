@@ -278,7 +278,7 @@ def load_cached(spec: str, cache_dir: PathLike, *, progress="auto",
         >>> load_cached(spec, d).num_labels, os.path.isdir(d)
         (9, True)
     """
-    from xmc_tf.data import specs, xc_format
+    from xmc_tf.data import specs, xc_reader
     cache_dir = os.fspath(cache_dir)
     source = source_fingerprint(spec)
     try:
@@ -289,13 +289,13 @@ def load_cached(spec: str, cache_dir: PathLike, *, progress="auto",
     if not current:
         first, sep, second = spec.partition("|")
         if os.path.isfile(spec) and not spec.endswith((".npy", ".npz")):
-            dataset = xc_format.read_xc(spec, progress=progress)
+            dataset = xc_reader.read_xc(spec, progress=progress)
         elif (sep and os.path.isfile(first) and
               not first.endswith((".npy", ".npz"))):
-            dataset = xc_format.read_xc_xy(first, second, progress=progress)
+            dataset = xc_reader.read_xc_xy(first, second, progress=progress)
         else:
             dataset = specs.load_dataset(spec)
-        big = dataset.num_instances >= xc_format.PROGRESS_MIN_INSTANCES
+        big = dataset.num_instances >= xc_reader.PROGRESS_MIN_INSTANCES
         write_cache(dataset, cache_dir, source=source,
                     progress=progress is True or (progress == "auto" and big))
         del dataset

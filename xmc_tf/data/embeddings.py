@@ -27,7 +27,7 @@ import zipfile
 import numpy as np
 
 from xmc_tf.data.dataset import PathLike, XCDataset
-from xmc_tf.data.xc_format import read_xc_labels
+from xmc_tf.data.xc_reader import read_xc_labels
 
 __all__ = ["read_embeddings", "load_embedding_array"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from xmc_tf.data.dataset import PathLike, XCDataset
 from xmc_tf.data.embeddings import read_embeddings
 from xmc_tf.data.synthetic import make_synthetic
-from xmc_tf.data.xc_format import read_xc, read_xc_xy
+from xmc_tf.data.xc_reader import read_xc, read_xc_xy
 
 __all__ = ["BUNDLED_DATASETS", "load_bundled", "load_dataset"]
 

@@ -207,7 +207,8 @@ class Head:
             return []
         from xmc_tf.callbacks import TopKEvaluation
         return [TopKEvaluation(val_data, ks=(1, 3),
-                               batch_size=self.config.eval.batch_size)]
+                               batch_size=self.config.eval.batch_size,
+                               decoder=self.top_k_function)]
 
     def monitor(self, has_validation: bool) -> tuple[str, str]:
         """``(log key, mode)`` driving LR halving and early stopping."""

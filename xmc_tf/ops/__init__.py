@@ -1,6 +1,7 @@
 """Thin Python wrappers over the compiled xmc_tf ops, with their gradients."""
 
-from xmc_tf.ops._loader import OpLibraryError, load
+from xmc_tf.errors import OpLibraryError
+from xmc_tf.ops._loader import load
 from xmc_tf.ops.mach import MachHashing, mach_top_k, meta_probabilities
 from xmc_tf.ops.sampled import (check_candidates, check_shared_candidates,
                                 dense_sampled_matmul,

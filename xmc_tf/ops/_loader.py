@@ -19,14 +19,12 @@ import threading
 
 import tensorflow as tf
 
+from xmc_tf.errors import OpLibraryError  # also importable from here
+
 _LOCK = threading.Lock()
 _MODULE = None
 _ERROR = None
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class OpLibraryError(ImportError):
-    """The op library is missing, or was built for another TensorFlow."""
 
 
 def library_path() -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from xmc_tf.errors import OpLibraryError
 from xmc_tf.ops import _loader
 
 __all__ = ["embedding_bag", "embedding_bag_supported"]
@@ -23,7 +24,7 @@ _DTYPES = (tf.float32, tf.float64)
 def _ops():
     lib = _loader.load()
     if not hasattr(lib, "xmc_embedding_bag"):
-        raise _loader.OpLibraryError(
+        raise OpLibraryError(
             f"{_loader.library_path()} has no Xmc>EmbeddingBag op (built "
             "before ops/embedding_bag/ existed): rebuild the op library "
             "(`pip install .` or tools/build_ops.py)")
@@ -49,7 +50,7 @@ def embedding_bag_supported(dtype, device: str = "") -> bool:
         return False
     try:
         _ops()
-    except _loader.OpLibraryError:
+    except OpLibraryError:
         return False
     return True
 

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from xmc_tf.errors import OpLibraryError
 from xmc_tf.ops import _loader
 
 #: The default hash modulus: the Mersenne prime 2^31 - 1 (the op has a
@@ -353,7 +354,7 @@ def mach_top_k(probs, k: int, hashing, *, method: str = "threshold",
                     f"got {shape}")
         lib = _loader.load()
         if not hasattr(lib, "xmc_mach_top_k"):
-            raise _loader.OpLibraryError(
+            raise OpLibraryError(
                 f"{_loader.library_path()} has no Xmc>MachTopK op (built "
                 "without ops/mach): rebuild the op library")
         try:
@@ -364,7 +365,7 @@ def mach_top_k(probs, k: int, hashing, *, method: str = "threshold",
                 method=method,
                 brute_force_fallback=bool(brute_force_fallback))
         except TypeError as e:  # an op library older than this wrapper
-            raise _loader.OpLibraryError(
+            raise OpLibraryError(
                 f"{_loader.library_path()}: Xmc>MachTopK does not match "
                 f"this xmc_tf ({e}); rebuild the op library") from e
 

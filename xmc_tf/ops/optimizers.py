@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from xmc_tf.errors import OpLibraryError
 from xmc_tf.ops import _loader
 
 __all__ = ["fused_adam_supported", "resource_apply_adam",
@@ -28,7 +29,7 @@ _DTYPES = (tf.float32, tf.float64)
 def _optimizer_ops():
     lib = _loader.load()
     if not hasattr(lib, "xmc_resource_apply_adam"):
-        raise _loader.OpLibraryError(
+        raise OpLibraryError(
             f"{_loader.library_path()} has no Xmc>ResourceApplyAdam op "
             "(built before ops/optimizers/ existed): rebuild the op library "
             "(`pip install .` or tools/build_ops.py)")
@@ -57,7 +58,7 @@ def fused_adam_supported(variable) -> bool:
         return False
     try:
         _optimizer_ops()
-    except _loader.OpLibraryError:
+    except OpLibraryError:
         return False
     return True
 

@@ -28,6 +28,7 @@ import tensorflow as tf
 # an op reads through its handle, as tf.Variable.sparse_read does.
 from tensorflow.python.ops import resource_variable_ops
 
+from xmc_tf.errors import OpLibraryError
 from xmc_tf.ops import _loader
 
 __all__ = ["check_candidates", "dense_sampled_matmul", "gather_label_rows",
@@ -164,7 +165,7 @@ def _sampled_ops():
     """The op module, checked to hold the ops of ``ops/sampled/``."""
     lib = _loader.load()
     if not hasattr(lib, "xmc_uniform_sparse_sampled_matmul"):
-        raise _loader.OpLibraryError(
+        raise OpLibraryError(
             f"{_loader.library_path()} has no Xmc>UniformSparseSampledMatmul "
             "op (built before ops/sampled/ existed): rebuild the op library "
             "(`pip install .` or tools/build_ops.py)")

@@ -1,0 +1,94 @@
+"""Held-out P@k once per epoch, for heads whose top-k needs a decoder:
+:class:`TopKEvaluation`."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from xmc_tf.evaluation import evaluate_top_k
+
+__all__ = ["TopKEvaluation"]
+
+
+class TopKEvaluation(keras.callbacks.Callback):
+    """Held-out P@k at the end of every epoch, written into the epoch logs.
+
+    For models whose top-k is expensive to compute inside every training
+    step: a :class:`~xmc_tf.layers.MachHead` is decoded by ``Xmc>MachTopK``,
+    whose threshold algorithm degrades to an ``O(m R)`` scan per row while
+    the meta-probabilities are still flat (early training), so an in-graph
+    metric would slow every training batch.  This callback decodes only the
+    held-out set, once per epoch, with the ``decoder`` it is given
+    (:func:`xmc_tf.evaluation.evaluate_top_k`); the decoder is built for the
+    callback's model once (compiled with ``tf.function`` unless it is
+    already), and reads the model's current weights at every epoch.
+
+    Logs ``{prefix}precision_at_{k}`` for each ``k`` as a **fraction** in
+    [0, 1] (the names and scale of :class:`xmc_tf.metrics.PrecisionAtK`), so
+    ``ReduceLROnPlateau``, ``EarlyStopping`` and ``CSVLogger`` placed
+    *after* it in the callback list can monitor them.
+
+    Args:
+      dataset: held-out :class:`xmc_tf.data.XCDataset` (features already
+        normalised as the model expects).
+      ks: cut-offs, ints >= 1.
+      prefix: prefix of the log keys.
+      batch_size: instances per prediction batch.
+      decoder: ``(model, k) -> top_k`` where ``top_k`` maps a feature batch
+        to ``(ids int32 [b, k], scores float32 [b, k])``, best first: for
+        any xmc_tf model :func:`xmc_tf.predict.top_k_function` (the model's
+        head decodes it), or a head's ``top_k_function`` (what
+        :meth:`xmc_tf.heads.Head.callbacks` passes).
+
+    Raises:
+      ValueError: empty ``ks``, a ``k < 1``, or a ``decoder`` that is not
+        callable.
+
+    Example:
+      >>> from xmc_tf.predict import top_k_function
+      >>> cb = TopKEvaluation(val_data, ks=(1, 3),
+      ...                     decoder=top_k_function)  # doctest: +SKIP
+      >>> model.fit(train_ds, callbacks=[cb, keras.callbacks.EarlyStopping(
+      ...     "val_precision_at_3", mode="max")])  # doctest: +SKIP
+    """
+
+    def __init__(self, dataset, ks=(1, 3), prefix="val_", batch_size=1024, *,
+                 decoder):
+        super().__init__()
+        self.ks = tuple(int(k) for k in ks)
+        if not self.ks or min(self.ks) < 1:
+            raise ValueError(f"ks must be non-empty ints >= 1, got {ks!r}")
+        if not callable(decoder):
+            raise ValueError("decoder must be a function (model, k) -> top_k, "
+                             f"got {type(decoder).__name__}")
+        self.dataset = dataset
+        self.prefix = prefix
+        self.batch_size = int(batch_size)
+        self.decoder = decoder
+        self._top_k = None
+        self._top_k_model = None
+
+    def _decoder_for_model(self):
+        """The compiled top-``max(ks)`` decoder of the current model, built
+        once per model (it reads the weights when called): the decoder's
+        own ``tf.function`` if it returns one, else the function compiled
+        with ``reduce_retracing`` (traced at most twice in a run: the first
+        batch's shape, then an unknown batch size)."""
+        if self._top_k is None or self._top_k_model is not self.model:
+            top_k = self.decoder(self.model, max(self.ks))
+            if not hasattr(top_k, "get_concrete_function"):  # not compiled
+                top_k = tf.function(top_k, reduce_retracing=True)
+            self._top_k, self._top_k_model = top_k, self.model
+        return self._top_k
+
+    def evaluate(self) -> dict:
+        """``{log key: P@k fraction}`` of the current model on the data."""
+        result = evaluate_top_k(self._decoder_for_model(), self.dataset,
+                                ks=self.ks, batch_size=self.batch_size)
+        return {f"{self.prefix}precision_at_{k}": result[f"P@{k}"] / 100.0
+                for k in self.ks}
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs.update(self.evaluate())

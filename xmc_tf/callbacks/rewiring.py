@@ -1,0 +1,249 @@
+"""SET rewiring of uniformly sparse layers (:func:`rewire`,
+:class:`SetRewiring`).
+
+Source: Mocanu et al., "Scalable training of artificial neural networks with
+adaptive sparse connectivity inspired by network science" (SET, Nature
+Communications 2018), as applied to the last layer by Schultheis & Babbar,
+"Towards Memory-Efficient Training for Extremely Large Output Spaces",
+Sec. 2 (prune the fraction alpha of smallest-magnitude weights, regrow at
+random) and Sec. 4.1 (every 1000 steps, 10 %).
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from xmc_tf.callbacks._steps import optimizer_step
+from xmc_tf.layers.uniform_sparse import UniformSparseDense
+from xmc_tf.optimizers.slots import slot_names, slot_variables
+
+__all__ = ["rewire", "SetRewiring"]
+
+
+def _slot_names(optimizer):
+    """Names of the optimizer's per-variable state lists.
+
+    Raises:
+      ValueError: an optimizer whose state layout SetRewiring does not know
+        (see :func:`xmc_tf.optimizers.slot_names`).
+    """
+    try:
+        return slot_names(optimizer)
+    except ValueError as e:
+        raise ValueError(f"SetRewiring: {e}: its per-weight state could not "
+                         "be reset for rewired connections.") from None
+
+
+def _optimizer_slots(optimizer, variable):
+    """The optimizer state variables of `variable` (same shape as it).
+
+    Raises:
+      ValueError: as :func:`_slot_names`.
+    """
+    _slot_names(optimizer)
+    return slot_variables(optimizer, variable)
+
+
+def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
+           num_features: int, rng: np.random.Generator):
+    """One SET step on the connections of every label (in NumPy).
+
+    Per label, the ``round(fraction * s)`` connections with the smallest
+    ``|weight|`` are removed and as many are regrown at sources drawn
+    uniformly from those the label was not connected to before this step (or,
+    when too few such sources exist, from those it is not connected to after
+    the removal).
+
+    Args:
+      indices: int32 ``[num_labels, s]`` current sources.
+      weights: float ``[num_labels, s]`` current weights.
+      fraction: alpha in [0, 1].
+      num_features: number of possible sources e.
+      rng: NumPy generator.
+
+    Returns:
+      ``(new_indices, positions)``: int32 ``[num_labels, s]`` and the int64
+      ``[num_labels, n]`` column positions that were replaced (their weights
+      and optimizer state must be reset by the caller).  Every row of
+      ``new_indices`` holds s distinct values in ``[0, num_features)``.
+    """
+    num_labels, fan_in = indices.shape
+    n = int(round(fraction * fan_in))
+    if n == 0 or num_labels == 0:
+        return indices.copy(), np.zeros((num_labels, 0), np.int64)
+    # A compact copy, so that the [num_labels, s] int64 argpartition result
+    # is freed at once (2 GB at m = 2.8M, s = 96).
+    positions = np.argpartition(np.abs(weights), n - 1, axis=1)[:, :n].copy()
+    positions.sort(axis=1)
+    new = indices.copy()
+    rows = np.arange(num_labels)[:, None]
+    # Sources to avoid: all current ones when enough others exist, else only
+    # the ones that stay.
+    keep = np.ones(indices.shape, bool)
+    keep[rows, positions] = False
+    row_keys = np.arange(num_labels, dtype=np.int64)[:, None] * num_features
+    if num_features - fan_in >= n:
+        # Keys row * e + source, sorted in place per row: rows occupy
+        # disjoint key ranges, so the flat array is sorted (one int64
+        # [num_labels, s] array, no further copies).
+        forbidden_keys = indices.astype(np.int64)
+        forbidden_keys += row_keys
+        forbidden_keys.sort(axis=1)
+        forbidden_keys = forbidden_keys.reshape(-1)
+    else:
+        forbidden = np.where(keep, indices, -1)
+        forbidden_keys = np.sort((row_keys + forbidden)[forbidden >= 0])
+    draw = rng.integers(0, num_features, size=(num_labels, n))
+    todo = np.ones(draw.shape, bool)
+    while todo.any():
+        draw[todo] = rng.integers(0, num_features, size=int(todo.sum()))
+        keys = row_keys + draw
+        # Membership by binary search in the sorted keys (np.isin would
+        # concatenate and argsort all of them: ~5x their memory).
+        where = np.minimum(np.searchsorted(forbidden_keys, keys),
+                           max(forbidden_keys.size - 1, 0))
+        clash = (forbidden_keys[where] == keys if forbidden_keys.size else
+                 np.zeros(keys.shape, bool))
+        # Duplicates among the new draws of one row: keep the first.
+        order = np.argsort(draw, axis=1, kind="stable")
+        sorted_draw = np.take_along_axis(draw, order, axis=1)
+        dup_sorted = np.zeros(draw.shape, bool)
+        dup_sorted[:, 1:] = sorted_draw[:, 1:] == sorted_draw[:, :-1]
+        dup = np.zeros(draw.shape, bool)
+        np.put_along_axis(dup, order, dup_sorted, axis=1)
+        todo = clash | dup
+    new[rows, positions] = draw.astype(np.int32)
+    return new, positions
+
+
+class SetRewiring(keras.callbacks.Callback):
+    """SET prune/regrow of every :class:`UniformSparseDense` layer.
+
+    Every ``every_n_steps`` training batches, per label, the ``fraction`` of
+    connections with the smallest ``|weight|`` are moved to sources the label
+    is not connected to, uniformly at random; the moved weights restart at
+    zero and so does their optimizer state (Adam/AdamW moments, SGD
+    momentum).  After every rewire each label still has exactly ``s``
+    distinct, in-range sources.
+
+    The period counts optimizer steps (``optimizer.iterations``), so it is
+    exact with ``steps_per_execution > 1`` too.  Statistics of the last
+    rewire are added to every epoch's logs, zeros before the first one (so
+    History, CSVLogger and a TensorBoard callback placed after this one see
+    them):
+    ``set_moved`` (connections moved per rewire), ``set_mean_abs_pruned``
+    (mean |w| of the pruned connections) and ``set_rewires`` (count so far).
+    ``get_state``/``set_state`` carry the counters and the RNG across a
+    resume (:mod:`xmc_tf.checkpoint`).
+
+    Args:
+      every_n_steps: rewire period in training batches (paper: 1000).
+      fraction: alpha, fraction of each label's connections moved (0.1).
+      layers: the layers to rewire; default all UniformSparseDense layers of
+        the model.
+      seed: seed of the regrowth draws.
+      verbose: print a line per rewire.
+
+    Raises:
+      ValueError: bad arguments; at train begin, an optimizer other than
+        Adam, AdamW or SGD or a subclass of them (e.g.
+        :class:`xmc_tf.optimizers.LazyAdam`, ``LazySGD``), or a model without
+        UniformSparseDense layer.
+
+    >>> cb = SetRewiring(every_n_steps=1000, fraction=0.1)
+    """
+
+    def __init__(self, every_n_steps=1000, fraction=0.1, layers=None, seed=None,
+                 verbose=0):
+        super().__init__()
+        if int(every_n_steps) < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+        self.every_n_steps = int(every_n_steps)
+        self.fraction = float(fraction)
+        self.layers = layers
+        self.verbose = verbose
+        self._rng = np.random.default_rng(seed)
+        self._periods_done = 0
+        self.rewires = 0
+        self.last_stats = {"set_moved": 0, "set_mean_abs_pruned": 0.0,
+                           "set_rewires": 0}
+
+    def _targets(self):
+        if self.layers is not None:
+            return list(self.layers)
+        return [l for l in self.model._flatten_layers()  # pylint: disable=protected-access
+                if isinstance(l, UniformSparseDense)]
+
+    def on_train_begin(self, logs=None):
+        if not self._targets():
+            raise ValueError("SetRewiring: the model has no UniformSparseDense layer")
+        _slot_names(self.model.optimizer)  # unsupported optimizer: ValueError
+        self._periods_done = optimizer_step(self.model) // (
+            self.every_n_steps)
+
+    def on_train_batch_end(self, batch, logs=None):
+        # Count optimizer steps, not callback calls: with
+        # compile(steps_per_execution=k) Keras calls this once per k batches.
+        periods = optimizer_step(self.model) // self.every_n_steps
+        while self._periods_done < periods:
+            self._periods_done += 1
+            self.rewire_now()
+
+    def rewire_now(self):
+        """Rewires the target layers once and returns the statistics dict."""
+        moved, pruned_abs = 0, 0.0
+        for layer in self._targets():
+            weights = keras.ops.convert_to_numpy(layer.kernel)
+            indices = keras.ops.convert_to_numpy(layer.indices)
+            new, positions = rewire(indices, weights, self.fraction,
+                                    layer.num_features, self._rng)
+            if positions.shape[1] == 0:
+                continue
+            rows = np.arange(indices.shape[0])[:, None]
+            pruned_abs += float(np.abs(weights[rows, positions]).sum())
+            moved += positions.size
+            mask = np.ones(weights.shape, bool)
+            mask[rows, positions] = False
+            layer.indices.assign(new)
+            layer.kernel.assign(weights * mask)
+            for slot in _optimizer_slots(self.model.optimizer, layer.kernel):
+                slot.assign(keras.ops.convert_to_numpy(slot) * mask)
+        self.rewires += 1
+        self.last_stats = {"set_moved": moved,
+                           "set_mean_abs_pruned": pruned_abs / max(moved, 1),
+                           "set_rewires": self.rewires}
+        if self.verbose:
+            print(f"\nSetRewiring: moved {moved} connections, mean |w| pruned "
+                  f"{self.last_stats['set_mean_abs_pruned']:.4g}")
+        return self.last_stats
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Always present (zeros before the first rewire) so that loggers
+        # which fix their columns after the first epoch (CSVLogger) see them.
+        if logs is not None:
+            logs.update(self.last_stats)
+
+    def get_state(self) -> dict:
+        """The state an exact resume needs (JSON-serialisable): rewires done,
+        periods counted, the last statistics and the regrowth RNG state
+        (used by :mod:`xmc_tf.checkpoint`)."""
+        return {"periods_done": int(self._periods_done),
+                "rewires": int(self.rewires),
+                "last_stats": dict(self.last_stats),
+                "rng": self._rng.bit_generator.state}
+
+    def set_state(self, state: dict) -> None:
+        """Restores :meth:`get_state`; call before ``fit`` (the optimizer's
+        step count must be restored too: ``on_train_begin`` recounts the
+        periods from it).
+
+        Raises:
+          ValueError: the RNG state is of another bit generator.
+        """
+        self._periods_done = int(state["periods_done"])
+        self.rewires = int(state["rewires"])
+        self.last_stats = dict(state["last_stats"])
+        self._rng.bit_generator.state = state["rng"]

@@ -1,0 +1,74 @@
+"""Top-k decoding of a data set in batches, and its P@k, nDCG@k, PSP@k, R@k.
+
+The loop shared by :mod:`xmc_tf.predict` (which finds a model's decoder
+through its head) and :class:`xmc_tf.callbacks.TopKEvaluation` (which is
+given one).  It takes the decoder -- a function from a feature batch to its
+top-k labels -- as an argument, so it depends on neither the heads nor
+:mod:`xmc_tf.predict`: callbacks that evaluate can be imported by the heads
+that create them without an import cycle.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xmc_tf.data.pipeline import make_tf_dataset
+from xmc_tf.metrics.evaluator import XMCEvaluator
+
+__all__ = ["decode_batches", "evaluate_top_k"]
+
+
+def decode_batches(top_k, dataset, batch_size: int = 1024):
+    """Top-k labels of every instance of ``dataset``, one batch at a time.
+
+    Args:
+      top_k: the decoder, ``x -> (ids [b, k], scores [b, k])`` best first,
+        where ``x`` is a batch of features as
+        :func:`xmc_tf.data.make_tf_dataset` yields them (a
+        ``tf.SparseTensor``, or a dense float32 ``[b, D]`` tensor); e.g.
+        :func:`xmc_tf.predict.top_k_function` of a model.
+      dataset: an :class:`xmc_tf.data.XCDataset` (features already
+        normalised as the model expects; labels unused).
+      batch_size: instances per batch (memory is ``O(batch_size * m)`` for a
+        decoder that scores every label).
+
+    Yields:
+      ``(ids int32 [b, k], scores float32 [b, k])`` NumPy arrays per batch,
+      in row order.
+    """
+    for features, _ in make_tf_dataset(dataset, batch_size):
+        ids, scores = top_k(features)
+        yield np.asarray(ids), np.asarray(scores)
+
+
+def evaluate_top_k(top_k, dataset, inv_propensities=None, ks=(1, 3, 5),
+                   batch_size: int = 1024) -> dict:
+    """P@k, nDCG@k, PSP@k and recall@k (percent) of a decoder on ``dataset``.
+
+    No ``[num_instances, num_labels]`` array is held: each batch's top
+    labels (:func:`decode_batches`) are scored as they come.
+
+    Args:
+      top_k: the decoder, as for :func:`decode_batches`, returning at least
+        ``max(ks)`` labels per row.
+      dataset: :class:`xmc_tf.data.XCDataset` with labels.
+      inv_propensities: float ``[m]`` inverse propensities for PSP@k
+        (:func:`xmc_tf.metrics.inverse_propensities`); ``None`` omits PSP@k.
+      ks: cut-offs.
+      batch_size: instances per batch.
+
+    Returns:
+      The dict of :meth:`xmc_tf.metrics.XMCEvaluator.result` (keys ``P@k``,
+      ``nDCG@k``, ``PSP@k``, ``R@k``, ``num_instances``).
+
+    Raises:
+      ValueError: bad ``ks`` or ``inv_propensities``
+        (:class:`~xmc_tf.metrics.XMCEvaluator`).
+    """
+    evaluator = XMCEvaluator(ks=ks, inv_propensities=inv_propensities)
+    start = 0
+    for ids, _ in decode_batches(top_k, dataset, batch_size):
+        stop = start + ids.shape[0]
+        evaluator.update(ids, dataset.labels[start:stop])
+        start = stop
+    return evaluator.result()
