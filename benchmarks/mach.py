@@ -110,6 +110,7 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
     import keras
     import tensorflow as tf
     from xmc_tf import data as xdata
+    from xmc_tf import heads as xheads
     from xmc_tf import predict as xpredict
     from xmc_tf import train as xtrain
     config = load_config("mach")
@@ -124,7 +125,7 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
                                      args, f"mach_{B}x{R}_{loss}")
     model = keras.models.load_model(os.path.join(workdir, "model.keras"),
                                     compile=False)
-    head = model.get_layer("output")
+    head = xheads.output_layer(model)  # inside the normalising model
     test = xtrain.load_for_model(test_path, workdir)
     forward = tf.function(lambda x: model(x, training=False))
     logits = np.concatenate([forward(x).numpy() for x, _ in

@@ -170,7 +170,7 @@ def _mach_brute_force_top_k(workdir, data_path, k):
     import xmc_tf
     from xmc_tf.train import load_for_model
     model = keras.models.load_model(workdir / "model.keras", compile=False)
-    head = model.get_layer("output")
+    head = xmc_tf.heads.output_layer(model)  # inside the normalising model
     assert isinstance(head, xmc_tf.layers.MachHead)
     data = load_for_model(str(data_path), str(workdir))
     x = data.features.tocoo()

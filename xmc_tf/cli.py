@@ -367,21 +367,23 @@ def _train(fv, config_path):
 def _evaluate(fv, _):
     _import_xmc_tf()
     import numpy as np
-    from xmc_tf import saving, train
+    from xmc_tf import predict, preprocessing, saving
+    from xmc_tf.evaluation import format_table
+    from xmc_tf.workdir import Workdir
     model = saving.load_model(fv.workdir)
-    dataset = train.load_for_model(fv.data, fv.workdir)
-    inv_prop = np.load(os.path.join(fv.workdir, train.INV_PROPENSITIES_FILE))
-    results = train.evaluate_model(model, dataset, inv_prop)
-    print(train.format_table(results))
+    dataset = preprocessing.load_for_model(fv.data, fv.workdir)
+    inv_prop = np.load(os.path.join(fv.workdir, Workdir.INV_PROPENSITIES))
+    results = predict.evaluate_model(model, dataset, inv_prop)
+    print(format_table(results))
     print(json.dumps(results))
 
 
 def _predict(fv, _):
     _import_xmc_tf()
-    from xmc_tf import predict, saving, train
+    from xmc_tf import predict, preprocessing, saving
     from xmc_tf.workdir import atomic_path
     model = saving.load_model(fv.workdir)
-    dataset = train.load_for_model(fv.data, fv.workdir)
+    dataset = preprocessing.load_for_model(fv.data, fv.workdir)
     count = 0
     with atomic_path(fv.output) as tmp:
         with open(tmp, "w") as f:

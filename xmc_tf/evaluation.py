@@ -15,7 +15,7 @@ import numpy as np
 from xmc_tf.data.pipeline import make_tf_dataset
 from xmc_tf.metrics.evaluator import XMCEvaluator
 
-__all__ = ["decode_batches", "evaluate_top_k"]
+__all__ = ["decode_batches", "evaluate_top_k", "format_table"]
 
 
 def decode_batches(top_k, dataset, batch_size: int = 1024):
@@ -72,3 +72,17 @@ def evaluate_top_k(top_k, dataset, inv_propensities=None, ks=(1, 3, 5),
         evaluator.update(ids, dataset.labels[start:stop])
         start = stop
     return evaluator.result()
+
+
+def format_table(results: dict) -> str:
+    """A plain-text table of the metrics dict (percent metrics first; nested
+    entries such as the ``run`` marker are left out)."""
+    results = {k: v for k, v in results.items() if not isinstance(v, dict)}
+    keys = [k for k in results if "@" in k] + [k for k in results if "@" not in k]
+    width = max(len(k) for k in keys)
+    lines = []
+    for k in keys:
+        v = results[k]
+        lines.append(f"{k:<{width}}  {v:.2f}" if isinstance(v, float)
+                     else f"{k:<{width}}  {v}")
+    return "\n".join(lines)

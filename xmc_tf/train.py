@@ -26,9 +26,12 @@ not retrained unless ``overwrite``, a killed run resumes exactly from
 renamed into place when complete.
 
 Steps of :func:`train_and_evaluate`, each a function below (where to hook
-in): :func:`check_config` -> :func:`load_data` -> :func:`build_and_compile`
+in): :func:`check_config` -> :func:`load_data` -> :func:`prepare_splits`
+(validation split, feature normalisation fitted on the fit part) ->
+:func:`build_and_compile`
 (model, optimizer, the model ``fit`` runs) -> :func:`make_callbacks` ->
-restore / ``fit`` -> evaluate -> export.
+restore / ``fit`` -> evaluate -> export (the exported model starts with
+the normalisation, :mod:`xmc_tf.preprocessing`, so it takes raw features).
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 3.4 and 4.1.
@@ -54,22 +57,27 @@ from xmc_tf import data as xdata
 from xmc_tf import ensemble as xensemble
 from xmc_tf import heads as xheads
 from xmc_tf import metrics as xmetrics
+from xmc_tf import preprocessing as xprep
 from xmc_tf import saving as xsaving
+from xmc_tf.errors import (CheckpointError, ConfigError, DataError,
+                           TrainingDiverged)
+from xmc_tf.evaluation import format_table
 from xmc_tf.models import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
                             build_model, build_optimizer)
 from xmc_tf.predict import evaluate_model
 from xmc_tf.saving import export_model, export_saved_model
-from xmc_tf.errors import (CheckpointError, ConfigError, DataError,
-                           TrainingDiverged)
 from xmc_tf.workdir import (Workdir, atomic_path, discard_hint,
                             write_bytes_atomic)
 
 __all__ = ["train_and_evaluate", "build_model", "export_saved_model",
            "load_for_model", "format_table", "check_config", "load_data",
-           "build_and_compile", "make_callbacks", "StopOnNonFinite",
+           "prepare_splits", "build_and_compile", "make_callbacks",
+           "StopOnNonFinite",
            "TrainingDiverged"]
 
 PREPROCESSING_FILE = Workdir.PREPROCESSING
+#: Kept here for callers of ``xmc_tf.train.load_for_model``.
+load_for_model = xprep.load_for_model
 INV_PROPENSITIES_FILE = Workdir.INV_PROPENSITIES
 
 #: Config fields that may change between a run and its resume (they do not
@@ -120,42 +128,6 @@ def output_layer_bytes(model: keras.Model) -> int:
 def model_bytes(model: keras.Model) -> int:
     """Bytes of all the model's variables (every layer; no optimizer state)."""
     return _variable_bytes(model.weights)
-
-
-def _load_spec(spec: str, what: str) -> xdata.XCDataset:
-    """``load_dataset(spec)`` with user errors as :class:`DataError`."""
-    try:
-        return xdata.load_dataset(spec)
-    except OSError as e:
-        raise DataError(f"{what}: {e.filename or spec}: "
-                        f"{e.strerror or e}") from e
-    except ValueError as e:
-        msg = " ".join(str(e).split())
-        raise DataError(msg if msg.startswith(str(spec)) else
-                        f"{what}={spec!r}: {msg}") from e
-
-
-def load_for_model(spec: str, workdir: str) -> xdata.XCDataset:
-    """Loads data set `spec` and applies the feature normalisation (method
-    and idf fitted on the training set) saved in `workdir` by training.
-
-    Raises:
-      DataError: an unreadable or malformed data set (names the file and
-        line), or one whose width differs from the training set's.
-      OSError: the workdir has no ``preprocessing.npz``.
-    """
-    dataset = _load_spec(spec, "--data")
-    saved = np.load(os.path.join(workdir, PREPROCESSING_FILE))
-    method = str(saved["method"])
-    if dataset.is_sparse:
-        idf = saved["idf"] if method == "tfidf" else None
-        if idf is not None and idf.shape[0] != dataset.num_features:
-            raise DataError(f"--data={spec!r} has {dataset.num_features} "
-                            f"features; the model was trained on "
-                            f"{idf.shape[0]}")
-        dataset.features, _ = xdata.normalize_features(dataset.features, method,
-                                                       idf)
-    return dataset
 
 
 # ---------------------------------------------------------------------------
@@ -238,10 +210,10 @@ def check_config(config) -> xheads.Head:
 
 
 def load_data(config, workdir: str):
-    """Reads train/test, fits the feature normalisation on train (``"auto"``
-    resolved there: :func:`xmc_tf.data.resolve_normalization`) and saves
-    it (``preprocessing.npz``) with the PSP weights
-    (``inv_propensities.npy``) in ``workdir``.
+    """Reads train/test (raw feature values) and saves the PSP weights
+    (``inv_propensities.npy``, from all training labels, as the XC repo
+    computes them) in ``workdir``.  The feature normalisation is fitted
+    later, on the fit split only (:func:`prepare_splits`).
 
     Returns:
       ``(train, test_or_None, inv_propensities)``.
@@ -251,43 +223,48 @@ def load_data(config, workdir: str):
         train and test of different widths.
     """
     dc = config.data
-    train = _load_spec(dc.train, "config.data.train")
-    test = _load_spec(dc.test, "config.data.test") if dc.test else None
+    train = xprep.load_spec(dc.train, "config.data.train")
+    test = xprep.load_spec(dc.test, "config.data.test") if dc.test else None
     if test is not None and (test.num_labels != train.num_labels or
                              test.num_features != train.num_features):
         raise DataError(
             f"config.data.train={dc.train!r} ({train.num_features} features, "
             f"{train.num_labels} labels) and config.data.test={dc.test!r} "
             f"({test.num_features}, {test.num_labels}) disagree")
-    idf = None
-    method = dc.normalize
-    if train.is_sparse:
-        try:
-            # "auto": tf-idf for count / binary values, l2 for files whose
-            # values are weights already; fixed here, on the training set.
-            method = xdata.resolve_normalization(dc.normalize, train.features)
-            train.features, idf = xdata.normalize_features(train.features,
-                                                           method)
-        except ValueError as e:
-            raise ConfigError(f"config.data.normalize: {e}") from e
-        if dc.normalize == "auto":
-            logging.info("config.data.normalize='auto': %s (the training "
-                         "features are %s)", method,
-                         "whole numbers" if method == "tfidf" else "weights")
-        if test is not None:
-            test.features, _ = xdata.normalize_features(test.features,
-                                                        method, idf)
-    wd = Workdir(workdir)
-    with atomic_path(wd.file(PREPROCESSING_FILE)) as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, method=method,
-                     idf=idf if idf is not None else np.zeros(0, np.float32))
     inv_prop = xmetrics.inverse_propensities(
         train.labels, A=config.eval.propensity_a, B=config.eval.propensity_b)
-    with atomic_path(wd.file(INV_PROPENSITIES_FILE)) as tmp:
+    with atomic_path(Workdir(workdir).file(INV_PROPENSITIES_FILE)) as tmp:
         with open(tmp, "wb") as f:
             np.save(f, inv_prop)
     return train, test, inv_prop
+
+
+def prepare_splits(config, train: xdata.XCDataset, workdir: str):
+    """Splits the raw training set (:func:`validation_split`), fits the
+    feature normalisation on the fit part only (``"auto"`` resolved there:
+    :func:`xmc_tf.data.resolve_normalization`; idf from the fit rows),
+    saves it (``preprocessing.npz``) and normalises both parts.
+
+    Returns:
+      ``(fit_data, val_data_or_None, normalization)``: normalised data
+      sets and the :class:`xmc_tf.preprocessing.Normalization`.
+
+    Raises:
+      ConfigError: an unknown ``config.data.normalize``.
+    """
+    fit_raw, val_raw = validation_split(train, config)
+    try:
+        norm = xprep.fit_normalization(config.data.normalize, fit_raw)
+    except ValueError as e:
+        raise ConfigError(f"config.data.normalize: {e}") from e
+    if norm.sparse and config.data.normalize == "auto":
+        logging.info("config.data.normalize='auto': %s (the training "
+                     "features are %s)", norm.method,
+                     "whole numbers" if norm.method == "tfidf" else "weights")
+    xprep.save(norm, workdir)
+    fit_data = xprep.normalize(fit_raw, norm)
+    val_data = xprep.normalize(val_raw, norm) if val_raw is not None else None
+    return fit_data, val_data, norm
 
 
 def build_and_compile(config, head, num_features: int, num_labels: int,
@@ -502,14 +479,17 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
     write_bytes_atomic(wd.file(Workdir.CONFIG),
                        config.to_json_best_effort(indent=2).encode())
 
-    fit_data, val_data = validation_split(train, config)
+    fit_data, val_data, norm = prepare_splits(config, train, wd.path)
+    num_train, train_is_sparse = train.num_instances, train.is_sparse
+    del train  # the raw copy; fit_data / val_data are normalised ones
 
     try:
         head.prepare(fit_data)  # e.g. SCENT sizes its per-instance duals
     except ValueError as e:
         raise DataError(" ".join(str(e).split())) from e
     model, layer, fit_model = build_and_compile(
-        config, head, train.num_features, train.num_labels, train.is_sparse)
+        config, head, fit_data.num_features, fit_data.num_labels,
+        train_is_sparse)
     model.summary(print_fn=logging.info)
     cbs = make_callbacks(config, wd.path, head, layer, val_data)
     cbs += extra_callbacks
@@ -554,23 +534,26 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
                       shuffle=False,  # make_tf_dataset shuffles per epoch
                       callbacks=cbs + [checkpointer], verbose=tc.verbose)
 
+    # The exported model takes the raw features (normalisation inside),
+    # and the test metrics are computed through it.
+    exported = xprep.with_normalization(model, norm)
     results = {}
     if test is not None:
-        results = evaluate_model(model, test, inv_prop, tuple(config.eval.ks),
-                                 config.eval.batch_size)
+        results = evaluate_model(exported, test, inv_prop,
+                                 tuple(config.eval.ks), config.eval.batch_size)
     results.update({
         "train_seconds": round(checkpointer.train_seconds, 2),
         "epochs": len(checkpointer.history),
-        "num_labels": train.num_labels,
-        "num_features": train.num_features,
-        "num_train_instances": train.num_instances,
+        "num_labels": fit_data.num_labels,
+        "num_features": fit_data.num_features,
+        "num_train_instances": num_train,
         "num_test_instances": test.num_instances if test is not None else 0,
         "output_layer_bytes": output_layer_bytes(model),
         "model_bytes": model_bytes(model),
         "head": config.model.head,
     })
     results.update(head.results(layer))
-    export_model(model, wd.path, k=max(config.eval.ks))
+    export_model(exported, wd.path, k=max(config.eval.ks))
     results["peak_memory_bytes"] = checkpointer.peak_memory_bytes
     metrics = wd.mark_complete(results, meta["run_id"],
                                resumes=meta["resumes"])
@@ -666,7 +649,11 @@ def _run_ensemble(config, wd: Workdir, *, overwrite: bool, force: bool,
     train, test, inv_prop = load_data(config, wd.path)
     write_bytes_atomic(wd.file(Workdir.CONFIG),
                        config.to_json_best_effort(indent=2).encode())
+    # Members share the split (and so the normalisation, inside each
+    # member's model): the raw validation rows are theirs too.
     _, val_data = validation_split(train, member_config(config, 0))
+    with atomic_path(wd.file(PREPROCESSING_FILE)) as tmp:
+        shutil.copyfile(os.path.join(member_dirs[0], PREPROCESSING_FILE), tmp)
     model = xensemble.average_scores(
         [xsaving.load_model(d) for d in member_dirs])
     ks, batch = tuple(config.eval.ks), config.eval.batch_size
@@ -699,17 +686,3 @@ def _run_ensemble(config, wd: Workdir, *, overwrite: bool, force: bool,
         [peak_memory_bytes()] + [m.get("peak_memory_bytes", 0)
                                  for m in member_metrics])
     return wd.mark_complete(results, Workdir.new_run_id(), resumes=0)
-
-
-def format_table(results: dict) -> str:
-    """A plain-text table of the metrics dict (percent metrics first; nested
-    entries such as the ``run`` marker are left out)."""
-    results = {k: v for k, v in results.items() if not isinstance(v, dict)}
-    keys = [k for k in results if "@" in k] + [k for k in results if "@" not in k]
-    width = max(len(k) for k in keys)
-    lines = []
-    for k in keys:
-        v = results[k]
-        lines.append(f"{k:<{width}}  {v:.2f}" if isinstance(v, float)
-                     else f"{k:<{width}}  {v}")
-    return "\n".join(lines)

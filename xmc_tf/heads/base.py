@@ -89,7 +89,9 @@ def inference_model(model: keras.Model) -> keras.Model:
 
 def output_layer(model: keras.Model):
     """The model's head layer: the layer named ``"output"``, else the last
-    (of the :func:`inference_model`)."""
+    (of the :func:`inference_model`); in a model whose last layer is a
+    nested model (the exported model of
+    :func:`xmc_tf.preprocessing.with_normalization`), that model's."""
     model = inference_model(model)
     try:
         return model.get_layer(OUTPUT_LAYER)
@@ -97,6 +99,8 @@ def output_layer(model: keras.Model):
         layers = getattr(model, "layers", None) or []
         if not layers:
             raise ValueError("the model has no layers") from None
+        if isinstance(layers[-1], keras.Model):  # e.g. a normalising wrapper
+            return output_layer(layers[-1])
         return layers[-1]
 
 
