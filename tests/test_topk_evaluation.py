@@ -10,12 +10,7 @@ from xmc_tf.callbacks import TopKEvaluation
 from xmc_tf.layers import MachHead
 from xmc_tf import heads
 from xmc_tf.predict import predict_top_k
-from xmc_tf.ops import _loader
-
-try:
-    _HAS_MACH = hasattr(_loader.load(), "xmc_mach_top_k")
-except _loader.OpLibraryError:  # pragma: no cover - CI builds it
-    _HAS_MACH = False
+from op_requirements import needs_ops
 
 
 def _data(seed=0, n=120, d=20, m=30):
@@ -52,7 +47,7 @@ def test_dense_head_logs_val_precision():
         TopKEvaluation(data, ks=())
 
 
-@pytest.mark.skipif(not _HAS_MACH, reason="op library without ops/mach")
+@needs_ops("xmc_mach_top_k")
 def test_mach_head_is_decoded_exactly():
     data, _ = _data(seed=2)
     inputs = keras.Input((20,), sparse=True)
