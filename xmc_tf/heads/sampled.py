@@ -386,9 +386,14 @@ class SampledHead(Head):
         mc = self.config.model
         if mc.sampled_layer == "uniform_sparse":
             fan_in = min(mc.connections_per_label, input_dim)
+            # A zero bias as before the layer's default became "hinge_prior"
+            # (these heads' bias is not set from the data).
             return UniformSparseDense(num_labels, fan_in,
-                                      seed=self.config.seed, name=OUTPUT_LAYER)
-        return LabelDense(num_labels, name=OUTPUT_LAYER)
+                                      seed=self.config.seed,
+                                      bias_initializer="zeros",
+                                      name=OUTPUT_LAYER)
+        return LabelDense(num_labels, bias_initializer="zeros",
+                          name=OUTPUT_LAYER)
 
     def sampler(self, layer):
         """The head's sampler (made once, for ``layer.units`` labels)."""
