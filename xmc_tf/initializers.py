@@ -29,7 +29,6 @@ bias from its own training frequency (``config.model.output_bias_init=
 from __future__ import annotations
 
 import keras
-import numpy as np
 
 __all__ = ["PriorBias", "PRIOR_LOSSES"]
 
@@ -130,7 +129,7 @@ class PriorBias(keras.initializers.Initializer):
         num_labels = shape[-1] if shape else 1
         value = self.value(num_labels)
         dtype = keras.backend.standardize_dtype(dtype)
-        return keras.ops.convert_to_tensor(np.full(shape, value), dtype=dtype)
+        return keras.ops.full(shape, value, dtype=dtype)
 
     def get_config(self):
         return {"loss": self.loss,
