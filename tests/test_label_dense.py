@@ -11,11 +11,9 @@ import tensorflow as tf
 
 import xmc_tf
 from xmc_tf.layers import LabelDense, UniformSparseDense
-from xmc_tf.ops import _loader
+from op_requirements import needs_ops
 
-HAS_SAMPLED_OP = hasattr(_loader.load(), "xmc_uniform_sparse_sampled_matmul")
-needs_sampled_op = pytest.mark.skipif(
-    not HAS_SAMPLED_OP, reason="op library built without ops/sampled")
+needs_sampled_op = needs_ops("xmc_uniform_sparse_sampled_matmul")
 
 
 def _dense_twin(layer, **kwargs):

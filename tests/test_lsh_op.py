@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from lsh_reference import (ref_codes_from_values, ref_dwta_values,
                            ref_tables)
+from op_requirements import needs_ops
 from xmc_tf.ops import _loader
 from xmc_tf.ops.lsh import (LshHashFamily, collision_inclusion_probability,
                             dwta_bins, lsh_build_tables, lsh_dwta_hash,
@@ -24,17 +25,7 @@ from xmc_tf.ops.lsh import (LshHashFamily, collision_inclusion_probability,
                             lsh_update_tables, simhash_inclusion_probability,
                             simhash_projection)
 
-try:
-    _OPS = _loader.load()
-    _MISSING = None
-    if not hasattr(_OPS, "xmc_lsh_query"):  # pragma: no cover
-        _OPS, _MISSING = None, "library built without ops/lsh: rebuild it"
-except _loader.OpLibraryError as e:  # pragma: no cover - CI builds it
-    _OPS = None
-    _MISSING = str(e)
-
-pytestmark = pytest.mark.skipif(
-    _OPS is None, reason=f"xmc_tf op library not built: {_MISSING}")
+pytestmark = needs_ops("xmc_lsh_query")
 
 BAD = (tf.errors.InvalidArgumentError, ValueError)
 
@@ -631,7 +622,7 @@ def test_query_validation():
     with pytest.raises(BAD):
         lsh_query(offsets, labels, codes, qc[:, 0], 5)
     with pytest.raises(BAD, match="step"):
-        _OPS.xmc_lsh_query(offsets, labels, codes, qc,
+        _loader.load().xmc_lsh_query(offsets, labels, codes, qc,
                            tf.constant([1, 2], tf.int64), num_candidates=5)
     with pytest.raises(BAD):
         lsh_query(offsets, labels, codes, qc, 0)

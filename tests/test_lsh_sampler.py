@@ -15,20 +15,10 @@ import tensorflow as tf
 
 import xmc_tf
 from xmc_tf.callbacks import Rehash
-from xmc_tf.ops import _loader
+from op_requirements import needs_ops
 from xmc_tf.samplers import Candidates, LshNegativeSampler
 
-try:
-    _OPS = _loader.load()
-    _MISSING = None
-    if not hasattr(_OPS, "xmc_lsh_query"):  # pragma: no cover
-        _OPS, _MISSING = None, "library built without ops/lsh: rebuild it"
-except _loader.OpLibraryError as e:  # pragma: no cover - CI builds it
-    _OPS = None
-    _MISSING = str(e)
-
-pytestmark = pytest.mark.skipif(
-    _OPS is None, reason=f"xmc_tf op library not built: {_MISSING}")
+pytestmark = needs_ops("xmc_lsh_query")
 
 
 class StandInHead:

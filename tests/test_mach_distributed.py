@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+from op_requirements import missing_ops, skip_or_fail
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _SCRIPT = textwrap.dedent(r"""
@@ -80,5 +82,6 @@ def test_mirrored_strategy_two_logical_cpus_trains():
     losses = result["loss"]
     assert all(l == l for l in losses)  # no NaN
     assert losses[-1] < 0.7 * losses[0], losses
-    if result["p1"] is not None:
-        assert result["p1"] > 0.3, result  # chance < 1 %
+    if result["p1"] is None:  # trained, but cannot decode
+        skip_or_fail("decoding: " + missing_ops("xmc_mach_top_k"))
+    assert result["p1"] > 0.3, result  # chance < 1 %

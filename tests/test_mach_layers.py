@@ -10,17 +10,10 @@ import tensorflow as tf
 from xmc_tf.layers.mach import MachDecoder, MachHead
 from xmc_tf.losses.mach import (MachBinaryCrossentropy,
                                 MachSoftmaxCrossentropy, mach_bucket_targets)
-from xmc_tf.ops import _loader
+from op_requirements import needs_ops as _needs
 from xmc_tf.ops.mach import PRIME, MachHashing
 
-try:
-    _MISSING = (None if hasattr(_loader.load(), "xmc_mach_top_k") else
-                "library built without ops/mach: rebuild it")
-except _loader.OpLibraryError as e:  # pragma: no cover - CI builds it
-    _MISSING = str(e)
-
-needs_ops = pytest.mark.skipif(
-    _MISSING is not None, reason=f"xmc_tf op library not built: {_MISSING}")
+needs_ops = _needs("xmc_mach_top_k")
 
 
 # --------------------------------------------------------------------------

@@ -8,20 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from op_requirements import needs_ops
 from xmc_tf.ops import _loader
 from xmc_tf.ops.mach import PRIME, MachHashing, mach_top_k
 
-try:
-    _OPS = _loader.load()
-    _MISSING = None
-    if not hasattr(_OPS, "xmc_mach_top_k"):  # pragma: no cover
-        _OPS, _MISSING = None, "library built without ops/mach: rebuild it"
-except _loader.OpLibraryError as e:  # pragma: no cover - CI builds it
-    _OPS = None
-    _MISSING = str(e)
-
-pytestmark = pytest.mark.skipif(
-    _OPS is None, reason=f"xmc_tf op library not built: {_MISSING}")
+pytestmark = needs_ops("xmc_mach_top_k")
 
 
 def reference_top_k(probs, hashing, k):
@@ -202,7 +193,7 @@ def _raw(probs, **kw):
     attrs = dict(k=2, num_labels=100, num_buckets=8, hash_a=[3, 5],
                  hash_b=[1, 2], prime=PRIME, method="threshold")
     attrs.update(kw)
-    return _OPS.xmc_mach_top_k(probs, **attrs)
+    return _loader.load().xmc_mach_top_k(probs, **attrs)
 
 
 @pytest.mark.parametrize("graph", [False, True])

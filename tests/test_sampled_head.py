@@ -24,7 +24,7 @@ from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge
 from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy,
                                    SampledSquaredHinge)
 from xmc_tf.models import build_model
-from xmc_tf.ops import _loader
+from op_requirements import needs_ops
 from xmc_tf.samplers import (Candidates, NegativeSampler,
                              UniformNegativeSampler, mask_accidental_hits)
 from xmc_tf.samplers.base import shared_candidates
@@ -32,12 +32,6 @@ from xmc_tf.samplers.base import shared_candidates
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "configs"))
 import uniform_sparse  # noqa: E402
-
-try:
-    _HAS_SAMPLED_OP = hasattr(_loader.load(),
-                              "xmc_uniform_sparse_sampled_matmul")
-except _loader.OpLibraryError:  # pragma: no cover - CI builds it
-    _HAS_SAMPLED_OP = False
 
 M, D = 24, 30
 
@@ -95,8 +89,7 @@ def _model(layer, loss="squared_hinge", kind="uniform"):
     return config, head, model
 
 
-needs_op = pytest.mark.skipif(not _HAS_SAMPLED_OP,
-                              reason="op library without ops/sampled")
+needs_op = needs_ops("xmc_uniform_sparse_sampled_matmul")
 
 
 @needs_op

@@ -18,12 +18,13 @@ import tensorflow as tf
 
 import keras
 import xmc_tf
+from op_requirements import require_ops_for_module
 from xmc_tf.ops import _loader
 
+require_ops_for_module("xmc_uniform_sparse_sampled_matmul",
+                       "xmc_uniform_sparse_sampled_matmul_grad_features",
+                       "xmc_uniform_sparse_sampled_matmul_grad_weights")
 lib = _loader.load()
-if not hasattr(lib, "xmc_uniform_sparse_sampled_matmul"):
-    pytest.skip("op library built without ops/sampled (rebuild it, or set "
-                "XMC_TF_LIBRARY_PATH)", allow_module_level=True)
 
 forward_op = lib.xmc_uniform_sparse_sampled_matmul
 grad_features_op = lib.xmc_uniform_sparse_sampled_matmul_grad_features

@@ -24,19 +24,13 @@ from xmc_tf.heads.scent import ScentHead, ScentTrainer, scent_optimizer
 from xmc_tf.layers import LabelDense, UniformSparseDense
 from xmc_tf.losses import ScentLoss, multiclass_labels
 from xmc_tf.models import build_model
-from xmc_tf.ops import _loader
+from op_requirements import needs_ops
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "configs"))
 import scent as scent_config  # noqa: E402
 
-try:
-    _HAS_SAMPLED_OP = hasattr(_loader.load(),
-                              "xmc_uniform_sparse_sampled_matmul")
-except _loader.OpLibraryError:  # pragma: no cover - CI builds it
-    _HAS_SAMPLED_OP = False
-needs_op = pytest.mark.skipif(not _HAS_SAMPLED_OP,
-                              reason="op library without ops/sampled")
+needs_op = needs_ops("xmc_uniform_sparse_sampled_matmul")
 
 
 # ---------------------------------------------------------------------------

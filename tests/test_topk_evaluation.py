@@ -10,12 +10,7 @@ from xmc_tf.callbacks import TopKEvaluation
 from xmc_tf.layers import MachHead
 from xmc_tf import heads
 from xmc_tf.predict import predict_top_k, top_k_function
-from xmc_tf.ops import _loader
-
-try:
-    _HAS_MACH = hasattr(_loader.load(), "xmc_mach_top_k")
-except _loader.OpLibraryError:  # pragma: no cover - CI builds it
-    _HAS_MACH = False
+from op_requirements import needs_ops
 
 
 def _data(seed=0, n=120, d=20, m=30):
@@ -57,7 +52,7 @@ def test_dense_head_logs_val_precision():
         TopKEvaluation(data, ks=(1,))  # pylint: disable=missing-kwoa
 
 
-@pytest.mark.skipif(not _HAS_MACH, reason="op library without ops/mach")
+@needs_ops("xmc_mach_top_k")
 def test_mach_head_is_decoded_exactly():
     data, _ = _data(seed=2)
     inputs = keras.Input((20,), sparse=True)
@@ -137,3 +132,55 @@ def test_a_compiled_decoder_is_used_as_it_is():
         xdata.make_tf_dataset(data, 1000).get_single_element()[0]))
     assert logs["val_precision_at_2"] == pytest.approx(
         _np_precision(scores, data.labels, 2), abs=1e-9)
+def test_top_k_function_is_traced_once_per_shape_across_epochs():
+    """``fit`` with a per-epoch :class:`TopKEvaluation` over a held-out set
+    whose last batch is shorter: the top-k function is made once per
+    ``(model, k)`` and traced at most twice in the whole run (the first
+    batch's shape, then an unknown batch size).  Before the cache, every
+    epoch made and traced a new function (two traces per epoch here, and
+    TF's retracing warning from the fifth epoch on; TF counts the traces
+    of all functions with the same Python code, so a process evaluating
+    many models, like this test session, can still see it)."""
+    from xmc_tf import predict
+    from xmc_tf.losses import SquaredHinge
+
+    data, _ = _data(seed=3, n=110)  # batches of 50, 50, 10
+    inputs = keras.Input((20,), sparse=True)
+    model = keras.Model(inputs, keras.layers.Dense(30, name="output")(
+        keras.layers.Dense(8)(inputs)))
+    model.compile("adam", SquaredHinge(), jit_compile=False)
+    train = xdata.make_tf_dataset(data, 55)
+    cb = TopKEvaluation(data, ks=(1, 3), batch_size=50,
+                        decoder=predict.top_k_function)
+    model.fit(train, epochs=6, callbacks=[cb], verbose=0)
+    fn = predict.top_k_function(model, 3)
+    assert predict.top_k_function(model, 3) is fn
+    assert 1 <= fn.experimental_get_tracing_count() <= 2
+    traced = fn.experimental_get_tracing_count()
+    predict.evaluate_model(model, data, ks=(1, 3), batch_size=50)
+    predict.evaluate_model(model, data, ks=(3,), batch_size=37)
+    assert fn.experimental_get_tracing_count() == traced
+    # Still the current weights' top-k (the function reads the variables).
+    scores = np.asarray(model(xdata.make_tf_dataset(
+        data, 1000).get_single_element()[0]))
+    assert cb.evaluate()["val_precision_at_3"] == pytest.approx(
+        _np_precision(scores, data.labels, 3), abs=1e-9)
+
+
+def test_top_k_function_checks_k_and_keeps_no_model_alive():
+    import gc
+    import weakref
+
+    from xmc_tf import predict
+
+    inputs = keras.Input((20,))
+    model = keras.Model(inputs, keras.layers.Dense(30)(inputs))
+    with pytest.raises(ValueError, match="k=31"):
+        predict.top_k_function(model, 31)
+    fn = predict.top_k_function(model, 2)
+    ids, _ = fn(np.ones((3, 20), np.float32))
+    assert ids.shape == (3, 2)
+    ref = weakref.ref(model)
+    del model, inputs
+    gc.collect()
+    assert ref() is None

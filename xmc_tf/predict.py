@@ -12,6 +12,8 @@ evaluation, ``xmc-tf predict`` and the benchmarks; the batch loops are
 
 from __future__ import annotations
 
+import weakref
+
 import keras
 import tensorflow as tf
 
@@ -21,8 +23,20 @@ from xmc_tf.evaluation import decode_batches, evaluate_top_k
 __all__ = ["top_k_function", "predict_top_k", "evaluate_model"]
 
 
+#: model -> {k: tf.function}; weak keys, and the functions reach the model
+#: only through a weak reference, so a cached entry never keeps a model alive.
+_TOP_K_FUNCTIONS = weakref.WeakKeyDictionary()
+
+
 def top_k_function(model: keras.Model, k: int):
     """A ``tf.function`` mapping a feature batch to its top-k labels.
+
+    One function per ``(model, k)``, made on the first call and returned
+    again by later ones, with ``reduce_retracing=True``: evaluating once
+    per epoch (:class:`xmc_tf.callbacks.TopKEvaluation`) traces it at most
+    twice in a whole run (the first batch's shape, then a shape with an
+    unknown batch size that also serves a shorter last batch), instead of
+    a new function, traced again, on every call.
 
     Args:
       model: a Keras model built by xmc_tf (or any model whose last layer
@@ -37,7 +51,21 @@ def top_k_function(model: keras.Model, k: int):
     Raises:
       ValueError: ``k`` out of range; no head recognises the model.
     """
-    return tf.function(heads.head_for_model(model).top_k_function(model, k))
+    k = int(k)
+    cached = _TOP_K_FUNCTIONS.get(model, {}).get(k)
+    if cached is not None:
+        return cached
+    head = heads.head_for_model(model)
+    head.top_k_function(model, k)  # checks k now, not at the first trace
+    model_ref = weakref.ref(model)
+
+    def top_k(x):
+        # Built at trace time from the live model (held weakly).
+        return head.top_k_function(model_ref(), k)(x)
+
+    function = tf.function(top_k, reduce_retracing=True)
+    _TOP_K_FUNCTIONS.setdefault(model, {})[k] = function
+    return function
 
 
 def predict_top_k(model, dataset, k=5, batch_size=1024):

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 import op_fuzz
+from op_requirements import skip_or_fail
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "op_fuzz.py")
@@ -33,7 +34,7 @@ def test_op_fuzz_target(target):
                           capture_output=True, text=True, env=env,
                           timeout=900, cwd=root)
     if proc.returncode == op_fuzz.SKIP:
-        pytest.skip(proc.stdout.strip().splitlines()[-1])
+        skip_or_fail(proc.stdout.strip().splitlines()[-1])
     cases = [ln for ln in proc.stdout.splitlines() if ln.startswith("CASE ")]
     last = cases[-1] if cases else "(none started)"
     if proc.returncode < 0:

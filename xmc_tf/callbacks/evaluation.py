@@ -46,11 +46,21 @@ class TopKEvaluation(keras.callbacks.Callback):
         callable.
 
     Example:
+      >>> import keras, xmc_tf
+      >>> from xmc_tf.data import make_synthetic, make_tf_dataset
       >>> from xmc_tf.predict import top_k_function
-      >>> cb = TopKEvaluation(val_data, ks=(1, 3),
-      ...                     decoder=top_k_function)  # doctest: +SKIP
-      >>> model.fit(train_ds, callbacks=[cb, keras.callbacks.EarlyStopping(
-      ...     "val_precision_at_3", mode="max")])  # doctest: +SKIP
+      >>> train = make_synthetic(256, 100, 50, seed=0)
+      >>> val_data = make_synthetic(64, 100, 50, seed=1)
+      >>> inputs = keras.Input((100,), sparse=True)
+      >>> model = keras.Model(inputs, keras.layers.Dense(50)(inputs))
+      >>> model.compile("adam", xmc_tf.losses.SquaredHinge(),
+      ...               jit_compile=False)
+      >>> cb = TopKEvaluation(val_data, ks=(1, 3), decoder=top_k_function)
+      >>> history = model.fit(make_tf_dataset(train, 64), epochs=2, verbose=0,
+      ...     callbacks=[cb, keras.callbacks.EarlyStopping(
+      ...         "val_precision_at_3", mode="max")])
+      >>> sorted(k for k in history.history if k.startswith("val_"))
+      ['val_precision_at_1', 'val_precision_at_3']
     """
 
     def __init__(self, dataset, ks=(1, 3), prefix="val_", batch_size=1024, *,

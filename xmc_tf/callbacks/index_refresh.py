@@ -64,8 +64,26 @@ class RefreshIndex(keras.callbacks.Callback):
       ValueError: ``start_epoch < 0``, a period < 1, or ``after_rewire`` is
         not a SetRewiring callback.
 
-    >>> cb = RefreshIndex(sampler, start_epoch=5, every_epochs=5)  # doctest: +SKIP
-    >>> model.fit(ds, epochs=20, callbacks=[cb])                  # doctest: +SKIP
+    ASTRA refreshes from epoch 5 every 5 epochs; here from epoch 0 every 2
+    (needs faiss):
+
+    >>> import keras, xmc_tf
+    >>> from xmc_tf.data import make_synthetic, make_tf_dataset
+    >>> from xmc_tf.heads.sampled import SampledTrainer
+    >>> from xmc_tf.losses import SampledSquaredHinge
+    >>> from xmc_tf.samplers import AnnNegativeSampler
+    >>> train = make_synthetic(256, 100, 50, seed=0)
+    >>> inputs = keras.Input((100,), sparse=True)
+    >>> model = keras.Model(inputs, xmc_tf.layers.LabelDense(50, name="output")(
+    ...     keras.layers.Dense(16)(inputs)))
+    >>> sampler = AnnNegativeSampler(50, 4)
+    >>> trainer = SampledTrainer(model, sampler, SampledSquaredHinge())
+    >>> trainer.compile(optimizer="adam", jit_compile=False)
+    >>> cb = RefreshIndex(sampler, start_epoch=0, every_epochs=2)
+    >>> history = trainer.fit(make_tf_dataset(train, 64), epochs=4, verbose=0,
+    ...                       callbacks=[cb])
+    >>> history.history["index_refreshes"]  # at the start of epochs 0 and 2
+    [1, 1, 2, 2]
     """
 
     def __init__(self, sampler, start_epoch=0, every_epochs=1, every_steps=None,
@@ -205,9 +223,26 @@ class Rehash(keras.callbacks.Callback):
       ValueError: an unknown schedule or an argument out of range; at train
         begin, a threshold schedule with a sampler lacking ``rehash_rows``.
 
-    >>> cb = Rehash(sampler, schedule="period", every_n_steps=50,
-    ...             frequency_decay=0.9)                    # doctest: +SKIP
-    >>> model.fit(ds, callbacks=[cb])                       # doctest: +SKIP
+    The LNS schedule starts at 50 steps; here at 2 (4 steps an epoch):
+
+    >>> import keras, xmc_tf
+    >>> from xmc_tf.data import make_synthetic, make_tf_dataset
+    >>> from xmc_tf.heads.sampled import SampledTrainer
+    >>> from xmc_tf.losses import SampledSoftmax
+    >>> from xmc_tf.samplers import LshNegativeSampler
+    >>> train = make_synthetic(256, 100, 50, labels_per_instance=1, seed=0)
+    >>> inputs = keras.Input((100,), sparse=True)
+    >>> model = keras.Model(inputs, xmc_tf.layers.LabelDense(50, name="output")(
+    ...     keras.layers.Dense(16)(inputs)))
+    >>> sampler = LshNegativeSampler(50, 4, K=2, L=4)
+    >>> trainer = SampledTrainer(model, sampler, SampledSoftmax())
+    >>> trainer.compile(optimizer="adam", jit_compile=False)
+    >>> cb = Rehash(sampler, schedule="period", every_n_steps=2,
+    ...             frequency_decay=0.9)
+    >>> history = trainer.fit(make_tf_dataset(train, 64), epochs=2, verbose=0,
+    ...                       callbacks=[cb])
+    >>> history.history["lsh_rehashes"][-1] >= 2  # the period grows
+    True
     """
 
     def __init__(self, sampler, schedule="period", every_n_steps=50,

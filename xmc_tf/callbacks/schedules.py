@@ -84,13 +84,19 @@ class EarlyStopping(_RestoredState, keras.callbacks.EarlyStopping):
         not match the model.
 
     >>> cb = EarlyStopping(monitor="val_loss", patience=3)
-    >>> cb.set_state(cb.get_state())
+    >>> state = cb.get_state()  # before training too
+    >>> state["wait"], state["best"], state["best_epoch"]
+    (0, None, 0)
+    >>> cb.set_state(state)
     """
 
     def __init__(self, *args, best_weights_dir: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.best_weights_dir = best_weights_dir
         self.best_weights_file = None  # name inside best_weights_dir
+        # Keras sets best_epoch in on_train_begin only: get_state() of a
+        # callback that has not trained yet failed (AttributeError).
+        self.best_epoch = getattr(self, "best_epoch", 0)
 
     @property
     def _on_disk(self) -> bool:

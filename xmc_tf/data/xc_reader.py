@@ -703,6 +703,7 @@ def read_xc(path: PathLike, progress="auto") -> XCDataset:
       OSError: the file cannot be opened.
 
     Example:
+        >>> from xmc_tf.data import load_bundled
         >>> ds = load_bundled("bibtex", "train")   # wraps read_xc
         >>> ds.features.shape, ds.labels.shape
         ((4880, 1836), (4880, 159))

@@ -337,11 +337,25 @@ class SampledTrainer(keras.Model):
         with a sampler that has no shared mode.
 
     Example:
-      >>> trainer = SampledTrainer(model, UniformNegativeSampler(m, 256),
-      ...                          SampledSquaredHinge())    # doctest: +SKIP
+      >>> import keras, xmc_tf
+      >>> from xmc_tf.data import make_synthetic, make_tf_dataset
+      >>> from xmc_tf.losses import SampledSquaredHinge
+      >>> from xmc_tf.samplers import UniformNegativeSampler
+      >>> train = make_synthetic(256, 100, 50, labels_per_instance=2, seed=0)
+      >>> inputs = keras.Input((100,), sparse=True)
+      >>> hidden = keras.layers.Dense(32, activation="relu")(inputs)
+      >>> model = keras.Model(inputs, xmc_tf.layers.LabelDense(
+      ...     50, name="output")(hidden))
+      >>> trainer = SampledTrainer(model, UniformNegativeSampler(50, 8),
+      ...                          SampledSquaredHinge())
       >>> trainer.compile(optimizer=xmc_tf.optimizers.LazyAdam(),
-      ...                 jit_compile=False)                   # doctest: +SKIP
-      >>> trainer.fit(make_tf_dataset(train, 256))            # doctest: +SKIP
+      ...                 jit_compile=False)
+      >>> history = trainer.fit(make_tf_dataset(train, 64), epochs=2,
+      ...                       verbose=0)
+      >>> sorted(history.history)
+      ['loss', 'sampled_fraction']
+      >>> model(next(iter(make_tf_dataset(train, 4)))[0]).shape  # all labels
+      TensorShape([4, 50])
     """
 
     def __init__(self, model, sampler, loss, shared=False, **kwargs):
@@ -493,9 +507,14 @@ class SampledHead(Head):
         mc = self.config.model
         if mc.sampled_layer == "uniform_sparse":
             fan_in = min(mc.connections_per_label, input_dim)
+            # A zero bias as before the layer's default became "hinge_prior"
+            # (these heads' bias is not set from the data).
             return UniformSparseDense(num_labels, fan_in,
-                                      seed=self.config.seed, name=OUTPUT_LAYER)
-        return LabelDense(num_labels, name=OUTPUT_LAYER)
+                                      seed=self.config.seed,
+                                      bias_initializer="zeros",
+                                      name=OUTPUT_LAYER)
+        return LabelDense(num_labels, bias_initializer="zeros",
+                          name=OUTPUT_LAYER)
 
     def sampler(self, layer):
         """The head's sampler (made once, for ``layer.units`` labels)."""

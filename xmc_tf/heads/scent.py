@@ -133,12 +133,25 @@ class ScentTrainer(keras.Model):
         labels, a label or id out of range (see ``ScentLoss``).
 
     Example:
+      >>> import keras, xmc_tf
+      >>> from xmc_tf.data import make_synthetic, make_tf_dataset
+      >>> from xmc_tf.losses import ScentLoss
+      >>> train = make_synthetic(256, 100, 50, labels_per_instance=1, seed=0)
+      >>> inputs = keras.Input((100,), sparse=True)
+      >>> hidden = keras.layers.Dense(32, activation="relu")(inputs)
+      >>> model = keras.Model(inputs, xmc_tf.layers.LabelDense(
+      ...     50, name="output")(hidden))
       >>> trainer = ScentTrainer(model, ScentLoss(train.num_instances, 1.0,
-      ...                                         num_labels=m))  # doctest: +SKIP
+      ...                                         num_labels=50))
       >>> trainer.compile(optimizer=scent_optimizer(0.1, 0.1),
-      ...                 jit_compile=False)                      # doctest: +SKIP
-      >>> trainer.fit(make_tf_dataset(train, 256, shuffle=True,
-      ...                             with_example_ids=True))     # doctest: +SKIP
+      ...                 jit_compile=False)
+      >>> history = trainer.fit(make_tf_dataset(
+      ...     train, 64, shuffle=True, with_example_ids=True), epochs=2,
+      ...     verbose=0)
+      >>> sorted(history.history)
+      ['loss', 'sampled_fraction']
+      >>> int(keras.ops.sum(trainer.scent_loss.visits))  # each instance twice
+      512
     """
 
     def __init__(self, model, loss, **kwargs):
@@ -288,9 +301,14 @@ class ScentHead(Head):
         mc = self.config.model
         if mc.sampled_layer == "uniform_sparse":
             fan_in = min(mc.connections_per_label, input_dim)
+            # A zero bias as before the layer's default became "hinge_prior"
+            # (these heads' bias is not set from the data).
             return UniformSparseDense(num_labels, fan_in,
-                                      seed=self.config.seed, name=OUTPUT_LAYER)
-        return LabelDense(num_labels, name=OUTPUT_LAYER)
+                                      seed=self.config.seed,
+                                      bias_initializer="zeros",
+                                      name=OUTPUT_LAYER)
+        return LabelDense(num_labels, bias_initializer="zeros",
+                          name=OUTPUT_LAYER)
 
     def make_loss(self, layer):
         """The :class:`ScentLoss` of the training set.

@@ -26,8 +26,10 @@ class UniformSparseHead(LabelWiseHead):
 
     def build_layer(self, num_labels, input_dim, sparse_input=False):
         fan_in = min(self.config.model.connections_per_label, input_dim)
+        # Starts at 0; initialize() assigns each label's prior when
+        # config.model.output_bias_init="prior" (LabelWiseHead).
         return UniformSparseDense(num_labels, fan_in, seed=self.config.seed,
-                                  name=OUTPUT_LAYER)
+                                  bias_initializer="zeros", name=OUTPUT_LAYER)
 
     def callbacks(self, layer, val_data):
         cbs = super().callbacks(layer, val_data)

@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from xmc_tf import initializers  # noqa: F401  (registers "hinge_prior")
 from xmc_tf.ops.sampled import (check_shared_candidates,
                                 dense_sampled_matmul, gather_label_rows)
 
@@ -33,9 +34,12 @@ class LabelDense(keras.layers.Layer):
     ``outputs = activation(inputs @ transpose(kernel) + bias)`` with
     ``kernel`` ``[units, input_dim]`` (row ``l`` = classifier vector of label
     ``l``) and ``bias`` ``[units]``: the same outputs as
-    ``keras.layers.Dense(units)`` whose kernel is ``transpose(kernel)``.
+    ``keras.layers.Dense(units)`` whose kernel is ``transpose(kernel)`` and
+    whose bias is ``bias``.
 
-    Initialisation matches ``keras.layers.Dense``: the kernel initializer is
+    The bias starts at -1 by default (``"hinge_prior"``, see
+    ``bias_initializer`` below), not at Dense's 0.  The kernel's
+    initialisation matches ``keras.layers.Dense``: the kernel initializer is
     called with Dense's shape ``(input_dim, units)`` -- so Keras reads
     fan_in = input_dim, fan_out = units, as for Dense (``he_normal``,
     ``lecun_normal`` ... depend on it) -- and its result is transposed; a
@@ -49,7 +53,16 @@ class LabelDense(keras.layers.Layer):
       activation: Keras activation of ``call``, default linear (logits).
         :meth:`score_candidates` never applies it.
       use_bias: add a bias per label.
-      kernel_initializer, bias_initializer, kernel_regularizer,
+      bias_initializer: default ``"hinge_prior"``
+        (:class:`xmc_tf.initializers.PriorBias`): -1 for every label, the
+        squared hinge's best constant score for a rare label, so that
+        ``model.fit`` with :class:`xmc_tf.losses.SquaredHinge` learns out of
+        the box (a zero bias puts every label inside its margin: see
+        :class:`~xmc_tf.layers.UniformSparseDense`).  Harmless for a
+        softmax; for the binary cross-entropy pass
+        ``BinaryCrossEntropy().bias_initializer(labels_per_instance)``.
+        Saved models reload with the initializer they were saved with.
+      kernel_initializer, kernel_regularizer,
       bias_regularizer, activity_regularizer, kernel_constraint,
       bias_constraint: as in ``keras.layers.Dense``.
 
@@ -69,7 +82,8 @@ class LabelDense(keras.layers.Layer):
     """
 
     def __init__(self, units, activation=None, use_bias=True,
-                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 kernel_initializer="glorot_uniform",
+                 bias_initializer="hinge_prior",
                  kernel_regularizer=None, bias_regularizer=None,
                  activity_regularizer=None, kernel_constraint=None,
                  bias_constraint=None, **kwargs):

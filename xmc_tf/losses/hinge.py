@@ -123,6 +123,40 @@ class _MultiLabelLoss(keras.losses.Loss):
         """
         raise NotImplementedError
 
+    #: This loss's name in :data:`xmc_tf.initializers.PRIOR_LOSSES`.
+    _prior_loss = None
+
+    def bias_initializer(self, labels_per_instance=None):
+        """A Keras initializer of an output bias at this loss's prior score.
+
+        :class:`xmc_tf.initializers.PriorBias` for this loss: every label
+        starts at :meth:`prior_scores` of ``labels_per_instance /
+        num_labels``, the label frequency when all labels are equally
+        frequent.  Pass it as ``bias_initializer`` of the output layer
+        (``UniformSparseDense``, ``LabelDense``, ``keras.layers.Dense``).
+        Per-label frequencies, when known, do better:
+        ``layer.bias.assign(loss.prior_scores(freq))`` (what ``xmc-tf
+        train`` does, ``config.model.output_bias_init="prior"``).
+
+        Args:
+          labels_per_instance: float > 0, the mean number of positive labels
+            per training instance.  None: rare labels (squared hinge only:
+            ``-margin``).
+
+        Returns:
+          A serializable :class:`xmc_tf.initializers.PriorBias`.
+
+        Raises:
+          ValueError: ``labels_per_instance`` not > 0, or None for a loss
+            other than the squared hinge.
+
+        >>> SquaredHinge().bias_initializer()
+        PriorBias(loss='squared_hinge', labels_per_instance=None, margin=1.0)
+        """
+        from xmc_tf.initializers import PriorBias
+        return PriorBias(self._prior_loss, labels_per_instance,
+                         margin=getattr(self, "margin", 1.0))
+
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
 class SquaredHinge(_MultiLabelLoss):
@@ -146,6 +180,8 @@ class SquaredHinge(_MultiLabelLoss):
     >>> float(loss(tf.constant([[0]]), tf.constant([[2.0, -0.5]])))
     0.25
     """
+
+    _prior_loss = "squared_hinge"
 
     def __init__(self, margin=1.0, reduction="sum_over_batch_size",
                  name="squared_hinge", dtype=None):
@@ -185,6 +221,8 @@ class BinaryCrossEntropy(_MultiLabelLoss):
     >>> float(BinaryCrossEntropy()(tf.constant([[1]]), tf.constant([[0.0, 0.0]])))
     1.3862943649291992
     """
+
+    _prior_loss = "bce"
 
     def __init__(self, reduction="sum_over_batch_size",
                  name="binary_cross_entropy", dtype=None):

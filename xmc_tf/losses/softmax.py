@@ -42,6 +42,8 @@ class SoftmaxCrossEntropy(_MultiLabelLoss):
     0.6931
     """
 
+    _prior_loss = "softmax"
+
     def __init__(self, reduction="sum_over_batch_size",
                  name="softmax_cross_entropy", dtype=None):
         super().__init__(name=name, reduction=reduction, dtype=dtype)

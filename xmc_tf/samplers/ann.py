@@ -138,12 +138,22 @@ class AnnNegativeSampler(NegativeSampler):
     ``tf.errors.OpError`` (UnknownError, InvalidArgumentError) carrying the
     Python error's text.
 
+    >>> import keras, numpy as np, xmc_tf
+    >>> head = xmc_tf.layers.LabelDense(
+    ...     1000, kernel_initializer=keras.initializers.GlorotUniform(seed=0))
+    >>> _ = head(np.ones((1, 16), np.float32))  # built: 1000 vectors of 16
     >>> sampler = AnnNegativeSampler(num_labels=1000, num_candidates=8)
-    >>> sampler.bind(head)                                # doctest: +SKIP
-    >>> sampler.refresh()["index_refresh_seconds"]        # doctest: +SKIP
-    0.01
-    >>> sampler.sample(x, positives, step).ids.shape      # doctest: +SKIP
-    TensorShape([32, 8])
+    >>> sampler.bind(head)
+    >>> sampler.refresh()["index_projection"]  # 1000 <= flat_threshold: exact
+    'none'
+    >>> x = np.random.default_rng(0).normal(size=(32, 16)).astype(np.float32)
+    >>> positives = np.full((32, 1), -1, np.int32)  # none (padding)
+    >>> ids = sampler.sample(x, positives, step=0).ids.numpy()
+    >>> ids.shape
+    (32, 8)
+    >>> scores = x @ head.kernel.numpy().T + head.bias.numpy()
+    >>> bool(np.all(np.sort(ids, 1) == np.sort(np.argsort(-scores, 1)[:, :8], 1)))
+    True
     """
 
     needs_refresh = True

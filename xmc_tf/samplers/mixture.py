@@ -88,9 +88,20 @@ class MixtureSampler(NegativeSampler):
     Shapes: ``sample(queries float32 [b, e], positives int [b, n], step)``
     returns ``Candidates`` ``[b, k_h + k_r]``.
 
-    >>> mix = MixtureSampler(AnnNegativeSampler(m, 50),          # doctest: +SKIP
-    ...                      UniformNegativeSampler(m, 400, seed=1))
-    >>> mix.bind(head); mix.refresh()                           # doctest: +SKIP
+    >>> import numpy as np, xmc_tf
+    >>> from xmc_tf.samplers import AnnNegativeSampler, UniformNegativeSampler
+    >>> head = xmc_tf.layers.LabelDense(1000)
+    >>> _ = head(np.ones((1, 16), np.float32))
+    >>> mix = MixtureSampler(AnnNegativeSampler(1000, 50),
+    ...                      UniformNegativeSampler(1000, 400, seed=1))
+    >>> mix.bind(head); _ = mix.refresh()  # builds the hard sampler's index
+    >>> x = np.random.default_rng(0).normal(size=(4, 16)).astype(np.float32)
+    >>> c = mix.sample(x, np.array([[3], [5], [7], [9]], np.int32), step=0)
+    >>> c.ids.shape
+    TensorShape([4, 450])
+    >>> # Eq. 2: a uniform draw stands for (m - |P| - k_h) / k_r labels.
+    >>> round(float(c.weights[0, -1]), 4), (1000 - 1 - 50) / 400
+    (2.3725, 2.3725)
     """
 
     def __init__(self, hard: NegativeSampler, uniform: UniformNegativeSampler,
