@@ -176,6 +176,7 @@ def test_resolve_normalization_auto_by_value_kind():
 
 
 def test_load_data_resolves_auto_on_train_and_records_it(tmp_path):
+    from xmc_tf import preprocessing as xpreprocessing  # pylint: disable=import-outside-toplevel
     from xmc_tf import train as xtrain  # pylint: disable=import-outside-toplevel
     import uniform_sparse  # pylint: disable=import-outside-toplevel
     ds = data.make_synthetic(60, 30, 8, seed=1)  # token counts
@@ -187,14 +188,20 @@ def test_load_data_resolves_auto_on_train_and_records_it(tmp_path):
         data.write_xc(path, dataset)
         config = uniform_sparse.get_config()
         config.data.train, config.data.test = path, path
+        config.data.validation_fraction = 0.0  # fit on every row here
         workdir = tmp_path / f"wd_{name}"
         workdir.mkdir()
         train, test, _ = xtrain.load_data(config, str(workdir))
+        np.testing.assert_array_equal(train.features.toarray(),  # raw
+                                      data.read_xc(path).features.toarray())
+        fit, val, norm = xtrain.prepare_splits(config, train, str(workdir))
+        assert val is None
         saved = np.load(workdir / "preprocessing.npz")
-        assert str(saved["method"]) == want
+        assert str(saved["method"]) == want == norm.method
         expected, _ = data.normalize_features(data.read_xc(path).features, want)
-        np.testing.assert_allclose(train.features.toarray(),
+        np.testing.assert_allclose(fit.features.toarray(),
                                    expected.toarray(), rtol=1e-6)
+        test = xpreprocessing.normalize(test, norm)
         np.testing.assert_allclose(test.features.toarray(),
                                    expected.toarray(), rtol=1e-6)
         assert (saved["idf"].size > 0) == (want == "tfidf")
