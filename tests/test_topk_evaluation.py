@@ -184,3 +184,27 @@ def test_top_k_function_checks_k_and_keeps_no_model_alive():
     del model, inputs
     gc.collect()
     assert ref() is None
+
+
+def test_score_blocks_stay_within_the_budget(monkeypatch):
+    """Evaluation asks the model for at most ``max_bytes`` of scores per
+    batch (the batch is cut, the results stay those of NumPy's top-k)."""
+    import functools
+
+    from xmc_tf import evaluation, predict
+
+    data, _ = _data(seed=4, n=100)
+    inputs = keras.Input((20,), sparse=True)
+    model = keras.Model(inputs, keras.layers.Dense(30)(inputs))
+    assert evaluation.score_batch_size(1024, model, max_bytes=30 * 4 * 7) == 7
+    assert evaluation.score_batch_size(5, model, max_bytes=30 * 4 * 7) == 5
+    assert evaluation.score_batch_size(9, model, max_bytes=1) == 1
+    monkeypatch.setattr(predict, "score_batch_size", functools.partial(
+        evaluation.score_batch_size, max_bytes=30 * 4 * 16))
+    batches = list(predict.predict_top_k(model, data, k=3, batch_size=1024))
+    assert [ids.shape[0] for ids, _ in batches] == [16] * 6 + [4]
+    scores = np.asarray(model(xdata.make_tf_dataset(
+        data, 1000).get_single_element()[0]))
+    got = np.concatenate([ids for ids, _ in batches])
+    np.testing.assert_array_equal(
+        got, np.argsort(-scores, axis=1, kind="stable")[:, :3])

@@ -15,7 +15,45 @@ import numpy as np
 from xmc_tf.data.pipeline import make_tf_dataset
 from xmc_tf.metrics.evaluator import XMCEvaluator
 
-__all__ = ["decode_batches", "evaluate_top_k", "format_table"]
+__all__ = ["decode_batches", "evaluate_top_k", "format_table",
+           "score_batch_size", "SCORE_BLOCK_BYTES"]
+
+#: Largest float32 score block ``[batch, num_labels]`` (bytes) that
+#: evaluation asks a model for: 256 MiB, 100 rows at 670k labels (a
+#: ``[1024, 670k]`` block was 2.7 GB, more than a training step holds).
+SCORE_BLOCK_BYTES = 256 << 20
+
+
+def score_batch_size(batch_size: int, model,
+                     max_bytes: int = SCORE_BLOCK_BYTES) -> int:
+    """``batch_size`` capped so that the model's float32 output block
+    ``[batch, *output_shape]`` stays within ``max_bytes``.
+
+    Args:
+      batch_size: the requested instances per batch (>= 1).
+      model: a Keras model (or a training wrapper with ``inference_model``)
+        whose first output has a known shape past the batch axis; other
+        models leave ``batch_size`` as it is.
+      max_bytes: the block budget, bytes.
+
+    Returns:
+      int in ``[1, batch_size]``.
+
+    >>> import keras
+    >>> x = keras.Input((4,))
+    >>> model = keras.Model(x, keras.layers.Dense(1_000_000)(x))
+    >>> score_batch_size(1024, model)   # 256 MiB / 4 MB per row
+    67
+    >>> score_batch_size(16, model)
+    16
+    """
+    batch_size = max(1, int(batch_size))
+    model = getattr(model, "inference_model", None) or model
+    try:
+        width = int(np.prod([int(d) for d in model.outputs[0].shape[1:]]))
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return batch_size
+    return max(1, min(batch_size, int(max_bytes) // max(1, 4 * width)))
 
 
 def decode_batches(top_k, dataset, batch_size: int = 1024):

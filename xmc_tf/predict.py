@@ -18,7 +18,8 @@ import keras
 import tensorflow as tf
 
 from xmc_tf import heads
-from xmc_tf.evaluation import decode_batches, evaluate_top_k
+from xmc_tf.evaluation import (decode_batches, evaluate_top_k,
+                               score_batch_size)
 
 __all__ = ["top_k_function", "predict_top_k", "evaluate_model"]
 
@@ -74,7 +75,9 @@ def predict_top_k(model, dataset, k=5, batch_size=1024):
     Scores are computed one batch of ``batch_size`` instances at a time
     (:func:`top_k_function`, :func:`xmc_tf.evaluation.decode_batches`), so
     memory is ``O(batch_size * m)`` for a label-wise head and
-    ``O(batch_size * (R B + k))`` for MACH.
+    ``O(batch_size * (R B + k))`` for MACH; ``batch_size`` is capped so
+    that the score block stays within 256 MiB
+    (:func:`xmc_tf.evaluation.score_batch_size`).
 
     Yields:
       ``(ids int32 [b, k], scores float32 [b, k])`` NumPy arrays per batch,
@@ -83,7 +86,8 @@ def predict_top_k(model, dataset, k=5, batch_size=1024):
     Raises:
       ValueError: as :func:`top_k_function` (at the first batch).
     """
-    yield from decode_batches(top_k_function(model, k), dataset, batch_size)
+    yield from decode_batches(top_k_function(model, k), dataset,
+                              score_batch_size(batch_size, model))
 
 
 def evaluate_model(model, dataset, inv_propensities=None, ks=(1, 3, 5),
@@ -100,7 +104,8 @@ def evaluate_model(model, dataset, inv_propensities=None, ks=(1, 3, 5),
       inv_propensities: float ``[m]`` inverse propensities for PSP@k
         (:func:`xmc_tf.metrics.inverse_propensities`); ``None`` omits PSP@k.
       ks: cut-offs.
-      batch_size: instances per prediction batch.
+      batch_size: instances per prediction batch (capped by
+        :func:`xmc_tf.evaluation.score_batch_size`).
 
     Returns:
       The dict of :meth:`xmc_tf.metrics.XMCEvaluator.result` (keys ``P@k``,
@@ -114,4 +119,5 @@ def evaluate_model(model, dataset, inv_propensities=None, ks=(1, 3, 5),
     if not ks:
         raise ValueError("ks must not be empty")
     return evaluate_top_k(top_k_function(model, max(ks)), dataset,
-                          inv_propensities, ks, batch_size)
+                          inv_propensities, ks,
+                          score_batch_size(batch_size, model))

@@ -55,6 +55,7 @@ from xmc_tf import callbacks as xcallbacks
 from xmc_tf import checkpoint as xckpt
 from xmc_tf import data as xdata
 from xmc_tf import ensemble as xensemble
+from xmc_tf import evaluation as xevaluation
 from xmc_tf import heads as xheads
 from xmc_tf import metrics as xmetrics
 from xmc_tf import preprocessing as xprep
@@ -526,8 +527,9 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
                                          seed=config.seed, repeat=True,
                                          first_epoch=initial_epoch,
                                          **head.dataset_kwargs())
-        val_ds = (xdata.make_tf_dataset(val_data, config.eval.batch_size)
-                  if val_data is not None else None)
+        # Keras' validation scores [batch, m]: batches within 256 MiB.
+        val_ds = (xdata.make_tf_dataset(val_data, xevaluation.score_batch_size(
+            config.eval.batch_size, model)) if val_data is not None else None)
         fit_model.fit(train_ds, validation_data=val_ds,
                       steps_per_epoch=steps, initial_epoch=initial_epoch,
                       epochs=max(last_epoch, initial_epoch),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from xmc_tf.evaluation import evaluate_top_k
+from xmc_tf.evaluation import evaluate_top_k, score_batch_size
 
 __all__ = ["TopKEvaluation"]
 
@@ -95,7 +95,8 @@ class TopKEvaluation(keras.callbacks.Callback):
     def evaluate(self) -> dict:
         """``{log key: P@k fraction}`` of the current model on the data."""
         result = evaluate_top_k(self._decoder_for_model(), self.dataset,
-                                ks=self.ks, batch_size=self.batch_size)
+                                ks=self.ks, batch_size=score_batch_size(
+                                    self.batch_size, self.model))
         return {f"{self.prefix}precision_at_{k}": result[f"P@{k}"] / 100.0
                 for k in self.ks}
 
