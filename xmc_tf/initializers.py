@@ -36,12 +36,20 @@ __all__ = ["PriorBias", "PRIOR_LOSSES"]
 PRIOR_LOSSES = ("squared_hinge", "bce", "softmax")
 
 
+#: ``PriorBias(loss=...)`` value -> the loss class's registered Keras name
+#: (looked up in Keras' registry: the losses build their own PriorBias,
+#: so importing them here would be an import cycle).
+_LOSS_CLASSES = {"squared_hinge": "xmc_tf>SquaredHinge",
+                 "bce": "xmc_tf>BinaryCrossEntropy",
+                 "softmax": "xmc_tf>SoftmaxCrossEntropy"}
+
+
 def _loss(name, margin):
-    from xmc_tf.losses import (BinaryCrossEntropy, SoftmaxCrossEntropy,
-                               SquaredHinge)
-    if name == "squared_hinge":
-        return SquaredHinge(margin=margin)
-    return {"bce": BinaryCrossEntropy, "softmax": SoftmaxCrossEntropy}[name]()
+    cls = keras.saving.get_registered_object(_LOSS_CLASSES[name])
+    if cls is None:  # pragma: no cover - `import xmc_tf` registers them
+        raise ValueError(f"PriorBias: loss {name!r} is not registered; "
+                         "import xmc_tf first")
+    return cls(margin=margin) if name == "squared_hinge" else cls()
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
