@@ -60,6 +60,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from xmc_tf.layers.scorer import label_layout
 from xmc_tf.samplers.base import Candidates, NegativeSampler
 from xmc_tf.samplers.vectors import (DEFAULT_MAX_BYTES, QueryTransform,
                                      label_vectors, projection_dim)
@@ -205,8 +206,7 @@ class AnnNegativeSampler(NegativeSampler):
         self._queries, self._queries_seen = None, 0
         if (self.query_sample_size and projection_dim(
                 head_layer, self.projection, self.max_bytes) is not None):
-            width = (head_layer.num_features if hasattr(head_layer, "indices")
-                     else head_layer.kernel.shape[1])
+            width = label_layout(head_layer).input_dim
             self._queries = np.zeros((self.query_sample_size, int(width)),
                                      np.float32)
 
