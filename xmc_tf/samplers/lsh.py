@@ -67,6 +67,7 @@ removed).
 
 from __future__ import annotations
 
+import math
 import time
 
 import keras
@@ -79,8 +80,11 @@ from xmc_tf.ops.lsh import (HASHES, LshHashFamily,
                             simhash_inclusion_probability)
 from xmc_tf.layers.scorer import label_layout
 from xmc_tf.samplers.base import Candidates, NegativeSampler, mask_accidental_hits
+from xmc_tf.samplers.mixture import MixtureSampler
+from xmc_tf.samplers.registry import register_sampler, sampler_sizes
+from xmc_tf.samplers.uniform import UniformNegativeSampler
 
-__all__ = ["LshNegativeSampler"]
+__all__ = ["LshNegativeSampler", "lsh_auto_K"]
 
 QUERIES = ("embedding", "label")
 INCLUSIONS = ("auto", "cosine", "collisions")
@@ -571,3 +575,65 @@ class LshNegativeSampler(NegativeSampler):
     def from_config(cls, config: dict) -> "LshNegativeSampler":
         """Inverse of :meth:`get_config`."""
         return cls(**config)
+
+
+def lsh_auto_K(num_labels: int, num_candidates: int, L: int) -> int:  # noqa: N802,N803
+    """Hash functions per LSH table for ``config.sampler.K = 0``.
+
+    ``K = clip(floor(log2(L m / k)), 1, 16)``: with ``2^K`` buckets per table
+    a bucket holds ``m / 2^K`` labels on average, so the ``L`` probed
+    buckets hold about ``L m / 2^K >= k`` labels -- enough to fill the ``k``
+    candidates, and no more buckets than needed (a larger ``K`` leaves most
+    probes empty on a small label space: Bibtex, m = 159, with ``K = 9``
+    gave about 13 candidates per row of the 256 asked for; a smaller one
+    dilutes the near labels among random ones).  16 is the default
+    ``bucket_bits`` of :class:`LshNegativeSampler`.
+
+    Args:
+      num_labels: m.
+      num_candidates: k.
+      L: tables.
+
+    Returns:
+      int K in [1, 16].
+
+    >>> lsh_auto_K(159, 39, 50), lsh_auto_K(50_000, 256, 50)
+    (7, 13)
+    """
+    ratio = int(L) * int(num_labels) / max(int(num_candidates), 1)
+    return int(min(16, max(1, math.floor(math.log2(max(ratio, 2.0))))))
+
+
+def _rehash_callbacks(sampler, sampler_config, set_callback=None):
+    """LSH tables follow the weights by :class:`xmc_tf.callbacks.Rehash`
+    (LNS's period ``rehash_every_steps``, decay ``rehash_decay``) of the
+    LSH sampler (the hard part of a shared mixture)."""
+    del set_callback  # Rehash finds rewired rows itself (label_rows)
+    from xmc_tf.callbacks import Rehash
+    sc = sampler_config
+    return [Rehash(getattr(sampler, "hard", sampler),
+                   every_n_steps=sc.get("rehash_every_steps", 50),
+                   frequency_decay=sc.get("rehash_decay", 0.95))]
+
+
+@register_sampler("lsh", shared=True, refresh_callbacks=_rehash_callbacks)
+def _make_lsh(sampler_config, num_labels, seed, shared):
+    """``config.sampler.kind = "lsh"``: per row, ``num_negatives`` labels
+    retrieved from the LSH tables (``hash``, ``K`` (0: :func:`lsh_auto_K`),
+    ``L``, ``query``, ``weighting``, ``min_probability``); shared, a
+    mixture whose pool the tables retrieve (``num_hard`` per row) plus
+    ``num_uniform`` uniform draws (seed + 1)."""
+    sc = sampler_config
+    sizes = sampler_sizes(sc, num_labels)
+    k = max(sizes["num_hard"], 1) if shared else sizes["num_negatives"]
+    K = int(sc.K) or lsh_auto_K(num_labels, k, int(sc.L))  # noqa: N806
+    lsh = LshNegativeSampler(
+        num_labels, k, hash=sc.hash, K=K, L=sc.L, query=sc.query, seed=seed,
+        weighting=sc.get("weighting", "inverse_probability"),
+        min_probability=sc.get("min_probability", None) or None)
+    if not shared:
+        return lsh
+    uniform = UniformNegativeSampler(num_labels, sizes["num_uniform"],
+                                     seed=seed + 1)
+    return MixtureSampler(lsh, uniform, k_h=sizes["num_hard"],
+                          pool_positives=bool(sc.get("pool_positives", True)))
