@@ -111,14 +111,14 @@ def check_label_scorer(layer, needed_by: str = "candidate training"):
     >>> check_label_scorer(keras.layers.Dense(3))
     Traceback (most recent call last):
     ...
-    ValueError: Dense is not a LabelScorer (candidate training needs one: LabelDense or UniformSparseDense); it lacks num_labels, label_layout, label_vectors, score_candidates, score_shared
+    ValueError: Dense cannot score candidates: candidate training needs a LabelScorer (LabelDense, UniformSparseDense); it lacks num_labels, label_layout, label_vectors, score_candidates, score_shared
     """
     if isinstance(layer, LabelScorer):
         return layer
     missing = [name for name in SCORER_MEMBERS if not hasattr(layer, name)]
     raise ValueError(
-        f"{type(layer).__name__} is not a LabelScorer ({needed_by} needs "
-        f"one: LabelDense or UniformSparseDense); it lacks "
+        f"{type(layer).__name__} cannot score candidates: {needed_by} needs "
+        "a LabelScorer (LabelDense, UniformSparseDense); it lacks "
         f"{', '.join(missing)}")
 
 
