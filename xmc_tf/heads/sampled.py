@@ -19,9 +19,11 @@ layer scores every label (it is decoded by the head of that layer, see
 epoch over all labels by :class:`xmc_tf.callbacks.TopKEvaluation`.
 
 Labels reach the head inside ``fit`` through :class:`SampledTrainer`, a
-``keras.Model`` wrapping the functional model with its own ``train_step``
-(Keras passes a loss only ``(y_true, y_pred)``, which cannot express
-per-instance candidates).
+:class:`~xmc_tf.heads.candidates.CandidateTrainer` wrapping the functional
+model with its own ``train_step`` (Keras passes a loss only ``(y_true,
+y_pred)``, which cannot express per-instance candidates).  The sampler is
+made by the kind registered under ``config.sampler.kind``
+(:mod:`xmc_tf.samplers.registry`), which also brings its refresh callbacks.
 
 Config (``config.model.head = "sampled"``):
 
@@ -142,7 +144,7 @@ class SampledTrainer(CandidateTrainer):
 
     Args:
       model: functional ``keras.Model`` whose head layer (named
-        ``"output"``) has ``score_candidates(inputs, candidates)``
+        ``"output"``) is a :class:`~xmc_tf.layers.scorer.LabelScorer`
         (:class:`~xmc_tf.layers.UniformSparseDense`,
         :class:`~xmc_tf.layers.LabelDense`).
       sampler: a :class:`~xmc_tf.samplers.NegativeSampler` (bound to the

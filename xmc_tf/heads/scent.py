@@ -120,7 +120,7 @@ class ScentTrainer(CandidateTrainer):
 
     Args:
       model: functional ``keras.Model`` whose head layer (named
-        ``"output"``) has ``score_shared``
+        ``"output"``) is a :class:`~xmc_tf.layers.scorer.LabelScorer`
         (:class:`~xmc_tf.layers.LabelDense`,
         :class:`~xmc_tf.layers.UniformSparseDense`).
       loss: a :class:`~xmc_tf.losses.ScentLoss` for the training set.
