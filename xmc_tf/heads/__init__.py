@@ -3,11 +3,12 @@
 Registered heads (``config.model.head``): ``"dense"``, ``"uniform_sparse"``,
 ``"mach"``, ``"sampled"`` (uniform-sparse or dense layer trained on sampled
 negatives), ``"scent"`` (multi-class full softmax by SCENT on in-batch
-classes).
+classes); the last two share :mod:`xmc_tf.heads.candidates`.
 """
 
 from xmc_tf.heads.base import (OUTPUT_LAYER, Head, get_head, head_for_model,
                                inference_model, names, output_layer, register)
+from xmc_tf.heads.candidates import CandidateHead, CandidateTrainer
 from xmc_tf.heads.dense import DenseHead
 from xmc_tf.heads.mach import MachOutputHead
 from xmc_tf.heads.sampled import SampledHead, SampledTrainer
@@ -19,3 +20,4 @@ __all__ = ["OUTPUT_LAYER", "DenseHead", "Head", "MachOutputHead",
            "head_for_model", "inference_model", "names", "output_layer",
            "register"]
 __all__ += ["ScentHead", "ScentTrainer"]
+__all__ += ["CandidateHead", "CandidateTrainer"]

@@ -19,9 +19,11 @@ layer scores every label (it is decoded by the head of that layer, see
 epoch over all labels by :class:`xmc_tf.callbacks.TopKEvaluation`.
 
 Labels reach the head inside ``fit`` through :class:`SampledTrainer`, a
-``keras.Model`` wrapping the functional model with its own ``train_step``
-(Keras passes a loss only ``(y_true, y_pred)``, which cannot express
-per-instance candidates).
+:class:`~xmc_tf.heads.candidates.CandidateTrainer` wrapping the functional
+model with its own ``train_step`` (Keras passes a loss only ``(y_true,
+y_pred)``, which cannot express per-instance candidates).  The sampler is
+made by the kind registered under ``config.sampler.kind``
+(:mod:`xmc_tf.samplers.registry`), which also brings its refresh callbacks.
 
 Config (``config.model.head = "sampled"``):
 
@@ -58,19 +60,23 @@ Source: ASTRA (Mehta et al.), Algorithm 1 and Eq. 2; the LSH paper
 
 from __future__ import annotations
 
-import importlib.util
-
-import numpy as np
 from absl import logging
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from xmc_tf.heads.base import OUTPUT_LAYER, Head, output_layer, register
-from xmc_tf.layers import LabelDense, UniformSparseDense
+from xmc_tf.heads.base import register
+from xmc_tf.heads.candidates import CandidateHead, CandidateTrainer
 from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy,
                                    SampledSoftmax, SampledSquaredHinge)
+from xmc_tf.samplers.lsh import lsh_auto_K
+from xmc_tf.samplers.registry import (AUTO, make_sampler, sampler_kind,
+                                      sampler_sizes, shared_kinds)
+from xmc_tf.samplers.registry import shared_setting as _shared_setting
 
+# make_sampler, sampler_sizes and lsh_auto_K moved to xmc_tf.samplers; they
+# stay importable from here.
 __all__ = ["SampledHead", "SampledTrainer", "SAMPLED_LOSSES", "make_sampler",
            "sampler_sizes", "lsh_auto_K", "regime_choices"]
 
@@ -78,38 +84,6 @@ __all__ = ["SampledHead", "SampledTrainer", "SAMPLED_LOSSES", "make_sampler",
 SAMPLED_LOSSES = {"squared_hinge": SampledSquaredHinge,
                   "bce": SampledBinaryCrossEntropy,
                   "softmax": SampledSoftmax}
-
-SAMPLED_LAYERS = ("uniform_sparse", "dense")
-SAMPLER_KINDS = ("uniform", "in_batch", "ann", "mixture", "lsh")
-#: Kinds with a shared-candidates mode (``config.sampler.shared``).
-SHARED_KINDS = ("uniform", "mixture", "lsh")
-#: ``config.sampler.kind`` values whose sampler keeps a faiss index.
-ANN_KINDS = ("ann", "mixture")
-
-
-#: ``config.loss`` / ``config.sampler.shared`` value read from the data.
-AUTO = "auto"
-
-
-def _shared_setting(value):
-    """``config.sampler.shared`` as True, False or None (``"auto"``); the
-    command line gives a string field strings (``--config.sampler.shared=
-    True`` on a config whose default is ``"auto"``).
-
-    Raises:
-      ValueError: any other value.
-    """
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text == AUTO:
-        return None
-    if text in ("true", "1"):
-        return True
-    if text in ("false", "0", "none", ""):
-        return False
-    raise ValueError(f"config.sampler.shared={value!r}; expected True, False "
-                     f"or {AUTO!r}")
 
 
 def regime_choices(config, labels) -> dict:
@@ -151,160 +125,12 @@ def regime_choices(config, labels) -> dict:
         loss = "softmax" if multi_class else "squared_hinge"
     shared = _shared_setting(config.sampler.get("shared", False))
     if shared is None:
-        shared = multi_class and config.sampler.kind in SHARED_KINDS
+        shared = multi_class and config.sampler.kind in shared_kinds()
     return {"loss": loss, "shared": bool(shared), "multi_class": multi_class}
 
 
-def sampler_sizes(sampler_config, num_labels: int) -> dict:
-    """Candidates per row of a sampler config, capped relative to m.
-
-    With ``sampler_config.max_fraction = f`` in (0, 1] the candidates a row
-    scores besides its positives are at most ``cap = max(1, floor(f m))``:
-    ``num_negatives`` becomes ``min(num_negatives, cap)``, and when ``k_h +
-    k_r > cap`` the mixture's two parts shrink in proportion (``k_h =
-    max(1, round(k_h cap / (k_h + k_r)))`` if it was > 0, ``k_r = max(1,
-    cap - k_h)``).  Without it (absent, 0 or None) the sizes are taken as
-    given.  So one config keeps its absolute sizes on large label spaces
-    (m = 50k: 256 of 50k labels) and does not score more than f of the
-    labels on small ones (Bibtex, m = 159: 256 negatives drawn with
-    replacement would score every label more than once).
-
-    Args:
-      sampler_config: ``config.sampler``.
-      num_labels: m (>= 1).
-
-    Returns:
-      ``{"num_negatives": k, "num_hard": k_h, "num_uniform": k_r}`` (ints;
-      ``num_hard``/``num_uniform`` 0 when the config has none).
-
-    Raises:
-      ValueError: ``max_fraction`` outside (0, 1], or a size < 0.
-
-    >>> import ml_collections
-    >>> sc = ml_collections.ConfigDict(dict(num_negatives=256, num_hard=32,
-    ...                                     num_uniform=256, max_fraction=0.25))
-    >>> sampler_sizes(sc, 159)
-    {'num_negatives': 39, 'num_hard': 4, 'num_uniform': 35}
-    >>> sampler_sizes(sc, 50_000)
-    {'num_negatives': 256, 'num_hard': 32, 'num_uniform': 256}
-    """
-    sc = sampler_config
-    k = int(sc.get("num_negatives", 0) or 0)
-    k_h = int(sc.get("num_hard", 0) or 0)
-    k_r = int(sc.get("num_uniform", 0) or 0)
-    if min(k, k_h, k_r) < 0:
-        raise ValueError("config.sampler sizes must be >= 0, got "
-                         f"num_negatives={k}, num_hard={k_h}, num_uniform={k_r}")
-    frac = sc.get("max_fraction", None)
-    if frac:
-        frac = float(frac)
-        if not 0.0 < frac <= 1.0:
-            raise ValueError(f"config.sampler.max_fraction={frac!r} must be "
-                             "in (0, 1]")
-        cap = max(1, int(frac * int(num_labels)))
-        k = min(k, cap)
-        if k_h + k_r > cap:
-            total = k_h + k_r
-            k_h = max(1, round(k_h * cap / total)) if k_h else 0
-            k_r = max(1, cap - k_h)
-    return {"num_negatives": k, "num_hard": k_h, "num_uniform": k_r}
-
-
-def lsh_auto_K(num_labels: int, num_candidates: int, L: int) -> int:  # noqa: N802,N803
-    """Hash functions per LSH table for ``config.sampler.K = 0``.
-
-    ``K = clip(floor(log2(L m / k)), 1, 16)``: with ``2^K`` buckets per table
-    a bucket holds ``m / 2^K`` labels on average, so the ``L`` probed
-    buckets hold about ``L m / 2^K >= k`` labels -- enough to fill the ``k``
-    candidates, and no more buckets than needed (a larger ``K`` leaves most
-    probes empty on a small label space: Bibtex, m = 159, with ``K = 9``
-    gave about 13 candidates per row of the 256 asked for; a smaller one
-    dilutes the near labels among random ones).  16 is the default
-    ``bucket_bits`` of :class:`~xmc_tf.samplers.lsh.LshNegativeSampler`.
-
-    Args:
-      num_labels: m.
-      num_candidates: k.
-      L: tables.
-
-    Returns:
-      int K in [1, 16].
-
-    >>> lsh_auto_K(159, 39, 50), lsh_auto_K(50_000, 256, 50)
-    (7, 13)
-    """
-    import math
-    ratio = int(L) * int(num_labels) / max(int(num_candidates), 1)
-    return int(min(16, max(1, math.floor(math.log2(max(ratio, 2.0))))))
-
-
-def make_sampler(sampler_config, num_labels: int, seed: int,
-                 shared: bool | None = None):
-    """The :class:`~xmc_tf.samplers.NegativeSampler` a config describes.
-
-    Args:
-      sampler_config: ``config.sampler`` (see the module docstring).
-      num_labels: m.
-      seed: seed of the draws (and of an index's k-means / projection).
-      shared: whether the batch shares one candidate set (None:
-        ``sampler_config.shared``, which must then be a bool).
-
-    Returns:
-      The (unbound) sampler.
-
-    Raises:
-      ValueError: unknown ``kind`` or bad sizes.
-      ImportError: ``"ann"``/``"mixture"`` without faiss installed (at the
-        first refresh).
-    """
-    from xmc_tf import samplers
-    sc = sampler_config
-    kind = sc.kind
-    sizes = sampler_sizes(sc, num_labels)
-    k = sizes["num_negatives"]
-    if kind == "uniform":
-        return samplers.UniformNegativeSampler(num_labels, k, seed=seed)
-    if kind == "in_batch":
-        return samplers.InBatchSampler(num_labels, k, seed=seed)
-    if kind == "ann":
-        return samplers.AnnNegativeSampler(num_labels, k,
-                                           index=sc.index, nprobe=sc.nprobe,
-                                           seed=seed)
-    if kind == "mixture":
-        k_h = sizes["num_hard"]
-        hard = samplers.AnnNegativeSampler(num_labels, max(k_h, 1),
-                                           index=sc.index, nprobe=sc.nprobe,
-                                           seed=seed)
-        uniform = samplers.UniformNegativeSampler(
-            num_labels, sizes["num_uniform"], seed=seed + 1)
-        return samplers.MixtureSampler(
-            hard, uniform, k_h=k_h,
-            pool_positives=bool(sc.get("pool_positives", True)))
-    if kind == "lsh":
-        from xmc_tf.samplers.lsh import LshNegativeSampler
-        if shared is None:
-            shared = bool(_shared_setting(sc.get("shared", False)))
-        if shared:  # LSH retrieves the pool of a shared mixture
-            k = max(sizes["num_hard"], 1)
-        K = int(sc.K) or lsh_auto_K(num_labels, k, int(sc.L))  # noqa: N806
-        lsh = LshNegativeSampler(
-            num_labels, k, hash=sc.hash, K=K, L=sc.L, query=sc.query,
-            seed=seed,
-            weighting=sc.get("weighting", "inverse_probability"),
-            min_probability=sc.get("min_probability", None) or None)
-        if not shared:
-            return lsh
-        uniform = samplers.UniformNegativeSampler(
-            num_labels, sizes["num_uniform"], seed=seed + 1)
-        return samplers.MixtureSampler(
-            lsh, uniform, k_h=sizes["num_hard"],
-            pool_positives=bool(sc.get("pool_positives", True)))
-    raise ValueError(f"config.sampler.kind={kind!r}; expected one of "
-                     f"{SAMPLER_KINDS}")
-
-
 @keras.saving.register_keras_serializable(package="xmc_tf")
-class SampledTrainer(keras.Model):
+class SampledTrainer(CandidateTrainer):
     """Trains a model's head on positives + sampled negatives only.
 
     ``call`` is the wrapped model (full scores: prediction and evaluation
@@ -318,7 +144,7 @@ class SampledTrainer(keras.Model):
 
     Args:
       model: functional ``keras.Model`` whose head layer (named
-        ``"output"``) has ``score_candidates(inputs, candidates)``
+        ``"output"``) is a :class:`~xmc_tf.layers.scorer.LabelScorer`
         (:class:`~xmc_tf.layers.UniformSparseDense`,
         :class:`~xmc_tf.layers.LabelDense`).
       sampler: a :class:`~xmc_tf.samplers.NegativeSampler` (bound to the
@@ -359,37 +185,22 @@ class SampledTrainer(keras.Model):
     """
 
     def __init__(self, model, sampler, loss, shared=False, **kwargs):
-        super().__init__(**kwargs)
         if shared and not sampler.supports_shared:
             raise ValueError(f"{type(sampler).__name__} has no shared-"
                              "candidates mode (shared=True)")
+        super().__init__(model, **kwargs)
         self.shared = bool(shared)
-        self.inference_model = model
-        self.head_layer = output_layer(model)
-        if not hasattr(self.head_layer, "score_candidates"):
-            raise ValueError(
-                f"{type(self.head_layer).__name__} cannot score candidates; "
-                "use UniformSparseDense or LabelDense")
-        self.body = keras.Model(model.inputs, self.head_layer.input,
-                                name=f"{model.name}_body")
         self.sampler = sampler
         self.sampler.bind(self.head_layer)
         self.sampled_loss = loss
-        self.loss_tracker = keras.metrics.Mean(name="loss")
-        self.fraction_tracker = keras.metrics.Mean(name="sampled_fraction")
 
-    @property
-    def metrics(self):
-        return [self.loss_tracker, self.fraction_tracker]
-
-    def call(self, inputs, training=False):
-        return self.inference_model(inputs, training=training)
-
-    def _loss(self, x, y, training):
-        y = tf.cast(y, tf.int32)
+    def candidate_loss(self, queries, labels, example_ids, training):
+        """Positives + the sampler's candidates, scored and weighted by the
+        sampled loss (see the class docstring)."""
+        del example_ids, training
+        y = tf.cast(labels, tf.int32)
         if y.shape.rank == 1:
             y = y[:, None]
-        queries = self.body(x, training=training)
         draw = self.sampler.sample_shared if self.shared else self.sampler.sample
         candidates = draw(tf.stop_gradient(queries), y,
                           self.optimizer.iterations)
@@ -409,29 +220,9 @@ class SampledTrainer(keras.Model):
             n = tf.shape(y)[1]
             pos_scores, neg_scores = scores[:, :n], scores[:, n:]
         loss = self.sampled_loss(pos_scores, pos_mask, neg_scores, candidates)
-        if self.losses:
-            loss = loss + tf.add_n(self.losses)
         scored_per_row = (tf.reduce_sum(tf.cast(pos_mask, tf.float32), 1) +
                           tf.reduce_sum(tf.cast(candidates.mask, tf.float32), 1))
         return loss, scored_per_row / float(self.sampler.num_labels)
-
-    def train_step(self, data):
-        x, y = data[0], data[1]
-        with tf.GradientTape() as tape:
-            loss, fraction = self._loss(x, y, training=True)
-        variables = self.trainable_variables
-        grads = tape.gradient(loss, variables)
-        self.optimizer.apply(grads, variables)
-        self.loss_tracker.update_state(loss)
-        self.fraction_tracker.update_state(fraction)
-        return {m.name: m.result() for m in self.metrics}
-
-    def test_step(self, data):
-        x, y = data[0], data[1]
-        loss, fraction = self._loss(x, y, training=False)
-        self.loss_tracker.update_state(loss)
-        self.fraction_tracker.update_state(fraction)
-        return {m.name: m.result() for m in self.metrics}
 
     def get_state(self) -> dict:
         """The sampler's state (index, tables) for an exact resume."""
@@ -443,13 +234,11 @@ class SampledTrainer(keras.Model):
 
 
 @register
-class SampledHead(Head):
+class SampledHead(CandidateHead):
     """``config.model.head = "sampled"``: see the module docstring."""
 
     name = "sampled"
     losses = tuple(SAMPLED_LOSSES)
-    layer_types = ()  # decoded by the head of its (full-scoring) layer
-    full_scores_in_training = False
 
     def __init__(self, config):
         super().__init__(config)
@@ -459,24 +248,19 @@ class SampledHead(Head):
     def check_config(self):
         if self.config.loss != AUTO:
             super().check_config()
-        layer = self.config.model.sampled_layer
-        if layer not in SAMPLED_LAYERS:
-            raise ValueError(f"config.model.sampled_layer={layer!r}; expected "
-                             f"one of {SAMPLED_LAYERS}")
-        kind = self.config.sampler.kind
-        if kind not in SAMPLER_KINDS:
-            raise ValueError(f"config.sampler.kind={kind!r}"
-                             f"; expected one of {SAMPLER_KINDS}")
-        if (_shared_setting(self.config.sampler.get("shared", False))
-                and kind not in SHARED_KINDS):
+        else:
+            self.check_sampled_layer()
+        sc = self.config.sampler
+        kind = sampler_kind(sc.kind)  # ValueError: unknown kind
+        if _shared_setting(sc.get("shared", False)) and not kind.shared:
             raise ValueError(f"config.sampler.shared=True needs kind in "
-                             f"{SHARED_KINDS}, got {kind!r}")
-        if kind in ANN_KINDS and importlib.util.find_spec("faiss") is None:
+                             f"{shared_kinds()}, got {kind.name!r}")
+        for module in kind.missing():
             # Before any work: without faiss the first index refresh, an
             # epoch in, would fail.
-            raise ValueError(f"config.sampler.kind={kind!r} needs faiss, an "
-                             "optional dependency: pip install "
-                             "'xmc_tf[ann]' (or faiss-cpu)")
+            raise ValueError(f"config.sampler.kind={kind.name!r} needs "
+                             f"{module}, an optional dependency: "
+                             f"{kind.requires[module]}")
 
     def prepare(self, train_data):
         """Resolves ``"auto"`` loss and candidate mode from the training
@@ -503,24 +287,11 @@ class SampledHead(Head):
                     "shared": bool(shared), "multi_class": False}
         return self._choices
 
-    def build_layer(self, num_labels, input_dim, sparse_input=False):
-        mc = self.config.model
-        if mc.sampled_layer == "uniform_sparse":
-            fan_in = min(mc.connections_per_label, input_dim)
-            # A zero bias as before the layer's default became "hinge_prior"
-            # (these heads' bias is not set from the data).
-            return UniformSparseDense(num_labels, fan_in,
-                                      seed=self.config.seed,
-                                      bias_initializer="zeros",
-                                      name=OUTPUT_LAYER)
-        return LabelDense(num_labels, bias_initializer="zeros",
-                          name=OUTPUT_LAYER)
-
     def sampler(self, layer):
-        """The head's sampler (made once, for ``layer.units`` labels)."""
+        """The head's sampler (made once, for ``layer.num_labels`` labels)."""
         if self._sampler is None:
-            self._sampler = make_sampler(self.config.sampler, layer.units,
-                                         self.config.seed,
+            self._sampler = make_sampler(self.config.sampler,
+                                         layer.num_labels, self.config.seed,
                                          shared=self.choices()["shared"])
         return self._sampler
 
@@ -533,36 +304,14 @@ class SampledHead(Head):
                               shared=self.choices()["shared"],
                               name=f"{model.name}_trainer")
 
-    def compile(self, model, layer, optimizer):
-        # SampledTrainer computes its own loss in train_step.
-        model.compile(optimizer=optimizer, jit_compile=False)
-
-    def callbacks(self, layer, val_data):
-        from xmc_tf import callbacks as xcallbacks
+    def candidate_callbacks(self, layer, set_callback):
+        """The refresh callbacks of the sampler's kind (ANN index refresh,
+        LSH rehash; see :mod:`xmc_tf.samplers.registry`)."""
         sc = self.config.sampler
-        sampler = self.sampler(layer)
-        cbs = []
-        set_cb = None
-        if (self.config.model.sampled_layer == "uniform_sparse" and
-                self.config.set.enabled):
-            set_cb = xcallbacks.SetRewiring(
-                every_n_steps=self.config.set.every_n_steps,
-                fraction=self.config.set.fraction, seed=self.config.seed)
-            cbs.append(set_cb)
-        if sc.kind == "lsh":
-            cbs.append(xcallbacks.Rehash(
-                getattr(sampler, "hard", sampler), every_n_steps=sc.get("rehash_every_steps", 50),
-                frequency_decay=sc.get("rehash_decay", 0.95)))
-        elif sampler.needs_refresh:
-            cbs.append(xcallbacks.RefreshIndex(
-                sampler, start_epoch=sc.refresh_start_epoch,
-                every_epochs=sc.refresh_every_epochs or None,
-                every_steps=sc.refresh_every_steps or None,
-                after_rewire=set_cb))
-        return cbs + super().callbacks(layer, val_data)
+        return sampler_kind(sc.kind).refresh_callbacks(
+            self.sampler(layer), sc, set_callback)
 
     def results(self, layer):
         c = self.choices()
-        return {"sampler": repr(self.sampler(layer)),
-                "sampled_layer": self.config.model.sampled_layer,
+        return {"sampler": repr(self.sampler(layer)), **super().results(layer),
                 "loss": c["loss"], "shared_candidates": c["shared"]}

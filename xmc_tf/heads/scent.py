@@ -56,8 +56,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from xmc_tf.heads.base import OUTPUT_LAYER, Head, output_layer, register
-from xmc_tf.layers import LabelDense, UniformSparseDense
+from xmc_tf.heads.base import register
+from xmc_tf.heads.candidates import CandidateHead, CandidateTrainer
 from xmc_tf.losses.scent import (CORRECTIONS, NEGATIVES, VARIANTS, ScentLoss,
                                  multiclass_labels)
 
@@ -100,7 +100,7 @@ def scent_optimizer(learning_rate, beta):
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
-class ScentTrainer(keras.Model):
+class ScentTrainer(CandidateTrainer):
     """Trains a multi-class model's head with SCENT on in-batch classes.
 
     ``call`` is the wrapped model (full scores: prediction and evaluation
@@ -120,7 +120,7 @@ class ScentTrainer(keras.Model):
 
     Args:
       model: functional ``keras.Model`` whose head layer (named
-        ``"output"``) has ``score_shared``
+        ``"output"``) is a :class:`~xmc_tf.layers.scorer.LabelScorer`
         (:class:`~xmc_tf.layers.LabelDense`,
         :class:`~xmc_tf.layers.UniformSparseDense`).
       loss: a :class:`~xmc_tf.losses.ScentLoss` for the training set.
@@ -154,33 +154,19 @@ class ScentTrainer(keras.Model):
       512
     """
 
+    #: The logged loss is the dual objective (no regularization).
+    logs_regularization = False
+
     def __init__(self, model, loss, **kwargs):
-        super().__init__(**kwargs)
-        self.inference_model = model
-        self.head_layer = output_layer(model)
-        if not hasattr(self.head_layer, "score_shared"):
-            raise ValueError(
-                f"{type(self.head_layer).__name__} cannot score a subset of "
-                "labels; use LabelDense or UniformSparseDense")
+        super().__init__(model, **kwargs)
         if not isinstance(loss, ScentLoss):
             raise ValueError(f"loss must be a ScentLoss, got "
                              f"{type(loss).__name__}")
-        self.body = keras.Model(model.inputs, self.head_layer.input,
-                                name=f"{model.name}_body")
         self.scent_loss = loss
-        self.num_labels = int(self.head_layer.units)
-        self.loss_tracker = keras.metrics.Mean(name="loss")
-        self.fraction_tracker = keras.metrics.Mean(name="sampled_fraction")
+        self.num_labels = int(self.head_layer.num_labels)
         # Every part is built (a functional model and the loss's variables):
         # save_weights works before any call.
         self.built = True
-
-    @property
-    def metrics(self):
-        return [self.loss_tracker, self.fraction_tracker]
-
-    def call(self, inputs, training=False):
-        return self.inference_model(inputs, training=training)
 
     def score_classes(self, queries, classes):
         """Logits ``[b, U]`` of every row for the classes ``classes [U]``:
@@ -196,49 +182,39 @@ class ScentTrainer(keras.Model):
         """
         return self.head_layer.score_shared(queries, tf.cast(classes, tf.int32))
 
-    def _loss(self, x, y, ids, training):
-        labels = multiclass_labels(y)
+    def check_batch(self, data, training):
+        """Training batches must carry example ids.
+
+        Raises:
+          ValueError: a training batch without example ids.
+        """
+        if training and (not isinstance(data, (tuple, list)) or
+                         len(data) < 3 or data[2] is None):
+            raise ValueError(
+                "ScentTrainer needs (features, label_ids, example_ids) "
+                "batches: make_tf_dataset(..., with_example_ids=True)")
+
+    def candidate_loss(self, queries, labels, example_ids, training):
+        """The batch's distinct classes scored by every row, and the SCENT
+        loss (which updates the batch's duals when ``training``; evaluation
+        changes no dual and reads no ids)."""
+        labels = multiclass_labels(labels)
         classes, _ = tf.unique(tf.boolean_mask(labels, labels >= 0))
-        queries = self.body(x, training=training)
         scores = self.score_classes(queries, classes)
-        loss = self.scent_loss(scores, labels, classes, ids,
+        loss = self.scent_loss(scores, labels, classes,
+                               example_ids if training else None,
                                training=training)
         fraction = tf.cast(tf.size(classes), tf.float32) / float(self.num_labels)
         return loss, fraction
 
-    def train_step(self, data):
-        if (not isinstance(data, (tuple, list)) or len(data) < 3 or
-                data[2] is None):
-            raise ValueError(
-                "ScentTrainer needs (features, label_ids, example_ids) "
-                "batches: make_tf_dataset(..., with_example_ids=True)")
-        x, y, ids = data[0], data[1], data[2]
-        with tf.GradientTape() as tape:
-            loss, fraction = self._loss(x, y, ids, training=True)
-            total = loss + tf.add_n(self.losses) if self.losses else loss
-        variables = self.trainable_variables
-        grads = tape.gradient(total, variables)
-        self.optimizer.apply(grads, variables)
-        self.loss_tracker.update_state(loss)
-        self.fraction_tracker.update_state(fraction)
-        return {m.name: m.result() for m in self.metrics}
-
-    def test_step(self, data):
-        x, y = data[0], data[1]
-        loss, fraction = self._loss(x, y, None, training=False)
-        self.loss_tracker.update_state(loss)
-        self.fraction_tracker.update_state(fraction)
-        return {m.name: m.result() for m in self.metrics}
-
 
 @register
-class ScentHead(Head):
+class ScentHead(CandidateHead):
     """``config.model.head = "scent"``: see the module docstring."""
 
     name = "scent"
     losses = ("scent",)
-    layer_types = ()  # decoded by the head of its (full-scoring) layer
-    full_scores_in_training = False
+    sampled_layers = SCENT_LAYERS
 
     def __init__(self, config):
         super().__init__(config)
@@ -247,10 +223,6 @@ class ScentHead(Head):
 
     def check_config(self):
         super().check_config()
-        layer = self.config.model.sampled_layer
-        if layer not in SCENT_LAYERS:
-            raise ValueError(f"config.model.sampled_layer={layer!r}; expected "
-                             f"one of {SCENT_LAYERS}")
         sc = self.config.scent
         for field, allowed in (("variant", VARIANTS), ("negatives", NEGATIVES),
                                ("correction", CORRECTIONS)):
@@ -297,19 +269,6 @@ class ScentHead(Head):
             return scent_optimizer(tc.learning_rate, self.config.scent.beta)
         return None
 
-    def build_layer(self, num_labels, input_dim, sparse_input=False):
-        mc = self.config.model
-        if mc.sampled_layer == "uniform_sparse":
-            fan_in = min(mc.connections_per_label, input_dim)
-            # A zero bias as before the layer's default became "hinge_prior"
-            # (these heads' bias is not set from the data).
-            return UniformSparseDense(num_labels, fan_in,
-                                      seed=self.config.seed,
-                                      bias_initializer="zeros",
-                                      name=OUTPUT_LAYER)
-        return LabelDense(num_labels, bias_initializer="zeros",
-                          name=OUTPUT_LAYER)
-
     def make_loss(self, layer):
         """The :class:`ScentLoss` of the training set.
 
@@ -323,7 +282,7 @@ class ScentHead(Head):
         sc = self.config.scent
         return ScentLoss(self._num_examples, alpha=float(sc.alpha),
                          variant=sc.variant, negatives=sc.negatives,
-                         correction=sc.correction, num_labels=layer.units,
+                         correction=sc.correction, num_labels=layer.num_labels,
                          label_counts=self._label_counts,
                          own_term=bool(sc.get("own_term", False)))
 
@@ -331,23 +290,9 @@ class ScentHead(Head):
         return ScentTrainer(model, self.make_loss(layer),
                             name=f"{model.name}_trainer")
 
-    def compile(self, model, layer, optimizer):
-        # ScentTrainer computes its own loss in train_step.
-        model.compile(optimizer=optimizer, jit_compile=False)
-
-    def callbacks(self, layer, val_data):
-        cbs = []
-        if (self.config.model.sampled_layer == "uniform_sparse" and
-                self.config.set.enabled):
-            from xmc_tf.callbacks import SetRewiring
-            cbs.append(SetRewiring(every_n_steps=self.config.set.every_n_steps,
-                                   fraction=self.config.set.fraction,
-                                   seed=self.config.seed))
-        return cbs + super().callbacks(layer, val_data)
-
     def results(self, layer):
         sc = self.config.scent
-        return {"sampled_layer": self.config.model.sampled_layer,
+        return {**super().results(layer),
                 "scent_variant": sc.variant, "scent_alpha": float(sc.alpha),
                 "scent_negatives": sc.negatives,
                 "scent_correction": sc.correction}

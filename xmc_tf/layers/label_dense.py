@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from xmc_tf import initializers  # noqa: F401  (registers "hinge_prior")
+from xmc_tf.layers.scorer import LabelLayout
 from xmc_tf.ops.sampled import (check_shared_candidates,
                                 dense_sampled_matmul, gather_label_rows)
 
@@ -213,6 +214,23 @@ class LabelDense(keras.layers.Layer):
         if self.bias is not None:
             scores += gather_label_rows(self.bias, ids, scores.dtype)[None, :]
         return scores
+
+    @property
+    def num_labels(self) -> int:
+        """m, the number of labels (``units``): :class:`~xmc_tf.layers.
+        scorer.LabelScorer`."""
+        return self.units
+
+    def label_layout(self) -> LabelLayout:
+        """Label-major dense rows: ``kernel [units, input_dim]``, ``bias``.
+
+        Raises:
+          ValueError: the layer is not built.
+        """
+        if not self.built:
+            raise ValueError(f"{self.name} is not built")
+        return LabelLayout(kernel=self.kernel, bias=self.bias,
+                           input_dim=int(self.kernel.shape[1]))
 
     def label_vectors(self, include_bias=False):
         """The classifier vectors of all labels, for an inner-product index.

@@ -13,6 +13,7 @@ import scipy.sparse as sp
 import tensorflow as tf
 
 from xmc_tf import initializers  # noqa: F401  (registers "hinge_prior")
+from xmc_tf.layers.scorer import LabelLayout, scatter_label_rows
 from xmc_tf.ops.sampled import (check_shared_candidates, gather_label_rows,
                                 uniform_sparse_sampled_matmul)
 from xmc_tf.ops.uniform_sparse import (uniform_sparse_matmul,
@@ -385,6 +386,59 @@ class UniformSparseDense(keras.layers.Layer):
         if self.bias is not None:
             scores += gather_label_rows(self.bias, ids, scores.dtype)[None, :]
         return scores
+
+    @property
+    def num_labels(self) -> int:
+        """m, the number of labels (``units``): :class:`~xmc_tf.layers.
+        scorer.LabelScorer`."""
+        return self.units
+
+    def label_layout(self) -> LabelLayout:
+        """Sparse connections: ``indices``/``kernel [units, s]`` into
+        ``num_features`` inputs, ``bias``.
+
+        Raises:
+          ValueError: the layer is not built.
+        """
+        if not self.built:
+            raise ValueError(f"{self.name} is not built")
+        return LabelLayout(kernel=self.kernel, bias=self.bias,
+                           input_dim=int(self.num_features),
+                           indices=self.indices)
+
+    def label_vectors(self, include_bias=False):
+        """The labels' connections scattered into dense vectors.
+
+        Args:
+          include_bias: append the bias as a last column (pair it with
+            queries ``[x, 1]`` so that the inner product is the logit).
+
+        Returns:
+          NumPy float32 ``[units, num_features]`` (``+ 1`` column with
+          ``include_bias`` and a bias): row ``l`` holds ``kernel[l, k]`` at
+          ``indices[l, k]`` (``kernel_scale`` not applied).
+
+        Raises:
+          ValueError: the layer is not built.
+
+        >>> import keras, xmc_tf
+        >>> layer = xmc_tf.layers.UniformSparseDense(3, 2, seed=0)
+        >>> _ = layer(keras.ops.ones((1, 5)))
+        >>> v = layer.label_vectors(include_bias=True)
+        >>> v.shape, int((v[:, :5] != 0).sum(axis=1).max()) <= 2
+        ((3, 6), True)
+        """
+        if not self.built:
+            raise ValueError(f"{self.name} is not built")
+        has_bias = include_bias and self.bias is not None
+        out = np.zeros((self.units, self.num_features + int(has_bias)),
+                       np.float32)
+        scatter_label_rows(keras.ops.convert_to_numpy(self.indices),
+                           keras.ops.convert_to_numpy(self.kernel),
+                           self.num_features, out=out)
+        if has_bias:
+            out[:, -1] = keras.ops.convert_to_numpy(self.bias)
+        return out
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.units)

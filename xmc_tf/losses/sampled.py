@@ -38,7 +38,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from xmc_tf.samplers.base import mask_accidental_hits
+from xmc_tf.ops.sampled import mask_accidental_hits
 
 __all__ = ["SampledBinaryCrossEntropy", "SampledLoss", "SampledSoftmax",
            "SampledSquaredHinge"]

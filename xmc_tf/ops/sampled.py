@@ -32,7 +32,8 @@ from xmc_tf.errors import OpLibraryError
 from xmc_tf.ops import _loader
 
 __all__ = ["check_candidates", "dense_sampled_matmul", "gather_label_rows",
-           "label_variable", "uniform_sparse_sampled_matmul"]
+           "label_variable", "mask_accidental_hits",
+           "uniform_sparse_sampled_matmul"]
 
 
 def uniform_sparse_sampled_matmul(features, indices, weights, candidates,
@@ -350,3 +351,23 @@ def dense_sampled_matmul(features, kernel, candidates, bias=None,
         if bias is not None:
             scores += gather_label_rows(bias, candidates, scores.dtype)
         return scores
+
+
+def mask_accidental_hits(ids, positives):
+    """Bool ``[b, k]``: True where ``ids[i, j]`` is not among row i's positives.
+
+    Args:
+      ids: int32 ``[b, k]`` candidate ids, or ``[k]`` shared by all rows.
+      positives: int32 ``[b, n]`` positive ids padded with -1.
+
+    Returns:
+      bool ``[b, k]``.  Cost ``O(b k n)``; fine for the tens of positives
+      of XMC rows.
+    """
+    ids = tf.cast(ids, tf.int32)
+    positives = tf.cast(positives, tf.int32)
+    if ids.shape.rank == 1:
+        ids = ids[None, :]
+    hit = tf.reduce_any(tf.equal(ids[:, :, None], positives[:, None, :]),
+                        axis=-1)
+    return tf.logical_not(hit)

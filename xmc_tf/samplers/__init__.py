@@ -13,3 +13,7 @@ __all__ += ["AnnNegativeSampler", "InBatchSampler", "MixtureSampler",
 from xmc_tf.samplers.lsh import LshNegativeSampler  # noqa: E402
 
 __all__ += ["LshNegativeSampler"]
+from xmc_tf.samplers.registry import (kinds, make_sampler,  # noqa: E402
+                                      register_sampler, sampler_kind)
+
+__all__ += ["kinds", "make_sampler", "register_sampler", "sampler_kind"]

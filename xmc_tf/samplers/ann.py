@@ -60,11 +60,16 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from xmc_tf.layers.scorer import label_layout
 from xmc_tf.samplers.base import Candidates, NegativeSampler
+from xmc_tf.samplers.registry import register_sampler, sampler_sizes
 from xmc_tf.samplers.vectors import (DEFAULT_MAX_BYTES, QueryTransform,
                                      label_vectors, projection_dim)
 
-__all__ = ["AnnNegativeSampler", "import_faiss"]
+__all__ = ["AnnNegativeSampler", "FAISS", "import_faiss"]
+
+#: ``requires`` of the kinds that keep a faiss index.
+FAISS = {"faiss": "pip install 'xmc_tf[ann]' (or faiss-cpu)"}
 
 INDEX_KINDS = ("auto", "flat", "ivf_flat", "hnsw")
 
@@ -205,8 +210,7 @@ class AnnNegativeSampler(NegativeSampler):
         self._queries, self._queries_seen = None, 0
         if (self.query_sample_size and projection_dim(
                 head_layer, self.projection, self.max_bytes) is not None):
-            width = (head_layer.num_features if hasattr(head_layer, "indices")
-                     else head_layer.kernel.shape[1])
+            width = label_layout(head_layer).input_dim
             self._queries = np.zeros((self.query_sample_size, int(width)),
                                      np.float32)
 
@@ -485,3 +489,14 @@ class AnnNegativeSampler(NegativeSampler):
                 "projection": self.projection, "max_bytes": self.max_bytes,
                 "query_sample_size": self.query_sample_size,
                 "num_threads": self.num_threads}
+
+
+@register_sampler("ann", requires=FAISS)
+def _make_ann(sampler_config, num_labels, seed, shared):
+    """``config.sampler.kind = "ann"``: the ``num_negatives`` hardest
+    labels of a stale faiss index per row (``index``, ``nprobe``)."""
+    del shared
+    sc = sampler_config
+    k = sampler_sizes(sc, num_labels)["num_negatives"]
+    return AnnNegativeSampler(num_labels, k, index=sc.index, nprobe=sc.nprobe,
+                              seed=seed)

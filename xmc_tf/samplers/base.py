@@ -54,6 +54,10 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+# Defined with the candidate ops (the sampled losses use it without
+# importing the samplers); part of this module's interface.
+from xmc_tf.ops.sampled import mask_accidental_hits
+
 __all__ = ["Candidates", "NegativeSampler", "mask_accidental_hits",
            "shared_candidates"]
 
@@ -197,26 +201,6 @@ class NegativeSampler:
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
         return f"{type(self).__name__}({args})"
-
-
-def mask_accidental_hits(ids, positives):
-    """Bool ``[b, k]``: True where ``ids[i, j]`` is not among row i's positives.
-
-    Args:
-      ids: int32 ``[b, k]`` candidate ids, or ``[k]`` shared by all rows.
-      positives: int32 ``[b, n]`` positive ids padded with -1.
-
-    Returns:
-      bool ``[b, k]``.  Cost ``O(b k n)``; fine for the tens of positives
-      of XMC rows.
-    """
-    ids = tf.cast(ids, tf.int32)
-    positives = tf.cast(positives, tf.int32)
-    if ids.shape.rank == 1:
-        ids = ids[None, :]
-    hit = tf.reduce_any(tf.equal(ids[:, :, None], positives[:, None, :]),
-                        axis=-1)
-    return tf.logical_not(hit)
 
 
 def shared_candidates(ids, positives, log_q, weights, valid=None):

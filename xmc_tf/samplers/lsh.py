@@ -51,7 +51,8 @@ Heads: :class:`xmc_tf.layers.UniformSparseDense` (label ``j`` is the sparse
 vector ``kernel[j]`` at coordinates ``indices[j]`` of the ``e =
 num_features`` head inputs, hashed without densifying), a label-major dense
 layer such as :class:`xmc_tf.layers.LabelDense` (``kernel [m, d]``), or a
-``keras.layers.Dense`` (``kernel [d, m]``).  The bias is not part of the
+``keras.layers.Dense`` (``kernel [d, m]``), told apart by the layer's
+:func:`~xmc_tf.layers.scorer.label_layout`.  The bias is not part of the
 label vector (LNS hashes the weight vectors).
 
 The tables live in non-trainable ``tf.Variable`` s on the CPU (the ops are
@@ -66,6 +67,7 @@ removed).
 
 from __future__ import annotations
 
+import math
 import time
 
 import keras
@@ -76,9 +78,13 @@ from xmc_tf.ops.lsh import (HASHES, LshHashFamily,
                             collision_inclusion_probability, lsh_build_tables,
                             lsh_query, lsh_sparse_cosine, lsh_update_tables,
                             simhash_inclusion_probability)
+from xmc_tf.layers.scorer import label_layout
 from xmc_tf.samplers.base import Candidates, NegativeSampler, mask_accidental_hits
+from xmc_tf.samplers.mixture import MixtureSampler
+from xmc_tf.samplers.registry import register_sampler, sampler_sizes
+from xmc_tf.samplers.uniform import UniformNegativeSampler
 
-__all__ = ["LshNegativeSampler"]
+__all__ = ["LshNegativeSampler", "lsh_auto_K"]
 
 QUERIES = ("embedding", "label")
 INCLUSIONS = ("auto", "cosine", "collisions")
@@ -197,9 +203,11 @@ class LshNegativeSampler(NegativeSampler):
         """Binds the head and draws the hash functions (see the class doc).
 
         Args:
-          head_layer: a built :class:`~xmc_tf.layers.UniformSparseDense`,
-            label-major dense layer (``kernel [m, d]``) or
-            ``keras.layers.Dense`` (``kernel [d, m]``).
+          head_layer: a built :class:`~xmc_tf.layers.scorer.LabelScorer`
+            (:class:`~xmc_tf.layers.UniformSparseDense`,
+            :class:`~xmc_tf.layers.LabelDense`), another label-major dense
+            layer (``kernel [m, d]``) or a ``keras.layers.Dense`` (``kernel
+            [d, m]``): see :func:`~xmc_tf.layers.scorer.label_layout`.
 
         Raises:
           ValueError: the layer is not built, has no usable ``kernel``, or
@@ -207,19 +215,14 @@ class LshNegativeSampler(NegativeSampler):
             input width smaller than ``bin_size``.
         """
         super().bind(head_layer)
-        kernel = getattr(head_layer, "kernel", None)
-        if kernel is None or len(kernel.shape) != 2:
+        try:
+            layout = label_layout(head_layer)
+        except ValueError:
             raise ValueError(f"{type(self).__name__}: the head must be built "
-                             "and have a 2-d kernel")
-        self._sparse = hasattr(head_layer, "indices")
-        self._feature_major = isinstance(head_layer, keras.layers.Dense)
-        if self._sparse:
-            input_dim = int(head_layer.num_features)
-            rows = int(kernel.shape[0])
-        elif self._feature_major:
-            input_dim, rows = int(kernel.shape[0]), int(kernel.shape[1])
-        else:
-            rows, input_dim = int(kernel.shape[0]), int(kernel.shape[1])
+                             "and have a 2-d kernel") from None
+        self._sparse = layout.sparse
+        self._feature_major = layout.feature_major
+        input_dim, rows = layout.input_dim, layout.num_labels
         if rows != self.num_labels:
             raise ValueError(f"{type(self).__name__}: head has {rows} label "
                              f"rows, sampler was made for {self.num_labels}")
@@ -259,16 +262,16 @@ class LshNegativeSampler(NegativeSampler):
         The rows are gathered where the head lives (a GPU head sends only
         the ``r`` rows to the CPU); the hash ops run on the CPU.
         """
-        head = self.head
+        layout = label_layout(self.head)
         if self._sparse:
-            indices, kernel = _read(head.indices), _read(head.kernel)
+            indices, kernel = _read(layout.indices), _read(layout.kernel)
             if rows is not None:
                 indices, kernel = tf.gather(indices, rows), tf.gather(kernel, rows)
             with tf.device(_CPU):
                 return self.family.hash_sparse(
                     tf.cast(indices, tf.int32), tf.cast(kernel, tf.float32),
                     _read(self._vars["params"]))
-        kernel = _read(head.kernel)
+        kernel = _read(layout.kernel)
         if self._feature_major:
             vectors = (tf.transpose(kernel) if rows is None
                        else tf.transpose(tf.gather(kernel, rows, axis=1)))
@@ -425,7 +428,7 @@ class LshNegativeSampler(NegativeSampler):
 
     def _rows_dense(self, ids):
         """Current dense label vectors ``[..., d]`` of the ids (dense heads)."""
-        kernel = _read(self.head.kernel)
+        kernel = _read(label_layout(self.head).kernel)
         if self._feature_major:
             rows = tf.gather(kernel, tf.reshape(ids, [-1]), axis=1)
             rows = tf.transpose(rows)
@@ -439,9 +442,9 @@ class LshNegativeSampler(NegativeSampler):
             x = tf.cast(queries, tf.float32)
             x_norm = tf.norm(x, axis=-1)[:, None]  # [b, 1]
             if self._sparse:
-                idx = tf.gather(tf.cast(_read(self.head.indices), tf.int32),
+                idx = tf.gather(tf.cast(_read(label_layout(self.head).indices), tf.int32),
                                 ids)
-                w = tf.cast(tf.gather(_read(self.head.kernel), ids), tf.float32)
+                w = tf.cast(tf.gather(_read(label_layout(self.head).kernel), ids), tf.float32)
                 xv = tf.gather(x, idx, batch_dims=1)  # [b, k, s]
                 dot = tf.reduce_sum(xv * w, axis=-1)
                 # UniformSparseDense rows have distinct indices.
@@ -454,8 +457,8 @@ class LshNegativeSampler(NegativeSampler):
             return cos[..., None], tf.ones([tf.shape(ids)[0], 1], tf.bool)
         query_mask = positives >= 0
         if self._sparse:
-            indices = tf.cast(_read(self.head.indices), tf.int32)
-            kernel = tf.cast(_read(self.head.kernel), tf.float32)
+            indices = tf.cast(_read(label_layout(self.head).indices), tf.int32)
+            kernel = tf.cast(_read(label_layout(self.head).kernel), tf.float32)
             safe = tf.maximum(positives, 0)  # padding: masked by query_mask
             rows = [tf.gather(indices, ids), tf.gather(kernel, ids),
                     tf.gather(indices, safe), tf.gather(kernel, safe)]
@@ -544,12 +547,12 @@ class LshNegativeSampler(NegativeSampler):
           RuntimeError: no head bound.
         """
         self._check_bound()
-        kernel = np.asarray(keras.ops.convert_to_numpy(self.head.kernel),
+        kernel = np.asarray(keras.ops.convert_to_numpy(label_layout(self.head).kernel),
                             np.float32)
         if self._sparse:
             return {"weights": kernel.copy(),
                     "indices": np.asarray(keras.ops.convert_to_numpy(
-                        self.head.indices), np.int32).copy()}
+                        label_layout(self.head).indices), np.int32).copy()}
         if self._feature_major:
             kernel = kernel.T
         return {"weights": np.ascontiguousarray(kernel)}
@@ -572,3 +575,65 @@ class LshNegativeSampler(NegativeSampler):
     def from_config(cls, config: dict) -> "LshNegativeSampler":
         """Inverse of :meth:`get_config`."""
         return cls(**config)
+
+
+def lsh_auto_K(num_labels: int, num_candidates: int, L: int) -> int:  # noqa: N802,N803
+    """Hash functions per LSH table for ``config.sampler.K = 0``.
+
+    ``K = clip(floor(log2(L m / k)), 1, 16)``: with ``2^K`` buckets per table
+    a bucket holds ``m / 2^K`` labels on average, so the ``L`` probed
+    buckets hold about ``L m / 2^K >= k`` labels -- enough to fill the ``k``
+    candidates, and no more buckets than needed (a larger ``K`` leaves most
+    probes empty on a small label space: Bibtex, m = 159, with ``K = 9``
+    gave about 13 candidates per row of the 256 asked for; a smaller one
+    dilutes the near labels among random ones).  16 is the default
+    ``bucket_bits`` of :class:`LshNegativeSampler`.
+
+    Args:
+      num_labels: m.
+      num_candidates: k.
+      L: tables.
+
+    Returns:
+      int K in [1, 16].
+
+    >>> lsh_auto_K(159, 39, 50), lsh_auto_K(50_000, 256, 50)
+    (7, 13)
+    """
+    ratio = int(L) * int(num_labels) / max(int(num_candidates), 1)
+    return int(min(16, max(1, math.floor(math.log2(max(ratio, 2.0))))))
+
+
+def _rehash_callbacks(sampler, sampler_config, set_callback=None):
+    """LSH tables follow the weights by :class:`xmc_tf.callbacks.Rehash`
+    (LNS's period ``rehash_every_steps``, decay ``rehash_decay``) of the
+    LSH sampler (the hard part of a shared mixture)."""
+    del set_callback  # Rehash finds rewired rows itself (label_rows)
+    from xmc_tf.callbacks import Rehash
+    sc = sampler_config
+    return [Rehash(getattr(sampler, "hard", sampler),
+                   every_n_steps=sc.get("rehash_every_steps", 50),
+                   frequency_decay=sc.get("rehash_decay", 0.95))]
+
+
+@register_sampler("lsh", shared=True, refresh_callbacks=_rehash_callbacks)
+def _make_lsh(sampler_config, num_labels, seed, shared):
+    """``config.sampler.kind = "lsh"``: per row, ``num_negatives`` labels
+    retrieved from the LSH tables (``hash``, ``K`` (0: :func:`lsh_auto_K`),
+    ``L``, ``query``, ``weighting``, ``min_probability``); shared, a
+    mixture whose pool the tables retrieve (``num_hard`` per row) plus
+    ``num_uniform`` uniform draws (seed + 1)."""
+    sc = sampler_config
+    sizes = sampler_sizes(sc, num_labels)
+    k = max(sizes["num_hard"], 1) if shared else sizes["num_negatives"]
+    K = int(sc.K) or lsh_auto_K(num_labels, k, int(sc.L))  # noqa: N806
+    lsh = LshNegativeSampler(
+        num_labels, k, hash=sc.hash, K=K, L=sc.L, query=sc.query, seed=seed,
+        weighting=sc.get("weighting", "inverse_probability"),
+        min_probability=sc.get("min_probability", None) or None)
+    if not shared:
+        return lsh
+    uniform = UniformNegativeSampler(num_labels, sizes["num_uniform"],
+                                     seed=seed + 1)
+    return MixtureSampler(lsh, uniform, k_h=sizes["num_hard"],
+                          pool_positives=bool(sc.get("pool_positives", True)))

@@ -56,6 +56,8 @@ import tensorflow as tf
 
 from xmc_tf.samplers.base import (Candidates, NegativeSampler,
                                   mask_accidental_hits, shared_candidates)
+from xmc_tf.samplers.ann import FAISS, AnnNegativeSampler
+from xmc_tf.samplers.registry import register_sampler, sampler_sizes
 from xmc_tf.samplers.uniform import UniformNegativeSampler
 
 __all__ = ["MixtureSampler"]
@@ -222,3 +224,19 @@ class MixtureSampler(NegativeSampler):
                             "config": self.uniform.get_config()},
                 "k_h": self.k_h, "k_r": self.k_r,
                 "pool_positives": self.pool_positives}
+
+
+@register_sampler("mixture", shared=True, requires=FAISS)
+def _make_mixture(sampler_config, num_labels, seed, shared):
+    """``config.sampler.kind = "mixture"`` (ASTRA): ``num_hard`` ANN hard
+    negatives + ``num_uniform`` uniform ones (seed + 1)."""
+    del shared  # the same sampler draws both ways
+    sc = sampler_config
+    sizes = sampler_sizes(sc, num_labels)
+    k_h = sizes["num_hard"]
+    hard = AnnNegativeSampler(num_labels, max(k_h, 1), index=sc.index,
+                              nprobe=sc.nprobe, seed=seed)
+    uniform = UniformNegativeSampler(num_labels, sizes["num_uniform"],
+                                     seed=seed + 1)
+    return MixtureSampler(hard, uniform, k_h=k_h,
+                          pool_positives=bool(sc.get("pool_positives", True)))

@@ -60,6 +60,8 @@ import dataclasses
 
 import numpy as np
 
+from xmc_tf.layers.scorer import label_layout, scatter_label_rows
+
 __all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_PROJECTION_DIM", "MAX_EXACT_ENTRIES",
            "QueryTransform",
            "gaussian_projection", "label_vectors", "projection_dim",
@@ -87,11 +89,6 @@ def _numpy(variable):
     if hasattr(variable, "numpy"):
         return np.asarray(variable.numpy())
     return np.asarray(variable)
-
-
-def _is_uniform_sparse(layer) -> bool:
-    return getattr(layer, "indices", None) is not None and hasattr(
-        layer, "num_features")
 
 
 def gaussian_projection(num_inputs: int, dim: int, seed: int) -> np.ndarray:
@@ -229,15 +226,22 @@ def projection_dim(layer, projection="auto", max_bytes=DEFAULT_MAX_BYTES):
     Raises:
       ValueError: as :func:`label_vectors`.
     """
-    kernel = getattr(layer, "kernel", None)
-    if kernel is None or len(kernel.shape) != 2:
+    layout = _layout(layer)
+    return _resolve_projection(projection, layout.num_labels,
+                               layout.input_dim + int(layout.bias is not None),
+                               max_bytes)
+
+
+def _layout(layer):
+    """The layer's label-major :class:`~xmc_tf.layers.scorer.LabelLayout`."""
+    try:
+        layout = label_layout(layer)
+    except ValueError:
+        layout = None
+    if layout is None or layout.feature_major:
         raise ValueError(f"{type(layer).__name__} is not a built head layer "
                          "with a label-major [num_labels, *] kernel")
-    m = int(kernel.shape[0])
-    e = int(layer.num_features) if _is_uniform_sparse(layer) else int(
-        kernel.shape[1])
-    has_bias = getattr(layer, "bias", None) is not None
-    return _resolve_projection(projection, m, e + int(has_bias), max_bytes)
+    return layout
 
 
 def label_vectors(layer, projection="auto", max_bytes=DEFAULT_MAX_BYTES,
@@ -249,10 +253,12 @@ def label_vectors(layer, projection="auto", max_bytes=DEFAULT_MAX_BYTES,
     without projection (up to float32 rounding), approximately with it.
 
     Args:
-      layer: a built head layer: :class:`xmc_tf.layers.UniformSparseDense`
-        (``indices``, ``kernel`` ``[m, s]``, ``bias``, ``num_features``) or
-        a label-major dense layer (``kernel`` ``[m, d]``, ``bias`` ``[m]`` or
-        None), e.g. ``xmc_tf.layers.LabelDense``.
+      layer: a built head layer whose
+        :func:`~xmc_tf.layers.scorer.label_layout` is label-major: a
+        :class:`~xmc_tf.layers.scorer.LabelScorer`
+        (:class:`xmc_tf.layers.UniformSparseDense`: sparse connections;
+        :class:`xmc_tf.layers.LabelDense`: rows) or another layer with a
+        label-major ``kernel`` ``[m, d]`` (and ``bias`` ``[m]`` or None).
       projection: ``"auto"`` (exact -- the scattered uniform-sparse
         vectors or the dense kernel rows -- when the ``m * (e + 1)``
         entries fit ``max_bytes`` and are at most :data:`MAX_EXACT_ENTRIES`
@@ -270,8 +276,9 @@ def label_vectors(layer, projection="auto", max_bytes=DEFAULT_MAX_BYTES,
       :class:`QueryTransform` with ``output_dim == d'``.
 
     Raises:
-      ValueError: the layer is not built, has no label-major ``kernel``, or
-        ``projection`` is invalid.
+      ValueError: the layer is not built, has no label-major layout
+        (:func:`xmc_tf.layers.scorer.label_layout`), or ``projection`` is
+        invalid.
 
     >>> import keras, xmc_tf
     >>> head = xmc_tf.layers.UniformSparseDense(6, 2, seed=0)
@@ -280,17 +287,14 @@ def label_vectors(layer, projection="auto", max_bytes=DEFAULT_MAX_BYTES,
     >>> v.shape, t.output_dim       # e + 1 = 5 (bias coordinate)
     ((6, 5), 5)
     """
-    kernel = _numpy(getattr(layer, "kernel", None))
-    if kernel is None or kernel.ndim != 2:
-        raise ValueError(f"{type(layer).__name__} is not a built head layer "
-                         "with a label-major [num_labels, *] kernel")
-    kernel = kernel.astype(np.float32, copy=False)
-    bias = _numpy(getattr(layer, "bias", None))
+    layout = _layout(layer)
+    kernel = _numpy(layout.kernel).astype(np.float32, copy=False)
+    bias = _numpy(layout.bias)
     has_bias = bias is not None
     m = kernel.shape[0]
-    if _is_uniform_sparse(layer):
-        indices = _numpy(layer.indices).astype(np.int64, copy=False)
-        e = int(layer.num_features)
+    if layout.sparse:
+        indices = _numpy(layout.indices).astype(np.int64, copy=False)
+        e = int(layout.input_dim)
         if indices.shape != kernel.shape:
             raise ValueError(f"indices {indices.shape} and kernel "
                              f"{kernel.shape} differ in shape")
@@ -308,14 +312,7 @@ def label_vectors(layer, projection="auto", max_bytes=DEFAULT_MAX_BYTES,
         if indices is None:
             vectors[:, :e] = kernel
         else:
-            rows = np.broadcast_to(np.arange(m)[:, None], indices.shape)
-            ordered = np.sort(indices, axis=1)
-            if np.any(ordered[:, 1:] == ordered[:, :-1]):
-                # Repeated sources (never drawn by the layer itself) add up,
-                # as the op sums them; np.add.at is exact but ~10x slower.
-                np.add.at(vectors, (rows, indices), kernel)
-            else:
-                vectors[rows, indices] = kernel
+            scatter_label_rows(indices, kernel, e, out=vectors)
     else:
         if queries is not None and len(queries) >= dim and dim <= e:
             matrix = query_basis(queries, dim, seed)
