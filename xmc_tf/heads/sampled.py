@@ -66,6 +66,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf.heads.base import OUTPUT_LAYER, Head, output_layer, register
 from xmc_tf.layers import LabelDense, UniformSparseDense
 from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy,
@@ -447,6 +448,7 @@ class SampledHead(Head):
     """``config.model.head = "sampled"``: see the module docstring."""
 
     name = "sampled"
+    config_defaults = xconfig.HEAD_DEFAULTS["sampled"]
     losses = tuple(SAMPLED_LOSSES)
     layer_types = ()  # decoded by the head of its (full-scoring) layer
     full_scores_in_training = False

@@ -56,6 +56,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf.heads.base import OUTPUT_LAYER, Head, output_layer, register
 from xmc_tf.layers import LabelDense, UniformSparseDense
 from xmc_tf.losses.scent import (CORRECTIONS, NEGATIVES, VARIANTS, ScentLoss,
@@ -236,6 +237,7 @@ class ScentHead(Head):
     """``config.model.head = "scent"``: see the module docstring."""
 
     name = "scent"
+    config_defaults = xconfig.HEAD_DEFAULTS["scent"]
     losses = ("scent",)
     layer_types = ()  # decoded by the head of its (full-scoring) layer
     full_scores_in_training = False
