@@ -270,7 +270,9 @@ def help_text(argv) -> str:
         path = _config_arg(argv)
         _parse(fv, argv, path)
         config = _load_config(fv, path)
-        lines += ["", f"config fields of {path} (with the overrides given; "
+        shown = _shown(path)
+        shown = f"{shown} ({path})" if shown != path else path
+        lines += ["", f"config fields of {shown} (with the overrides given; "
                       "set with --config.KEY=VALUE):"] + _config_lines(config)
         lines += [""] + textwrap.wrap(
             "A killed or interrupted run resumes from DIR/backup when the "
@@ -297,6 +299,15 @@ def _config_error(path, e) -> UsageError:
                       if not msg.startswith("no such") else f"{where}: {msg}")
 
 
+def _shown(config_path) -> str:
+    """How messages name a config: a packaged one by its name."""
+    module = _config_module()
+    name = os.path.splitext(os.path.basename(config_path or ""))[0]
+    if name in module.names() and config_path == module.config_file(name):
+        return name
+    return str(config_path)
+
+
 def _unknown_field(e, argv, config_path, always=False) -> UsageError:
     """One line for an override ``--config.A.B=V`` naming no field of the
     (locked) config, from ml_collections' KeyError / AttributeError ``e``;
@@ -312,9 +323,9 @@ def _unknown_field(e, argv, config_path, always=False) -> UsageError:
     if not bad and not always:
         return _config_error(config_path, e)
     return UsageError(
-        f"{bad[0] if bad else '--config.' + key}: {config_path} has no "
-        f"config field {key!r}{hint}; the fields: {PROG} train --help "
-        f"--config={config_path}")
+        f"{bad[0] if bad else '--config.' + key}: {_shown(config_path)} has "
+        f"no config field {key!r}{hint}; the fields: {PROG} train --help "
+        f"--config={_shown(config_path)}")
 
 
 def _parse(fv, argv, config_path) -> list:
@@ -426,7 +437,7 @@ def _train(fv, config_path):
                                            overwrite=fv.overwrite,
                                            force=fv.force)
     except ConfigError as e:
-        raise ConfigError(f"{config_path}: {e}") from e
+        raise ConfigError(f"{_shown(config_path)}: {e}") from e
     print("\n" + train.format_table(results))
     print(f"\nwrote {os.path.join(fv.workdir, 'metrics.json')}")
 

@@ -141,7 +141,11 @@ HEAD_DEFAULTS = {
             num_buckets=32,  # B: a round default; set B and R for your m
             num_repetitions=16,  # R
             wide_connections=0,  # no wide path
+            # measured with ReLU, lr 2e-3 and Keras' min_delta: leaky ReLU,
+            # 1e-3 and 0.001 came with the prior bias of label-wise heads
+            intermediate_activation="relu",
         ),
+        train=dict(learning_rate=2e-3, min_delta=None),
         set=dict(enabled=False),  # SET rewires uniform-sparse layers only
     ),
     "sampled": dict(
@@ -151,7 +155,9 @@ HEAD_DEFAULTS = {
         model=dict(
             sampled_layer="uniform_sparse",  # or "dense" (label-major)
             wide_connections=0,  # no wide path
+            intermediate_activation="relu",  # as MACH's (measured with)
         ),
+        train=dict(learning_rate=2e-3, min_delta=None),  # as MACH's
         sampler=ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
             kind="mixture",  # "uniform", "in_batch", "ann", "mixture", "lsh"
             num_negatives=256,  # k of "uniform" / "in_batch" / "ann" / "lsh"
@@ -202,6 +208,9 @@ def _merge(into: dict, extra: dict) -> None:
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(into.get(key), dict):
             _merge(into[key], value)
+        elif isinstance(into.get(key), config_dict.FieldReference):
+            into[key] = copy.deepcopy(into[key])  # keeps its type: None
+            into[key].set(value)  # stays settable from the command line
         else:
             into[key] = copy.deepcopy(value)
 

@@ -20,9 +20,6 @@ from xmc_tf.config import base
 
 def get_config():
     c = base("mach")
-    c.train.learning_rate = 2e-3  # measured with it (docs/defaults.md, MACH)
-    c.model.intermediate_activation = "relu"  # leaky: for the prior bias only
-    c.train.min_delta = None  # measured without it (docs/real_data.md)
     c.model.dropout = 0.5  # chosen on Delicious' val P@3 (docs/defaults.md)
     c.model.intermediate_dim = 64  # d: the same choice
     return c
