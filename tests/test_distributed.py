@@ -39,7 +39,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from xmc_tf import config as xconfig
 from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge, dense_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -126,6 +125,7 @@ _WORKER = _COMMON + textwrap.dedent(r"""
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
     import keras
+    from xmc_tf import config as xconfig
     from xmc_tf import data as xdata
     from xmc_tf import heads as xheads
     from xmc_tf.callbacks import SetRewiring
