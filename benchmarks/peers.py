@@ -14,7 +14,6 @@ Also here: the small timing / P@k / config helpers every benchmark uses.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -89,12 +88,14 @@ def precision(topk_ids, labels, ks=(1, 3, 5)):
 
 
 def load_config(name):
-    """``get_config()`` of ``configs/<name>.py``."""
-    path = os.path.join(REPO, "configs", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"xmc_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    """The packaged config ``name`` (:func:`xmc_tf.config.get_config`; the
+    same as ``configs/<name>.py``).
+
+    Raises:
+      ValueError: an unknown name (the message lists the names).
+    """
+    from xmc_tf import config as xconfig
+    return xconfig.get_config(name)
 
 
 def _plain_copy(path, tmpdir):

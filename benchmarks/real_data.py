@@ -237,10 +237,10 @@ def parse_set(item: str) -> tuple[str, object]:
 
 
 def build_config(name: str, overrides=(), max_epochs: int | None = None):
-    """``configs/<name>.py``'s config with the overrides applied.
+    """The packaged config ``name`` with the overrides applied.
 
     Args:
-      name (str): a config file of ``configs/`` without ``.py``.
+      name (str): a packaged config (:func:`xmc_tf.config.names`).
       overrides (list of (str, object)): ``(dotted key, value)`` pairs of
         :func:`parse_set`, applied in order.
       max_epochs (int or None): sets ``config.train.epochs`` when given.
@@ -252,13 +252,10 @@ def build_config(name: str, overrides=(), max_epochs: int | None = None):
       UsageError: no such config file, an unknown field, or a value of the
         wrong type.
     """
-    path = os.path.join(peers.REPO, "configs", f"{name}.py")
-    if not os.path.exists(path):
-        known = sorted(f[:-3] for f in os.listdir(os.path.dirname(path))
-                       if f.endswith(".py"))
-        raise UsageError(f"--config {name!r}: no {path}; configs: "
-                         f"{', '.join(known)}")
-    config = peers.load_config(name)
+    try:
+        config = peers.load_config(name)
+    except ValueError as e:
+        raise UsageError(f"--config {name!r}: {e}") from e
     items = list(overrides)
     if max_epochs is not None:
         items.append(("train.epochs", int(max_epochs)))
@@ -1031,7 +1028,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", default="0,1,2",
                         help="config.seed of the xmc_tf runs, one run each")
     parser.add_argument("--config", default="uniform_sparse",
-                        help="a config of configs/ (file name without .py)")
+                        help="a packaged config (xmc_tf.config.names())")
     parser.add_argument("--set", action="append", default=[],
                         metavar="KEY=VALUE",
                         help="config override, e.g. model.input_dropout=0.2 "

@@ -100,14 +100,9 @@ COLUMNS = ["method", "epochs", "s_per_epoch", "first_epoch_s", "train_s",
 
 
 def _load_config(name):
-    """``configs/<name>.py``'s ``get_config()`` (loaded by path: the config
-    ``scent`` and this module share a name)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        f"xmc_tf_config_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    """The packaged config ``name`` (``configs/<name>.py``)."""
+    from xmc_tf import config as xconfig
+    return xconfig.get_config(name)
 
 
 def _model_config(method, args):

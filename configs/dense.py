@@ -1,18 +1,7 @@
-"""The paper's baseline: the uniform-sparse model with a dense output layer.
+"""The packaged config ``dense`` (xmc_tf/configs/dense.py; ``--config=dense``)."""
 
-Identical to configs/uniform_sparse.py except ``model.head = "dense"`` (and
-no SET, which only applies to sparse heads).
-"""
-
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import uniform_sparse  # noqa: E402
+from xmc_tf.config import get_config as _packaged
 
 
 def get_config():
-    c = uniform_sparse.get_config()
-    c.model.head = "dense"
-    c.set.enabled = False
-    return c
+    return _packaged("dense")

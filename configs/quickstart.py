@@ -1,22 +1,7 @@
-"""Quick start: the uniform-sparse model on the bundled Bibtex (< 2 min, 2 cores).
+"""The packaged config ``quickstart`` (xmc_tf/configs/quickstart.py; ``--config=quickstart``)."""
 
-Same model as configs/uniform_sparse.py, at most 10 epochs (the full
-config early-stops after 10-25 on Bibtex).
-
-    xmc-tf train --config=configs/quickstart.py --workdir=workdir/quickstart
-"""
-
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import uniform_sparse  # noqa: E402
+from xmc_tf.config import get_config as _packaged
 
 
 def get_config():
-    c = uniform_sparse.get_config()
-    c.data.train = "bibtex:train"
-    c.data.test = "bibtex:test"
-    c.train.epochs = 10
-    c.train.verbose = 1
-    return c
+    return _packaged("quickstart")

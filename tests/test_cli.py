@@ -271,14 +271,28 @@ def assert_one_line_error(code, err, *names):
         assert str(name) in err, (name, err)
 
 
-def test_help_lists_commands_without_tensorflow():
-    code = ("import sys; sys.argv = ['xmc-tf', '--help']; import xmc_tf_cli; "
-            "rc = xmc_tf_cli.main(); "
+def _help_without_tensorflow(*args):
+    code = (f"import sys; sys.argv = ['xmc-tf', *{list(args)!r}]; "
+            "import xmc_tf_cli; rc = xmc_tf_cli.main(); "
             "assert 'tensorflow' not in sys.modules, 'imported TF'; "
+            "assert 'keras' not in sys.modules, 'imported keras'; "
             "print('EXIT', rc)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_train_help_by_name_lists_the_fields_without_tensorflow():
+    """The config by name, through the schema loaded without the package."""
+    proc = _help_without_tensorflow("train", "--help", "--config=astra")
+    assert "--config.sampler.num_hard=32\n" in proc.stdout
+    assert "--config.model.head='sampled'\n" in proc.stdout
+    assert "EXIT 0" in proc.stdout
+
+
+def test_help_lists_commands_without_tensorflow():
+    proc = _help_without_tensorflow("--help")
     for command in ("train", "evaluate", "predict"):
         assert f"\n  {command} " in proc.stdout
     for flag in ("--workdir=DIR", "--overwrite", "--force", "--data=SPEC",
@@ -302,6 +316,9 @@ def test_train_help_lists_config_fields_of_chosen_file():
     out = train_help("--config=configs/mach.py", "--config.train.epochs=3")
     assert "--config.model.num_buckets=" in out
     assert "--config.train.epochs=3\n" in out and "--overwrite" in out
+    assert train_help("--config=mach", "--config.train.epochs=3") == out.replace(
+        "config fields of configs/mach.py", "config fields of mach (" +
+        os.path.join(REPO, "xmc_tf", "configs", "mach.py") + ")")
 
 
 @pytest.fixture(scope="module")
@@ -323,7 +340,7 @@ def test_user_errors_are_one_line(case, bad_files, tmp_path, capsys):
     work = f"--workdir={tmp_path / 'run'}"
     args, names = {
         "config_typo": (["train", "--config.trian.epochs=2", work],
-                        ["--config.trian.epochs", "quickstart.py", "train"]),
+                        ["--config.trian.epochs", "quickstart", "train"]),
         "bad_head": (["train", "--config=configs/dense.py",
                       "--config.model.head=dnse", work],
                      ["configs/dense.py", "config.model.head='dnse'"]),

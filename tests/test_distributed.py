@@ -125,8 +125,7 @@ _WORKER = _COMMON + textwrap.dedent(r"""
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
     import keras
-    sys.path.insert(0, "configs")
-    import uniform_sparse
+    from xmc_tf import config as xconfig
     from xmc_tf import data as xdata
     from xmc_tf import heads as xheads
     from xmc_tf.callbacks import SetRewiring
@@ -139,7 +138,7 @@ _WORKER = _COMMON + textwrap.dedent(r"""
     result = {"replicas": strategy.num_replicas_in_sync}
 
     # -- 1. uniform-sparse model, data parallel, SET ---------------------------
-    config = uniform_sparse.get_config()
+    config = xconfig.get_config("uniform_sparse")
     config.model.encoder_dims = (32,)
     config.model.intermediate_dim = 48
     config.model.connections_per_label = 8

@@ -6,23 +6,19 @@ reuse on rerun, config checks)."""
 import json
 import os
 import shutil
-import sys
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import ensemble, heads, metrics, saving
 from xmc_tf.train import (ConfigError, check_config, load_for_model,
                           member_config, train_and_evaluate, validation_split)
 from xmc_tf.workdir import Workdir
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "configs"))
-import mach  # noqa: E402
-import uniform_sparse  # noqa: E402
 
 SYN = "synthetic:num_instances=300,num_features=80,num_labels=20,seed=1"
 
@@ -57,7 +53,7 @@ def test_average_scores_rejects_members_of_other_shapes():
 
 
 def _config(**overrides):
-    c = uniform_sparse.get_config()
+    c = xconfig.get_config("uniform_sparse")
     c.data.train = c.data.test = SYN
     c.model.update(encoder_dims=(16,), intermediate_dim=32,
                    connections_per_label=8, wide_connections=4)
@@ -76,7 +72,7 @@ def test_member_configs_differ_in_seed_and_share_the_split():
     assert [m.seed for m in members] == [5, 6, 7]
     assert all(m.data.split_seed == 5 and m.model.ensemble_size == 1
                for m in members)
-    assert c.model.ensemble_size == 3 and "split_seed" not in c.data
+    assert c.model.ensemble_size == 3 and c.data.split_seed is None
     train = xdata.load_dataset(SYN)
     vals = [validation_split(train, m)[1].features.toarray() for m in members]
     np.testing.assert_array_equal(vals[0], vals[2])
@@ -91,7 +87,7 @@ def test_ensemble_size_config_checks():
     for bad in (0, -2):
         with pytest.raises(ConfigError, match="ensemble_size"):
             check_config(_config(**{"model.ensemble_size": bad}))
-    c = mach.get_config()
+    c = xconfig.get_config("mach")
     c.model.ensemble_size = 2
     with pytest.raises(ConfigError, match="scores every label"):
         check_config(c)

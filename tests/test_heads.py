@@ -1,34 +1,31 @@
 """The head registry: config -> head, loaded model -> head, and a new head
 added from outside the package works with build_model / predict."""
 
-import os
-import sys
 
 import keras
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads
 from xmc_tf.layers import MachHead, UniformSparseDense
 from xmc_tf.models import build_model
 from xmc_tf.predict import predict_top_k
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "configs"))
-import uniform_sparse  # noqa: E402
-
 
 def _config(head, loss="squared_hinge"):
-    c = uniform_sparse.get_config()
+    c = xconfig.base(head if head in xconfig.HEAD_DEFAULTS else
+                     xconfig.DEFAULT_HEAD)
     c.model.head = head
     c.loss = loss
     c.model.encoder_dims = (8,)
     c.model.intermediate_dim = 16
     c.model.connections_per_label = 4
-    c.model.num_buckets = 4
-    c.model.num_repetitions = 2
+    if head == "mach":
+        c.model.num_buckets = 4
+        c.model.num_repetitions = 2
     return c
 
 

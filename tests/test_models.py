@@ -1,8 +1,6 @@
 """build_model / build_optimizer: the encoder on sparse input, the linear
 (no hidden layer) models, and the optimizer choice."""
 
-import os
-import sys
 
 import keras
 import numpy as np
@@ -10,21 +8,17 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads
 from xmc_tf.layers import SparseEmbeddingBag, UniformSparseDense
 from xmc_tf.models import build_model, build_optimizer
 from xmc_tf.optimizers import LazyAdam, LazyAdamW
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "configs"))
-import uniform_sparse  # noqa: E402
-
 
 def _config(head="uniform_sparse", encoder_dims=(8,), intermediate=16,
             encoder="sparse_embedding"):
-    c = uniform_sparse.get_config()
-    c.model.head = head
+    c = xconfig.base(head)
     c.model.encoder = encoder
     c.model.encoder_dims = encoder_dims
     c.model.intermediate_dim = intermediate
@@ -123,7 +117,7 @@ def test_unknown_encoder_and_optimizer():
 def test_check_config_rejects_bad_weight_decay():
     from xmc_tf.train import check_config
     from xmc_tf.workdir import ConfigError
-    c = uniform_sparse.get_config()
+    c = xconfig.get_config("uniform_sparse")
     c.train.optimizer = "lazy_adamw"
     check_config(c)
     c.train.weight_decay = -0.1

@@ -4,21 +4,17 @@ SavedModel take raw feature values, and older work directories (whose
 normalisation is outside the model) still evaluate."""
 
 import os
-import sys
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads, metrics, preprocessing, saving
 from xmc_tf.layers import FeatureNormalization
 from xmc_tf.train import train_and_evaluate
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "configs"))
-import uniform_sparse  # noqa: E402
 
 
 def _counts(n, d=40, m=6, seed=0):
@@ -36,7 +32,7 @@ def run(tmp_path_factory):
     train, test = _counts(200), _counts(60, seed=1)
     xdata.write_xc(tmp / "train.txt", train)
     xdata.write_xc(tmp / "test.txt", test)
-    c = uniform_sparse.get_config()
+    c = xconfig.get_config("uniform_sparse")
     c.data.train, c.data.test = str(tmp / "train.txt"), str(tmp / "test.txt")
     c.model.update(encoder_dims=(8,), intermediate_dim=16,
                    connections_per_label=4, wide_connections=3)

@@ -8,8 +8,6 @@ gradient).  With a real sampler only the scored label rows receive a
 gradient, and LazyAdam leaves every other row (and its slots) untouched.
 """
 
-import os
-import sys
 
 import keras
 import numpy as np
@@ -17,6 +15,7 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads
 from xmc_tf.heads.sampled import SampledTrainer
@@ -29,9 +28,6 @@ from xmc_tf.samplers import (Candidates, NegativeSampler,
                              UniformNegativeSampler, mask_accidental_hits)
 from xmc_tf.samplers.base import shared_candidates
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "configs"))
-import uniform_sparse  # noqa: E402
 
 M, D = 24, 30
 
@@ -56,19 +52,18 @@ class AllNegatives(NegativeSampler):
 
 
 def _config(layer, loss="squared_hinge", kind="uniform"):
-    c = uniform_sparse.get_config()
-    c.model.head = "sampled"
-    c.model.wide_connections = 0  # label-wise heads only
+    c = xconfig.base("sampled")
     c.model.sampled_layer = layer
     c.loss = loss
     c.model.encoder_dims = (16,)
     c.model.dropout = 0.0
     c.model.intermediate_dim = 12
     c.model.connections_per_label = 5
-    c.sampler = uniform_sparse.ml_collections.ConfigDict(dict(
+    c.sampler.update(dict(
         kind=kind, num_negatives=6, num_hard=3, num_uniform=4, index="flat",
         nprobe=4, refresh_start_epoch=0, refresh_every_epochs=1,
-        refresh_every_steps=0, hash="simhash", K=4, L=8, query="embedding"))
+        refresh_every_steps=0, hash="simhash", K=4, L=8, query="embedding",
+        shared=False, max_fraction=None))  # per row, every candidate asked
     c.set.enabled = False
     return c
 
@@ -276,8 +271,6 @@ def test_auto_loss_and_candidates_follow_the_data_regime(kind):
     from xmc_tf.losses.sampled import SampledSoftmax
     from xmc_tf.samplers.mixture import MixtureSampler
     config = _config("dense", "auto", kind)
-    config.sampler = uniform_sparse.ml_collections.ConfigDict(
-        dict(config.sampler), type_safe=False)
     config.sampler.shared = "auto"
     rows = np.arange(40)
     multi_class = xdata.XCDataset(

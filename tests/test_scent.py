@@ -10,7 +10,6 @@ momentum recursion written out in NumPy.
 
 import math
 import os
-import sys
 
 import keras
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads
 from xmc_tf.heads.scent import ScentHead, ScentTrainer, scent_optimizer
@@ -26,9 +26,6 @@ from xmc_tf.losses import ScentLoss, multiclass_labels
 from xmc_tf.models import build_model
 from op_requirements import needs_ops
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "configs"))
-import scent as scent_config  # noqa: E402
 
 needs_op = needs_ops("xmc_uniform_sparse_sampled_matmul")
 
@@ -312,7 +309,7 @@ M, D = 20, 30
 
 
 def _config(layer="dense", **scent):
-    c = scent_config.get_config()
+    c = xconfig.get_config("scent")
     c.model.sampled_layer = layer
     c.model.encoder_dims = (16,)
     c.model.connections_per_label = 6
@@ -572,7 +569,7 @@ _JOB_STEPS = 6
 
 def _job_config():
     """configs/scent.py as shipped (log_q, LazyAdam), shrunk."""
-    c = scent_config.get_config()
+    c = xconfig.get_config("scent")
     c.data.train = _SYN_MC.format(seed=2)
     c.data.test = _SYN_MC.format(seed=3)
     c.data.validation_fraction = 0.1

@@ -3,8 +3,6 @@ layer on the input features with data-chosen connections, its learning-rate
 multiplier, and the early-stopping ``min_delta``; each against a NumPy or
 dense reference."""
 
-import os
-import sys
 
 import keras
 import numpy as np
@@ -12,6 +10,7 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads
 from xmc_tf.callbacks import SetRewiring
@@ -19,11 +18,6 @@ from xmc_tf.layers import (SparseDropout, UniformSparseDense,
                            label_feature_connections)
 from xmc_tf.models import build_model
 from xmc_tf.train import ConfigError, check_config, make_callbacks
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "configs"))
-import mach  # noqa: E402
-import uniform_sparse  # noqa: E402
 
 
 def _data(n=40, d=30, m=6, seed=0):
@@ -135,7 +129,7 @@ def test_kernel_scale_equals_scaled_kernel_and_scales_adam_step():
 # -- the wide path in the model ------------------------------------------------
 
 def _config(**model):
-    c = uniform_sparse.get_config()
+    c = xconfig.get_config("uniform_sparse")
     c.model.encoder_dims = (8,)
     c.model.intermediate_dim = 16
     c.model.connections_per_label = 4
@@ -198,7 +192,7 @@ def test_wide_path_config_checks_and_min_delta(tmp_path):
         c[section][name] = value
         with pytest.raises(ConfigError, match=name):
             check_config(c)
-    c = mach.get_config()
+    c = xconfig.get_config("mach")
     c.model.wide_connections = 4  # MACH has no wide path: built without
     names = [l.name for l in build_model(c, 30, 6, sparse_input=True).layers]
     assert "wide" not in names and "output" in names

@@ -2,16 +2,18 @@
 
 Usage::
 
-    xmc-tf train --config=configs/uniform_sparse.py --workdir=DIR \\
+    xmc-tf train --config=NAME|FILE --workdir=DIR \\
         [--config.data.train=TRAIN.txt.gz --config.data.test=TEST.txt.gz] \\
         [--config.KEY=VALUE ...] [--overwrite] [--force]
     xmc-tf evaluate --workdir=DIR --data=TEST.txt.gz
     xmc-tf predict --workdir=DIR --data=FILE --output=PRED.txt [--k=5]
-    xmc-tf --help | xmc-tf train --help [--config=FILE]
+    xmc-tf --help | xmc-tf train --help [--config=NAME|FILE]
 
 ``train`` writes ``DIR/model.keras``, ``DIR/saved_model/`` and, last,
 ``DIR/metrics.json``; with no data flags it trains on the bundled Bibtex
-data set.  It holds a lock on ``DIR``, resumes an interrupted run from
+data set.  ``--config`` takes the name of a packaged config
+(``uniform_sparse``, ``mach``, ...: :func:`xmc_tf.config.names`; default
+``quickstart``) or a config file (``configs/mach.py``).  It holds a lock on ``DIR``, resumes an interrupted run from
 ``DIR/backup`` and refuses a finished ``DIR`` unless ``--overwrite``
 (:mod:`xmc_tf.workdir`, :mod:`xmc_tf.checkpoint`).  Data specs are those of
 :func:`xmc_tf.data.load_dataset` (XC-repo files, ``X.txt|Y.txt``,
@@ -26,12 +28,15 @@ printed with its traceback.
 
 This module imports neither TensorFlow nor the ``xmc_tf`` package at module
 level, so that the console script (``xmc_tf_cli``) can answer ``--help``
-without the ~10 s TensorFlow import; commands import what they need.
+without the ~10 s TensorFlow import; commands import what they need.  The
+config schema (:mod:`xmc_tf.config`, which config files import) is loaded
+from its file when the package is not imported yet (:func:`_config_module`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -46,9 +51,34 @@ from ml_collections import config_flags
 PROG = "xmc-tf"
 EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
 
-_DEFAULT_CONFIG = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-    "quickstart.py")
+
+
+def _config_module():
+    """:mod:`xmc_tf.config` without importing the package (TensorFlow) when
+    it is not imported yet: loaded from its file beside this one and
+    registered under its own name, so that config files' ``from
+    xmc_tf.config import ...`` find it (and the package, once imported,
+    uses the same module)."""
+    if "xmc_tf.config" in sys.modules:  # (``import`` would load the package)
+        return sys.modules["xmc_tf.config"]
+    if "xmc_tf" in sys.modules:
+        import xmc_tf.config  # pylint: disable=import-outside-toplevel
+        return xmc_tf.config
+    spec = importlib.util.spec_from_file_location(
+        "xmc_tf.config",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["xmc_tf.config"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["xmc_tf.config"]
+        raise
+    return module
+
+
+_DEFAULT_CONFIG = _config_module().config_file(
+    _config_module().DEFAULT_CONFIG)
 
 COMMANDS = {
     "train": "train a model on config.data.train, evaluate it on "
@@ -88,22 +118,13 @@ def _define_flags(argv) -> flags.FlagValues:
         config_flags.DEFINE_config_file(
             "config",
             _DEFAULT_CONFIG if os.path.exists(_DEFAULT_CONFIG) else None,
-            "train: experiment config file (configs/*.py); its fields are "
-            f"listed by `{PROG} train --help --config=FILE`; override one "
-            "with --config.KEY=VALUE.", lock_config=True, flag_values=fv,
-            sys_argv=list(argv))
+            "train: the experiment config: a packaged config's name ("
+            f"{', '.join(_config_module().names())}) or a config file "
+            f"(configs/*.py); its fields are listed by `{PROG} train --help "
+            "--config=NAME`; override one with --config.KEY=VALUE.",
+            lock_config=True, flag_values=fv, sys_argv=list(argv))
     except (KeyError, AttributeError) as e:  # an override names no field
-        text = str(e.args[0] if e.args else e)
-        key = re.search(r"([A-Za-z_][A-Za-z0-9_]*)", text)
-        key = key.group(1) if key else text
-        hint = re.search(r'Did you mean "([^"]+)"', text)
-        hint = f" (did you mean {hint.group(1)!r}?)" if hint else ""
-        bad = [a.split("=")[0] for a in argv if a.startswith("--config.")
-               and key in a.split("=")[0].split(".")]
-        raise UsageError(
-            f"{bad[0] if bad else '--config.' + key}: {config_path} has no "
-            f"config field {key!r}{hint}; the fields: {PROG} train --help "
-            f"--config={config_path}") from e
+        raise _unknown_field(e, argv, config_path, always=True) from e
     except UsageError:
         raise
     except flags.Error:
@@ -143,6 +164,31 @@ def _config_arg(argv) -> str | None:
     return _DEFAULT_CONFIG if os.path.exists(_DEFAULT_CONFIG) else None
 
 
+def _with_config_file(argv) -> list:
+    """``argv`` with a packaged config's name (``--config=mach``) replaced by
+    its file, which is what ml_collections' config flag loads.
+
+    Raises:
+      UsageError: a ``--config`` value that is neither a file nor a
+        packaged name (the message lists the names).
+    """
+    out = list(argv)
+    for i, a in enumerate(out):
+        value = (a.split("=", 1)[1] if a.startswith("--config=") else
+                 out[i + 1] if a == "--config" and i + 1 < len(out) else None)
+        if value is None:
+            continue
+        try:
+            path = _config_module().config_file(value)
+        except ValueError as e:
+            raise UsageError(f"--config={value}: {e}") from e
+        if a == "--config":
+            out[i + 1] = path
+        else:
+            out[i] = f"--config={path}"
+    return out
+
+
 def _command_of(argv) -> str | None:
     for a in argv[1:]:
         if not a.startswith("-") and a != "help":
@@ -159,8 +205,7 @@ def _flag_lines(fv, command=None) -> list:
         left = f"--{name}={meta}" if meta else f"--{name}"
         default = ""
         if name == "config":
-            default = (f" (default: {os.path.relpath(_DEFAULT_CONFIG)})"
-                       if os.path.exists(_DEFAULT_CONFIG) else " (required)")
+            default = f" (default: {_config_module().DEFAULT_CONFIG})"
         elif flag.default not in (None, False):
             default = f" (default: {flag.default})"
         lines.extend(textwrap.wrap(f"{flag.help}{default}", 79,
@@ -204,7 +249,7 @@ def help_text(argv) -> str:
             ["", "flags:"] + _flag_lines(fv) +
             [""] + textwrap.wrap(
                 f"`{PROG} COMMAND --help` lists a command's flags; `{PROG} "
-                "train --help [--config=FILE]` also lists the config fields.",
+                "train --help [--config=NAME|FILE]` also lists the config fields.",
                 79) + textwrap.wrap(
                 "Exit status: 0 ok; 2 user error (one line 'xmc-tf: error: "
                 "...'); 130 interrupted (Ctrl-C); 1 internal error "
@@ -212,7 +257,7 @@ def help_text(argv) -> str:
     if command not in COMMANDS:
         raise UsageError(f"unknown command {command!r}; expected one of "
                          f"{', '.join(COMMANDS)} (see {PROG} --help)")
-    usage = {"train": "train [--config=FILE] --workdir=DIR "
+    usage = {"train": "train [--config=NAME|FILE] --workdir=DIR "
                       "[--config.KEY=VALUE ...] [--overwrite] [--force]",
              "evaluate": "evaluate --workdir=DIR --data=SPEC",
              "predict": "predict --workdir=DIR --data=SPEC --output=FILE "
@@ -225,7 +270,9 @@ def help_text(argv) -> str:
         path = _config_arg(argv)
         _parse(fv, argv, path)
         config = _load_config(fv, path)
-        lines += ["", f"config fields of {path} (with the overrides given; "
+        shown = _shown(path)
+        shown = f"{shown} ({path})" if shown != path else path
+        lines += ["", f"config fields of {shown} (with the overrides given; "
                       "set with --config.KEY=VALUE):"] + _config_lines(config)
         lines += [""] + textwrap.wrap(
             "A killed or interrupted run resumes from DIR/backup when the "
@@ -252,6 +299,35 @@ def _config_error(path, e) -> UsageError:
                       if not msg.startswith("no such") else f"{where}: {msg}")
 
 
+def _shown(config_path) -> str:
+    """How messages name a config: a packaged one by its name."""
+    module = _config_module()
+    name = os.path.splitext(os.path.basename(config_path or ""))[0]
+    if name in module.names() and config_path == module.config_file(name):
+        return name
+    return str(config_path)
+
+
+def _unknown_field(e, argv, config_path, always=False) -> UsageError:
+    """One line for an override ``--config.A.B=V`` naming no field of the
+    (locked) config, from ml_collections' KeyError / AttributeError ``e``;
+    unless ``always``, an error that names no ``--config.`` argument is
+    the config file's own (:func:`_config_error`)."""
+    text = str(e.args[0] if e.args else e)
+    key = re.search(r"([A-Za-z_][A-Za-z0-9_]*)", text)
+    key = key.group(1) if key else text
+    hint = re.search(r'Did you mean "([^"]+)"', text)
+    hint = f" (did you mean {hint.group(1)!r}?)" if hint else ""
+    bad = [a.split("=")[0] for a in argv if a.startswith("--config.")
+           and key in a.split("=")[0].split(".")]
+    if not bad and not always:
+        return _config_error(config_path, e)
+    return UsageError(
+        f"{bad[0] if bad else '--config.' + key}: {_shown(config_path)} has "
+        f"no config field {key!r}{hint}; the fields: {PROG} train --help "
+        f"--config={_shown(config_path)}")
+
+
 def _parse(fv, argv, config_path) -> list:
     """Parses ``argv`` into ``fv``; returns the positional arguments.
 
@@ -263,14 +339,16 @@ def _parse(fv, argv, config_path) -> list:
         return fv(argv)
     except flags.Error:
         raise
+    except (KeyError, AttributeError) as e:  # e.g. --config.model.dropuot
+        raise _unknown_field(e, argv, config_path) from e
     except Exception as e:  # the config file failed while parsing
         raise _config_error(config_path, e) from e
 
 
 def _load_config(fv, path):
     if not path:
-        raise UsageError("train needs --config=FILE (e.g. configs/"
-                         "uniform_sparse.py from the xmc_tf repository)")
+        raise UsageError("train needs --config=NAME or FILE (e.g. "
+                         "uniform_sparse)")
     if path and not os.path.exists(path) and not os.path.exists(
             path.split(":")[0]):
         raise UsageError(f"--config={path}: no such config file")
@@ -359,7 +437,7 @@ def _train(fv, config_path):
                                            overwrite=fv.overwrite,
                                            force=fv.force)
     except ConfigError as e:
-        raise ConfigError(f"{config_path}: {e}") from e
+        raise ConfigError(f"{_shown(config_path)}: {e}") from e
     print("\n" + train.format_table(results))
     print(f"\nwrote {os.path.join(fv.workdir, 'metrics.json')}")
 
@@ -417,7 +495,7 @@ def _message(e: BaseException) -> str:
     if isinstance(e, flags.UnrecognizedFlagError) and \
             str(e.flagname).startswith("config."):
         return (f"unknown config field --{e.flagname} (the fields: {PROG} "
-                "train --help [--config=FILE])")
+                "train --help [--config=NAME|FILE])")
     text = " ".join(str(e).split())
     return text or type(e).__name__
 
@@ -469,6 +547,7 @@ def main(argv=None) -> int:
                 for a in argv)
     command, fv = None, None
     try:
+        argv = _with_config_file(argv)
         if any(a in _HELP_ARGS for a in argv[1:]) or len(argv) == 1:
             print(help_text(argv))
             return EXIT_OK if len(argv) > 1 else EXIT_USER

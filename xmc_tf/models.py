@@ -55,7 +55,8 @@ def build_model(config, num_features: int, num_labels: int,
 
     Args:
       config: the ml_collections config (uses ``config.model``,
-        ``config.seed``, ``config.loss``).
+        ``config.seed``, ``config.loss``; fields and defaults:
+        :mod:`xmc_tf.config`).
       num_features: input dimension D.
       num_labels: number of labels m.
       sparse_input: whether the input is a ``tf.SparseTensor``.
@@ -76,18 +77,18 @@ def build_model(config, num_features: int, num_labels: int,
     """
     head = head or xheads.get_head(config)
     mc = config.model
-    encoder = mc.get("encoder", "sparse_embedding")
+    encoder = mc.encoder
     if encoder not in ENCODERS:
         raise ValueError(f"config.model.encoder={encoder!r}; expected one of "
                          f"{ENCODERS}")
-    activation = mc.get("intermediate_activation", "relu")
+    activation = mc.intermediate_activation
     if activation not in INTERMEDIATE_ACTIVATIONS:
         raise ValueError(f"config.model.intermediate_activation={activation!r}"
                          f"; expected one of {INTERMEDIATE_ACTIVATIONS}")
     inputs = keras.Input(shape=(num_features,), sparse=sparse_input,
                          name="features")
     x = inputs
-    if mc.get("input_dropout", 0.0):
+    if mc.input_dropout:
         x = SparseDropout(mc.input_dropout, seed=config.seed + 2,
                           name="input_dropout")(x)
     features = x
@@ -104,7 +105,7 @@ def build_model(config, num_features: int, num_labels: int,
     if mc.intermediate_dim:
         x = keras.layers.Dense(mc.intermediate_dim, activation=activation,
                                name="intermediate")(x)
-        if mc.get("intermediate_dropout", 0.0):
+        if mc.intermediate_dropout:
             x = keras.layers.Dropout(mc.intermediate_dropout,
                                      seed=config.seed + 1)(x)
     linear = x is features
@@ -112,7 +113,7 @@ def build_model(config, num_features: int, num_labels: int,
                                sparse_input=sparse_input and linear)(x)
     # The wide path reads sparse (tf-idf) features; dense embeddings are
     # read whole by the encoder already.
-    wide = mc.get("wide_connections", 0) if sparse_input else 0
+    wide = mc.wide_connections if sparse_input else 0
     if wide and not head.wide_path:
         # e.g. --config.model.head=mach on the default config: the field
         # belongs to the heads that score every label.
@@ -125,9 +126,9 @@ def build_model(config, num_features: int, num_labels: int,
         wide_scores = UniformSparseDense(
             num_labels, min(int(wide), num_features), use_bias=False,
             kernel_initializer="zeros", seed=config.seed,
-            kernel_scale=mc.get("wide_lr_multiplier", 1.0),
+            kernel_scale=mc.wide_lr_multiplier,
             kernel_regularizer=(keras.regularizers.L2(mc.wide_l2)
-                                if mc.get("wide_l2", 0.0) else None),
+                                if mc.wide_l2 else None),
             name=WIDE_LAYER)(features)
         outputs = keras.layers.Add(name="scores")([outputs, wide_scores])
     return keras.Model(inputs, outputs, name=f"xmc_{mc.head}")
@@ -150,13 +151,12 @@ def build_optimizer(config) -> keras.optimizers.Optimizer:
     """
     from xmc_tf.optimizers import LazyAdam, LazyAdamW
     tc = config.train
-    name = tc.get("optimizer", "lazy_adam")
+    name = tc.optimizer
     if name == "lazy_adam":
         return LazyAdam(learning_rate=tc.learning_rate)
     if name == "lazy_adamw":
-        decay = ({"weight_decay": tc.weight_decay} if "weight_decay" in tc
-                 else {})  # absent: LazyAdamW's own default
-        return LazyAdamW(learning_rate=tc.learning_rate, **decay)
+        return LazyAdamW(learning_rate=tc.learning_rate,
+                         weight_decay=tc.weight_decay)
     if name == "adam":
         return keras.optimizers.Adam(learning_rate=tc.learning_rate)
     raise ValueError(f"config.train.optimizer={name!r}; expected one of "

@@ -106,7 +106,7 @@ def validation_split(train: xdata.XCDataset, config):
     Returns:
       ``(fit_data, val_data_or_None)``, rows in file order.
     """
-    seed = config.data.get("split_seed", None)
+    seed = config.data.split_seed
     rng = np.random.default_rng(config.seed if seed is None else seed)
     order = rng.permutation(train.num_instances)
     num_val = int(round(config.data.validation_fraction * train.num_instances))
@@ -153,18 +153,15 @@ def check_config(config) -> xheads.Head:
                 raise ValueError(f"config.train.{name}={tc[name]!r} must be "
                                  ">= 1")
         for field, value, allowed in (
-                ("train.optimizer", tc.get("optimizer", "lazy_adam"),
-                 OPTIMIZERS),
-                ("model.encoder", config.model.get("encoder",
-                                                   "sparse_embedding"),
-                 ENCODERS),
+                ("train.optimizer", tc.optimizer, OPTIMIZERS),
+                ("model.encoder", config.model.encoder, ENCODERS),
                 ("model.intermediate_activation",
-                 config.model.get("intermediate_activation", "relu"),
+                 config.model.intermediate_activation,
                  INTERMEDIATE_ACTIVATIONS)):
             if value not in allowed:
                 raise ValueError(f"config.{field}={value!r}; expected one of "
                                  f"{allowed}")
-        size = config.model.get("ensemble_size", 1)
+        size = config.model.ensemble_size
         if (not isinstance(size, int) or isinstance(size, bool)
                 or size < 1):
             raise ValueError(f"config.model.ensemble_size={size!r} must be "
@@ -173,26 +170,27 @@ def check_config(config) -> xheads.Head:
             raise ValueError(
                 f"config.model.ensemble_size={size} needs a head that scores "
                 f"every label; head {head.name!r} does not (use 1)")
-        wide = config.model.get("wide_connections", 0)
+        wide = config.model.wide_connections
         if (not isinstance(wide, int) or isinstance(wide, bool)
                 or wide < 0):
             raise ValueError(f"config.model.wide_connections={wide!r} must "
                              "be an int >= 0")
         for name in ("input_dropout", "dropout", "intermediate_dropout"):
-            rate = config.model.get(name, 0.0)
+            rate = config.model[name]
             if (not isinstance(rate, (int, float)) or isinstance(rate, bool)
                     or not 0.0 <= rate < 1.0):
                 raise ValueError(f"config.model.{name}={rate!r} must be in "
                                  "[0, 1)")
-        decay = tc.get("weight_decay", 0.0)  # absent: LazyAdamW's default
-        if (tc.get("optimizer") == "lazy_adamw" and (
+        decay = tc.weight_decay
+        if (tc.optimizer == "lazy_adamw" and (
                 not isinstance(decay, (int, float)) or isinstance(decay, bool)
                 or not decay >= 0)):
             raise ValueError(f"config.train.weight_decay={decay!r} must be a "
                              "number >= 0")
-        min_delta = tc.get("min_delta", 0.0)
-        if (not isinstance(min_delta, (int, float)) or isinstance(min_delta, bool)
-                or not min_delta >= 0):
+        min_delta = tc.min_delta
+        if min_delta is not None and (
+                not isinstance(min_delta, (int, float))
+                or isinstance(min_delta, bool) or not min_delta >= 0):
             raise ValueError(f"config.train.min_delta={min_delta!r} must be "
                              "a number >= 0")
         frac = config.data.validation_fraction
@@ -362,8 +360,8 @@ def make_callbacks(config, workdir: str, head, layer, val_data) -> list:
     monitor, mode = head.monitor(val_data is not None)
     # An epoch counts as progress only if the monitor moves by
     # config.train.min_delta, so a run whose metric creeps ends by itself
-    # (absent: Keras' defaults, 1e-4 for the schedule and 0 for stopping).
-    deltas = ({"lr": 1e-4, "stop": 0.0} if "min_delta" not in tc else
+    # (None: Keras' defaults, 1e-4 for the schedule and 0 for stopping).
+    deltas = ({"lr": 1e-4, "stop": 0.0} if tc.min_delta is None else
               {"lr": float(tc.min_delta), "stop": float(tc.min_delta)})
     cbs = [StopOnNonFinite()] + head.callbacks(layer, val_data) + [
         xcallbacks.ReduceLROnPlateau(
@@ -400,13 +398,36 @@ def _flat(d, prefix=""):
             yield f"{prefix}{k}", v
 
 
+_MISSING = object()
+
+
+def config_changes(saved: dict, config) -> list:
+    """What differs between a run's saved config (``config.json``, the
+    backup's) and ``config``, fields of :data:`RESUME_MAY_CHANGE` aside.
+
+    A field the saved config lacks is no change: it was written by an
+    xmc_tf from before the field joined the schema (:mod:`xmc_tf.config`),
+    whose run read the code's fallback for it; such fields are logged.
+
+    Returns:
+      ``["config.K=SAVED (now NOW)", ...]``, sorted; empty if none.
+    """
+    a, b = dict(_flat(saved)), dict(_flat(_resume_config(config)))
+    for key in RESUME_MAY_CHANGE:
+        a.pop(key, None)
+    older = sorted(set(b) - set(a))
+    if older:
+        logging.info("the saved config predates the fields %s; taken as "
+                     "their current values", ", ".join(older))
+    return [f"config.{k}={a.get(k)!r} (now {b.get(k)!r})"
+            for k in sorted(a) if a[k] != b.get(k, _MISSING)]
+
+
+
 def _check_resumable(ckpt: xckpt.Checkpoint, config) -> None:
-    saved, now = ckpt.meta.get("config", {}), _resume_config(config)
-    if saved == now:
+    diff = config_changes(ckpt.meta.get("config", {}), config)
+    if not diff:
         return
-    a, b = dict(_flat(saved)), dict(_flat(now))
-    diff = [f"config.{k}={a.get(k)!r} (now {b.get(k)!r})"
-            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     raise CheckpointError(
         f"the backup {ckpt.path} belongs to a run with another config: "
         f"{', '.join(diff[:4])}{' ...' if len(diff) > 4 else ''}; rerun with "
@@ -463,7 +484,7 @@ def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
                             "without releasing its lock", workdir,
                             lock.previous_owner.get("pid"))
         wd.prepare_training(overwrite)
-        if config.model.get("ensemble_size", 1) > 1:
+        if config.model.ensemble_size > 1:
             return _run_ensemble(config, wd, overwrite=overwrite,
                                  force=force, callbacks=list(callbacks))
         ckpt = xckpt.load(wd.backup_dir)
@@ -581,12 +602,11 @@ def member_config(config, index: int):
     NeurIPS 2017); sharing the split keeps the ensemble's validation
     metrics clean."""
     member = copy.deepcopy(config)
-    split_seed = config.data.get("split_seed", None)
-    with member.unlocked():
-        member.seed = int(config.seed) + int(index)
-        member.data.split_seed = int(config.seed if split_seed is None
-                                     else split_seed)
-        member.model.ensemble_size = 1
+    split_seed = config.data.split_seed
+    member.seed = int(config.seed) + int(index)
+    member.data.split_seed = int(config.seed if split_seed is None
+                                 else split_seed)
+    member.model.ensemble_size = 1
     return member
 
 
@@ -605,11 +625,7 @@ def _check_member(member_wd: Workdir, config) -> dict:
             saved = json.load(f)
     except (OSError, ValueError):
         saved = None
-    if saved is not None:
-        for key in RESUME_MAY_CHANGE:
-            section, field = key.split(".")
-            saved.get(section, {}).pop(field, None)
-    if saved != _resume_config(config):
+    if saved is None or config_changes(saved, config):
         raise ConfigError(
             f"ensemble member {member_wd.path} was trained with another "
             "config; rerun with that config, or pass --overwrite to retrain "

@@ -2,7 +2,6 @@
 
 import math
 import os
-import sys
 
 import keras
 import numpy as np
@@ -10,10 +9,8 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf import data
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.dirname(os.path.abspath(__file__)))), "configs"))
 
 
 def _padded(rows: sp.csr_matrix) -> np.ndarray:
@@ -178,7 +175,6 @@ def test_resolve_normalization_auto_by_value_kind():
 def test_load_data_resolves_auto_on_train_and_records_it(tmp_path):
     from xmc_tf import preprocessing as xpreprocessing  # pylint: disable=import-outside-toplevel
     from xmc_tf import train as xtrain  # pylint: disable=import-outside-toplevel
-    import uniform_sparse  # pylint: disable=import-outside-toplevel
     ds = data.make_synthetic(60, 30, 8, seed=1)  # token counts
     weighted = data.XCDataset(data.normalize_features(ds.features, "tfidf")[0],
                               ds.labels)
@@ -186,7 +182,7 @@ def test_load_data_resolves_auto_on_train_and_records_it(tmp_path):
                                 ("weights", weighted, "l2")):
         path = str(tmp_path / f"{name}.txt")
         data.write_xc(path, dataset)
-        config = uniform_sparse.get_config()
+        config = xconfig.get_config("uniform_sparse")
         config.data.train, config.data.test = path, path
         config.data.validation_fraction = 0.0  # fit on every row here
         workdir = tmp_path / f"wd_{name}"

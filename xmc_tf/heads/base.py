@@ -25,6 +25,7 @@ from typing import ClassVar
 import keras
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf import ensemble as xensemble
 
 __all__ = ["Head", "register", "get_head", "head_for_model", "inference_model",
@@ -126,6 +127,19 @@ def head_for_model(model: keras.Model) -> type["Head"]:
                      f"{layer.name!r} ({type(layer).__name__})")
 
 
+def missing_fields(config, fields: dict, prefix: str = "config.") -> list:
+    """The fields of ``fields`` (a nested dict, as
+    :data:`xmc_tf.config.HEAD_DEFAULTS` holds) that ``config`` lacks,
+    dotted (``["config.model.num_buckets"]``)."""
+    missing = []
+    for key, value in fields.items():
+        if key not in config:
+            missing.append(f"{prefix}{key}")
+        elif isinstance(value, dict) and not hasattr(value, "lock"):
+            missing += missing_fields(config[key], value, f"{prefix}{key}.")
+    return missing
+
+
 class Head:
     """Base class of the output heads.
 
@@ -159,9 +173,21 @@ class Head:
     #: (``[batch, num_labels]``), so that ``config.model.ensemble_size``
     #: members can be averaged (:mod:`xmc_tf.ensemble`).
     scores_every_label: ClassVar[bool] = True
+    #: The config fields the head adds to the schema and the defaults it
+    #: changes: its entry of :data:`xmc_tf.config.HEAD_DEFAULTS` (kept
+    #: there, free of TensorFlow, for ``xmc-tf train --help``), from which
+    #: :func:`xmc_tf.config.base` builds the head's configs.
+    config_defaults: ClassVar[dict] = {}
 
     def __init__(self, config):
         self.config = config
+        missing = missing_fields(config, self.config_defaults)
+        if missing:
+            raise ValueError(
+                f"config.model.head={self.name!r} needs the fields "
+                f"{', '.join(missing)}, which this config lacks; start from "
+                f"xmc_tf.config.base({self.name!r}) (a packaged config of "
+                "that head: xmc_tf.config.names())")
         self.check_config()
 
     # -- training -----------------------------------------------------------

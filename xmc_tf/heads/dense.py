@@ -21,6 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 from absl import logging
 
+from xmc_tf import config as xconfig
 from xmc_tf.heads.base import OUTPUT_LAYER, WIDE_LAYER, Head, register
 from xmc_tf.layers import (LabelDense, SparseEmbeddingBag,
                             label_feature_connections)
@@ -80,11 +81,11 @@ class LabelWiseHead(Head):
 
     def check_config(self):
         super().check_config()
-        init = self.config.model.get("output_bias_init", "zeros")
+        init = self.config.model.output_bias_init
         if init not in OUTPUT_BIAS_INITS:
             raise ValueError(f"config.model.output_bias_init={init!r}; "
                              f"expected one of {OUTPUT_BIAS_INITS}")
-        wide_init = self.config.model.get("wide_init", "zeros")
+        wide_init = self.config.model.wide_init
         if wide_init not in WIDE_INITS:
             raise ValueError(f"config.model.wide_init={wide_init!r}; "
                              f"expected one of {WIDE_INITS}")
@@ -99,16 +100,16 @@ class LabelWiseHead(Head):
         (:func:`~xmc_tf.layers.label_feature_connections`)."""
         self._label_frequency = self._wide_connections = None
         self._wide_scale = 0.0
-        wide = self.config.model.get("wide_connections", 0)
+        wide = self.config.model.wide_connections
         if wide and train_data.is_sparse:
             self._wide_connections = label_feature_connections(
                 train_data.features, train_data.labels,
                 min(int(wide), train_data.num_features), self.config.seed,
                 return_weights=True)
-            if self.config.model.get("wide_init", "zeros") == "centroid":
+            if self.config.model.wide_init == "centroid":
                 self._wide_scale = _centroid_scale(train_data,
                                                    *self._wide_connections)
-        if self.config.model.get("output_bias_init", "zeros") != "prior":
+        if self.config.model.output_bias_init != "prior":
             return
         self._label_frequency = smoothed_label_frequency(
             train_data.label_counts(), train_data.num_instances)
@@ -149,6 +150,7 @@ class DenseHead(LabelWiseHead):
     """``config.model.head = "dense"``: a fully connected output layer."""
 
     name = "dense"
+    config_defaults = xconfig.HEAD_DEFAULTS["dense"]
     layer_types = (keras.layers.Dense, LabelDense, SparseEmbeddingBag)
 
     def build_layer(self, num_labels, input_dim, sparse_input=False):

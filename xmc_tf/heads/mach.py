@@ -11,6 +11,7 @@ training batch would cost ``O(m R)`` per row while the head is untrained
 
 from __future__ import annotations
 
+from xmc_tf import config as xconfig
 from xmc_tf.heads.base import (OUTPUT_LAYER, Head, inference_model,
                                output_layer, register)
 from xmc_tf.layers import MachDecoder, MachHead as MachHeadLayer
@@ -30,6 +31,7 @@ class MachOutputHead(Head):
     config.model.num_buckets, config.model.num_repetitions)``."""
 
     name = "mach"
+    config_defaults = xconfig.HEAD_DEFAULTS["mach"]
     losses = tuple(MACH_LOSSES)
     layer_types = (MachHeadLayer,)
     full_scores_in_training = False

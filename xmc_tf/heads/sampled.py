@@ -66,6 +66,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf.heads.base import register
 from xmc_tf.heads.candidates import CandidateHead, CandidateTrainer
 from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy,
@@ -238,6 +239,7 @@ class SampledHead(CandidateHead):
     """``config.model.head = "sampled"``: see the module docstring."""
 
     name = "sampled"
+    config_defaults = xconfig.HEAD_DEFAULTS["sampled"]
     losses = tuple(SAMPLED_LOSSES)
 
     def __init__(self, config):

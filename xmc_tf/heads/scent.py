@@ -56,6 +56,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf.heads.base import register
 from xmc_tf.heads.candidates import CandidateHead, CandidateTrainer
 from xmc_tf.losses.scent import (CORRECTIONS, NEGATIVES, VARIANTS, ScentLoss,
@@ -213,6 +214,7 @@ class ScentHead(CandidateHead):
     """``config.model.head = "scent"``: see the module docstring."""
 
     name = "scent"
+    config_defaults = xconfig.HEAD_DEFAULTS["scent"]
     losses = ("scent",)
     sampled_layers = SCENT_LAYERS
 

@@ -8,6 +8,7 @@ label's connections).  ``8 s m`` bytes plus the bias.
 
 from __future__ import annotations
 
+from xmc_tf import config as xconfig
 from xmc_tf.heads.base import OUTPUT_LAYER, register
 from xmc_tf.heads.dense import LabelWiseHead
 from xmc_tf.layers import UniformSparseDense
@@ -22,6 +23,7 @@ class UniformSparseHead(LabelWiseHead):
     and SET when ``config.set.enabled``."""
 
     name = "uniform_sparse"
+    config_defaults = xconfig.HEAD_DEFAULTS["uniform_sparse"]
     layer_types = (UniformSparseDense,)
 
     def build_layer(self, num_labels, input_dim, sparse_input=False):

@@ -1,0 +1,296 @@
+"""The config schema of ``xmc-tf train``: every field and its one default.
+
+:func:`base` builds the schema for one head: the fields every job reads
+(:data:`BASE`) with the fields and defaults that head declares
+(:data:`HEAD_DEFAULTS`; each :class:`xmc_tf.heads.Head` subclass carries
+its entry as ``config_defaults``), locked, so that a config or a command
+line can set a field but not invent one (``--config.model.dropuot=0.1`` is
+an error).  The code reads fields directly (``config.model.encoder``).
+
+The *packaged configs* (``xmc_tf/configs/<name>.py``, shipped with the
+package) are short overrides of :func:`base`, each line a value that
+differs and why; :func:`get_config` loads one by name, and ``xmc-tf train
+--config=NAME`` takes a name as well as a file (:func:`config_file`).  The
+measurements behind the defaults are in ``docs/defaults.md``.
+
+This module imports neither TensorFlow nor keras (``xmc-tf train --help``
+loads it without them; see :mod:`xmc_tf.cli`).
+
+Example:
+    >>> from xmc_tf import config as xconfig
+    >>> c = xconfig.base("mach")
+    >>> c.model.head, c.loss, c.model.num_buckets, c.model.encoder
+    ('mach', 'bce', 32, 'sparse_embedding')
+    >>> xconfig.get_config("mach").model.dropout
+    0.5
+    >>> "mach" in xconfig.names()
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+
+import ml_collections
+from ml_collections import config_dict
+
+__all__ = ["BASE", "DEFAULT_CONFIG", "DEFAULT_HEAD", "HEAD_DEFAULTS",
+           "CONFIGS_DIR", "base", "config_file", "get_config", "names"]
+
+#: Folder of the packaged configs (``xmc_tf/configs``).
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "configs")
+#: The config ``xmc-tf train`` uses without ``--config``.
+DEFAULT_CONFIG = "quickstart"
+#: ``config.model.head`` of :func:`base` without an argument.
+DEFAULT_HEAD = "uniform_sparse"
+
+
+def _base() -> dict:
+    """The fields every job reads, with their defaults: the paper's
+    uniform-sparse model (Schultheis & Babbar, Sec. 3-4), re-chosen on
+    validation splits (docs/defaults.md)."""
+    return dict(
+        seed=0,  # initialisation, batch order, SET draws, the validation split
+        # "squared_hinge" (Sec. 3.3) or "bce"; heads may take others
+        # (xmc_tf.heads: "softmax", "auto", "scent")
+        loss="squared_hinge",
+        data=dict(
+            # xmc_tf.data.load_dataset spec or XC file; bundled Bibtex
+            train="bibtex:train",
+            test="bibtex:test",  # "" for none
+            # sparse features: "auto" (tf-idf for count / binary values, l2
+            # rows for files holding tf-idf weights), "tfidf", "l2", "none"
+            normalize="auto",
+            validation_fraction=0.1,  # of train, for LR schedule / early stop
+            # seed of the validation split; None: config.seed
+            split_seed=config_dict.placeholder(int),
+        ),
+        model=dict(
+            head=DEFAULT_HEAD,  # xmc_tf.heads.names(); see HEAD_DEFAULTS
+            # first encoder layer on sparse input: "sparse_embedding"
+            # (row-sparse gradient) or "dense" (keras Dense)
+            encoder="sparse_embedding",
+            encoder_dims=(1024,),  # ReLU encoder layers; () for none
+            input_dropout=0.0,  # on the input features (paper 0.1-0.2)
+            # wide path (sparse input, label-wise heads): per label a linear
+            # classifier on its 128 strongest input features; 0 turns it off
+            wide_connections=128,
+            wide_init="zeros",  # or "centroid": the label's centroid cosine
+            wide_lr_multiplier=5.0,  # the wide kernel trains 5x faster
+            wide_l2=0.0,  # L2 on the wide kernel (no gain at 1e-4 / 1e-3)
+            dropout=0.7,  # after each encoder layer
+            intermediate_dim=4096,  # 0: encoder output -> head
+            # "leaky_relu" (no dead units under the prior bias), "relu",
+            # "gelu" or "linear"
+            intermediate_activation="leaky_relu",
+            intermediate_dropout=0.0,  # after the intermediate layer
+            connections_per_label=64,  # uniform-sparse fan-in per label
+            # label-wise heads' output bias at the start: "prior" (the
+            # loss's best constant score per label) or "zeros"
+            output_bias_init="prior",
+            # members trained with seeds seed, seed+1, ... and averaged
+            ensemble_size=1,
+        ),
+        train=dict(
+            # "lazy_adam", "lazy_adamw" or "adam" (densifies sparse gradients)
+            optimizer="lazy_adam",
+            weight_decay=0.004,  # lazy_adamw only (decoupled, x learning rate)
+            batch_size=64,
+            epochs=60,  # at most; early stopping decides
+            learning_rate=1e-3,  # LR halved on plateaus of val P@3 ...
+            min_learning_rate=1e-4,  # ... down to this
+            lr_patience=1,  # epochs without progress before halving
+            early_stopping_patience=3,
+            # progress = the monitor moving by this; None: Keras' defaults
+            # (1e-4 for the LR schedule, 0 for early stopping)
+            min_delta=config_dict.FieldReference(0.001, field_type=float),
+            tensorboard=False,  # writes DIR/tensorboard (needs tensorboard)
+            verbose=2,  # Keras: 1 = progress bar, 2 = one line per epoch
+        ),
+        set=dict(  # SET rewiring of uniform-sparse layers (Sec. 4.1)
+            enabled=True,
+            every_n_steps=1000,
+            fraction=0.1,  # of each label's connections moved
+        ),
+        eval=dict(
+            ks=(1, 3, 5),  # P@k, nDCG@k, PSP@k, R@k
+            batch_size=1024,
+            propensity_a=0.55,  # PSP propensity model (Jain et al. 2016)
+            propensity_b=1.5,
+        ),
+    )
+
+
+#: Every field of :func:`base` that all heads share, with its default.
+BASE = _base()
+
+#: Per head (``config.model.head``): the fields it adds and the defaults
+#: it changes.  A section given as a ``ConfigDict`` keeps its own settings
+#: (``sampler`` is not type-safe: ``shared`` takes True, False or "auto").
+HEAD_DEFAULTS = {
+    "uniform_sparse": {},
+    "dense": dict(
+        set=dict(enabled=False),  # SET rewires uniform-sparse layers only
+    ),
+    "mach": dict(
+        loss="bce",  # or "softmax" (multi-class data)
+        model=dict(
+            num_buckets=32,  # B: a round default; set B and R for your m
+            num_repetitions=16,  # R
+            wide_connections=0,  # no wide path
+            # measured with ReLU, lr 2e-3 and Keras' min_delta: leaky ReLU,
+            # 1e-3 and 0.001 came with the prior bias of label-wise heads
+            intermediate_activation="relu",
+        ),
+        train=dict(learning_rate=2e-3, min_delta=None),
+        set=dict(enabled=False),  # SET rewires uniform-sparse layers only
+    ),
+    "sampled": dict(
+        # "auto": the sampled softmax on multi-class data, the squared hinge
+        # on multi-label data; or "squared_hinge", "bce", "softmax"
+        loss="auto",
+        model=dict(
+            sampled_layer="uniform_sparse",  # or "dense" (label-major)
+            wide_connections=0,  # no wide path
+            intermediate_activation="relu",  # as MACH's (measured with)
+        ),
+        train=dict(learning_rate=2e-3, min_delta=None),  # as MACH's
+        sampler=ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
+            kind="mixture",  # "uniform", "in_batch", "ann", "mixture", "lsh"
+            num_negatives=256,  # k of "uniform" / "in_batch" / "ann" / "lsh"
+            num_hard=32,  # k_h (ASTRA: O(log L))
+            num_uniform=256,  # k_r
+            index="auto",  # exact up to 16k labels, IVFFlat-IP above
+            nprobe=16,  # faiss IVF lists probed
+            refresh_start_epoch=1,  # tau_s: first epoch with hard negatives
+            refresh_every_epochs=1,  # tau_r
+            refresh_every_steps=0,  # 0: epoch schedule only
+            max_fraction=0.25,  # cap on candidates per row, fraction of m
+            # one candidate set per batch ("uniform", "mixture", "lsh");
+            # "auto": shared on multi-class data, per row on multi-label
+            shared="auto",
+            pool_positives=True,  # shared "mixture": batch positives in pool
+            hash="simhash",  # "lsh": or "dwta"
+            K=9,  # "lsh": bits per table; 0: floor(log2(L m / k)) in [1, 16]
+            L=50,  # "lsh": tables
+            query="embedding",  # "lsh": or "label"
+            weighting="inverse_probability",  # "lsh": or "none"
+            min_probability=0.0,  # "lsh": floor of p_j (0: 1 / m)
+            rehash_every_steps=50,  # "lsh": table update period ...
+            rehash_decay=0.95,  # ... and its decay
+        )),
+    ),
+    "scent": dict(
+        loss="scent",
+        model=dict(
+            sampled_layer="dense",  # or "uniform_sparse"
+            wide_connections=0,  # no wide path
+        ),
+        set=dict(enabled=False),  # SET: with sampled_layer="uniform_sparse"
+        scent=dict(
+            variant="scent",  # or "sox"
+            alpha=1000.0,  # dual step alpha (SOX: gamma)
+            negatives="multiset",  # paper; "unique": each other class once
+            correction="log_q",  # "none": the paper's in-batch estimator
+            # own class in the inner mean (False: paper; NaN on
+            # ManNextWord's 400k instances from epoch 2)
+            own_term=True,
+            beta=0.1,  # momentum weight of Algorithm 26 (scent_momentum)
+        ),
+    ),
+}
+
+
+def _merge(into: dict, extra: dict) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        elif isinstance(into.get(key), config_dict.FieldReference):
+            into[key] = copy.deepcopy(into[key])  # keeps its type: None
+            into[key].set(value)  # stays settable from the command line
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def _to_config(fields: dict) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    for key, value in fields.items():
+        setattr(c, key, _to_config(value) if isinstance(value, dict)
+                else value)
+    return c
+
+
+def base(head: str = DEFAULT_HEAD) -> ml_collections.ConfigDict:
+    """The schema for ``head``: :data:`BASE` with ``HEAD_DEFAULTS[head]``.
+
+    Args:
+      head (str): a key of :data:`HEAD_DEFAULTS` (``config.model.head``).
+
+    Returns:
+      ml_collections.ConfigDict: a new, locked config (fields can be set,
+      not added).
+
+    Raises:
+      ValueError: an unknown head.
+    """
+    if head not in HEAD_DEFAULTS:
+        raise ValueError(f"head {head!r}; expected one of "
+                         f"{tuple(HEAD_DEFAULTS)}")
+    fields = copy.deepcopy(BASE)
+    _merge(fields, HEAD_DEFAULTS[head])
+    fields["model"]["head"] = head
+    c = _to_config(fields)
+    c.lock()
+    return c
+
+
+def names() -> tuple[str, ...]:
+    """Names of the packaged configs (``xmc_tf/configs/<name>.py``), sorted."""
+    return tuple(sorted(
+        f[:-3] for f in os.listdir(CONFIGS_DIR)
+        if f.endswith(".py") and not f.startswith("_")))
+
+
+def config_file(spec: str) -> str:
+    """The file of a ``--config`` value: a path as given (``configs/mach.py``,
+    also with ml_collections' ``:ARG`` suffix), or the packaged file of a
+    name (``mach``).
+
+    Raises:
+      ValueError: ``spec`` is neither an existing file nor a packaged name
+        (the message lists the names).
+    """
+    if os.path.exists(spec.split(":")[0]) or spec.endswith(".py") or \
+            os.sep in spec or "/" in spec:
+        return spec
+    if spec in names():
+        return os.path.join(CONFIGS_DIR, f"{spec}.py")
+    raise ValueError(f"no config file or packaged config named {spec!r}; "
+                     f"packaged configs: {', '.join(names())}")
+
+
+def get_config(name: str = DEFAULT_HEAD) -> ml_collections.ConfigDict:
+    """The packaged config ``name`` (what ``--config=NAME`` loads).
+
+    Args:
+      name (str): one of :func:`names`, e.g. ``"uniform_sparse"``,
+        ``"mach"``, ``"astra"``.
+
+    Returns:
+      ml_collections.ConfigDict: a new, locked config.
+
+    Raises:
+      ValueError: an unknown name (the message lists the names).
+    """
+    path = config_file(name)
+    if not path.startswith(CONFIGS_DIR):
+        raise ValueError(f"no packaged config named {name!r}; packaged "
+                         f"configs: {', '.join(names())}")
+    spec = importlib.util.spec_from_file_location(
+        f"xmc_tf.configs.{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()

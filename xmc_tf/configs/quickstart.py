@@ -1,0 +1,13 @@
+"""Quick start: the uniform-sparse model on the bundled Bibtex (< 2 min, 2 cores).
+
+    xmc-tf train --config=quickstart --workdir=workdir/quickstart
+"""
+
+from xmc_tf.config import base
+
+
+def get_config():
+    c = base("uniform_sparse")
+    c.train.epochs = 10  # the full config early-stops after 10-25 on Bibtex
+    c.train.verbose = 1  # a progress bar
+    return c

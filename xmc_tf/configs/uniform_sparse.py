@@ -1,0 +1,19 @@
+"""The paper's uniform-sparse model: the schema's defaults, unchanged.
+
+sparse TF-IDF input -> SparseEmbeddingBag encoder (ReLU) -> intermediate
+Dense (leaky ReLU) -> UniformSparseDense(num_labels, connections_per_label)
+plus the wide path, squared hinge loss, output bias at the loss's prior,
+LazyAdam 1e-3 halved on val-P@3 plateaus, early stopping, SET
+(Schultheis & Babbar; fields and defaults: :mod:`xmc_tf.config`; how they
+were chosen: docs/defaults.md)::
+
+    xmc-tf train --config=uniform_sparse \\
+        --config.data.train=TRAIN.txt.gz --config.data.test=TEST.txt.gz \\
+        --workdir=DIR
+"""
+
+from xmc_tf.config import base
+
+
+def get_config():
+    return base("uniform_sparse")
