@@ -9,15 +9,13 @@ move, and the logged ``sampled_fraction`` is the mean of ``(|P_i| + k) / m``
 computed here from the labels.
 """
 
-import os
-import sys
-
 import keras
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads
 from xmc_tf.layers import LabelDense, UniformSparseDense
@@ -29,9 +27,6 @@ from xmc_tf.samplers.registry import (kinds, register_sampler, sampler_kind,
                                       shared_kinds)
 from op_requirements import needs_ops
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "configs"))
-import uniform_sparse  # noqa: E402
 
 M, D, K = 30, 40, 5
 #: The toy sampler's candidates: labels 0..K-1 for every row.
@@ -86,16 +81,13 @@ def _make_needs_missing(sampler_config, num_labels, seed, shared):
 # ---------------------------------------------------------------------------
 
 def _config(kind="fixed_test"):
-    c = uniform_sparse.get_config()
-    c.model.head = "sampled"
-    c.model.wide_connections = 0
+    c = xconfig.base("sampled")
     c.model.sampled_layer = "dense"
     c.loss = "squared_hinge"
     c.model.encoder_dims = (16,)
     c.model.dropout = 0.0
     c.model.intermediate_dim = 12
-    c.sampler = uniform_sparse.ml_collections.ConfigDict(dict(
-        kind=kind, num_negatives=K))
+    c.sampler.update(dict(kind=kind, num_negatives=K, shared=False))
     c.set.enabled = False
     return c
 
