@@ -87,6 +87,7 @@ def test_a_new_head_touches_one_module():
         np.testing.assert_array_equal(ids, expected)
     finally:
         heads.base._REGISTRY.pop("test_bias_free", None)
+        xconfig.HEAD_DEFAULTS.pop("test_bias_free", None)
 
 
 @pytest.mark.parametrize("name,loss", [("uniform_sparse", "squared_hinge"),
@@ -130,3 +131,42 @@ def test_prior_output_bias_errors():
     model = build_model(head.config, 5, 4, sparse_input=True, head=head)
     with pytest.raises(ValueError, match="3 labels, the output layer 4"):
         head.initialize(heads.output_layer(model))
+
+
+def test_a_new_head_is_one_module_and_its_registration(monkeypatch):
+    """A head defined outside xmc_tf (here, in this test module) brings
+    its own config field through ``@heads.register``: the schema builds its
+    configs, the field has the declared default, the head reads it, and
+    the job's config check and model builder take it -- no other edit."""
+    from xmc_tf.heads.dense import DenseHead
+    from xmc_tf.losses import SquaredHinge
+    from xmc_tf.train import check_config
+
+    monkeypatch.setattr(heads.base, "_REGISTRY", dict(heads.base._REGISTRY))
+    monkeypatch.setattr(xconfig, "HEAD_DEFAULTS", dict(xconfig.HEAD_DEFAULTS))
+
+    @heads.register
+    class WideMarginHead(DenseHead):
+        name = "test_wide_margin"
+        config_defaults = {"model": {"hinge_margin": 2.0}}
+
+        def make_loss(self, layer):
+            return SquaredHinge(margin=self.config.model.hinge_margin)
+
+    c = xconfig.base("test_wide_margin")
+    assert c.model.head == "test_wide_margin" and c.model.hinge_margin == 2.0
+    c.model.update(hinge_margin=3.0, encoder_dims=(8,), intermediate_dim=16,
+                   wide_connections=0)
+    head = check_config(c)
+    assert isinstance(head, WideMarginHead)
+    assert head.make_loss(None).margin == 3.0
+    model = build_model(c, 20, 6, sparse_input=True, head=head)
+    assert heads.output_layer(model).units == 6
+    with pytest.raises(AttributeError):
+        c.model.hinge_margn = 1.0  # the schema is locked: typos are refused
+    xconfig.HEAD_DEFAULTS["test_clash"] = {"model": {"x": 1}}
+    with pytest.raises(ValueError, match="differ"):
+        @heads.register
+        class Clash(DenseHead):  # another schema entry under that name
+            name = "test_clash"
+            config_defaults = {"model": {"y": 2}}

@@ -43,14 +43,27 @@ WIDE_LAYER = "wide"
 def register(cls: type["Head"]) -> type["Head"]:
     """Class decorator adding a :class:`Head` subclass to the registry.
 
+    A head defined outside xmc_tf brings its config fields with it: its
+    ``config_defaults`` become its entry of
+    :data:`xmc_tf.config.HEAD_DEFAULTS`, so ``xmc_tf.config.base(name)``
+    builds its configs once its module is imported (one module and this
+    decorator, no other edit).
+
     Raises:
-      ValueError: the class has no ``name`` or the name is taken.
+      ValueError: the class has no ``name``, the name is taken, or the
+        schema already holds other defaults for that name.
     """
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
     if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
         raise ValueError(f"head {cls.name!r} is already registered "
                          f"({_REGISTRY[cls.name].__name__})")
+    known = xconfig.HEAD_DEFAULTS.get(cls.name)
+    if known is None:
+        xconfig.HEAD_DEFAULTS[cls.name] = cls.config_defaults
+    elif known is not cls.config_defaults:
+        raise ValueError(f"head {cls.name!r}: config_defaults differ from "
+                         f"xmc_tf.config.HEAD_DEFAULTS[{cls.name!r}]")
     _REGISTRY[cls.name] = cls
     return cls
 
