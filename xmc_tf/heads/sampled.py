@@ -124,7 +124,7 @@ def regime_choices(config, labels) -> dict:
     loss = config.loss
     if loss == AUTO:
         loss = "softmax" if multi_class else "squared_hinge"
-    shared = _shared_setting(config.sampler.get("shared", False))
+    shared = _shared_setting(config.sampler.shared)
     if shared is None:
         shared = multi_class and config.sampler.kind in shared_kinds()
     return {"loss": loss, "shared": bool(shared), "multi_class": multi_class}
@@ -254,7 +254,7 @@ class SampledHead(CandidateHead):
             self.check_sampled_layer()
         sc = self.config.sampler
         kind = sampler_kind(sc.kind)  # ValueError: unknown kind
-        if _shared_setting(sc.get("shared", False)) and not kind.shared:
+        if _shared_setting(sc.shared) and not kind.shared:
             raise ValueError(f"config.sampler.shared=True needs kind in "
                              f"{shared_kinds()}, got {kind.name!r}")
         for module in kind.missing():
@@ -270,13 +270,13 @@ class SampledHead(CandidateHead):
         self._choices = regime_choices(self.config, train_data.labels)
         c = self._choices
         if self.config.loss == AUTO or _shared_setting(
-                self.config.sampler.get("shared", False)) is None:
+                self.config.sampler.shared) is None:
             logging.info(
                 "sampled head: %s training data -> loss %r, %s candidates "
                 "(config.loss=%r, config.sampler.shared=%r)",
                 "multi-class" if c["multi_class"] else "multi-label",
                 c["loss"], "shared" if c["shared"] else "per-row",
-                self.config.loss, self.config.sampler.get("shared", False))
+                self.config.loss, self.config.sampler.shared)
 
     def choices(self) -> dict:
         """``{"loss", "shared", "multi_class"}`` in force: those of
@@ -284,7 +284,7 @@ class SampledHead(CandidateHead):
         multi-label regime) before it."""
         if self._choices is None:
             c = self.config
-            shared = _shared_setting(c.sampler.get("shared", False))
+            shared = _shared_setting(c.sampler.shared)
             return {"loss": "squared_hinge" if c.loss == AUTO else c.loss,
                     "shared": bool(shared), "multi_class": False}
         return self._choices

@@ -237,7 +237,7 @@ class ScentHead(CandidateHead):
         if sc.correction == "log_q" and sc.negatives != "multiset":
             raise ValueError("config.scent.correction='log_q' needs "
                              "config.scent.negatives='multiset'")
-        if self.config.train.get("optimizer") == SCENT_MOMENTUM and not (
+        if self.config.train.optimizer == SCENT_MOMENTUM and not (
                 0.0 < float(sc.beta) <= 1.0):
             raise ValueError(f"config.scent.beta={sc.beta!r} must be in "
                              "(0, 1]")
@@ -267,7 +267,7 @@ class ScentHead(CandidateHead):
 
     def make_optimizer(self):
         tc = self.config.train
-        if tc.get("optimizer") == SCENT_MOMENTUM:
+        if tc.optimizer == SCENT_MOMENTUM:
             return scent_optimizer(tc.learning_rate, self.config.scent.beta)
         return None
 
@@ -286,7 +286,7 @@ class ScentHead(CandidateHead):
                          variant=sc.variant, negatives=sc.negatives,
                          correction=sc.correction, num_labels=layer.num_labels,
                          label_counts=self._label_counts,
-                         own_term=bool(sc.get("own_term", False)))
+                         own_term=bool(sc.own_term))
 
     def training_model(self, model, layer):
         return ScentTrainer(model, self.make_loss(layer),
