@@ -64,22 +64,46 @@ XMC_HINGE_HD float NegativeGrad(float x, float margin, float scale) {
   return d > 0.0f ? scale * d : 0.0f;
 }
 
+#if defined(__GNUC__) && !defined(__CUDACC__)
+// Four floats as one GCC/Clang vector (an SSE register on baseline x86-64).
+// The loops below are written with it because GCC does not if-convert
+// (hence not vectorise) `d > 0 ? scale * d : 0` or the NaN-keeping relu
+// without -ffast-math (-ftrapping-math): they ran scalar with a branch per
+// entry, 6x slower on random scores.
+#define XMC_HINGE_VECTOR 1
+typedef float HingeVec4 __attribute__((vector_size(16)));
+inline HingeVec4 LoadVec4(const float* p) {
+  HingeVec4 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void StoreVec4(float* p, HingeVec4 v) {
+  __builtin_memcpy(p, &v, sizeof(v));
+}
+#else
+#define XMC_HINGE_VECTOR 0
+#endif
+
 // sum_j relu(margin + x[j])^2 over x[0:n]: every label a negative.  Sixteen
-// independent partial sums (the compiler vectorises them; a single float
-// accumulator is not vectorised without -ffast-math), combined in a fixed
-// order.
+// float partial sums (four vectors), combined in a fixed order in float64.
 inline double NegativeSquaredHingeSum(const float* x, int64_t n,
                                       float margin) {
-  constexpr int kLanes = 16;
-  float acc[kLanes] = {};
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      acc[l] += SquaredRelu(margin + x[j + l]);
+  double sum = 0.0;
+#if XMC_HINGE_VECTOR
+  const HingeVec4 zero = {};
+  HingeVec4 acc[4] = {zero, zero, zero, zero};
+  for (; j + 16 <= n; j += 16) {
+    for (int v = 0; v < 4; ++v) {
+      HingeVec4 d = LoadVec4(x + j + 4 * v) + margin;
+      d = d < zero ? zero : d;  // relu; NaN stays NaN
+      acc[v] += d * d;
     }
   }
-  double sum = 0.0;
-  for (int l = 0; l < kLanes; ++l) sum += acc[l];
+  for (int v = 0; v < 4; ++v) {
+    for (int l = 0; l < 4; ++l) sum += acc[v][l];
+  }
+#endif
   for (; j < n; ++j) sum += SquaredRelu(margin + x[j]);
   return sum;
 }
@@ -89,7 +113,15 @@ inline double NegativeSquaredHingeSum(const float* x, int64_t n,
 inline void NegativeSquaredHingeGrad(const float* x, int64_t n, float margin,
                                      float upstream, float* out) {
   const float scale = 2.0f * upstream;
-  for (int64_t j = 0; j < n; ++j) out[j] = NegativeGrad(x[j], margin, scale);
+  int64_t j = 0;
+#if XMC_HINGE_VECTOR
+  const HingeVec4 zero = {};
+  for (; j + 4 <= n; j += 4) {
+    const HingeVec4 d = LoadVec4(x + j) + margin;
+    StoreVec4(out + j, d > zero ? d * scale : zero);
+  }
+#endif
+  for (; j < n; ++j) out[j] = NegativeGrad(x[j], margin, scale);
 }
 
 // The loss correction of one positive with score x: its term as a positive
