@@ -12,26 +12,13 @@ import pytest
 import tensorflow as tf
 
 import xmc_tf
+from hinge_reference import squared_hinge_reference as np_reference
 from op_requirements import needs_ops
 from xmc_tf.losses import SquaredHinge, dense_targets
 from xmc_tf.losses import hinge as hinge_module
 from xmc_tf.ops import squared_hinge_loss
 
 pytestmark = needs_ops("xmc_squared_hinge_loss", "xmc_squared_hinge_loss_grad")
-
-
-def np_reference(scores, labels, margin, upstream=None):
-    """float64 (loss [b], grad [b, m]) from multi-hot targets."""
-    b, m = scores.shape
-    y = np.zeros((b, m))
-    for i, row in enumerate(labels):
-        for j in row:
-            if j >= 0:
-                y[i, j] = 1.0  # a repeated id counts once
-    s = 2.0 * y - 1.0
-    h = np.maximum(margin - s * scores.astype(np.float64), 0.0)
-    up = np.ones(b) if upstream is None else upstream.astype(np.float64)
-    return (h ** 2).sum(axis=1), -2.0 * s * h * up[:, None]
 
 
 def dense_path(scores, labels, margin, upstream):

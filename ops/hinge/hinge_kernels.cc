@@ -122,135 +122,95 @@ void IdsInBlock(const TL* row, int64_t n, int64_t j0, int64_t j1,
   }
 }
 
-template <typename TL>
-class SquaredHingeLossOp : public OpKernel {
- public:
-  explicit SquaredHingeLossOp(OpKernelConstruction* c)
-      : OpKernel(c), margin_(MarginAttr(c)) {}
+// Device tags: the op classes below check shapes and allocate the output,
+// then call the Compute* overload of their device.
+struct Cpu {};
+struct Gpu {};
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& scores = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    HingeDims d;
-    OP_REQUIRES_OK(ctx, ValidateHingeShapes(scores, labels, nullptr, &d));
-    OP_REQUIRES_OK(ctx, ValidateLabelIds<TL>(labels, d.num_labels));
-    Tensor* loss_t = nullptr;
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(0, TensorShape({d.batch}), &loss_t));
-    float* loss = loss_t->flat<float>().data();
-    if (d.batch == 0) return;
-    if (d.blocks == 0) {  // no labels: every row sums nothing
-      std::fill(loss, loss + d.batch, 0.0f);
-      return;
-    }
-    Tensor partial_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_DOUBLE,
-                                           TensorShape({d.batch * d.blocks}),
-                                           &partial_t));
-    double* partial = partial_t.flat<double>().data();
-    const float* x = scores.flat<float>().data();
-    const TL* ids = labels.flat<TL>().data();
-    const int64_t m = d.num_labels, n = d.n, blocks = d.blocks;
-    const float margin = margin_;
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, d.batch * blocks,
-        3 * hinge::kCpuBlock + 4 * n, [&](int64_t start, int64_t limit) {
-          std::vector<int64_t> in_block;
-          for (int64_t u = start; u < limit; ++u) {
-            const int64_t i = u / blocks;
-            const int64_t j0 = (u % blocks) * hinge::kCpuBlock;
-            const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
-            const float* row = x + i * m;
-            double sum =
-                hinge::NegativeSquaredHingeSum(row + j0, j1 - j0, margin);
-            IdsInBlock<TL>(ids + i * n, n, j0, j1, &in_block);
-            std::sort(in_block.begin(), in_block.end());
-            const auto end = std::unique(in_block.begin(), in_block.end());
-            for (auto it = in_block.begin(); it != end; ++it) {
-              sum += hinge::PositiveLossCorrection(row[*it], margin);
-            }
-            partial[u] = sum;
-          }
-        });
-    for (int64_t i = 0; i < d.batch; ++i) {
-      double sum = 0.0;
-      for (int64_t b = 0; b < blocks; ++b) sum += partial[i * blocks + b];
-      loss[i] = static_cast<float>(sum);
-    }
+// loss [b] from scores and label ids (shapes checked, ids not yet).
+template <typename TL>
+void ComputeLoss(Cpu, OpKernelContext* ctx, const Tensor& scores,
+                 const Tensor& labels, const HingeDims& d, float margin,
+                 float* loss) {
+  OP_REQUIRES_OK(ctx, ValidateLabelIds<TL>(labels, d.num_labels));
+  if (d.batch == 0) return;
+  if (d.blocks == 0) {  // no labels: every row sums nothing
+    std::fill(loss, loss + d.batch, 0.0f);
+    return;
   }
+  Tensor partial_t;
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_DOUBLE,
+                                         TensorShape({d.batch * d.blocks}),
+                                         &partial_t));
+  double* partial = partial_t.flat<double>().data();
+  const float* x = scores.flat<float>().data();
+  const TL* ids = labels.flat<TL>().data();
+  const int64_t m = d.num_labels, n = d.n, blocks = d.blocks;
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(
+      workers->num_threads, workers->workers, d.batch * blocks,
+      hinge::kCpuBlock + 4 * n, [&](int64_t start, int64_t limit) {
+        std::vector<int64_t> in_block;
+        for (int64_t u = start; u < limit; ++u) {
+          const int64_t i = u / blocks;
+          const int64_t j0 = (u % blocks) * hinge::kCpuBlock;
+          const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
+          const float* row = x + i * m;
+          double sum =
+              hinge::NegativeSquaredHingeSum(row + j0, j1 - j0, margin);
+          IdsInBlock<TL>(ids + i * n, n, j0, j1, &in_block);
+          std::sort(in_block.begin(), in_block.end());
+          const auto end = std::unique(in_block.begin(), in_block.end());
+          for (auto it = in_block.begin(); it != end; ++it) {
+            sum += hinge::PositiveLossCorrection(row[*it], margin);
+          }
+          partial[u] = sum;
+        }
+      });
+  for (int64_t i = 0; i < d.batch; ++i) {
+    double sum = 0.0;
+    for (int64_t b = 0; b < blocks; ++b) sum += partial[i * blocks + b];
+    loss[i] = static_cast<float>(sum);
+  }
+}
 
- private:
-  const float margin_;
-};
-
+// grad [b, m] (fully written) from scores, label ids and upstream.
 template <typename TL>
-class SquaredHingeLossGradOp : public OpKernel {
- public:
-  explicit SquaredHingeLossGradOp(OpKernelConstruction* c)
-      : OpKernel(c), margin_(MarginAttr(c)) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& scores = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    const Tensor& upstream = ctx->input(2);
-    HingeDims d;
-    OP_REQUIRES_OK(ctx, ValidateHingeShapes(scores, labels, &upstream, &d));
-    OP_REQUIRES_OK(ctx, ValidateLabelIds<TL>(labels, d.num_labels));
-    Tensor* grad_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, scores.shape(), &grad_t));
-    if (d.batch == 0 || d.blocks == 0) return;
-    float* grad = grad_t->flat<float>().data();
-    const float* x = scores.flat<float>().data();
-    const float* up = upstream.flat<float>().data();
-    const TL* ids = labels.flat<TL>().data();
-    const int64_t m = d.num_labels, n = d.n, blocks = d.blocks;
-    const float margin = margin_;
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, d.batch * blocks,
-        3 * hinge::kCpuBlock + 2 * n, [&](int64_t start, int64_t limit) {
-          for (int64_t u = start; u < limit; ++u) {
-            const int64_t i = u / blocks;
-            const int64_t j0 = (u % blocks) * hinge::kCpuBlock;
-            const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
-            const float* row = x + i * m;
-            float* out = grad + i * m;
-            hinge::NegativeSquaredHingeGrad(row + j0, j1 - j0, margin, up[i],
-                                            out + j0);
-            const TL* row_ids = ids + i * n;
-            for (int64_t k = 0; k < n; ++k) {
-              const int64_t id = static_cast<int64_t>(row_ids[k]);
-              if (id >= j0 && id < j1) {
-                out[id] = hinge::PositiveGrad(row[id], margin, up[i]);
-              }
+void ComputeGrad(Cpu, OpKernelContext* ctx, const Tensor& scores,
+                 const Tensor& labels, const Tensor& upstream,
+                 const HingeDims& d, float margin, float* grad) {
+  OP_REQUIRES_OK(ctx, ValidateLabelIds<TL>(labels, d.num_labels));
+  if (d.batch == 0 || d.blocks == 0) return;
+  const float* x = scores.flat<float>().data();
+  const float* up = upstream.flat<float>().data();
+  const TL* ids = labels.flat<TL>().data();
+  const int64_t m = d.num_labels, n = d.n, blocks = d.blocks;
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(
+      workers->num_threads, workers->workers, d.batch * blocks,
+      2 * hinge::kCpuBlock + 2 * n, [&](int64_t start, int64_t limit) {
+        for (int64_t u = start; u < limit; ++u) {
+          const int64_t i = u / blocks;
+          const int64_t j0 = (u % blocks) * hinge::kCpuBlock;
+          const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
+          const float* row = x + i * m;
+          float* out = grad + i * m;
+          hinge::NegativeSquaredHingeGrad(row + j0, j1 - j0, margin, up[i],
+                                          out + j0);
+          const TL* row_ids = ids + i * n;
+          for (int64_t k = 0; k < n; ++k) {
+            const int64_t id = static_cast<int64_t>(row_ids[k]);
+            if (id >= j0 && id < j1) {
+              out[id] = hinge::PositiveGrad(row[id], margin, up[i]);
             }
           }
-        });
-  }
-
- private:
-  const float margin_;
-};
-
-#define REGISTER_CPU(TL)                                        \
-  REGISTER_KERNEL_BUILDER(Name("Xmc>SquaredHingeLoss")          \
-                              .Device(DEVICE_CPU)               \
-                              .TypeConstraint<TL>("Tlabels"),   \
-                          SquaredHingeLossOp<TL>);              \
-  REGISTER_KERNEL_BUILDER(Name("Xmc>SquaredHingeLossGrad")      \
-                              .Device(DEVICE_CPU)               \
-                              .TypeConstraint<TL>("Tlabels"),   \
-                          SquaredHingeLossGradOp<TL>);
-
-REGISTER_CPU(int32_t);
-REGISTER_CPU(int64_t);
-#undef REGISTER_CPU
+        }
+      });
+}
 
 // ---------------------------------------------------------------------------
-// GPU kernels: framework-free CUDA launchers (hinge_kernels.cu.cc) called on
-// TensorFlow's stream.  Shapes are checked here; the label ids on the device
-// by the launchers.
+// GPU: framework-free CUDA launchers (hinge_kernels.cu.cc) called on
+// TensorFlow's stream; they range-check the ids on the device.
 
 #if XMC_TF_WITH_CUDA
 
@@ -285,10 +245,46 @@ void RunHingeGpu(OpKernelContext* ctx, const HingeDims& d, Launch launch) {
 }
 
 template <typename TL>
-class SquaredHingeLossGpuOp : public OpKernel {
+void ComputeLoss(Gpu, OpKernelContext* ctx, const Tensor& scores,
+                 const Tensor& labels, const HingeDims& d, float margin,
+                 float* loss) {
+  Tensor partial;
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(
+                          ::tensorflow::DT_FLOAT,
+                          TensorShape({XmcSquaredHingeLossScratchFloats(
+                              d.batch, d.num_labels)}),
+                          &partial));
+  RunHingeGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
+    return XmcSquaredHingeLossGpuF32(
+        scores.flat<float>().data(), labels.flat<TL>().data(),
+        sizeof(TL) == 8, loss, d.batch, d.num_labels, d.n, margin,
+        partial.flat<float>().data(), scratch, bad, stream);
+  });
+}
+
+template <typename TL>
+void ComputeGrad(Gpu, OpKernelContext* ctx, const Tensor& scores,
+                 const Tensor& labels, const Tensor& upstream,
+                 const HingeDims& d, float margin, float* grad) {
+  RunHingeGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
+    return XmcSquaredHingeLossGradGpuF32(
+        scores.flat<float>().data(), labels.flat<TL>().data(),
+        sizeof(TL) == 8, upstream.flat<float>().data(), grad, d.batch,
+        d.num_labels, d.n, margin, scratch, bad, stream);
+  });
+}
+
+#endif  // XMC_TF_WITH_CUDA
+
+// ---------------------------------------------------------------------------
+// The op kernels (one class per op, the device picks the Compute* overload).
+
+template <typename Device, typename TL>
+class SquaredHingeLossOp : public OpKernel {
  public:
-  explicit SquaredHingeLossGpuOp(OpKernelConstruction* c)
+  explicit SquaredHingeLossOp(OpKernelConstruction* c)
       : OpKernel(c), margin_(MarginAttr(c)) {}
+
   void Compute(OpKernelContext* ctx) override {
     const Tensor& scores = ctx->input(0);
     const Tensor& labels = ctx->input(1);
@@ -296,30 +292,20 @@ class SquaredHingeLossGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ValidateHingeShapes(scores, labels, nullptr, &d));
     Tensor* loss = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({d.batch}), &loss));
-    Tensor partial;
-    OP_REQUIRES_OK(
-        ctx, ctx->allocate_temp(
-                 ::tensorflow::DT_FLOAT,
-                 TensorShape({XmcSquaredHingeLossScratchFloats(
-                     d.batch, d.num_labels)}),
-                 &partial));
-    RunHingeGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
-      return XmcSquaredHingeLossGpuF32(
-          scores.flat<float>().data(), labels.flat<TL>().data(),
-          sizeof(TL) == 8, loss->flat<float>().data(), d.batch, d.num_labels,
-          d.n, margin_, partial.flat<float>().data(), scratch, bad, stream);
-    });
+    ComputeLoss<TL>(Device(), ctx, scores, labels, d, margin_,
+                    loss->flat<float>().data());
   }
 
  private:
   const float margin_;
 };
 
-template <typename TL>
-class SquaredHingeLossGradGpuOp : public OpKernel {
+template <typename Device, typename TL>
+class SquaredHingeLossGradOp : public OpKernel {
  public:
-  explicit SquaredHingeLossGradGpuOp(OpKernelConstruction* c)
+  explicit SquaredHingeLossGradOp(OpKernelConstruction* c)
       : OpKernel(c), margin_(MarginAttr(c)) {}
+
   void Compute(OpKernelContext* ctx) override {
     const Tensor& scores = ctx->input(0);
     const Tensor& labels = ctx->input(1);
@@ -328,34 +314,31 @@ class SquaredHingeLossGradGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ValidateHingeShapes(scores, labels, &upstream, &d));
     Tensor* grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, scores.shape(), &grad));
-    RunHingeGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
-      return XmcSquaredHingeLossGradGpuF32(
-          scores.flat<float>().data(), labels.flat<TL>().data(),
-          sizeof(TL) == 8, upstream.flat<float>().data(),
-          grad->flat<float>().data(), d.batch, d.num_labels, d.n, margin_,
-          scratch, bad, stream);
-    });
+    ComputeGrad<TL>(Device(), ctx, scores, labels, upstream, d, margin_,
+                    grad->flat<float>().data());
   }
 
  private:
   const float margin_;
 };
 
-#define REGISTER_GPU(TL)                                        \
+#define REGISTER(DEVICE_NAME, Tag, TL)                          \
   REGISTER_KERNEL_BUILDER(Name("Xmc>SquaredHingeLoss")          \
-                              .Device(DEVICE_GPU)               \
+                              .Device(DEVICE_NAME)              \
                               .TypeConstraint<TL>("Tlabels"),   \
-                          SquaredHingeLossGpuOp<TL>);           \
+                          SquaredHingeLossOp<Tag, TL>);         \
   REGISTER_KERNEL_BUILDER(Name("Xmc>SquaredHingeLossGrad")      \
-                              .Device(DEVICE_GPU)               \
+                              .Device(DEVICE_NAME)              \
                               .TypeConstraint<TL>("Tlabels"),   \
-                          SquaredHingeLossGradGpuOp<TL>);
+                          SquaredHingeLossGradOp<Tag, TL>);
 
-REGISTER_GPU(int32_t);
-REGISTER_GPU(int64_t);
-#undef REGISTER_GPU
-
-#endif  // XMC_TF_WITH_CUDA
+REGISTER(DEVICE_CPU, Cpu, int32_t);
+REGISTER(DEVICE_CPU, Cpu, int64_t);
+#if XMC_TF_WITH_CUDA
+REGISTER(DEVICE_GPU, Gpu, int32_t);
+REGISTER(DEVICE_GPU, Gpu, int64_t);
+#endif
+#undef REGISTER
 
 }  // namespace
 }  // namespace xmc_tf

@@ -285,11 +285,14 @@ extern "C" int64_t XmcSquaredHingeLossScratchFloats(int64_t batch,
   return floats > 0 ? floats : 1;
 }
 
-extern "C" int XmcSquaredHingeLossGpuF32(
-    const float* scores, const void* labels, int labels_int64, float* loss,
-    int64_t batch, int64_t num_labels, int64_t n, float margin,
-    float* partial_scratch, int64_t* error_scratch, int64_t* bad_position,
-    void* stream_ptr) {
+namespace {
+
+// The common part of both launchers: size checks, the grid cap, the range
+// check round trip; `enqueue(labels_as_TL, cap)` enqueues the kernels.
+template <typename Enqueue>
+int Launch(const void* labels, int labels_int64, int64_t batch,
+           int64_t num_labels, int64_t n, int64_t* error_scratch,
+           int64_t* bad_position, void* stream_ptr, Enqueue enqueue) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   *bad_position = -1;
   if (batch < 0 || num_labels < 0 || n < 0) {
@@ -300,14 +303,27 @@ extern "C" int XmcSquaredHingeLossGpuF32(
   cudaError_t err = MaxBlocks(&cap);
   if (err != cudaSuccess) return static_cast<int>(err);
   return RunWithCheck(error_scratch, bad_position, stream, [&] {
-    return labels_int64
-               ? EnqueueLoss(scores, static_cast<const int64_t*>(labels), loss,
-                             batch, num_labels, n, margin, partial_scratch,
-                             error_scratch, cap, stream)
-               : EnqueueLoss(scores, static_cast<const int32_t*>(labels), loss,
-                             batch, num_labels, n, margin, partial_scratch,
-                             error_scratch, cap, stream);
+    return labels_int64 ? enqueue(static_cast<const int64_t*>(labels), cap,
+                                  stream)
+                        : enqueue(static_cast<const int32_t*>(labels), cap,
+                                  stream);
   });
+}
+
+}  // namespace
+
+extern "C" int XmcSquaredHingeLossGpuF32(
+    const float* scores, const void* labels, int labels_int64, float* loss,
+    int64_t batch, int64_t num_labels, int64_t n, float margin,
+    float* partial_scratch, int64_t* error_scratch, int64_t* bad_position,
+    void* stream_ptr) {
+  return Launch(labels, labels_int64, batch, num_labels, n, error_scratch,
+                bad_position, stream_ptr,
+                [&](auto ids, int64_t cap, cudaStream_t stream) {
+                  return EnqueueLoss(scores, ids, loss, batch, num_labels, n,
+                                     margin, partial_scratch, error_scratch,
+                                     cap, stream);
+                });
 }
 
 extern "C" int XmcSquaredHingeLossGradGpuF32(
@@ -315,22 +331,11 @@ extern "C" int XmcSquaredHingeLossGradGpuF32(
     const float* upstream, float* grad, int64_t batch, int64_t num_labels,
     int64_t n, float margin, int64_t* error_scratch, int64_t* bad_position,
     void* stream_ptr) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  *bad_position = -1;
-  if (batch < 0 || num_labels < 0 || n < 0) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  if (batch == 0) return static_cast<int>(cudaSuccess);
-  int64_t cap = 0;
-  cudaError_t err = MaxBlocks(&cap);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  return RunWithCheck(error_scratch, bad_position, stream, [&] {
-    return labels_int64
-               ? EnqueueGrad(scores, static_cast<const int64_t*>(labels),
-                             upstream, grad, batch, num_labels, n, margin,
-                             error_scratch, cap, stream)
-               : EnqueueGrad(scores, static_cast<const int32_t*>(labels),
-                             upstream, grad, batch, num_labels, n, margin,
-                             error_scratch, cap, stream);
-  });
+  return Launch(labels, labels_int64, batch, num_labels, n, error_scratch,
+                bad_position, stream_ptr,
+                [&](auto ids, int64_t cap, cudaStream_t stream) {
+                  return EnqueueGrad(scores, ids, upstream, grad, batch,
+                                     num_labels, n, margin, error_scratch,
+                                     cap, stream);
+                });
 }

@@ -21,6 +21,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 SOURCE = os.path.join("ops", "hinge", "hinge_kernels.cu.cc")
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from hinge_reference import squared_hinge_reference  # noqa: E402
 
 try:
     import cupy as cp  # pylint: disable=import-error
@@ -77,18 +79,6 @@ def lib(tmp_path_factory):
     return library
 
 
-def reference(scores, labels, margin, upstream):
-    b, m = scores.shape
-    y = np.zeros((b, m))
-    for i in range(b):
-        for j in labels[i]:
-            if j >= 0:
-                y[i, j] = 1.0
-    s = 2.0 * y - 1.0
-    h = np.maximum(margin - s * scores.astype(np.float64), 0.0)
-    return (h ** 2).sum(axis=1), -2.0 * s * h * upstream[:, None]
-
-
 def launch(lib, scores, labels, margin, upstream):
     """Returns (loss, grad, bad_loss, bad_grad)."""
     b, m = scores.shape
@@ -126,7 +116,8 @@ def test_matches_numpy(lib, b, m, n, margin, id_dtype):
         labels[:, 1] = labels[:, 0]  # repeated ids count once
     upstream = rng.normal(size=b).astype(np.float32)
     loss, grad, bad_l, bad_g = launch(lib, scores, labels, margin, upstream)
-    want_loss, want_grad = reference(scores, labels, margin, upstream)
+    want_loss, want_grad = squared_hinge_reference(scores, labels, margin,
+                                                   upstream)
     assert bad_l == -1 and bad_g == -1
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
