@@ -47,8 +47,8 @@ def _reference(features, indices, weights, backward):
     return scores, grad_features, grad_weights
 
 
-# Ops whose GPU kernels a CUDA build must register (ops/uniform_sparse and
-# ops/sampled, under `#if XMC_TF_WITH_CUDA`).
+# Ops whose GPU kernels a CUDA build must register (ops/uniform_sparse,
+# ops/sampled and ops/hinge, under `#if XMC_TF_WITH_CUDA`).
 GPU_OPS = [
     "Xmc>UniformSparseMatmul",
     "Xmc>UniformSparseMatmulGradFeatures",
@@ -56,9 +56,12 @@ GPU_OPS = [
     "Xmc>UniformSparseSampledMatmul",
     "Xmc>UniformSparseSampledMatmulGradFeatures",
     "Xmc>UniformSparseSampledMatmulGradWeights",
+    "Xmc>SquaredHingeLoss",
+    "Xmc>SquaredHingeLossGrad",
 ]
 # extern "C" launchers defined by the nvcc-compiled *.cu.cc files.
-GPU_LAUNCHERS = ["XmcUniformSparseForwardGpuF32", "XmcSampledForwardGpuF32"]
+GPU_LAUNCHERS = ["XmcUniformSparseForwardGpuF32", "XmcSampledForwardGpuF32",
+                 "XmcSquaredHingeLossGpuF32"]
 
 
 def _dynamic_symbols(library, *flags):

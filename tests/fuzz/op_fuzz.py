@@ -31,6 +31,7 @@ import numpy as np
 
 # The NumPy references of the LSH ops, shared with tests/test_lsh_op.py.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hinge_reference import squared_hinge_reference  # noqa: E402
 from lsh_reference import (ref_codes_from_values,  # noqa: E402
                            ref_dwta_values, ref_tables)
 
@@ -788,6 +789,77 @@ def fuzz_embedding_bag(max_examples):
         tol = 1e-5 if dtype == "float32" else 1e-12
         np.testing.assert_allclose(out, want_out, rtol=tol, atol=tol)
         np.testing.assert_allclose(grad, want_grad, rtol=tol, atol=tol)
+
+    matches_numpy()
+
+
+# ---------------------------------------------------------------------------
+# Fused squared hinge (ops/hinge/): Xmc>SquaredHingeLoss and its gradient
+# against float64 NumPy over the multi-hot targets (repeated ids count once),
+# exact zeros of the gradient where the margin holds, and rejection of bad
+# ids / shapes with InvalidArgument.
+
+
+@target("hinge")
+def fuzz_hinge(max_examples):
+    from hypothesis import given
+    from hypothesis import strategies as st
+    settings = _settings(max_examples)
+    lib = _library("xmc_squared_hinge_loss")
+
+    @settings
+    @given(b=st.integers(0, 5), m=st.sampled_from([0, 1, 2, 7, 33, 16385]),
+           n=st.integers(0, 6), margin=st.sampled_from([1.0, 0.5, 0.0, 2.5]),
+           id_dtype=st.sampled_from(["int32", "int64"]),
+           seed=st.integers(0, 2 ** 16),
+           bad=st.sampled_from(["", "", "", "high", "low", "batch",
+                                "upstream"]))
+    def matches_numpy(b, m, n, margin, id_dtype, seed, bad):
+        case("hinge", b=b, m=m, n=n, margin=margin, id_dtype=id_dtype,
+             seed=seed, bad=bad)
+        rng = np.random.default_rng(seed)
+        # scores on a grid of quarters: many exactly at +-margin (kinks)
+        scores = (rng.integers(-12, 13, (b, m)) / 4).astype(np.float32)
+        labels = rng.integers(-1, max(m, 1), (b, n)) if m else np.full(
+            (b, n), -1)
+        labels = labels.astype(id_dtype)
+        upstream = rng.normal(size=b).astype(np.float32)
+        if bad:
+            if bad in ("high", "low") and b * n == 0:
+                b, n = 1, 1
+                scores = np.zeros((1, m), np.float32)
+                upstream = np.ones(1, np.float32)
+            if bad == "high":
+                labels = np.zeros((b, n), id_dtype)
+                labels[b - 1, n - 1] = m
+            elif bad == "low":
+                labels = np.zeros((b, n), id_dtype) if m else np.full(
+                    (b, n), -1, id_dtype)
+                labels[0, 0] = int(rng.choice([-2, -(2 ** 31)]))
+            elif bad == "batch":
+                labels = np.full((b + 1, n), -1, id_dtype)
+            else:
+                upstream = np.ones(b + 1, np.float32)
+            calls = [lambda: lib.xmc_squared_hinge_loss_grad(
+                scores=scores, labels=labels, upstream=upstream,
+                margin=margin)]
+            if bad != "upstream":
+                calls.append(lambda: lib.xmc_squared_hinge_loss(
+                    scores=scores, labels=labels, margin=margin))
+            for call in calls:
+                _expect_rejected(call, f"hinge bad {bad}")
+            return
+        loss = lib.xmc_squared_hinge_loss(scores=scores, labels=labels,
+                                          margin=margin).numpy()
+        grad = lib.xmc_squared_hinge_loss_grad(
+            scores=scores, labels=labels, upstream=upstream,
+            margin=margin).numpy()
+        want_loss, want_grad = squared_hinge_reference(
+            scores, labels, margin, upstream)
+        assert loss.shape == (b,) and grad.shape == (b, m)
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(grad, want_grad, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(grad == 0, want_grad == 0)
 
     matches_numpy()
 

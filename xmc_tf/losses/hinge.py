@@ -16,6 +16,12 @@ from __future__ import annotations
 import keras
 import numpy as np
 import tensorflow as tf
+# Private, but stable here (TensorFlow is pinned to one release): whether
+# the graph being built is compiled by XLA (tf.function(jit_compile=True),
+# Keras' jit_compile), which cannot compile the custom op.
+from tensorflow.python.ops import control_flow_util
+
+from xmc_tf.ops.hinge import squared_hinge_loss, squared_hinge_loss_supported
 
 
 def _ids_to_dense(ids, num_labels, dtype):
@@ -66,24 +72,38 @@ def dense_targets(y_true, num_labels, dtype=tf.float32):
     array([[0., 0., 1.],
            [1., 1., 0.]], dtype=float32)
     """
+    return _dispatch_targets(
+        y_true, num_labels,
+        on_ids=lambda ids: _ids_to_dense(ids, num_labels, dtype),
+        on_dense=lambda y: tf.cast(y, dtype))
+
+
+def _dispatch_targets(y_true, num_labels, on_ids, on_dense):
+    """``on_ids(int64 ids)`` or ``on_dense(y_true)``, by what ``y_true`` holds.
+
+    The rules of :func:`dense_targets`: integer ``y_true`` are ids; float
+    ids narrower than ``num_labels`` are rounded; a float/bool ``y_true`` of
+    width ``num_labels`` (or not of rank 2) is dense.  When the width is
+    only known at run time, both are traced and ``tf.cond`` picks one (their
+    results must agree in dtype and shape).
+    """
     y_true = tf.convert_to_tensor(y_true)
     if y_true.dtype.is_integer:
-        return _ids_to_dense(tf.cast(y_true, tf.int64), num_labels, dtype)
+        return on_ids(tf.cast(y_true, tf.int64))
     if y_true.dtype == tf.bool or y_true.shape.rank != 2:
-        return tf.cast(y_true, dtype)
+        return on_dense(y_true)
 
     def float_ids():
-        return _ids_to_dense(tf.cast(tf.round(y_true), tf.int64), num_labels,
-                             dtype)
+        return on_ids(tf.cast(tf.round(y_true), tf.int64))
 
     width = y_true.shape[-1]
     static_m = tf.get_static_value(num_labels)
     if width is not None and static_m is not None:
-        return tf.cast(y_true, dtype) if width == int(static_m) else float_ids()
+        return on_dense(y_true) if width == int(static_m) else float_ids()
     return tf.cond(
         tf.equal(tf.shape(y_true, out_type=tf.int64)[-1],
                  tf.cast(num_labels, tf.int64)),
-        lambda: tf.cast(y_true, dtype), float_ids)
+        lambda: on_dense(y_true), float_ids)
 
 
 class _MultiLabelLoss(keras.losses.Loss):
@@ -158,6 +178,18 @@ class _MultiLabelLoss(keras.losses.Loss):
                          margin=getattr(self, "margin", 1.0))
 
 
+class _PerInstanceValues(keras.losses.Loss):
+    """Keras' reduction of per-instance values computed elsewhere.
+
+    ``reducer(values, y_pred, sample_weight)`` returns what a
+    ``keras.losses.Loss`` whose ``call`` gave ``values`` returns: weighted,
+    masked (``y_pred``'s Keras mask) and reduced by ``reduction``.
+    """
+
+    def call(self, y_true, y_pred):
+        return y_true
+
+
 @keras.saving.register_keras_serializable(package="xmc_tf")
 class SquaredHinge(_MultiLabelLoss):
     """Squared hinge over all labels: ``sum_j max(0, 1 - t_j * s_j)**2``.
@@ -187,6 +219,39 @@ class SquaredHinge(_MultiLabelLoss):
                  name="squared_hinge", dtype=None):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
         self.margin = float(margin)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        """The loss, from label ids through the fused op when it can.
+
+        Label ids (integer, or float ids: see :func:`dense_targets`) go to
+        :func:`xmc_tf.ops.squared_hinge_loss` (one pass over the scores
+        and one for the gradient; negative ids are padding, as for
+        :func:`dense_targets`), then through Keras' reduction
+        (``sample_weight``, masks, ``reduction``) as the per-instance values
+        of :meth:`call` would.  Multi-hot targets, a loss ``dtype`` other
+        than float32, a graph compiled by XLA (``jit_compile=True``: XLA
+        cannot compile the custom op) or an op library without
+        ``Xmc>SquaredHingeLoss`` take the dense path (:func:`dense_targets`,
+        then :meth:`call`).
+        """
+        if (self.dtype != "float32" or not squared_hinge_loss_supported()
+                or control_flow_util.GraphOrParentsInXlaContext(
+                    tf.compat.v1.get_default_graph())):
+            return super().__call__(y_true, y_pred, sample_weight)
+        y_pred = tf.convert_to_tensor(y_pred)
+        num_labels = y_pred.shape[-1]
+        if num_labels is None:
+            num_labels = tf.shape(y_pred)[-1]
+        with tf.name_scope(self.name):
+            scores = tf.cast(y_pred, tf.float32)
+            per_instance = _dispatch_targets(
+                y_true, num_labels,
+                on_ids=lambda ids: squared_hinge_loss(
+                    scores, tf.maximum(ids, -1), self.margin),
+                on_dense=lambda y: self.call(tf.cast(y, tf.float32), scores))
+        reducer = _PerInstanceValues(name=self.name, reduction=self.reduction,
+                                     dtype=self.dtype)
+        return reducer(per_instance, y_pred, sample_weight)
 
     def call(self, y_true, y_pred):
         signs = 2.0 * y_true - 1.0

@@ -25,3 +25,7 @@ from xmc_tf.ops.optimizers import (resource_apply_adam,  # noqa: E402
                                    resource_sparse_apply_adam)
 
 __all__ += ["resource_apply_adam", "resource_sparse_apply_adam"]
+from xmc_tf.ops.hinge import (squared_hinge_loss,  # noqa: E402
+                              squared_hinge_loss_supported)
+
+__all__ += ["squared_hinge_loss", "squared_hinge_loss_supported"]

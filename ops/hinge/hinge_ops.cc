@@ -1,0 +1,96 @@
+// Op registrations of the fused squared-hinge family: the one-vs-all squared
+// hinge over all labels from padded label ids (Xmc>SquaredHingeLoss) and its
+// gradient w.r.t. the scores (Xmc>SquaredHingeLossGrad), each one pass over
+// the [batch, num_labels] scores without dense targets or other temporaries.
+//
+// Source: E. Schultheis, R. Babbar, "Towards Memory-Efficient Training for
+// Extremely Large Output Spaces", Sec. 2 (one-vs-all reduction, eq. 2) and
+// Sec. 3.3 (the squared hinge's gradient is exactly zero for satisfied
+// margins, which the uniform-sparse backward kernels skip).
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace xmc_tf {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+namespace {
+
+// scores [b, m], labels [b, n], optional upstream [b] (input position < 0:
+// absent).  Sets *scores with the merged batch, *batch to it.
+Status HingeShapes(InferenceContext* c, int upstream_input,
+                   ShapeHandle* scores, DimensionHandle* batch) {
+  ShapeHandle labels;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, scores));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &labels));
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(*scores, 0), c->Dim(labels, 0), batch));
+  if (upstream_input >= 0) {
+    ShapeHandle upstream;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(upstream_input), 1, &upstream));
+    TF_RETURN_IF_ERROR(c->Merge(*batch, c->Dim(upstream, 0), batch));
+  }
+  return c->ReplaceDim(*scores, 0, *batch, scores);
+}
+
+}  // namespace
+
+REGISTER_OP("Xmc>SquaredHingeLoss")
+    .Input("scores: float")
+    .Input("labels: Tlabels")
+    .Output("loss: float")
+    .Attr("margin: float = 1.0")
+    .Attr("Tlabels: {int32, int64} = DT_INT64")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle scores;
+      DimensionHandle batch;
+      TF_RETURN_IF_ERROR(HingeShapes(c, -1, &scores, &batch));
+      c->set_output(0, c->Vector(batch));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+One-vs-all squared hinge of every row over all labels, from label ids.
+
+loss[i] = sum_j relu(margin - s_ij * scores[i, j])^2, with s_ij = +1 when j is
+among labels[i, :] and -1 otherwise (a repeated id counts once; -1 is
+padding).  Equals the squared hinge of xmc_tf.losses.SquaredHinge on the
+multi-hot targets of labels, without building them: one pass over the scores
+plus one over the ids.
+
+scores: [batch, num_labels] float32.
+labels: [batch, n] int32/int64 positive ids padded with -1; every entry in
+  [-1, num_labels).
+margin: the margin (1.0 in the paper); finite.
+loss: [batch] float32 (accumulated in float64 across column blocks).
+)doc");
+
+REGISTER_OP("Xmc>SquaredHingeLossGrad")
+    .Input("scores: float")
+    .Input("labels: Tlabels")
+    .Input("upstream: float")
+    .Output("grad: float")
+    .Attr("margin: float = 1.0")
+    .Attr("Tlabels: {int32, int64} = DT_INT64")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle scores;
+      DimensionHandle batch;
+      TF_RETURN_IF_ERROR(HingeShapes(c, 2, &scores, &batch));
+      c->set_output(0, scores);
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient of Xmc>SquaredHingeLoss w.r.t. scores, in one pass.
+
+grad[i, j] = -2 s_ij relu(margin - s_ij * scores[i, j]) * upstream[i];
+exactly 0 where the margin holds (s_ij * scores[i, j] >= margin), whatever
+upstream[i] is, so zero-skipping backward kernels skip it.
+
+scores: [batch, num_labels] float32; labels: [batch, n] as for
+Xmc>SquaredHingeLoss; upstream: [batch] float32, the gradient of the loss.
+grad: [batch, num_labels] float32.
+)doc");
+
+}  // namespace xmc_tf
