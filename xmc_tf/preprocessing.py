@@ -31,7 +31,7 @@ from xmc_tf.layers.normalization import FeatureNormalization
 from xmc_tf.workdir import Workdir, atomic_path
 
 __all__ = ["Normalization", "fit_normalization", "normalize",
-           "with_normalization", "normalizes_input", "load_spec",
+           "with_normalization", "load_spec",
            "load_for_model", "save", "NORMALIZATION_LAYER"]
 
 #: Name of the normalisation layer of an exported model.
@@ -126,16 +126,6 @@ def with_normalization(model: keras.Model, norm: Normalization) -> keras.Model:
     layer = FeatureNormalization(norm.num_features, norm.method,
                                  idf=norm.idf, name=NORMALIZATION_LAYER)
     return keras.Model(x, model(layer(x)), name=f"{model.name}_raw_input")
-
-
-def normalizes_input(model: keras.Model) -> bool:
-    """Whether ``model`` (or, for an ensemble, each member) starts with a
-    :class:`~xmc_tf.layers.FeatureNormalization` layer."""
-    layers = getattr(model, "layers", [])
-    if any(isinstance(layer, FeatureNormalization) for layer in layers):
-        return True
-    nested = [layer for layer in layers if isinstance(layer, keras.Model)]
-    return bool(nested) and all(normalizes_input(m) for m in nested)
 
 
 def save(norm: Normalization, workdir: str) -> None:
