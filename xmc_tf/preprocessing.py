@@ -73,19 +73,8 @@ def fit_normalization(method: str, fit_data: xdata.XCDataset) -> Normalization:
     if not fit_data.is_sparse:
         return Normalization(method, None, fit_data.num_features, sparse=False)
     method = xdata.resolve_normalization(method, fit_data.features)
-    idf = _idf(fit_data.features) if method == "tfidf" else None
+    idf = xdata.fit_idf(fit_data.features) if method == "tfidf" else None
     return Normalization(method, idf, fit_data.num_features)
-
-
-def _idf(features) -> np.ndarray:
-    """The smoothed idf of :func:`xmc_tf.data.normalize_features` (a row
-    counts once per feature), without normalising a copy of the matrix."""
-    b = features.tocsr(copy=True)
-    b.sum_duplicates()
-    b.eliminate_zeros()
-    df = np.bincount(b.indices, minlength=features.shape[1])
-    n = features.shape[0]
-    return (np.log((1.0 + n) / (1.0 + df)) + 1.0).astype(np.float32)
 
 
 def normalize(dataset: xdata.XCDataset, norm: Normalization) -> xdata.XCDataset:

@@ -25,8 +25,9 @@ Example:
 """
 
 from xmc_tf.data.embeddings import load_embedding_array, read_embeddings
-from xmc_tf.data.pipeline import (distribute_tf_dataset, make_tf_dataset,
-                                  normalize_features, resolve_normalization)
+from xmc_tf.data.pipeline import (distribute_tf_dataset, fit_idf,
+                                  make_tf_dataset, normalize_features,
+                                  resolve_normalization)
 from xmc_tf.data.synthetic import make_synthetic
 from xmc_tf.data.dataset import XCDataset
 from xmc_tf.data.specs import BUNDLED_DATASETS, load_bundled, load_dataset
@@ -37,6 +38,7 @@ __all__ = [
     "BUNDLED_DATASETS",
     "XCDataset",
     "distribute_tf_dataset",
+    "fit_idf",
     "load_bundled",
     "load_dataset",
     "load_embedding_array",

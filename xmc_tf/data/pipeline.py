@@ -67,12 +67,43 @@ import tensorflow as tf
 
 from xmc_tf.data.dataset import XCDataset
 
-__all__ = ["distribute_tf_dataset", "make_tf_dataset", "normalize_features",
-           "resolve_normalization"]
+__all__ = ["distribute_tf_dataset", "fit_idf", "make_tf_dataset",
+           "normalize_features", "resolve_normalization"]
 
 
 # ---------------------------------------------------------------------------
 # Feature normalisation.
+
+
+def fit_idf(features) -> np.ndarray:
+    """Smoothed inverse document frequencies of the columns of ``features``.
+
+    ``idf_j = ln((1 + N) / (1 + df_j)) + 1`` with ``df_j`` the number of rows
+    with a non-zero feature ``j`` (a row counts once per feature): the
+    scikit-learn ``TfidfTransformer`` default, what
+    :func:`normalize_features` fits for ``"tfidf"``.
+
+    Args:
+      features: ``[N, D]`` scipy sparse matrix or dense array.
+
+    Returns:
+      float32 ``[D]``.
+
+    Example:
+        >>> import numpy as np, scipy.sparse as sp
+        >>> [round(float(v), 4) for v in fit_idf(
+        ...     sp.csr_matrix(np.array([[1., 1.], [0., 2.]])))]
+        [1.4055, 1.0]
+    """
+    num_rows, num_cols = features.shape
+    if sp.issparse(features):
+        b = sp.csr_matrix(features, copy=True)
+        b.sum_duplicates()  # a row counts once per feature
+        b.eliminate_zeros()
+        df = np.bincount(b.indices, minlength=num_cols)
+    else:
+        df = np.count_nonzero(np.asarray(features), axis=0)
+    return (np.log((1.0 + num_rows) / (1.0 + df)) + 1.0).astype(np.float32)
 
 
 def _row_l2_normalize(x):
@@ -180,7 +211,7 @@ def normalize_features(features, method: str = "l2", idf=None):
     if idf is not None and method != "tfidf":
         raise ValueError("normalize_features: idf is only used with "
                          "method='tfidf'")
-    num_rows, num_cols = features.shape
+    num_cols = features.shape[1]
     if method == "none":
         if sp.issparse(features):
             return sp.csr_matrix(features, dtype=np.float32, copy=True), None
@@ -189,14 +220,7 @@ def normalize_features(features, method: str = "l2", idf=None):
         return _row_l2_normalize(features), None
     # tf-idf
     if idf is None:
-        if sp.issparse(features):
-            b = sp.csr_matrix(features, copy=True)
-            b.sum_duplicates()  # a row counts once per feature
-            b.eliminate_zeros()
-            df = np.bincount(b.indices, minlength=num_cols)
-        else:
-            df = np.count_nonzero(np.asarray(features), axis=0)
-        idf = (np.log((1.0 + num_rows) / (1.0 + df)) + 1.0).astype(np.float32)
+        idf = fit_idf(features)
     else:
         idf = np.asarray(idf, dtype=np.float32).reshape(-1)
         if idf.shape[0] != num_cols:
