@@ -135,6 +135,23 @@ def model_bytes(model: keras.Model) -> int:
 # The steps.
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_int(field: str, value, low: int) -> None:
+    """Raises ValueError unless ``value`` is an int (not a bool) >= low."""
+    if not (isinstance(value, int) and not isinstance(value, bool)
+            and value >= low):
+        raise ValueError(f"config.{field}={value!r} must be an int >= {low}")
+
+
+def _check_nonnegative(field: str, value) -> None:
+    """Raises ValueError unless ``value`` is a number >= 0."""
+    if not (_is_number(value) and value >= 0):
+        raise ValueError(f"config.{field}={value!r} must be a number >= 0")
+
+
 def check_config(config) -> xheads.Head:
     """Validates the config before anything is read or written.
 
@@ -161,38 +178,22 @@ def check_config(config) -> xheads.Head:
             if value not in allowed:
                 raise ValueError(f"config.{field}={value!r}; expected one of "
                                  f"{allowed}")
+        _check_int("model.ensemble_size", config.model.ensemble_size, 1)
         size = config.model.ensemble_size
-        if (not isinstance(size, int) or isinstance(size, bool)
-                or size < 1):
-            raise ValueError(f"config.model.ensemble_size={size!r} must be "
-                             "an int >= 1")
         if size > 1 and not head.scores_every_label:
             raise ValueError(
                 f"config.model.ensemble_size={size} needs a head that scores "
                 f"every label; head {head.name!r} does not (use 1)")
-        wide = config.model.wide_connections
-        if (not isinstance(wide, int) or isinstance(wide, bool)
-                or wide < 0):
-            raise ValueError(f"config.model.wide_connections={wide!r} must "
-                             "be an int >= 0")
+        _check_int("model.wide_connections", config.model.wide_connections, 0)
         for name in ("input_dropout", "dropout", "intermediate_dropout"):
             rate = config.model[name]
-            if (not isinstance(rate, (int, float)) or isinstance(rate, bool)
-                    or not 0.0 <= rate < 1.0):
+            if not (_is_number(rate) and 0.0 <= rate < 1.0):
                 raise ValueError(f"config.model.{name}={rate!r} must be in "
                                  "[0, 1)")
-        decay = tc.weight_decay
-        if (tc.optimizer == "lazy_adamw" and (
-                not isinstance(decay, (int, float)) or isinstance(decay, bool)
-                or not decay >= 0)):
-            raise ValueError(f"config.train.weight_decay={decay!r} must be a "
-                             "number >= 0")
-        min_delta = tc.min_delta
-        if min_delta is not None and (
-                not isinstance(min_delta, (int, float))
-                or isinstance(min_delta, bool) or not min_delta >= 0):
-            raise ValueError(f"config.train.min_delta={min_delta!r} must be "
-                             "a number >= 0")
+        if tc.optimizer == "lazy_adamw":
+            _check_nonnegative("train.weight_decay", tc.weight_decay)
+        if tc.min_delta is not None:
+            _check_nonnegative("train.min_delta", tc.min_delta)
         frac = config.data.validation_fraction
         if not 0.0 <= frac < 1.0:
             raise ValueError(f"config.data.validation_fraction={frac!r} must "
