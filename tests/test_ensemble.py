@@ -38,7 +38,7 @@ def test_average_scores_is_the_mean_of_the_members():
     np.testing.assert_allclose(model(x).numpy(), want, rtol=1e-6, atol=1e-6)
     assert [m.name for m in ensemble.members(model)] == [
         "member_0", "member_1", "member_2"]
-    assert ensemble.is_ensemble(model) and not ensemble.is_ensemble(members[0])
+    assert ensemble.members(model) and not ensemble.members(members[0])
 
 
 def test_average_scores_rejects_members_of_other_shapes():
@@ -125,7 +125,7 @@ def test_ensemble_job_averages_its_members_and_reuses_them(tmp_path):
 
     # The exported files: model.keras and the SavedModel give those scores.
     model = saving.load_model(wd)
-    assert ensemble.is_ensemble(model)
+    assert ensemble.members(model)
     assert heads.head_for_model(model) is heads.UniformSparseHead
     np.testing.assert_allclose(_scores(model, test), mean, rtol=1e-5,
                                atol=1e-5)

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import keras
 
-__all__ = ["ScoreAverage", "average_scores", "ENSEMBLE_MODEL", "MEMBER_PREFIX"]
+__all__ = ["ScoreAverage", "average_scores", "members", "ENSEMBLE_MODEL",
+           "MEMBER_PREFIX"]
 
 #: Name of the averaged model built by :func:`average_scores`.
 ENSEMBLE_MODEL = "ensemble"
@@ -45,9 +46,9 @@ class ScoreAverage(keras.layers.Layer):
 
     Input: a list of ``n >= 1`` float32 tensors ``[batch, num_labels]``;
     output: float32 ``[batch, num_labels]``, their mean.  No weights.
-    Unlike ``keras.layers.Average`` it marks a model as an xmc_tf ensemble,
-    which :func:`xmc_tf.heads.head_for_model` decodes by its first member's
-    head.
+    The model of :func:`average_scores` ends with it;
+    :func:`xmc_tf.heads.head_for_model` finds that model's members
+    (:func:`members`) and decodes it by the first member's head.
 
     Raises:
       ValueError: no inputs, or inputs of different shapes (at build).
@@ -75,12 +76,6 @@ def members(model: keras.Model) -> list[keras.Model]:
     return [layer for layer in getattr(model, "layers", [])
             if isinstance(layer, keras.Model)
             and layer.name.startswith(MEMBER_PREFIX)]
-
-
-def is_ensemble(model: keras.Model) -> bool:
-    """Whether ``model`` was built by :func:`average_scores`."""
-    return any(isinstance(layer, ScoreAverage)
-               for layer in getattr(model, "layers", []))
 
 
 def average_scores(models: list[keras.Model]) -> keras.Model:
