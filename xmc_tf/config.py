@@ -114,6 +114,11 @@ def _base() -> dict:
             enabled=True,
             every_n_steps=1000,
             fraction=0.1,  # of each label's connections moved
+            # "random" (SET) or "gradient" (RigL: the largest dense
+            # gradient over gradient_instances training instances)
+            regrowth="random",
+            gradient_instances=4096,
+            wide=False,  # also rewire the wide path's layer
         ),
         eval=dict(
             ks=(1, 3, 5),  # P@k, nDCG@k, PSP@k, R@k

@@ -7,18 +7,36 @@ Communications 2018), as applied to the last layer by Schultheis & Babbar,
 "Towards Memory-Efficient Training for Extremely Large Output Spaces",
 Sec. 2 (prune the fraction alpha of smallest-magnitude weights, regrow at
 random) and Sec. 4.1 (every 1000 steps, 10 %).
+
+Gradient-based regrowth (``regrowth="gradient"``): Evci et al., "Rigging the
+Lottery: Making All Tickets Winners" (RigL, ICML 2020), Sec. 3: grow the
+connections with the largest magnitude of the dense gradient
+``dL/dW = X^T G`` (``X``: the layer's inputs, ``G``: the loss gradient
+with respect to its pre-activation outputs), here over a sample of
+training instances; ``G`` is sparse under the squared hinge (Schultheis &
+Babbar, Sec. 3.3), so the product costs ``nnz(G) x e``.
 """
 
 from __future__ import annotations
 
 import keras
 import numpy as np
+import scipy.sparse as sp
+import tensorflow as tf
 
 from xmc_tf.callbacks._steps import optimizer_step
 from xmc_tf.layers.uniform_sparse import UniformSparseDense
 from xmc_tf.optimizers.slots import slot_names, slot_variables
 
-__all__ = ["rewire", "SetRewiring"]
+__all__ = ["REGROWTH", "gradient_candidates", "layer_gradient_sample",
+           "rewire", "SetRewiring"]
+
+#: ``SetRewiring(regrowth=...)``: uniform draws (SET) or the largest dense
+#: gradient (RigL).
+REGROWTH = ("random", "gradient")
+#: Largest ``[labels, e]`` float32 block :func:`gradient_candidates` holds
+#: (bytes).
+_BLOCK_BYTES = 256 << 20
 
 
 def _slot_names(optimizer):
@@ -46,14 +64,16 @@ def _optimizer_slots(optimizer, variable):
 
 
 def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
-           num_features: int, rng: np.random.Generator):
+           num_features: int, rng: np.random.Generator,
+           grow: np.ndarray | None = None):
     """One SET step on the connections of every label (in NumPy).
 
     Per label, the ``round(fraction * s)`` connections with the smallest
     ``|weight|`` are removed and as many are regrown at sources drawn
     uniformly from those the label was not connected to before this step (or,
     when too few such sources exist, from those it is not connected to after
-    the removal).
+    the removal).  With ``grow`` (RigL), a label regrows first at its
+    sources in ``grow`` and draws only the rest.
 
     Args:
       indices: int32 ``[num_labels, s]`` current sources.
@@ -61,6 +81,10 @@ def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
       fraction: alpha in [0, 1].
       num_features: number of possible sources e.
       rng: NumPy generator.
+      grow: optional int ``[num_labels, round(fraction * s)]``: per label,
+        distinct sources it is not connected to now, each row's ``-1``
+        entries (drawn at random) after its sources
+        (:func:`gradient_candidates`).
 
     Returns:
       ``(new_indices, positions)``: int32 ``[num_labels, s]`` and the int64
@@ -94,8 +118,17 @@ def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
     else:
         forbidden = np.where(keep, indices, -1)
         forbidden_keys = np.sort((row_keys + forbidden)[forbidden >= 0])
-    draw = rng.integers(0, num_features, size=(num_labels, n))
-    todo = np.ones(draw.shape, bool)
+    if grow is None:
+        draw = rng.integers(0, num_features, size=(num_labels, n))
+        todo = np.ones(draw.shape, bool)
+    else:
+        if grow.shape != (num_labels, n):
+            raise ValueError(f"grow has shape {grow.shape}, expected "
+                             f"{(num_labels, n)}")
+        # Given sources first in their row: the duplicate test below keeps
+        # a row's first copy, so a draw equal to one is drawn again.
+        draw = grow.astype(np.int64, copy=True)
+        todo = draw < 0
     while todo.any():
         draw[todo] = rng.integers(0, num_features, size=int(todo.sum()))
         keys = row_keys + draw
@@ -115,6 +148,164 @@ def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
         todo = clash | dup
     new[rows, positions] = draw.astype(np.int32)
     return new, positions
+
+
+def gradient_candidates(inputs, output_grads, indices: np.ndarray, n: int,
+                        block_bytes: int = _BLOCK_BYTES) -> np.ndarray:
+    """Per label, the ``n`` new sources of largest dense-gradient magnitude.
+
+    The dense gradient of a layer ``z = X W^T`` is ``D = G^T X``
+    (``[num_labels, e]``); RigL grows the connections with the largest
+    ``|D|`` (Evci et al. 2020, Sec. 3).  ``D`` is built in blocks of labels
+    of at most ``block_bytes``, so memory is ``O(block_bytes)`` plus the
+    sample; the product skips the zeros of ``G`` (``nnz(G) x e`` work).
+
+    Args:
+      inputs: the layer's inputs ``X`` over the sample, ``[N, e]``: a float
+        ``np.ndarray`` or a ``scipy.sparse`` matrix.
+      output_grads: ``G``, ``[N, num_labels]`` ``scipy.sparse`` matrix (or
+        array): the loss gradient w.r.t. the layer's pre-activation outputs.
+      indices: int ``[num_labels, s]`` current sources (excluded).
+      n: sources per label to return, ``0 <= n <= e - s`` for full rows.
+      block_bytes: bytes of the largest float32 block of ``D``.
+
+    Returns:
+      int32 ``[num_labels, n]``: per label, distinct sources not in its
+      row of ``indices``, by decreasing ``|D|``; ``-1`` after them where
+      fewer than ``n`` sources have a non-zero gradient.
+
+    Raises:
+      ValueError: shapes that do not agree.
+
+    >>> x = np.array([[1., 0., 2.], [0., 3., 0.]], np.float32)
+    >>> g = np.array([[1.], [0.]], np.float32)   # only instance 0 matters
+    >>> gradient_candidates(x, g, np.array([[2]]), 2).tolist()
+    [[0, -1]]
+    """
+    num_labels, fan_in = indices.shape
+    g = sp.csc_matrix(output_grads)
+    num, e = inputs.shape
+    if g.shape != (num, num_labels):
+        raise ValueError(f"output_grads has shape {g.shape}, expected "
+                         f"{(num, num_labels)} (inputs {inputs.shape}, "
+                         f"indices {indices.shape})")
+    out = np.full((num_labels, n), -1, np.int32)
+    if n == 0 or num_labels == 0:
+        return out
+    x = sp.csr_matrix(inputs) if sp.issparse(inputs) else np.asarray(inputs)
+    active = np.flatnonzero(np.diff(g.indptr))  # labels with any gradient
+    block = max(1, int(block_bytes) // (4 * e))
+    for start in range(0, active.size, block):
+        labels = active[start:start + block]
+        d = g[:, labels].T @ x  # [block, e]
+        d = np.abs(d.toarray() if sp.issparse(d) else np.asarray(d),
+                   dtype=np.float32)
+        rows = np.arange(labels.size)[:, None]
+        d[rows, indices[labels]] = 0.0  # connected now: not new
+        k = min(n, e)
+        top = (np.argpartition(-d, k - 1, axis=1)[:, :k] if k < e else
+               np.broadcast_to(np.arange(e), d.shape).copy())
+        mags = np.take_along_axis(d, top, axis=1)
+        order = np.argsort(-mags, axis=1, kind="stable")
+        top = np.take_along_axis(top, order, axis=1)
+        mags = np.take_along_axis(mags, order, axis=1)
+        out[labels, :k] = np.where(mags > 0, top, -1)
+    return out
+
+
+def layer_gradient_sample(model: keras.Model, layers, batches):
+    """The inputs and output gradients of `layers` over some batches.
+
+    Runs ``model`` (inference mode: no dropout) on each ``(x, y)`` batch
+    and differentiates its compiled loss (``model.compute_loss``) with
+    respect to each layer's pre-activation output, watched where the
+    layer applies its activation (the layers' ``call`` and ``activation``
+    are wrapped for the duration, in eager mode).
+
+    Args:
+      model: a compiled Keras model whose outputs are the scores the loss
+        reads (the label-wise heads' models).
+      layers: :class:`UniformSparseDense` layers of ``model``.
+      batches: an iterable of ``(x, y)`` batches as ``fit`` takes them.
+
+    Returns:
+      A list with, per layer, ``(X, G)``: ``X`` the stacked inputs
+      (``[N, e]`` float32 ``np.ndarray``, or ``scipy.sparse.csr_matrix``
+      for sparse inputs) and ``G`` the stacked gradients (``[N, m]``
+      ``scipy.sparse.csr_matrix``, zeros dropped).
+
+    Raises:
+      ValueError: a layer that the model did not call.
+    """
+    layers = list(layers)
+    seen = [dict(x=[], g=[]) for _ in layers]
+    saved = [(l.__dict__.get("call"), l.__dict__.get("activation"))
+             for l in layers]
+    try:
+        for batch in batches:
+            x, y = batch[0], batch[1]
+            with tf.GradientTape(persistent=True) as tape:
+                pre = [None] * len(layers)
+                for i, layer in enumerate(layers):
+                    _wrap(layer, i, pre, seen[i]["x"], tape)
+                y_pred = model(x, training=False)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred,
+                                          training=False)
+            for i in range(len(layers)):
+                if pre[i] is None:
+                    raise ValueError(f"layer {layers[i].name!r} was not "
+                                     "called by the model")
+                grad = tape.gradient(loss, pre[i])
+                seen[i]["g"].append(sp.csr_matrix(
+                    np.zeros(pre[i].shape, np.float32) if grad is None
+                    else keras.ops.convert_to_numpy(grad)))
+            del tape
+    finally:
+        for layer, (call, activation) in zip(layers, saved):
+            for name, value in (("call", call), ("activation", activation)):
+                if value is None:
+                    layer.__dict__.pop(name, None)
+                else:
+                    setattr(layer, name, value)
+    out = []
+    for part in seen:
+        xs = part["x"]
+        x = (sp.vstack(xs, format="csr") if xs and sp.issparse(xs[0]) else
+             np.concatenate(xs) if xs else np.zeros((0, 0), np.float32))
+        g = (sp.vstack(part["g"], format="csr") if part["g"] else
+             sp.csr_matrix((0, 0), dtype=np.float32))
+        out.append((x, g))
+    return out
+
+
+def _wrap(layer, i, pre, xs, tape):
+    """Wraps ``layer.call`` to record its inputs into ``xs`` and
+    ``layer.activation`` to watch its input (the pre-activation output)
+    on ``tape``, stored as ``pre[i]`` (see :func:`layer_gradient_sample`)."""
+    call = type(layer).call.__get__(layer)
+    activation = layer.activation
+
+    def watched(z):
+        tape.watch(z)
+        pre[i] = z
+        return activation(z)
+
+    def recorded(inputs, *args, **kwargs):
+        if isinstance(inputs, tf.SparseTensor):
+            v = inputs.indices.numpy()
+            xs.append(sp.csr_matrix(
+                (inputs.values.numpy().astype(np.float32), (v[:, 0], v[:, 1])),
+                shape=tuple(int(d) for d in inputs.dense_shape)))
+        else:
+            xs.append(np.asarray(keras.ops.convert_to_numpy(inputs),
+                                 np.float32))
+        layer.activation = watched
+        try:
+            return call(inputs, *args, **kwargs)
+        finally:
+            layer.activation = activation
+
+    layer.call = recorded
 
 
 class SetRewiring(keras.callbacks.Callback):
@@ -137,6 +328,15 @@ class SetRewiring(keras.callbacks.Callback):
     ``get_state``/``set_state`` carry the counters and the RNG across a
     resume (:mod:`xmc_tf.checkpoint`).
 
+    With ``regrowth="gradient"`` (RigL, Evci et al. 2020) a label regrows
+    at the sources of largest dense-gradient magnitude over a sample of
+    training instances (:func:`layer_gradient_sample`,
+    :func:`gradient_candidates`), and draws at random only where fewer
+    sources than it moves have a non-zero gradient (a label without
+    positive or margin-violating instances in the sample); the epoch logs
+    then also hold ``set_gradient_grown`` (connections grown at a gradient
+    source in the last rewire).
+
     Args:
       every_n_steps: rewire period in training batches (paper: 1000).
       fraction: alpha, fraction of each label's connections moved (0.1).
@@ -144,6 +344,13 @@ class SetRewiring(keras.callbacks.Callback):
         the model.
       seed: seed of the regrowth draws.
       verbose: print a line per rewire.
+      regrowth: ``"random"`` (SET) or ``"gradient"`` (RigL).
+      gradient_data: with ``"gradient"``: the sample, as ``(x, y)`` batches
+        like ``fit``'s, either an iterable read in full at every rewire or
+        a callable ``rewire_number -> iterable`` (rewire numbers count from
+        0 and survive a resume, so a callable that seeds its draw with it
+        keeps a resumed run exact).  The model's compiled loss is
+        differentiated on it (see :func:`layer_gradient_sample`).
 
     Raises:
       ValueError: bad arguments; at train begin, an optimizer other than
@@ -155,12 +362,20 @@ class SetRewiring(keras.callbacks.Callback):
     """
 
     def __init__(self, every_n_steps=1000, fraction=0.1, layers=None, seed=None,
-                 verbose=0):
+                 verbose=0, regrowth="random", gradient_data=None):
         super().__init__()
         if int(every_n_steps) < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+        if regrowth not in REGROWTH:
+            raise ValueError(f"regrowth must be one of {REGROWTH}, got "
+                             f"{regrowth!r}")
+        if regrowth == "gradient" and gradient_data is None:
+            raise ValueError('regrowth="gradient" needs gradient_data (the '
+                             "training batches its dense gradient is taken on)")
+        self.regrowth = regrowth
+        self.gradient_data = gradient_data
         self.every_n_steps = int(every_n_steps)
         self.fraction = float(fraction)
         self.layers = layers
@@ -170,6 +385,8 @@ class SetRewiring(keras.callbacks.Callback):
         self.rewires = 0
         self.last_stats = {"set_moved": 0, "set_mean_abs_pruned": 0.0,
                            "set_rewires": 0}
+        if regrowth == "gradient":
+            self.last_stats["set_gradient_grown"] = 0
 
     def _targets(self):
         if self.layers is not None:
@@ -194,12 +411,25 @@ class SetRewiring(keras.callbacks.Callback):
 
     def rewire_now(self):
         """Rewires the target layers once and returns the statistics dict."""
-        moved, pruned_abs = 0, 0.0
-        for layer in self._targets():
+        moved, pruned_abs, by_gradient = 0, 0.0, 0
+        targets = self._targets()
+        samples = [None] * len(targets)
+        if self.regrowth == "gradient" and round(self.fraction * max(
+                int(l.indices.shape[1]) for l in targets)) > 0:
+            data = self.gradient_data
+            samples = layer_gradient_sample(
+                self.model, targets, data(self.rewires) if callable(data)
+                else data)
+        for layer, sample in zip(targets, samples):
             weights = keras.ops.convert_to_numpy(layer.kernel)
             indices = keras.ops.convert_to_numpy(layer.indices)
+            grow = None
+            if sample is not None:
+                grow = gradient_candidates(
+                    *sample, indices, int(round(self.fraction * indices.shape[1])))
+                by_gradient += int((grow >= 0).sum())
             new, positions = rewire(indices, weights, self.fraction,
-                                    layer.num_features, self._rng)
+                                    layer.num_features, self._rng, grow=grow)
             if positions.shape[1] == 0:
                 continue
             rows = np.arange(indices.shape[0])[:, None]
@@ -215,9 +445,13 @@ class SetRewiring(keras.callbacks.Callback):
         self.last_stats = {"set_moved": moved,
                            "set_mean_abs_pruned": pruned_abs / max(moved, 1),
                            "set_rewires": self.rewires}
+        if self.regrowth == "gradient":
+            self.last_stats["set_gradient_grown"] = by_gradient
         if self.verbose:
             print(f"\nSetRewiring: moved {moved} connections, mean |w| pruned "
-                  f"{self.last_stats['set_mean_abs_pruned']:.4g}")
+                  f"{self.last_stats['set_mean_abs_pruned']:.4g}" + (
+                      f", {by_gradient} grown at gradient sources"
+                      if self.regrowth == "gradient" else ""))
         return self.last_stats
 
     def on_epoch_end(self, epoch, logs=None):

@@ -33,11 +33,52 @@ class UniformSparseHead(LabelWiseHead):
         return UniformSparseDense(num_labels, fan_in, seed=self.config.seed,
                                   bias_initializer="zeros", name=OUTPUT_LAYER)
 
+    _fit_data = None
+
+    def check_config(self):
+        super().check_config()
+        from xmc_tf.callbacks.rewiring import REGROWTH
+        regrowth = self.config.set.regrowth
+        if regrowth not in REGROWTH:
+            raise ValueError(f"config.set.regrowth={regrowth!r}; expected one "
+                             f"of {REGROWTH}")
+        if int(self.config.set.gradient_instances) < 1:
+            raise ValueError("config.set.gradient_instances must be >= 1, got "
+                             f"{self.config.set.gradient_instances}")
+
+    def prepare(self, train_data):
+        super().prepare(train_data)
+        # The sample of RigL's dense gradient (config.set.regrowth).
+        self._fit_data = (train_data if self.config.set.regrowth == "gradient"
+                          else None)
+
     def callbacks(self, layer, val_data):
         cbs = super().callbacks(layer, val_data)
-        if self.config.set.enabled:
+        sc = self.config.set
+        if sc.enabled:
             from xmc_tf.callbacks import SetRewiring
-            cbs.append(SetRewiring(every_n_steps=self.config.set.every_n_steps,
-                                   fraction=self.config.set.fraction,
-                                   layers=[layer], seed=self.config.seed))
+            cbs.append(SetRewiring(
+                every_n_steps=sc.every_n_steps, fraction=sc.fraction,
+                # None: every UniformSparseDense layer, the wide one too
+                layers=None if sc.wide else [layer], seed=self.config.seed,
+                regrowth=sc.regrowth, gradient_data=self._gradient_sample()))
         return cbs
+
+    def _gradient_sample(self):
+        """``rewire_number -> batches`` of ``config.set.gradient_instances``
+        fit instances, a new draw per rewire keyed by ``(seed, number)``
+        (so a resumed run draws what an uninterrupted one does); None
+        without ``regrowth="gradient"``."""
+        data = self._fit_data
+        if data is None:
+            return None
+        from xmc_tf import data as xdata
+        num = min(int(self.config.set.gradient_instances), data.num_instances)
+        batch = min(num, 512)
+        seed = self.config.seed + 7919  # not the training order's seed
+
+        def sample(number):
+            return xdata.make_tf_dataset(
+                data, batch, shuffle=True, seed=seed, first_epoch=number,
+                **self.dataset_kwargs()).take(-(-num // batch))
+        return sample
