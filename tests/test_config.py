@@ -10,7 +10,10 @@ import os
 
 import keras
 import ml_collections
+import numpy as np
 import pytest
+import scipy.sparse as sp
+import tensorflow as tf
 
 from xmc_tf import cli
 from xmc_tf import config as xconfig
@@ -180,3 +183,39 @@ def test_resume_accepts_a_saved_config_from_before_the_schema():
     assert config_changes(saved, c) == []
     saved["model"]["dropout"] = 0.3
     assert config_changes(saved, c) == ["config.model.dropout=0.3 (now 0.7)"]
+
+
+@pytest.mark.parametrize("name", xconfig.names())
+def test_every_packaged_config_builds_on_sparse_data(name):
+    """Each packaged config goes through what ``xmc-tf train`` does before
+    ``fit``: check, ``head.prepare`` on sparse training data, build and
+    initialise (the wide path's connections, the prior bias) and compile.
+    (``configs/linear.py`` once crashed here: its linear model has no wide
+    layer for the connections ``prepare`` had picked.)"""
+    from xmc_tf import data as xdata
+    from xmc_tf import train as xtrain
+    config = xconfig.get_config(name)
+    config.data.train = config.data.train or "unused.txt"  # scent: no default
+    data = xdata.make_synthetic(num_instances=200, num_features=60,
+                                num_labels=30, seed=0)
+    if name == "scent":  # multi-class: each row's first label
+        y = data.labels.tocsr()
+        first = y.indices[y.indptr[:-1]]
+        data = xdata.XCDataset(features=data.features, labels=sp.csr_matrix(
+            (np.ones(first.size, np.float32), (np.arange(first.size), first)),
+            shape=y.shape))
+    head = xtrain.check_config(config)
+    head.prepare(data)
+    model, layer, fit_model = xtrain.build_and_compile(
+        config, head, data.num_features, data.num_labels, True)
+    assert fit_model.compiled
+    x = data.features[:4].tocoo()
+    scores = model(tf.sparse.reorder(tf.SparseTensor(
+        np.stack([x.row, x.col], 1).astype(np.int64),
+        x.data.astype(np.float32), x.shape)))
+    assert scores.shape[0] == 4
+    mc = config.model
+    linear = not mc.encoder_dims and not mc.intermediate_dim
+    has_wide = any(l.name == "wide" for l in model.layers)
+    assert has_wide == bool(mc.wide_connections and head.wide_path and
+                            not linear)

@@ -22,5 +22,6 @@ def get_config():
     c.model.encoder_dims = ()  # no hidden layer: a linear model
     c.model.intermediate_dim = 0
     c.model.dropout = 0.0  # no encoder to drop out of
+    c.model.wide_connections = 0  # the model is linear: no wide path to add
     c.train.learning_rate = 1e-2  # one layer: a larger step
     return c

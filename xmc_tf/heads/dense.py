@@ -121,7 +121,10 @@ class LabelWiseHead(Head):
         Raises:
           ValueError: :meth:`prepare` saw another number of labels.
         """
-        if self._wide_connections is not None and model is not None:
+        if self._wide_connections is not None and model is not None and any(
+                l.name == WIDE_LAYER for l in model.layers):
+            # (a linear model, no hidden layer, is built without the wide
+            # path: xmc_tf.models.build_model)
             wide = model.get_layer(WIDE_LAYER)
             indices, weights = self._wide_connections
             wide.indices.assign(indices)
