@@ -19,10 +19,12 @@ process's) and 540 fit instances in batches of 36, so every global batch
 splits into two chunks of 18.  A data-parallel step then computes the
 one-process gradient -- the mean of the two chunk means is the batch mean
 -- up to the order of float additions, and SET rewires the same
-connections on the same steps.  The loss of every epoch agrees to 1e-3
-(relative) and test P@1 to 1.0 point (4 of the 400 test instances),
-where summing instead of averaging the gradients (twice the learning
-rate) moves the second epoch's loss by percents.
+connections on the same steps.  Measured: epoch losses equal to 1e-6
+(relative), test P@1 equal (67.0).  Asserted: losses to 1e-4, P@1 to 1.0
+point (4 of the 400 test instances).  The losses are the sharp check: one
+process trained on half of every batch -- what a worker whose gradient
+were left out of the all-reduce would train -- ends at P@1 67.25, but its
+epoch losses differ by 0.5, 4 and 7 %.
 """
 
 import json
@@ -60,7 +62,7 @@ def files(tmp_path_factory):
     """XC-repo train (600 instances) and test (400) files."""
     tmp = tmp_path_factory.mktemp("data")
     data = xdata.make_synthetic(1000, 200, 40, labels_per_instance=3,
-                                features_per_instance=20, seed=3)
+                                features_per_instance=12, noise=0.7, seed=3)
     xdata.write_xc(tmp / "train.txt", xdata.XCDataset(
         features=data.features[:600], labels=data.labels[:600]))
     xdata.write_xc(tmp / "test.txt", xdata.XCDataset(
@@ -195,16 +197,16 @@ def test_two_workers_match_one_process(two_workers, one_process):
     _, (chief, _), _ = two_workers
     one, two = _metrics(one_process), _metrics(chief)
     assert "strategy" not in one
-    assert one["P@1"] > 40, one  # learnt something (chance: ~8 %)
+    assert one["P@1"] > 60, one  # learnt (the most frequent label: 49)
     # See the module docstring for the tolerances.
     assert two["P@1"] == pytest.approx(one["P@1"], abs=1.0), (one, two)
     h1, h2 = _history(one_process), _history(chief)
     assert [r["set_rewires"] for r in h2] == [r["set_rewires"] for r in h1]
     for a, b in zip(h1, h2):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-3), (h1, h2)
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), (h1, h2)
         assert b["val_precision_at_3"] == pytest.approx(
             a["val_precision_at_3"], abs=0.01), (h1, h2)
-    assert h1[-1]["loss"] < 0.8 * h1[0]["loss"], h1
+    assert h1[-1]["loss"] < 0.9 * h1[0]["loss"], h1
 
 
 def test_killed_two_worker_run_resumes_on_every_worker(tmp_path, files,
