@@ -25,6 +25,11 @@ not retrained unless ``overwrite``, a killed run resumes exactly from
 ``workdir/backup`` (kept until the export is complete), and every file is
 renamed into place when complete.
 
+Under ``xmc-tf train --strategy=mirrored|multi_worker`` the same job runs
+data parallel through ``tf.distribute`` (:func:`fit_and_export`,
+:mod:`xmc_tf.distribute`): every worker trains the whole model on its
+share of every batch, and only the chief writes the work directory.
+
 Steps of :func:`train_and_evaluate`, each a function below (where to hook
 in): :func:`check_config` -> :func:`load_data` -> :func:`prepare_splits`
 (validation split, feature normalisation fitted on the fit part) ->
@@ -568,7 +573,16 @@ def _lost_contact(error) -> str | None:
                               tf.errors.DeadlineExceededError,
                               tf.errors.CancelledError)):
         return None
-    text = " ".join(str(getattr(error, "message", error)).split())
+    # TensorFlow's message: "Graph execution error:", "Detected at node
+    # ... defined at", indented stack lines, then the cause ("Socket
+    # closed", "... is down"), then gRPC details.
+    skip = ("Graph execution error", "Detected at node", "Additional GRPC",
+            ":UNKNOWN:", "The error could be", "[[")
+    lines = [line.strip() for line in
+             str(getattr(error, "message", error)).splitlines()
+             if line.strip() and not line[:1].isspace()
+             and not line.strip().startswith(skip)]
+    text = " ".join((lines[0] if lines else type(error).__name__).split())
     return text[:200]
 
 
