@@ -589,6 +589,12 @@ def _lost_contact(error) -> str | None:
 def check_strategy(config, head, cluster: xdist.Cluster) -> None:
     """Checks that ``config`` can be trained data parallel.
 
+    Args:
+      config: the job config (checked by :func:`check_config`).
+      head: its :class:`xmc_tf.heads.Head`.
+      cluster: the :class:`xmc_tf.distribute.Cluster` of the strategy
+        (``num_replicas`` is read).
+
     Raises:
       ConfigError: ``config.model.ensemble_size > 1`` (members are trained
         one process at a time), a head that cannot be trained data parallel
