@@ -19,7 +19,8 @@
   ``xmc_tf/losses/hinge.py``).
 
 Keras 3.15 needs two work-arounds under ``MultiWorkerMirroredStrategy``
-(both in :func:`_WORKER`'s ``multi_worker_fixes``, documented in
+(both in :func:`xmc_tf.distribute.multi_worker_fixes`, which
+:data:`_WORKER` applies as ``xmc-tf train --strategy`` does; documented in
 ``docs/scaling.md``): its symbolic build reduces the whole ``(x, y)`` tuple
 of the first batch with ``strategy.reduce``, which that strategy does not
 support for nested values (nor for a ``SparseTensor``), and it reduces the
@@ -86,38 +87,6 @@ _COMMON = textwrap.dedent(r"""
     import json, os, sys
     import numpy as np
     import tensorflow as tf
-
-
-    def multi_worker_fixes(model, strategy):
-        '''Keras 3.15 work-arounds for MultiWorkerMirroredStrategy.
-
-        1. fit's symbolic build calls strategy.reduce("MEAN", first_batch)
-           on the (x, y) tuple, which MultiWorkerMirroredStrategy does not
-           support for nests (nor SparseTensors, nor label-id matrices of
-           different widths on different workers): build from this worker's
-           own first batch instead (only shapes and dtypes are used).
-        2. The step logs are reduced with strategy.reduce("MEAN", v, axis=0),
-           which fails on scalars: return them as [1] vectors, whose
-           cross-worker mean is the scalar Keras logs.
-        '''
-        build = model._maybe_symbolic_build
-
-        def local_build(iterator=None, data_batch=None):
-            if iterator is not None:
-                for _, _, it in iterator:
-                    batch = next(it)
-                    break
-                data_batch = tf.nest.map_structure(
-                    lambda v: strategy.experimental_local_results(v)[0], batch)
-            return build(data_batch=data_batch)
-
-        model._maybe_symbolic_build = local_build
-        step = model.train_step
-
-        def train_step(data):
-            return {k: tf.reshape(v, [1]) for k, v in step(data).items()}
-
-        model.train_step = train_step
 """)
 
 _WORKER = _COMMON + textwrap.dedent(r"""
@@ -125,6 +94,7 @@ _WORKER = _COMMON + textwrap.dedent(r"""
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
     import keras
+    from xmc_tf.distribute import multi_worker_fixes  # Keras 3.15 work-arounds
     from xmc_tf import config as xconfig
     from xmc_tf import data as xdata
     from xmc_tf import heads as xheads

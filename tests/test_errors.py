@@ -35,7 +35,8 @@ def test_hierarchy():
     user = [errors.ConfigError, errors.DataError, errors.WorkdirError,
             errors.WorkdirBusy, errors.WorkdirFinished,
             errors.IncompleteWorkdir, errors.CheckpointError,
-            errors.TrainingDiverged, errors.OpNotRegisteredError]
+            errors.TrainingDiverged, errors.DistributeError,
+            errors.OpNotRegisteredError]
     assert all(issubclass(c, errors.UserError) for c in user)
     for c in (errors.WorkdirBusy, errors.WorkdirFinished,
               errors.IncompleteWorkdir, errors.CheckpointError):

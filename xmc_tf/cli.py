@@ -4,7 +4,8 @@ Usage::
 
     xmc-tf train --config=NAME|FILE --workdir=DIR \\
         [--config.data.train=TRAIN.txt.gz --config.data.test=TEST.txt.gz] \\
-        [--config.KEY=VALUE ...] [--overwrite] [--force]
+        [--config.KEY=VALUE ...] [--overwrite] [--force] \\
+        [--strategy=none|mirrored|multi_worker]
     xmc-tf evaluate --workdir=DIR --data=TEST.txt.gz
     xmc-tf predict --workdir=DIR --data=FILE --output=PRED.txt [--k=5]
     xmc-tf --help | xmc-tf train --help [--config=NAME|FILE]
@@ -18,10 +19,15 @@ data set.  ``--config`` takes the name of a packaged config
 (:mod:`xmc_tf.workdir`, :mod:`xmc_tf.checkpoint`).  Data specs are those of
 :func:`xmc_tf.data.load_dataset` (XC-repo files, ``X.txt|Y.txt``,
 ``EMB.npy|LABELS.txt``, ``bibtex:test``, ``synthetic:...``).
+``--strategy=mirrored`` trains data parallel on this machine's devices,
+``--strategy=multi_worker`` on the machines that ``TF_CONFIG`` names (the
+same command on each; only the chief, worker 0, writes ``DIR``):
+:mod:`xmc_tf.distribute`.
 
 Exit status: 0 success; 2 a user error -- bad flags or config, unreadable
 data, a busy/finished/incomplete workdir, a corrupt backup, a missing or
-stale op library -- printed as one line ``xmc-tf: error: ...`` naming the
+stale op library, a missing or malformed ``TF_CONFIG``, a lost worker --
+printed as one line ``xmc-tf: error: ...`` naming the
 file (and line) where known (``--debug`` adds the traceback); 130
 interrupted (Ctrl-C; the line says what was kept); 1 an internal error,
 printed with its traceback.
@@ -29,8 +35,9 @@ printed with its traceback.
 This module imports neither TensorFlow nor the ``xmc_tf`` package at module
 level, so that the console script (``xmc_tf_cli``) can answer ``--help``
 without the ~10 s TensorFlow import; commands import what they need.  The
-config schema (:mod:`xmc_tf.config`, which config files import) is loaded
-from its file when the package is not imported yet (:func:`_config_module`).
+config schema (:mod:`xmc_tf.config`, which config files import) and the
+``TF_CONFIG`` check (:mod:`xmc_tf.distribute`) are loaded from their files
+when the package is not imported yet (:func:`_light_module`).
 """
 
 from __future__ import annotations
@@ -53,28 +60,33 @@ EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 
-def _config_module():
-    """:mod:`xmc_tf.config` without importing the package (TensorFlow) when
-    it is not imported yet: loaded from its file beside this one and
-    registered under its own name, so that config files' ``from
-    xmc_tf.config import ...`` find it (and the package, once imported,
-    uses the same module)."""
-    if "xmc_tf.config" in sys.modules:  # (``import`` would load the package)
-        return sys.modules["xmc_tf.config"]
+def _light_module(name: str):
+    """The TensorFlow-free module ``xmc_tf.NAME`` (``config``,
+    ``distribute``) without importing the package (TensorFlow) when it is
+    not imported yet: loaded from its file beside this one and registered
+    under its own name, so that config files' ``from xmc_tf.config import
+    ...`` find it (and the package, once imported, uses the same module)."""
+    full = f"xmc_tf.{name}"
+    if full in sys.modules:  # (``import`` would load the package)
+        return sys.modules[full]
     if "xmc_tf" in sys.modules:
-        import xmc_tf.config  # pylint: disable=import-outside-toplevel
-        return xmc_tf.config
+        return importlib.import_module(full)
     spec = importlib.util.spec_from_file_location(
-        "xmc_tf.config",
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.py"))
+        full, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
-    sys.modules["xmc_tf.config"] = module
+    sys.modules[full] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules["xmc_tf.config"]
+        del sys.modules[full]
         raise
     return module
+
+
+def _config_module():
+    """:mod:`xmc_tf.config` (see :func:`_light_module`)."""
+    return _light_module("config")
 
 
 _DEFAULT_CONFIG = _config_module().config_file(
@@ -94,6 +106,7 @@ _FLAGS = (
     ("config", ("train",), "FILE"),
     ("overwrite", ("train",), None),
     ("force", ("train",), None),
+    ("strategy", ("train",), "NAME"),
     ("data", ("evaluate", "predict"), "SPEC"),
     ("output", ("predict",), "FILE"),
     ("k", ("predict",), "K"),
@@ -139,6 +152,13 @@ def _define_flags(argv) -> flags.FlagValues:
     flags.DEFINE_bool("force", False, "train: take over a stale lock on DIR "
                       "(one whose owner process is gone, or on another "
                       "host).", flag_values=fv)
+    flags.DEFINE_enum("strategy", "none",
+                      list(_light_module("distribute").STRATEGIES),
+                      "train: data-parallel training through tf.distribute: "
+                      "'none' (one process, one device), 'mirrored' (the "
+                      "GPUs of this machine, or its logical CPUs), "
+                      "'multi_worker' (the machines that TF_CONFIG names; run "
+                      "the same command on each).", flag_values=fv)
     flags.DEFINE_string("data", None, "evaluate/predict: the data set (XC "
                         "file, 'X.txt|Y.txt', 'EMB.npy|LABELS.txt', "
                         "bibtex:test, synthetic:...).", flag_values=fv)
@@ -258,7 +278,8 @@ def help_text(argv) -> str:
         raise UsageError(f"unknown command {command!r}; expected one of "
                          f"{', '.join(COMMANDS)} (see {PROG} --help)")
     usage = {"train": "train [--config=NAME|FILE] --workdir=DIR "
-                      "[--config.KEY=VALUE ...] [--overwrite] [--force]",
+                      "[--config.KEY=VALUE ...] [--overwrite] [--force] "
+                      "[--strategy=none|mirrored|multi_worker]",
              "evaluate": "evaluate --workdir=DIR --data=SPEC",
              "predict": "predict --workdir=DIR --data=SPEC --output=FILE "
                         "[--k=K]"}[command]
@@ -278,6 +299,12 @@ def help_text(argv) -> str:
             "A killed or interrupted run resumes from DIR/backup when the "
             "same command is rerun; a finished DIR is refused unless "
             "--overwrite; one run per DIR at a time (DIR/.lock).", 79)
+        lines += [""] + textwrap.wrap(
+            "Several machines: run the same command on each with "
+            "--strategy=multi_worker and TF_CONFIG naming every worker and "
+            "this one's index, e.g. "
+            f"TF_CONFIG='{_light_module('distribute').TF_CONFIG_EXAMPLE}'; "
+            "only worker 0 (the chief) writes DIR.", 79)
     return "\n".join(lines)
 
 
@@ -429,17 +456,26 @@ def _import_xmc_tf():
 
 def _train(fv, config_path):
     _import_xmc_tf()
+    from xmc_tf import distribute
+    # First, before TensorFlow runs any op (MultiWorkerMirroredStrategy
+    # configures the collective ops; it waits here for every worker).
+    strategy = distribute.make_strategy(fv.strategy)
     from xmc_tf import train
     from xmc_tf.errors import ConfigError
     config = _load_config(fv, config_path)
     try:
         results = train.train_and_evaluate(config, fv.workdir,
                                            overwrite=fv.overwrite,
-                                           force=fv.force)
+                                           force=fv.force, strategy=strategy)
     except ConfigError as e:
         raise ConfigError(f"{_shown(config_path)}: {e}") from e
     print("\n" + train.format_table(results))
-    print(f"\nwrote {os.path.join(fv.workdir, 'metrics.json')}")
+    cluster = distribute.Cluster(strategy)
+    if cluster.is_chief:
+        print(f"\nwrote {os.path.join(fv.workdir, 'metrics.json')}")
+    else:
+        print(f"\n{cluster.name}: done; the chief (worker 0) wrote "
+              "metrics.json and the model to its --workdir")
 
 
 def _evaluate(fv, _):
@@ -502,6 +538,9 @@ def _message(e: BaseException) -> str:
 
 def _interrupted(command, fv) -> str:
     workdir = getattr(fv, "workdir", None) if fv is not None else None
+    if command == "train" and workdir and fv.strategy == "multi_worker":
+        return ("interrupted; rerun the same command on every worker to "
+                "resume from the chief's backup (--workdir on worker 0)")
     if command == "train" and workdir:
         backup = os.path.join(workdir, "backup")
         if os.path.exists(os.path.join(backup, "checkpoint.npz")):
@@ -533,6 +572,16 @@ def _check_args(fv, rest):
         raise UsageError(f"{command} needs --data=SPEC")
     if command == "predict" and not fv.output:
         raise UsageError("predict needs --output=FILE")
+    if command == "train" and fv.strategy == "multi_worker":
+        try:  # before the ~10 s TensorFlow import
+            _light_module("distribute").parse_tf_config(
+                os.environ.get("TF_CONFIG"))
+        except ValueError as e:
+            raise UsageError(f"--strategy=multi_worker: {e}") from e
+    elif command == "train" and os.environ.get("TF_CONFIG"):
+        logging.warning("TF_CONFIG is set but --strategy=%s: this process "
+                        "trains on its own (pass --strategy=multi_worker to "
+                        "train with the workers it names)", fv.strategy)
     return command
 
 

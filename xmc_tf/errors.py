@@ -12,6 +12,8 @@ Hierarchy::
     |   |   +-- IncompleteWorkdir       it holds no complete model
     |   |   +-- CheckpointError         its backup cannot be used
     |   +-- TrainingDiverged            the training loss became NaN/inf
+    |   +-- DistributeError             a bad TF_CONFIG, a lost or failed
+    |                                   worker of a data-parallel run
     |   +-- OpNotRegisteredError (ImportError)
     |                                   a saved model's op is not registered
     +-- ImportError
@@ -33,7 +35,8 @@ from __future__ import annotations
 
 __all__ = ["UserError", "ConfigError", "DataError", "WorkdirError",
            "WorkdirBusy", "WorkdirFinished", "IncompleteWorkdir",
-           "CheckpointError", "TrainingDiverged", "OpNotRegisteredError",
+           "CheckpointError", "TrainingDiverged", "DistributeError",
+           "OpNotRegisteredError",
            "OpLibraryError"]
 
 
@@ -94,6 +97,15 @@ class CheckpointError(WorkdirError):
 class TrainingDiverged(UserError):
     """The training loss became NaN or infinite (raised by
     :class:`xmc_tf.train.StopOnNonFinite`, naming the epoch)."""
+
+
+class DistributeError(UserError):
+    """A data-parallel run (``xmc-tf train --strategy``) cannot go on: a
+    missing or malformed ``TF_CONFIG``, a worker that cannot start, the
+    chief stopping with an error the other workers report, or a worker
+    losing contact with the others (:mod:`xmc_tf.distribute`,
+    :mod:`xmc_tf.train`).  Rerunning the same command on every worker
+    resumes from the chief's backup."""
 
 
 class OpNotRegisteredError(UserError, ImportError):

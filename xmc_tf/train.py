@@ -25,6 +25,11 @@ not retrained unless ``overwrite``, a killed run resumes exactly from
 ``workdir/backup`` (kept until the export is complete), and every file is
 renamed into place when complete.
 
+Under ``xmc-tf train --strategy=mirrored|multi_worker`` the same job runs
+data parallel through ``tf.distribute`` (:func:`fit_and_export`,
+:mod:`xmc_tf.distribute`): every worker trains the whole model on its
+share of every batch, and only the chief writes the work directory.
+
 Steps of :func:`train_and_evaluate`, each a function below (where to hook
 in): :func:`check_config` -> :func:`load_data` -> :func:`prepare_splits`
 (validation split, feature normalisation fitted on the fit part) ->
@@ -39,6 +44,7 @@ Extremely Large Output Spaces", Sec. 3.4 and 4.1.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
@@ -46,6 +52,7 @@ import math
 import os
 import resource
 import shutil
+import tempfile
 
 import keras
 import numpy as np
@@ -54,6 +61,7 @@ from absl import logging
 from xmc_tf import callbacks as xcallbacks
 from xmc_tf import checkpoint as xckpt
 from xmc_tf import data as xdata
+from xmc_tf import distribute as xdist
 from xmc_tf import ensemble as xensemble
 from xmc_tf import evaluation as xevaluation
 from xmc_tf import heads as xheads
@@ -61,7 +69,7 @@ from xmc_tf import metrics as xmetrics
 from xmc_tf import preprocessing as xprep
 from xmc_tf import saving as xsaving
 from xmc_tf.errors import (CheckpointError, ConfigError, DataError,
-                           TrainingDiverged)
+                           DistributeError, TrainingDiverged)
 from xmc_tf.evaluation import format_table
 from xmc_tf.models import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
                             build_model, build_optimizer)
@@ -73,7 +81,7 @@ from xmc_tf.workdir import (Workdir, atomic_path, discard_hint,
 __all__ = ["train_and_evaluate", "build_model", "export_saved_model",
            "load_for_model", "format_table", "check_config", "load_data",
            "prepare_splits", "build_and_compile", "make_callbacks",
-           "StopOnNonFinite",
+           "check_strategy", "fit_and_export", "StopOnNonFinite", "ChiefLogs",
            "TrainingDiverged"]
 
 PREPROCESSING_FILE = Workdir.PREPROCESSING
@@ -333,7 +341,8 @@ class StopOnNonFinite(keras.callbacks.Callback):
         loss = (logs or {}).get("loss")
         if loss is None:
             return
-        value = float(keras.ops.convert_to_numpy(loss))
+        # (a [1] vector per batch under a multi-worker strategy)
+        value = float(np.ravel(keras.ops.convert_to_numpy(loss))[0])
         if not math.isfinite(value):
             raise TrainingDiverged(
                 f"training diverged: loss {value} at epoch {self._epoch + 1}"
@@ -349,9 +358,47 @@ class StopOnNonFinite(keras.callbacks.Callback):
         self._check(logs, "")
 
 
-def make_callbacks(config, workdir: str, head, layer, val_data) -> list:
+class ChiefLogs(keras.callbacks.Callback):
+    """Replaces every worker's epoch logs with the chief's (multi-worker).
+
+    Keras all-reduces the loss and the compiled metrics, so those agree on
+    every worker; values that callbacks compute on their own (held-out P@k
+    of :class:`xmc_tf.callbacks.TopKEvaluation`, SET statistics) could
+    differ in the last bits between machines, and a learning-rate schedule
+    or early stopping that decided differently on two workers would make
+    them diverge or wait for each other forever.  Placed after the
+    callbacks that write logs and before those that read them
+    (:func:`make_callbacks`), this gives every worker the chief's numbers:
+    one small broadcast per epoch (:meth:`xmc_tf.distribute.Cluster.broadcast_json`),
+    made by every worker.
+
+    Args:
+      cluster: this process's :class:`xmc_tf.distribute.Cluster`.
+    """
+
+    def __init__(self, cluster: xdist.Cluster):
+        super().__init__()
+        self.cluster = cluster
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or not self.cluster.multi_worker:
+            return
+        mine = {}
+        for key, value in logs.items():
+            try:  # a Python int or float (a [1] vector's element)
+                mine[key] = np.ravel(keras.ops.convert_to_numpy(value))[0] \
+                    .item()
+            except (TypeError, ValueError, IndexError, AttributeError):
+                continue
+        logs.update(self.cluster.broadcast_json(
+            mine if self.cluster.is_chief else None))
+
+
+def make_callbacks(config, workdir: str, head, layer, val_data,
+                   cluster: xdist.Cluster | None = None) -> list:
     """:class:`StopOnNonFinite`, then the head's own callbacks (SET,
-    held-out P@k, ...), so their epoch logs reach the rest; then LR halving
+    held-out P@k, ...), so their epoch logs reach the rest (in a
+    multi-worker ``cluster``, replaced by the chief's: :class:`ChiefLogs`); then LR halving
     and early stopping on the head's monitor (val P@3 when a validation split exists), both with
     state that survives a resume (:mod:`xmc_tf.checkpoint`; the best
     weights on disk in ``workdir/backup``, not in memory), and
@@ -364,7 +411,10 @@ def make_callbacks(config, workdir: str, head, layer, val_data) -> list:
     # (None: Keras' defaults, 1e-4 for the schedule and 0 for stopping).
     deltas = ({"lr": 1e-4, "stop": 0.0} if tc.min_delta is None else
               {"lr": float(tc.min_delta), "stop": float(tc.min_delta)})
-    cbs = [StopOnNonFinite()] + head.callbacks(layer, val_data) + [
+    cbs = [StopOnNonFinite()] + head.callbacks(layer, val_data)
+    if cluster is not None and cluster.multi_worker:
+        cbs.append(ChiefLogs(cluster))
+    cbs += [
         xcallbacks.ReduceLROnPlateau(
             monitor=monitor, mode=mode, factor=0.5, patience=tc.lr_patience,
             min_lr=tc.min_learning_rate, min_delta=deltas["lr"], verbose=1),
@@ -440,7 +490,8 @@ def _check_resumable(ckpt: xckpt.Checkpoint, config) -> None:
 
 
 def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
-                       force: bool = False, callbacks=()) -> dict:
+                       force: bool = False, callbacks=(),
+                       strategy=None) -> dict:
     """Runs the main job; see the module docstring.
 
     Holds the workdir lock throughout.  If ``workdir/backup`` holds a
@@ -448,9 +499,18 @@ def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
     from it exactly (weights, optimizer, callback states, epoch, seconds,
     history); a finished workdir is refused unless ``overwrite``.
 
+    Under a ``tf.distribute`` ``strategy`` (:func:`xmc_tf.distribute.make_strategy`)
+    the model is trained data parallel (:func:`fit_and_export`); only the
+    chief (:class:`xmc_tf.distribute.Cluster`) locks and writes ``workdir``.
+    The other workers of a multi-worker run write nothing there: they
+    receive the chief's backup (so a resumed run restores the same state
+    everywhere), keep their own checkpoints in a temporary directory that
+    is deleted when they return, and wait until the chief has evaluated and
+    exported the model.
+
     Args:
       config: ml_collections ConfigDict (see ``configs/uniform_sparse.py``).
-      workdir: output directory (created).
+      workdir: output directory (created; on the chief only).
       overwrite: retrain into a workdir that holds a finished run (its
         results, history and backup are deleted first).
       force: take over a stale workdir lock
@@ -458,6 +518,9 @@ def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
       callbacks: extra Keras callbacks, run after the job's own and before
         the checkpointer (their ``get_state``/``set_state`` are
         checkpointed too).
+      strategy: None (one process, one device) or the
+        ``tf.distribute.Strategy`` to train under, created before TensorFlow
+        ran any op.
 
     Returns:
       The metrics dict also written to ``workdir/metrics.json``: ``P@k``,
@@ -466,39 +529,214 @@ def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
       ``num_labels``, ``peak_memory_bytes`` (peak RSS, bytes, the largest
       of the run's processes), ``output_layer_bytes`` and ``model_bytes``
       (variables of the head / of the whole model, bytes), the data set
-      sizes, for MACH ``num_buckets`` and ``num_repetitions``, and ``run``
-      (the completion marker: run id, finish time, resumes, fingerprints of
-      the model files).
+      sizes, for MACH ``num_buckets`` and ``num_repetitions``, under a
+      strategy ``strategy`` / ``num_workers`` / ``num_replicas``, and
+      ``run`` (the completion marker: run id, finish time, resumes,
+      fingerprints of the model files).  A non-chief worker returns the
+      chief's dict (it wrote no file).
 
     Raises:
-      ConfigError: a bad config value.
+      ConfigError: a bad config value, or one that the strategy cannot
+        train (:func:`check_strategy`).
       DataError: unreadable or inconsistent data files.
       WorkdirBusy: another process holds the workdir lock.
       WorkdirFinished: the workdir holds a finished run (no ``overwrite``).
       CheckpointError: an unreadable backup, or one of another config.
+      DistributeError: (multi-worker) the chief stopped with an error,
+        workers run with different configs or data, or a worker lost
+        contact with the others.
     """
     head = check_config(config)
+    cluster = xdist.Cluster(strategy)
+    if strategy is not None:
+        check_strategy(config, head, cluster)
+    try:
+        if not cluster.is_chief:
+            return _worker_job(config, head, list(callbacks), cluster)
+        return _chief_job(config, workdir, head, list(callbacks), cluster,
+                          overwrite=overwrite, force=force)
+    except Exception as e:
+        lost = _lost_contact(e) if cluster.multi_worker else None
+        if lost is None:
+            raise
+        raise DistributeError(
+            f"{cluster.name} lost contact with the other workers ({lost}); "
+            "rerun the same command on every worker: the run resumes from "
+            "the chief's backup") from e
+
+
+def _lost_contact(error) -> str | None:
+    """The gist of a collective-op error from a worker that went away
+    (TensorFlow's health check aborts the pending all-reduce), else None."""
+    import tensorflow as tf
+    if not isinstance(error, (tf.errors.UnavailableError,
+                              tf.errors.DeadlineExceededError,
+                              tf.errors.CancelledError)):
+        return None
+    # TensorFlow's message: "Graph execution error:", "Detected at node
+    # ... defined at", indented stack lines, then the cause ("Socket
+    # closed", "... is down"), then gRPC details.
+    skip = ("Graph execution error", "Detected at node", "Additional GRPC",
+            ":UNKNOWN:", "The error could be", "[[")
+    lines = [line.strip() for line in
+             str(getattr(error, "message", error)).splitlines()
+             if line.strip() and not line[:1].isspace()
+             and not line.strip().startswith(skip)]
+    text = " ".join((lines[0] if lines else type(error).__name__).split())
+    return text[:200]
+
+
+def check_strategy(config, head, cluster: xdist.Cluster) -> None:
+    """Checks that ``config`` can be trained data parallel.
+
+    Args:
+      config: the job config (checked by :func:`check_config`).
+      head: its :class:`xmc_tf.heads.Head`.
+      cluster: the :class:`xmc_tf.distribute.Cluster` of the strategy
+        (``num_replicas`` is read).
+
+    Raises:
+      ConfigError: ``config.model.ensemble_size > 1`` (members are trained
+        one process at a time), a head that cannot be trained data parallel
+        (:attr:`xmc_tf.heads.Head.data_parallel`), or
+        ``config.train.batch_size`` not a multiple of the replicas (the
+        global batch is split evenly over them).
+    """
+    replicas = cluster.num_replicas
+    if config.model.ensemble_size > 1:
+        raise ConfigError(
+            f"config.model.ensemble_size={config.model.ensemble_size}: "
+            "ensembles are trained without a strategy (--strategy=none); "
+            "train the members as separate runs to spread them over machines")
+    if not head.data_parallel:
+        raise ConfigError(
+            f"config.model.head={head.name!r} cannot be trained under a "
+            "tf.distribute strategy (its trainer keeps per-process sampler "
+            "or per-instance state); use --strategy=none")
+    if config.train.batch_size % replicas:
+        raise ConfigError(
+            f"config.train.batch_size={config.train.batch_size} must be a "
+            f"multiple of the {replicas} replicas of the strategy (the global "
+            "batch is split evenly over them)")
+
+
+def _chief_job(config, workdir, head, callbacks, cluster, *, overwrite,
+               force) -> dict:
+    """The job of the chief (or the only process): lock and prepare the
+    workdir, tell the other workers whether and from what to resume, train,
+    evaluate and export, and tell them the outcome."""
     wd = Workdir(workdir)
-    with wd.lock(force=force) as lock:
-        if lock.previous_owner:
-            logging.warning("workdir %s: the previous run (pid %s) ended "
-                            "without releasing its lock", workdir,
-                            lock.previous_owner.get("pid"))
-        wd.prepare_training(overwrite)
-        if config.model.ensemble_size > 1:
-            return _run_ensemble(config, wd, overwrite=overwrite,
-                                 force=force, callbacks=list(callbacks))
-        ckpt = xckpt.load(wd.backup_dir)
-        if ckpt is not None:
-            _check_resumable(ckpt, config)
-        return _run(config, wd, head, ckpt, list(callbacks))
+    with contextlib.ExitStack() as stack:
+        try:
+            lock = stack.enter_context(wd.lock(force=force))
+            if lock.previous_owner:
+                logging.warning("workdir %s: the previous run (pid %s) ended "
+                                "without releasing its lock", workdir,
+                                lock.previous_owner.get("pid"))
+            wd.prepare_training(overwrite)
+            if config.model.ensemble_size > 1:
+                return _run_ensemble(config, wd, overwrite=overwrite,
+                                     force=force, callbacks=callbacks)
+            ckpt = xckpt.load(wd.backup_dir)
+            if ckpt is not None:
+                _check_resumable(ckpt, config)
+        except BaseException as e:
+            cluster.broadcast_json({"error": _one_line(e)})
+            raise
+        names = (sorted(n for n in os.listdir(wd.backup_dir)
+                        if not n.startswith(".") and
+                        os.path.isfile(os.path.join(wd.backup_dir, n)))
+                 if ckpt is not None else [])
+        cluster.broadcast_json({"error": None})
+        cluster.check_same("config", _config_dict(config))
+        cluster.broadcast_files(wd.backup_dir, names)
+        trained = fit_and_export(config, wd, head, ckpt, callbacks, cluster)
+        try:
+            metrics = trained()
+        except BaseException as e:
+            cluster.broadcast_json({"error": _one_line(e)})
+            raise
+        cluster.broadcast_json({"metrics": metrics})
+        return metrics
 
 
-def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
+def _worker_job(config, head, callbacks, cluster) -> dict:
+    """The job of a non-chief worker: train beside the chief from the
+    chief's backup, in a temporary directory (nothing in the workdir), then
+    wait for the chief's evaluation and export."""
+    with tempfile.TemporaryDirectory(
+            prefix=f"xmc-tf-worker{cluster.index}-") as tmp:
+        wd = Workdir(tmp)
+        start = cluster.broadcast_json()
+        if start["error"] is not None:
+            raise DistributeError(f"the chief (worker 0) stopped: "
+                                  f"{start['error']}")
+        cluster.check_same("config", _config_dict(config))
+        names = cluster.broadcast_files(wd.backup_dir)
+        ckpt = xckpt.load(wd.backup_dir) if names else None
+        fit_and_export(config, wd, head, ckpt, callbacks, cluster)
+        logging.info("%s: trained; waiting for the chief (worker 0) to "
+                     "evaluate and export the model", cluster.name)
+        done = cluster.broadcast_json()
+        if "error" in done:
+            raise DistributeError(f"the chief (worker 0) stopped after "
+                                  f"training: {done['error']}")
+        return done["metrics"]
+
+
+def _config_dict(config) -> dict:
+    """Every field of ``config`` (workers must agree on all of them:
+    ``train.epochs`` too, which a resume may change)."""
+    return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
+
+
+def fit_and_export(config, wd: Workdir, head, ckpt, extra_callbacks,
+                   cluster: xdist.Cluster | None = None):
+    """Trains the model (resuming from ``ckpt``) and returns the function
+    that evaluates and exports it.
+
+    Every worker of a data-parallel run calls this with the same config:
+    the model, its optimizer and the restored state are created under
+    ``cluster.strategy.scope()``, the training and validation batches are
+    split over the replicas (:func:`xmc_tf.data.distribute_tf_dataset`: the
+    union of the replicas' step-``i`` batches is the one-process batch
+    ``i``), and the epoch logs are the chief's (:class:`ChiefLogs`).  Each
+    worker writes ``wd`` (a temporary directory off the chief).
+
+    Args:
+      config: the job config (checked).
+      wd: the :class:`~xmc_tf.workdir.Workdir` this process writes.
+      head: the config's :class:`xmc_tf.heads.Head`.
+      ckpt: the :class:`xmc_tf.checkpoint.Checkpoint` to resume from, or
+        None.
+      extra_callbacks: the caller's callbacks.
+      cluster: the :class:`xmc_tf.distribute.Cluster`; None: one process.
+
+    Returns:
+      On the chief, a function of no arguments that evaluates the model
+      on the test set, exports it to ``wd`` and writes ``metrics.json``
+      (returning its dict); elsewhere None.
+    """
+    cluster = cluster or xdist.Cluster()
+    strategy = cluster.strategy
+
+    def scope():  # (a strategy's scope object is entered once)
+        return (strategy.scope() if strategy is not None
+                else contextlib.nullcontext())
+
     tc = config.train
     keras.utils.set_random_seed(config.seed)
     train, test, inv_prop = load_data(config, wd.path)
     logging.info("train: %s; test: %s", train, test)
+    cluster.check_same("data", {
+        "train": [train.num_instances, train.num_features, train.num_labels],
+        "test": [test.num_instances, test.num_features, test.num_labels]
+        if test is not None else None})
     write_bytes_atomic(wd.file(Workdir.CONFIG),
                        config.to_json_best_effort(indent=2).encode())
 
@@ -510,11 +748,14 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
         head.prepare(fit_data)  # e.g. SCENT sizes its per-instance duals
     except ValueError as e:
         raise DataError(" ".join(str(e).split())) from e
-    model, layer, fit_model = build_and_compile(
-        config, head, fit_data.num_features, fit_data.num_labels,
-        train_is_sparse)
+    with scope():
+        model, layer, fit_model = build_and_compile(
+            config, head, fit_data.num_features, fit_data.num_labels,
+            train_is_sparse)
+    if strategy is not None:
+        xdist.multi_worker_fixes(fit_model, strategy)
     model.summary(print_fn=logging.info)
-    cbs = make_callbacks(config, wd.path, head, layer, val_data)
+    cbs = make_callbacks(config, wd.path, head, layer, val_data, cluster)
     cbs += extra_callbacks
     stateful = xckpt.stateful_objects(cbs, fit_model)
     meta = {"run_id": Workdir.new_run_id(), "resumes": 0,
@@ -532,7 +773,8 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
                                       wd.file(Workdir.HISTORY), meta)
     initial_epoch, last_epoch = 0, tc.epochs
     if ckpt is not None:
-        xckpt.restore(ckpt, fit_model, stateful)
+        with scope():  # the optimizer's variables, if it builds them here
+            xckpt.restore(ckpt, fit_model, stateful)
         xckpt.write_history_csv(wd.file(Workdir.HISTORY), checkpointer.history)
         initial_epoch = ckpt.meta["epochs_done"]
         if ckpt.meta["stopped"]:
@@ -544,46 +786,69 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
     if ckpt is None or ckpt.meta["phase"] != "trained":
         steps = math.ceil(fit_data.num_instances / tc.batch_size)
         # One stream of epochs keyed by (seed, epoch): a resumed run sees
-        # the batches an uninterrupted one sees.
-        train_ds = xdata.make_tf_dataset(fit_data, tc.batch_size, shuffle=True,
-                                         seed=config.seed, repeat=True,
-                                         first_epoch=initial_epoch,
-                                         **head.dataset_kwargs())
-        # Keras' validation scores [batch, m]: batches within 256 MiB.
-        val_ds = (xdata.make_tf_dataset(val_data, xevaluation.score_batch_size(
-            config.eval.batch_size, model)) if val_data is not None else None)
+        # the batches an uninterrupted one sees (under a strategy, split
+        # over the replicas).
+        train_kwargs = dict(shuffle=True, seed=config.seed, repeat=True,
+                            first_epoch=initial_epoch,
+                            **head.dataset_kwargs())
+        # Keras' validation scores [batch, m]: batches within 256 MiB (per
+        # replica).
+        val_batch = xevaluation.score_batch_size(config.eval.batch_size,
+                                                 model)
+        if strategy is None:
+            train_ds = xdata.make_tf_dataset(fit_data, tc.batch_size,
+                                             **train_kwargs)
+            val_ds = (xdata.make_tf_dataset(val_data, val_batch)
+                      if val_data is not None else None)
+        else:
+            train_ds = xdata.distribute_tf_dataset(
+                strategy, fit_data, tc.batch_size, **train_kwargs)
+            val_ds = (xdata.distribute_tf_dataset(
+                strategy, val_data, val_batch * cluster.num_replicas)
+                      if val_data is not None else None)
         fit_model.fit(train_ds, validation_data=val_ds,
                       steps_per_epoch=steps, initial_epoch=initial_epoch,
                       epochs=max(last_epoch, initial_epoch),
                       shuffle=False,  # make_tf_dataset shuffles per epoch
                       callbacks=cbs + [checkpointer], verbose=tc.verbose)
+    if not cluster.is_chief:
+        return None
 
-    # The exported model takes the raw features (normalisation inside),
-    # and the test metrics are computed through it.
-    exported = xprep.with_normalization(model, norm)
-    results = {}
-    if test is not None:
-        results = evaluate_model(exported, test, inv_prop,
-                                 tuple(config.eval.ks), config.eval.batch_size)
-    results.update({
-        "train_seconds": round(checkpointer.train_seconds, 2),
-        "epochs": len(checkpointer.history),
-        "num_labels": fit_data.num_labels,
-        "num_features": fit_data.num_features,
-        "num_train_instances": num_train,
-        "num_test_instances": test.num_instances if test is not None else 0,
-        "output_layer_bytes": output_layer_bytes(model),
-        "model_bytes": model_bytes(model),
-        "head": config.model.head,
-    })
-    results.update(head.results(layer))
-    export_model(exported, wd.path, k=max(config.eval.ks))
-    results["peak_memory_bytes"] = checkpointer.peak_memory_bytes
-    metrics = wd.mark_complete(results, meta["run_id"],
-                               resumes=meta["resumes"])
-    # The backup goes only now that the export is complete.
-    shutil.rmtree(wd.backup_dir, ignore_errors=True)
-    return metrics
+    def evaluate_and_export() -> dict:
+        # The exported model takes the raw features (normalisation inside),
+        # and the test metrics are computed through it.
+        exported = xprep.with_normalization(model, norm)
+        results = {}
+        if test is not None:
+            results = evaluate_model(exported, test, inv_prop,
+                                     tuple(config.eval.ks),
+                                     config.eval.batch_size)
+        results.update({
+            "train_seconds": round(checkpointer.train_seconds, 2),
+            "epochs": len(checkpointer.history),
+            "num_labels": fit_data.num_labels,
+            "num_features": fit_data.num_features,
+            "num_train_instances": num_train,
+            "num_test_instances": test.num_instances if test is not None
+            else 0,
+            "output_layer_bytes": output_layer_bytes(model),
+            "model_bytes": model_bytes(model),
+            "head": config.model.head,
+        })
+        if strategy is not None:
+            results.update(strategy=cluster.kind,
+                           num_workers=cluster.num_workers,
+                           num_replicas=cluster.num_replicas)
+        results.update(head.results(layer))
+        export_model(exported, wd.path, k=max(config.eval.ks))
+        results["peak_memory_bytes"] = checkpointer.peak_memory_bytes
+        metrics = wd.mark_complete(results, meta["run_id"],
+                                   resumes=meta["resumes"])
+        # The backup goes only now that the export is complete.
+        shutil.rmtree(wd.backup_dir, ignore_errors=True)
+        return metrics
+
+    return evaluate_and_export
 
 
 # ---------------------------------------------------------------------------

@@ -186,6 +186,10 @@ class Head:
     #: (``[batch, num_labels]``), so that ``config.model.ensemble_size``
     #: members can be averaged (:mod:`xmc_tf.ensemble`).
     scores_every_label: ClassVar[bool] = True
+    #: Whether ``xmc-tf train --strategy=mirrored|multi_worker`` can train
+    #: the head data parallel (every replica the whole model, gradients
+    #: summed): its trainer keeps no state per process or per instance.
+    data_parallel: ClassVar[bool] = True
     #: The config fields the head adds to the schema and the defaults it
     #: changes: its entry of :data:`xmc_tf.config.HEAD_DEFAULTS` (kept
     #: there, free of TensorFlow, for ``xmc-tf train --help``), from which

@@ -167,6 +167,9 @@ class CandidateHead(Head):
 
     layer_types = ()  # decoded by the head of its (full-scoring) layer
     full_scores_in_training = False
+    # The CandidateTrainer's sampler state (ANN index, LSH tables, SCENT's
+    # per-instance duals) lives in each process, not in mirrored variables.
+    data_parallel = False
     #: ``config.model.sampled_layer`` values.
     sampled_layers: ClassVar[tuple[str, ...]] = ("uniform_sparse", "dense")
 

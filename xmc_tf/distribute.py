@@ -1,0 +1,447 @@
+"""Data-parallel training with ``tf.distribute``: the strategies of ``xmc-tf
+train --strategy``, the Keras work-arounds they need, and the chief-to-worker
+broadcasts that keep the workers in step.
+
+``--strategy=mirrored`` is ``tf.distribute.MirroredStrategy`` over this
+machine's GPUs (or its logical CPUs when it has none); ``multi_worker`` is
+``tf.distribute.MultiWorkerMirroredStrategy``, which reads the cluster from
+the ``TF_CONFIG`` environment variable, as Keras users expect (TensorFlow
+guide "Multi-worker training with Keras",
+https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras).
+Every replica holds the whole model, computes the gradient of its share of
+every global batch, and the gradients are summed across replicas after
+every step, so every replica applies the same update.  The strategy must be
+created before TensorFlow runs any op (:func:`make_strategy`).
+
+The chief -- the ``"chief"`` task, or worker 0 when ``TF_CONFIG`` names no
+chief (TensorFlow's rule, ``tf.distribute.cluster_resolver``) -- is the one
+process that writes the work directory; :class:`Cluster` says which process
+this is and carries small messages and whole files from the chief to the
+others (:meth:`Cluster.broadcast_json`, :meth:`Cluster.broadcast_files`)
+over the strategy's own all-reduce: the chief contributes its bytes, the
+others zeros, and integer sums are exact.  That is how the other workers
+restore the chief's backup (they need not see its disk) and agree on its
+epoch logs (:class:`xmc_tf.train.ChiefLogs`).
+
+This module imports only the standard library at its top, so that the
+``xmc-tf`` command checks ``TF_CONFIG`` (:func:`parse_tf_config`) before it
+spends ~10 s importing TensorFlow; TensorFlow is imported inside the
+functions that need it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+__all__ = ["STRATEGIES", "TF_CONFIG_EXAMPLE", "parse_tf_config",
+           "make_strategy", "Cluster", "multi_worker_fixes"]
+
+#: Values of ``xmc-tf train --strategy``.
+STRATEGIES = ("none", "mirrored", "multi_worker")
+
+#: What a ``TF_CONFIG`` looks like (worker 0 of two), for error messages.
+TF_CONFIG_EXAMPLE = ('{"cluster": {"worker": ["host0:12345", "host1:12345"]}, '
+                     '"task": {"type": "worker", "index": 0}}')
+
+#: int32 words per all-reduce of :meth:`Cluster.broadcast_files` (64 MiB).
+CHUNK_WORDS = 1 << 24
+
+_ADDRESS = re.compile(r"^\S+:\d{1,5}$")
+
+
+def parse_tf_config(text: str | None) -> dict:
+    """Checks a ``TF_CONFIG`` value for ``MultiWorkerMirroredStrategy``.
+
+    ``TF_CONFIG`` is the JSON that TensorFlow's ``TFConfigClusterResolver``
+    reads: ``{"cluster": {"worker": ["host:port", ...], "chief":
+    ["host:port"] (optional)}, "task": {"type": "worker" | "chief",
+    "index": I}}``.  TensorFlow itself reports a malformed one late, deep
+    in a traceback; this says what is wrong in one line.  Needs no
+    TensorFlow.
+
+    Args:
+      text: the variable's value; None or empty when unset.
+
+    Returns:
+      ``{"cluster": {type: [address, ...]}, "task_type": str,
+      "task_index": int, "num_workers": int (chief included), "index": int
+      (this process among them: the chief 0, then the workers in order),
+      "is_chief": bool, "address": str}``.
+
+    Raises:
+      ValueError: unset, not JSON, or not the layout above (the message
+        names what is missing or wrong and shows an example).
+
+    >>> info = parse_tf_config('{"cluster": {"worker": ["a:1", "b:2"]}, '
+    ...                        '"task": {"type": "worker", "index": 1}}')
+    >>> info["num_workers"], info["index"], info["is_chief"]
+    (2, 1, False)
+    """
+    example = f"e.g. TF_CONFIG='{TF_CONFIG_EXAMPLE}'"
+    if not text or not text.strip():
+        raise ValueError("TF_CONFIG is not set: it names every worker and "
+                         f"this one's index, {example}")
+    try:
+        tf_config = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"TF_CONFIG is not JSON ({e}): {text[:120]!r}; "
+                         f"{example}") from None
+    if not isinstance(tf_config, dict):
+        raise ValueError(f"TF_CONFIG must be a JSON object, got "
+                         f"{text[:120]!r}; {example}")
+    cluster, task = tf_config.get("cluster"), tf_config.get("task")
+    if not isinstance(cluster, dict) or not isinstance(
+            cluster.get("worker", cluster.get("chief")), list):
+        raise ValueError('TF_CONFIG has no "cluster": {"worker": ["host:port", '
+                         f'...]}}; {example}')
+    extra = sorted(set(cluster) - {"worker", "chief"})
+    if extra:
+        raise ValueError(f"TF_CONFIG's cluster names tasks {extra}; "
+                         "MultiWorkerMirroredStrategy trains with \"worker\" "
+                         "(and at most one \"chief\") tasks only")
+    for kind, addresses in cluster.items():
+        if not isinstance(addresses, list) or not addresses or not all(
+                isinstance(a, str) and _ADDRESS.match(a) for a in addresses):
+            raise ValueError(f'TF_CONFIG\'s cluster "{kind}" must be a '
+                             f'non-empty list of "host:port" strings, got '
+                             f"{json.dumps(addresses)[:120]}")
+    if len(cluster.get("chief", [])) > 1:
+        raise ValueError('TF_CONFIG\'s cluster "chief" names more than one '
+                         "task")
+    if not isinstance(task, dict) or "type" not in task or "index" not in task:
+        raise ValueError('TF_CONFIG has no "task": {"type": "worker", '
+                         f'"index": I}} (this process); {example}')
+    kind, index = task["type"], task["index"]
+    if kind not in cluster:
+        raise ValueError(f"TF_CONFIG's task type {kind!r} is not in its "
+                         f"cluster ({', '.join(sorted(cluster))})")
+    if not (isinstance(index, int) and not isinstance(index, bool)
+            and 0 <= index < len(cluster[kind])):
+        raise ValueError(f"TF_CONFIG's task index {index!r} is not an index "
+                         f'of its cluster\'s {len(cluster[kind])} "{kind}" '
+                         "tasks")
+    chiefs = len(cluster.get("chief", []))
+    position = index if kind == "chief" else chiefs + index
+    return {"cluster": cluster, "task_type": kind, "task_index": index,
+            "num_workers": chiefs + len(cluster.get("worker", [])),
+            "index": position, "is_chief": position == 0,
+            "address": cluster[kind][index]}
+
+
+def _error(message: str):
+    from xmc_tf.errors import DistributeError  # (TensorFlow-free module top)
+    return DistributeError(message)
+
+
+def _differences(chief, mine, prefix="") -> list:
+    """``["KEY=MINE (chief: CHIEF)", ...]`` of two JSON values (dicts
+    compared key by key)."""
+    if isinstance(chief, dict) and isinstance(mine, dict):
+        out = []
+        for key in sorted(set(chief) | set(mine)):
+            out += _differences(chief.get(key), mine.get(key),
+                                f"{prefix}{key}.")
+        return out
+    if chief == mine:
+        return []
+    return [f"{prefix[:-1] or 'value'}={mine!r} (chief: {chief!r})"]
+
+
+def make_strategy(name: str):
+    """The ``tf.distribute`` strategy that ``xmc-tf train --strategy=NAME``
+    trains under.
+
+    Call it first, before TensorFlow runs any op: ``MultiWorkerMirroredStrategy``
+    configures TensorFlow's collective ops, which is possible only before the
+    runtime starts, and it waits here until every worker of ``TF_CONFIG``
+    has started.
+
+    Args:
+      name: ``"none"`` (returns None: one process, no strategy),
+        ``"mirrored"`` (``tf.distribute.MirroredStrategy`` over the local
+        GPUs, or over the logical CPUs when there is no GPU: one replica on
+        a plain CPU machine) or ``"multi_worker"``
+        (``tf.distribute.MultiWorkerMirroredStrategy``, cluster from
+        ``TF_CONFIG``).
+
+    Returns:
+      None or the ``tf.distribute.Strategy``.
+
+    Raises:
+      DistributeError: an unknown ``name``, a missing or malformed
+        ``TF_CONFIG`` (:func:`parse_tf_config`), TensorFlow already
+        running, or a worker that cannot start its server (e.g. its port is
+        taken).
+    """
+    if name not in STRATEGIES:
+        raise _error(f"--strategy={name!r}; expected one of {STRATEGIES}")
+    if name == "none":
+        return None
+    import tensorflow as tf
+    from absl import logging
+    if name == "mirrored":
+        devices = ([d.name for d in tf.config.list_logical_devices("GPU")] or
+                   [d.name for d in tf.config.list_logical_devices("CPU")])
+        logging.info("--strategy=mirrored: %d replica(s) on %s", len(devices),
+                     ", ".join(devices))
+        return tf.distribute.MirroredStrategy(devices)
+    try:
+        info = parse_tf_config(os.environ.get("TF_CONFIG"))
+    except ValueError as e:
+        raise _error(f"--strategy=multi_worker: {e}") from None
+    logging.info("--strategy=multi_worker: worker %d of %d (%s, %s %d); "
+                 "waiting for every worker of TF_CONFIG to start",
+                 info["index"], info["num_workers"], info["address"],
+                 info["task_type"], info["task_index"])
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    except RuntimeError as e:  # collective ops configured too late
+        raise _error(
+            "--strategy=multi_worker: the strategy must be created before "
+            "TensorFlow runs any op (create it first: "
+            f"xmc_tf.distribute.make_strategy); {' '.join(str(e).split())}"
+        ) from e
+    except tf.errors.OpError as e:  # e.g. the server's port is taken
+        raise _error(
+            f"--strategy=multi_worker: worker {info['index']} cannot start "
+            f"at {info['address']}: {' '.join(e.message.split())}") from e
+
+
+class Cluster:
+    """This process's place in a data-parallel run, and broadcasts from the
+    chief.
+
+    With no strategy, or a single-process one (``MirroredStrategy``), this
+    process is the chief of a cluster of one and the broadcasts return
+    their input.  Under ``MultiWorkerMirroredStrategy`` every worker must
+    call the same broadcasts in the same order (they are collective
+    operations: a worker that skips one leaves the others waiting until
+    TensorFlow's health check gives up on it).
+
+    Args:
+      strategy: a ``tf.distribute.Strategy`` or None.
+
+    Attributes:
+      strategy: the strategy (or None).
+      kind: ``"none"``, ``"mirrored"``, ``"multi_worker"`` (the
+        ``--strategy`` value), or the class name of another strategy.
+      index: this process among the workers: 0 for the chief.
+      num_workers: processes in the run (1 without ``TF_CONFIG``).
+      is_chief: whether this process writes the work directory.
+      multi_worker: whether there is more than one process.
+    """
+
+    def __init__(self, strategy=None):
+        self.strategy = strategy
+        self.kind = "none"
+        if strategy is not None:
+            import tensorflow as tf
+            self.kind = (
+                "multi_worker" if isinstance(
+                    strategy, tf.distribute.MultiWorkerMirroredStrategy) else
+                "mirrored" if isinstance(
+                    strategy, tf.distribute.MirroredStrategy) else
+                type(strategy).__name__)
+        self.index, self.num_workers, self.is_chief = 0, 1, True
+        resolver = getattr(strategy, "cluster_resolver", None)
+        spec = resolver.cluster_spec().as_dict() if resolver else {}
+        if spec and resolver.task_type in ("worker", "chief"):
+            chiefs = len(spec.get("chief", []))
+            self.num_workers = chiefs + len(spec.get("worker", []))
+            self.index = (int(resolver.task_id) if resolver.task_type ==
+                          "chief" else chiefs + int(resolver.task_id))
+            self.is_chief = self.index == 0
+        self.multi_worker = self.num_workers > 1
+
+    @property
+    def name(self) -> str:
+        """``"worker I of N"`` (for messages)."""
+        return f"worker {self.index} of {self.num_workers}"
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas over all workers (1 without a strategy)."""
+        return self.strategy.num_replicas_in_sync if self.strategy else 1
+
+    def _from_chief(self, words):
+        """The chief's 1-D integer array ``words`` on every worker (the same
+        shape and dtype must be passed everywhere; only the chief's values
+        count).  One all-reduce: the first replica of the chief adds its
+        values, every other replica zeros."""
+        import tensorflow as tf
+        first = [self.is_chief]
+
+        def value(_):
+            keep, first[0] = first[0], False
+            return tf.constant(words if keep else words * 0)
+
+        values = self.strategy.experimental_distribute_values_from_function(
+            value)
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, values,
+                                    axis=None).numpy()
+
+    def _bytes_from_chief(self, data: bytes | None, size: int) -> bytes:
+        import numpy as np
+        words = np.zeros((size + 3) // 4, np.int32)
+        if self.is_chief:
+            words.view(np.uint8)[:size] = np.frombuffer(data, np.uint8)
+        return self._from_chief(words).astype(np.int32).tobytes()[:size]
+
+    def _sum_over_workers(self, count: int) -> int:
+        """The sum of every worker's ``count`` (one all-reduce; each worker
+        adds it once, on its first replica)."""
+        import numpy as np
+        import tensorflow as tf
+        first = [True]
+
+        def value(_):
+            keep, first[0] = first[0], False
+            return tf.constant(np.int64(count if keep else 0))
+
+        values = self.strategy.experimental_distribute_values_from_function(
+            value)
+        return int(self.strategy.reduce(tf.distribute.ReduceOp.SUM, values,
+                                        axis=None).numpy())
+
+    def check_same(self, what: str, value) -> None:
+        """Checks that every worker has the chief's ``value`` (a
+        JSON-serialisable description: the config, the data sizes), so that
+        workers started with different arguments stop at once instead of
+        building models that cannot all-reduce together.
+
+        Every worker calls it with its own ``value``; the chief's is
+        broadcast, each worker compares, and the number that differ is
+        summed, so that all of them raise or none does.
+
+        Args:
+          what: what ``value`` describes, for the message (``"config"``).
+          value: this worker's description.
+
+        Raises:
+          DistributeError: some worker's ``value`` differs from the chief's
+            (the message names the first differing entries on the workers
+            that differ; the chief says how many).
+        """
+        if not self.multi_worker:
+            return
+        chief = self.broadcast_json(value if self.is_chief else None)
+        mine = json.loads(json.dumps(value))
+        diff = [] if mine == chief else _differences(chief, mine)
+        bad = self._sum_over_workers(1 if diff else 0)
+        if not bad:
+            return
+        if diff:
+            raise _error(
+                f"{self.name} runs with another {what} than the chief (worker "
+                f"0): {', '.join(diff[:3])}{' ...' if len(diff) > 3 else ''}; "
+                "every worker must run the same command (only TF_CONFIG's "
+                "task index differs)")
+        raise _error(f"{bad} of the {self.num_workers - 1} other workers run "
+                     f"with another {what} than this chief (their messages "
+                     "say what differs); every worker must run the same "
+                     "command (only TF_CONFIG's task index differs)")
+
+    def broadcast_json(self, obj=None):
+        """The chief's ``obj`` (JSON-serialisable) on every worker.
+
+        Args:
+          obj: the value on the chief; ignored elsewhere.
+
+        Returns:
+          The chief's ``obj`` (a copy through JSON off the chief).
+        """
+        if not self.multi_worker:
+            return obj
+        import numpy as np
+        data = json.dumps(obj).encode() if self.is_chief else b""
+        size = int(self._from_chief(np.array([len(data)], np.int64))[0])
+        return json.loads(self._bytes_from_chief(data, size).decode())
+
+    def broadcast_files(self, directory: str, names=()) -> list:
+        """Copies the chief's files ``directory/NAME`` into the same-named
+        ``directory`` of every other worker, in blocks of
+        :data:`CHUNK_WORDS` words (one block in memory at a time).
+
+        Args:
+          directory: on the chief, where the files are; on the others,
+            where they are written (created; existing files of those names
+            are replaced).
+          names: on the chief, the file names (relative to ``directory``);
+            ignored elsewhere.
+
+        Returns:
+          The names copied (the chief's ``names``), on every worker.
+
+        Raises:
+          OSError: a file cannot be read (chief) or written (others).
+        """
+        if not self.multi_worker:
+            return list(names)
+        sizes = self.broadcast_json(
+            [[n, os.path.getsize(os.path.join(directory, n))] for n in names]
+            if self.is_chief else None)
+        if sizes and not self.is_chief:
+            os.makedirs(directory, exist_ok=True)
+        for name, size in sizes:
+            path = os.path.join(directory, name)
+            with open(path, "rb" if self.is_chief else "wb") as f:
+                for start in range(0, size, 4 * CHUNK_WORDS):
+                    n = min(4 * CHUNK_WORDS, size - start)
+                    block = f.read(n) if self.is_chief else None
+                    block = self._bytes_from_chief(block, n)
+                    if not self.is_chief:
+                        f.write(block)
+        return [name for name, _ in sizes]
+
+
+def multi_worker_fixes(model, strategy) -> None:
+    """Patches ``model`` (compiled under ``strategy.scope()``) for two bugs
+    of Keras 3.15's TensorFlow trainer under ``tf.distribute``.
+
+    1. ``fit``/``evaluate`` build the model symbolically from the first
+       batch reduced with ``strategy.reduce("MEAN", batch)``
+       (``keras/src/backend/tensorflow/trainer.py``,
+       ``_maybe_symbolic_build``).  ``MultiWorkerMirroredStrategy`` cannot
+       reduce a nest, a ``SparseTensor``, or label-id matrices of different
+       widths on different workers, and ``MirroredStrategy`` turns the
+       label ids into floats.  Only shapes and dtypes are needed: the model
+       is built from this worker's first replica's batch instead.
+    2. In multi-worker mode the step logs are reduced with
+       ``strategy.reduce("MEAN", v, axis=0)`` (``reduce_per_replica``), which
+       fails on scalars such as the loss: the train and test steps return
+       their logs as ``[1]`` vectors, whose cross-worker mean is what Keras
+       logs.  At the end of an epoch Keras reads the metrics themselves
+       (scalars, summed over every replica).
+
+    Both patch private Keras methods of this one model
+    (``_maybe_symbolic_build``, ``train_step``, ``test_step``); nothing
+    global changes.  Harmless without multiple workers.  Documented in
+    ``docs/scaling.md`` (several machines) and exercised by
+    ``tests/test_distributed.py`` and ``tests/test_cli_distributed.py``.
+
+    Args:
+      model: a compiled ``keras.Model``.
+      strategy: the ``tf.distribute.Strategy`` it was compiled under.
+    """
+    import tensorflow as tf
+    build = model._maybe_symbolic_build  # pylint: disable=protected-access
+
+    def local_build(iterator=None, data_batch=None):
+        if iterator is not None:
+            for _, _, it in iterator:
+                batch = next(it)
+                break
+            data_batch = tf.nest.map_structure(
+                lambda v: strategy.experimental_local_results(v)[0], batch)
+        return build(data_batch=data_batch)
+
+    model._maybe_symbolic_build = local_build  # pylint: disable=protected-access
+    for name in ("train_step", "test_step"):
+        step = getattr(model, name)
+
+        def vector_logs(data, step=step):
+            return {k: tf.reshape(v, [1]) for k, v in step(data).items()}
+
+        setattr(model, name, vector_logs)
