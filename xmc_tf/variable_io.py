@@ -64,8 +64,11 @@ def write_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
     np.lib.format.write_array_header_2_0(f, header)
     for start in range(0, shape[0], rows):
         stop = min(shape[0], start + rows)
-        block = tf.gather(tf_var, tf.range(start, stop)).numpy()
-        f.write(np.ascontiguousarray(block, dtype).tobytes())
+        # np.asarray views the gathered tensor's buffer (Tensor.numpy()
+        # would copy it) and the file takes the view's bytes (tobytes()
+        # would copy again): each block is copied once, by the gather.
+        block = np.asarray(tf.gather(tf_var, tf.range(start, stop)))
+        f.write(memoryview(np.ascontiguousarray(block, dtype)).cast("B"))
 
 
 def put_npy(zf, name: str, value) -> None:
