@@ -30,7 +30,6 @@ epoch losses differ by 0.5, 4 and 7 %.
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ import time
 import numpy as np
 import pytest
 
+from local_cluster import free_ports
 from xmc_tf import data as xdata
 from xmc_tf.workdir import Workdir
 
@@ -85,21 +85,12 @@ def _env(**extra):
     return env
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
 
 def _start_workers(tmp, make_args, name):
     """Starts workers 0 and 1 (``python -m xmc_tf train``), worker ``i``
     with ``make_args(i)``, ``TMPDIR=tmp/name-tmpI``; returns the
     processes."""
-    ports = _free_ports(2)
+    ports = free_ports(2)
     procs = []
     for index in range(2):
         tmpdir = tmp / f"{name}-tmp{index}"

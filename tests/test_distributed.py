@@ -31,7 +31,6 @@ TensorFlow initialises.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -40,6 +39,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from local_cluster import free_ports
 from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge, dense_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -185,15 +185,6 @@ _WORKER = _COMMON + textwrap.dedent(r"""
 """)
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
 
 def _env():
     env = dict(os.environ)
@@ -213,7 +204,7 @@ def _result(stdout, log):
 def two_workers(tmp_path_factory):
     """Runs the two worker processes once; returns (out_dir, results)."""
     out = tmp_path_factory.mktemp("workers")
-    ports = _free_ports(2)
+    ports = free_ports(2)
     procs = []
     for index in range(2):
         env = _env()
