@@ -17,21 +17,26 @@ of ``repeats``:
 * ``fma_gflops``: 16 independent 16-wide float FMA chains per thread
   (AVX-512 on this machine): 2 flops per lane per FMA.
 * ``copy_gbs``: ``memcpy`` of 512 MiB (read + write counted: 8 bytes per
-  float), the threads splitting the array.
+  float), the threads splitting the array; ``read_gbs``: a sum over it;
+  ``add_gbs``: ``a += b`` over two such arrays (12 bytes per float);
+  ``bandwidth_gbs``: the largest of the three (the limit of a part's bytes).
 * ``row_gather_rows_per_s``: ``acc += w[p] * table[idx[p], :]`` over random
   rows of a ``[e, b]`` float table (4 MiB at ``e = 32,768, b = 32``: in the
   caches, as the kernels' transposed batch is), accumulators in registers:
   the inner loop of the uniform-sparse kernels at its best.
 * ``element_gather_per_s``: random floats from a 256 MiB table (DRAM).
 
+The limits use the best of each rate over the thread counts (``"all"``:
+on a machine shared with other jobs the 2-thread loops can come out below
+the 1-thread ones; the machine can do at least the better of the two).
 For comparison the JSON also holds ``benchmarks/hinge_loss.py``'s
 ``stream_bandwidth`` (a single-thread NumPy copy and TensorFlow's
 multi-threaded element-wise ``x * 1``) and ``tf.matmul``'s GFLOP/s on a
 ``[2048, 2048]`` float32 product (TensorFlow's default threads).
 
 **Parts** (``part_models`` has the FLOP / byte / gather model of each; the
-limit of a part is ``max(flops / fma, bytes / copy, row gathers /
-row_gather)`` with the all-core peaks, and ``fraction = measured / limit``,
+limit of a part is ``max(flops / fma, bytes / bandwidth, row gathers /
+row_gather)`` with the ``"all"`` peaks, and ``fraction = measured / limit``,
 1 = at the limit).  Shapes: batch ``b = 32``, intermediate width ``e``,
 ``m`` labels, ``s`` connections per label, ``n`` padded label ids per row;
 ``m_nz`` = labels whose backward column has a non-zero (the kernels skip
@@ -160,8 +165,9 @@ def peak_library(cache_dir=None):
       cache_dir: where the ``.so`` goes (default: the system temp dir).
 
     Returns:
-      ``ctypes.CDLL`` with ``xr_fma``, ``xr_copy``, ``xr_row_gather`` and
-      ``xr_element_gather`` (restypes set: double seconds).
+      ``ctypes.CDLL`` with ``xr_fma``, ``xr_copy``, ``xr_read``, ``xr_add``,
+      ``xr_row_gather`` and ``xr_element_gather`` (restypes set: double
+      seconds).
 
     Raises:
       RuntimeError: ``g++`` is missing or the compile fails.
@@ -181,7 +187,8 @@ def peak_library(cache_dir=None):
             raise RuntimeError(f"compiling the peak loops failed: {e}") from e
         os.replace(tmp, so)
     lib = ctypes.CDLL(so)
-    for name in ("xr_fma", "xr_copy", "xr_row_gather", "xr_element_gather"):
+    for name in ("xr_fma", "xr_copy", "xr_read", "xr_add", "xr_row_gather",
+                 "xr_element_gather"):
         getattr(lib, name).restype = ctypes.c_double
     return lib
 
@@ -213,10 +220,12 @@ def machine_peaks(table_rows=32_768, row_width=32, copy_mib=512,
 
     Returns:
       dict: ``"per_thread_count"`` -> ``{str(threads): {"fma_gflops",
-      "copy_gbs", "row_gather_rows_per_s", "row_gather_gbs",
-      "element_gather_per_s"}}`` (GFLOP/s, GB/s = 1e9 bytes/s, rows or
-      elements per second), ``"all"`` = the entry of the largest thread
-      count, ``"per_core"`` = the 1-thread entry (or the smallest), and the
+      "copy_gbs", "read_gbs", "add_gbs", "bandwidth_gbs",
+      "row_gather_rows_per_s", "row_gather_gbs", "element_gather_per_s"}}``
+      (GFLOP/s, GB/s = 1e9 bytes/s, rows or elements per second;
+      ``bandwidth_gbs`` = max of copy, read, add), ``"per_core"`` = the
+      entry of the smallest thread count, ``"all"`` = the best of every
+      rate over the thread counts (what the limits use), and the
       parameters.
     """
     lib = lib or peak_library()
@@ -245,14 +254,24 @@ def machine_peaks(table_rows=32_768, row_width=32, copy_mib=512,
         el_s = _best(lambda: lib.xr_element_gather(
             t, _ptr(big), _ptr(el_idx), ctypes.c_int64(gathers), _ptr(sink)),
             repeats)
-        out[str(t)] = {
+        read_s = _best(lambda: lib.xr_read(t, _ptr(src), ctypes.c_int64(
+            src.size), _ptr(sink)), repeats)
+        add_s = _best(lambda: lib.xr_add(t, _ptr(dst), _ptr(src),
+                                         ctypes.c_int64(src.size)), repeats)
+        rates = {
             "fma_gflops": 512 * fma_iters * t / fma_s / 1e9,
             "copy_gbs": 8 * src.size / copy_s / 1e9,
+            "read_gbs": 4 * src.size / read_s / 1e9,
+            "add_gbs": 12 * src.size / add_s / 1e9,
             "row_gather_rows_per_s": gathers / row_s,
             "row_gather_gbs": gathers * 4 * row_width / row_s / 1e9,
             "element_gather_per_s": gathers / el_s,
         }
-    return {"per_thread_count": out, "all": out[str(threads[-1])],
+        rates["bandwidth_gbs"] = max(rates["copy_gbs"], rates["read_gbs"],
+                                     rates["add_gbs"])
+        out[str(t)] = rates
+    best = {k: max(v[k] for v in out.values()) for k in out[str(threads[0])]}
+    return {"per_thread_count": out, "all": best,
             "per_core": out[str(threads[0])], "threads": threads,
             "row_table": [table_rows, row_width], "copy_mib": copy_mib,
             "gather_table_mib": gather_table_mib}
@@ -345,16 +364,16 @@ def limit_seconds(model, peaks):
 
     Args:
       model: ``{"flops", "bytes", "row_gathers"}`` of :func:`part_models`.
-      peaks: ``{"fma_gflops", "copy_gbs", "row_gather_rows_per_s"}`` (the
-        ``"all"`` entry of :func:`machine_peaks`).
+      peaks: ``{"fma_gflops", "bandwidth_gbs", "row_gather_rows_per_s"}``
+        (the ``"all"`` entry of :func:`machine_peaks`).
 
     Returns:
       ``(seconds, bound)``: the largest of ``flops / fma``, ``bytes /
-      copy`` and ``row_gathers / row_gather`` and which one it is
+      bandwidth`` and ``row_gathers / row_gather`` and which one it is
       (``"flops"``, ``"bytes"`` or ``"gathers"``).
     """
     terms = {"flops": model["flops"] / (peaks["fma_gflops"] * 1e9),
-             "bytes": model["bytes"] / (peaks["copy_gbs"] * 1e9),
+             "bytes": model["bytes"] / (peaks["bandwidth_gbs"] * 1e9),
              "gathers": model["row_gathers"] / peaks["row_gather_rows_per_s"]}
     bound = max(terms, key=terms.get)
     return terms[bound], bound
@@ -701,10 +720,15 @@ def main(argv=None):
         else 512, repeats=2 if args.small else 5)
     for t, v in peaks["per_thread_count"].items():
         print(f"peaks, {t} thread(s): FMA {v['fma_gflops']:.0f} GFLOP/s, "
-              f"copy {v['copy_gbs']:.1f} GB/s, row gather "
+              f"copy {v['copy_gbs']:.1f} / read {v['read_gbs']:.1f} / add "
+              f"{v['add_gbs']:.1f} GB/s, row gather "
               f"{v['row_gather_rows_per_s'] / 1e6:.0f} M rows/s "
               f"({v['row_gather_gbs']:.0f} GB/s), element gather "
               f"{v['element_gather_per_s'] / 1e6:.0f} M/s", flush=True)
+    a = peaks["all"]
+    print(f"limits use (best over thread counts): FMA {a['fma_gflops']:.0f} "
+          f"GFLOP/s, bandwidth {a['bandwidth_gbs']:.1f} GB/s, row gather "
+          f"{a['row_gather_rows_per_s'] / 1e6:.0f} M rows/s", flush=True)
     lib_rates = peaks["library"]
     print(f"TF matmul {lib_rates['tf_matmul_gflops']:.0f} GFLOP/s; NumPy copy "
           f"{lib_rates['numpy_copy_gbs']:.1f} GB/s, TF element-wise "

@@ -11,6 +11,9 @@
 //    AVX-512 zmm FMAs with -march=native on an AVX-512 CPU).
 //  * xr_copy: memcpy of n floats, split over the threads (8 bytes moved per
 //    float: read + write).
+//  * xr_read: sum of n floats (4 bytes read per float).
+//  * xr_add: a[i] += b[i] over n floats (12 bytes per float: two reads, one
+//    write; the access mix of an optimizer update).
 //  * xr_row_gather: acc[0:width] += w[p] * table[idx[p], 0:width] for p <
 //    n, the threads splitting p (a random row of a cache-resident table per
 //    step: the inner loop of a uniform-sparse kernel), accumulators in
@@ -114,6 +117,33 @@ void RowGather(const float* table, const int32_t* idx, const float* w,
 }
 
 extern "C" {
+
+double xr_read(int threads, const float* a, int64_t n, float* sink) {
+  return Run(threads, [=](int t) {
+    const int64_t lo = n * t / threads, hi = n * (t + 1) / threads;
+    v16 acc[4] = {v16{}, v16{}, v16{}, v16{}};
+    int64_t i = lo;
+    for (; i + 64 <= hi; i += 64) {
+      for (int u = 0; u < 4; ++u) {
+        v16 r;
+        std::memcpy(&r, a + i + 16 * u, sizeof(r));
+        acc[u] += r;
+      }
+    }
+    float total = 0.0f;
+    for (; i < hi; ++i) total += a[i];
+    for (int u = 0; u < 4; ++u)
+      for (int l = 0; l < 16; ++l) total += acc[u][l];
+    sink[t] = total;
+  });
+}
+
+double xr_add(int threads, float* a, const float* b, int64_t n) {
+  return Run(threads, [=](int t) {
+    const int64_t lo = n * t / threads, hi = n * (t + 1) / threads;
+    for (int64_t i = lo; i < hi; ++i) a[i] += b[i];
+  });
+}
 
 // width: floats per row, a multiple of 16 in [16, 128].  Returns -1 for
 // another width.
