@@ -299,6 +299,18 @@ def library_rates(tf, n=2048, repeats=5, stream_mib=512):
     return out
 
 
+def _peak_rss():
+    """``VmHWM`` of this process (bytes), or None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _time_call(fn, *args):
     t = time.perf_counter()
     out = fn(*args)
@@ -643,6 +655,9 @@ def table(name, result):
                  f"whole head step {st['head_step_s'] * 1e3:.1f} ms")
     met = {None: "", True: " (met)", False: " (NOT met)"}[st["met"]]
     target = f", target {st['target_s']} s{met}" if st["target_s"] else ""
+    if result.get("peak_rss_bytes"):
+        lines.append(f"peak RSS so far {result['peak_rss_bytes'] / 2**30:.2f} "
+                     "GiB")
     lines.append(f"steady-state step {st['step_s'] * 1e3:.1f} ms (limit "
                  f"{st['step_limit_s'] * 1e3:.1f} ms; SET / "
                  f"{st['set_every']}){target}")
@@ -745,6 +760,7 @@ def main(argv=None):
         whole = r["head_step"]["median_s"] if r["head_step"] else None
         r["step"] = step_summary(r["parts"], whole, target=TARGETS.get(sc))
         r["load_average_after"] = os.getloadavg()
+        r["peak_rss_bytes"] = _peak_rss()
         results[sc] = r
         print(table(sc, r), flush=True)
         gc.collect()
