@@ -311,6 +311,27 @@ def _peak_rss():
     return None
 
 
+def _mem_available():
+    """``MemAvailable`` of /proc/meminfo (bytes), or None off Linux."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_estimate(b, e, d, m, s, n=0):
+    """Bytes a scale needs, roughly: the layer (indices, kernel, two Adam
+    moments), a kernel gradient and two more ``[m, s]`` copies (the SET
+    rewire's), six ``[b, m]`` float tensors and 1.5 GiB for TensorFlow and
+    Python (measured: 2.8 GB at m = 700k, s = 96)."""
+    del e, d, n
+    return 7 * 4 * m * s + 6 * 4 * b * m + 3 * 2 ** 29
+
+
 def _time_call(fn, *args):
     t = time.perf_counter()
     out = fn(*args)
@@ -752,6 +773,13 @@ def main(argv=None):
     results = {}
     for sc in scales:
         spec = SCALES[sc]
+        need, avail = memory_estimate(**spec), _mem_available()
+        if avail is not None and avail < need + 2 ** 30:
+            note = (f"skipped: needs about {need / 2**30:.1f} GiB, "
+                    f"{avail / 2**30:.1f} GiB available")
+            print(f"{sc}: {note}", flush=True)
+            results[sc] = {"skipped": note}
+            continue
         r = measure_scale(tf, sc, repeats=args.repeats, warmup=args.warmup,
                           set_repeats=args.set_repeats, parts=parts, **spec)
         models = part_models(spec["b"], spec["e"], spec["d"], spec["m"],
@@ -772,8 +800,8 @@ def main(argv=None):
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
         print(f"wrote {args.out}")
-    if args.plot:
-        plot(results, args.plot)
+    if args.plot and any("parts" in r for r in results.values()):
+        plot({k: r for k, r in results.items() if "parts" in r}, args.plot)
         print(f"wrote {args.plot}")
     return result
 

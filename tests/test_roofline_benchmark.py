@@ -136,3 +136,19 @@ def test_main_writes_every_part(tmp_path, monkeypatch):
     assert 0 < r["nonzero_fraction"] <= 1 and 0 < r["m_nz"] <= 300
     assert r["head_step"]["median_s"] > 0
     assert r["step"]["step_s"] >= r["step"]["head_step_s"]
+
+
+def test_scale_skipped_when_memory_is_short(tmp_path, monkeypatch):
+    monkeypatch.setattr(roofline, "_mem_available", lambda: 2 ** 20)
+    monkeypatch.setattr(roofline, "machine_peaks",
+                        lambda **kw: {"per_thread_count": {}, "all": {
+                            "fma_gflops": 1.0, "bandwidth_gbs": 1.0,
+                            "row_gather_rows_per_s": 1.0}})
+    monkeypatch.setattr(roofline, "library_rates", lambda tf, **kw: {
+        "tf_matmul_gflops": 1.0, "numpy_copy_gbs": 1.0,
+        "tf_elementwise_gbs": 1.0})
+    out = tmp_path / "r.json"
+    roofline.main(["--small", "--out", str(out), "--plot", str(tmp_path / "p.png")])
+    result = json.loads(out.read_text())
+    assert result["scales"]["small"]["skipped"].startswith("skipped: needs")
+    assert not (tmp_path / "p.png").exists()
