@@ -568,7 +568,9 @@ def measure_scale(tf, name, b, e, d, m, s, n, repeats=5, warmup=2,
         if part not in parts:
             return
         measured[part] = timed(fn, reps, warm)
-        log(f"  {name} {part}: {measured[part]['median_s'] * 1e3:.1f} ms")
+        measured[part]["peak_rss_bytes"] = _peak_rss()
+        log(f"  {name} {part}: {measured[part]['median_s'] * 1e3:.1f} ms "
+            f"(peak RSS {(_peak_rss() or 0) / 2**30:.2f} GiB)")
 
     fwd = tf.function(lambda: _checksum(
         tf, uniform_sparse_matmul(x, indices, kernel)))
@@ -624,7 +626,7 @@ def measure_scale(tf, name, b, e, d, m, s, n, repeats=5, warmup=2,
         del dgrads
 
     if "eval_topk" in parts:
-        block = tf.constant(rng.standard_normal((rows, m)).astype(np.float32))
+        block = tf.random.stateless_normal([rows, m], seed=[seed, 3])
         run("eval_topk", tf.function(
             lambda: _checksum(tf, *tf.math.top_k(block, k=TOP_K))))
         del block

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from xmc_tf.callbacks._steps import optimizer_step
 from xmc_tf.layers.uniform_sparse import UniformSparseDense
@@ -51,9 +52,20 @@ def _dtype_name(x) -> str:
     return getattr(x.dtype, "name", str(x.dtype))
 
 
-def _writable(array: np.ndarray) -> np.ndarray:
-    """``array``, or a copy of it when it is read-only."""
-    return array if array.flags.writeable else array.copy()
+def _rewire_by_op(indices, weights, fraction, num_features, rng, use_op):
+    """:func:`rewire` through ``Xmc>SetRewire``: ``(new indices as an int32
+    tensor, positions as a NumPy array)``, or None where ``use_op`` (None:
+    decide as :func:`rewire` does) does not pick the op or nothing moves."""
+    num_labels, fan_in = (int(d) for d in indices.shape)
+    n = int(round(fraction * fan_in))
+    if use_op is None:
+        use_op = (_dtype_name(weights) == "float32" and fan_in <= num_features
+                  and set_rewire_supported())
+    if not use_op or n == 0 or num_labels == 0:
+        return None
+    seed = rng.integers(0, np.iinfo(np.int64).max, size=2, dtype=np.int64)
+    new, positions = set_rewire(indices, weights, n, num_features, seed)
+    return new, positions.numpy()
 
 
 def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
@@ -87,15 +99,12 @@ def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
       and optimizer state must be reset by the caller).  Every row of
       ``new_indices`` holds s distinct values in ``[0, num_features)``.
     """
+    by_op = _rewire_by_op(indices, weights, fraction, num_features, rng,
+                          use_op)
+    if by_op is not None:
+        return by_op[0].numpy(), by_op[1]
     num_labels, fan_in = (int(d) for d in indices.shape)
     n = int(round(fraction * fan_in))
-    if use_op is None:
-        use_op = (_dtype_name(weights) == "float32" and fan_in <= num_features
-                  and set_rewire_supported())
-    if use_op and n > 0 and num_labels > 0:
-        seed = rng.integers(0, np.iinfo(np.int64).max, size=2, dtype=np.int64)
-        new, positions = set_rewire(indices, weights, n, num_features, seed)
-        return new.numpy(), positions.numpy()
     if not isinstance(indices, np.ndarray):
         indices = keras.ops.convert_to_numpy(indices)
     if n == 0 or num_labels == 0:
@@ -226,34 +235,44 @@ class SetRewiring(keras.callbacks.Callback):
         """Rewires the target layers once and returns the statistics dict.
 
         Per layer: :func:`rewire` on the variables (the op reads them in
-        place), then the indices, and one after another the kernel and its
-        optimizer slots, each copied to NumPy, zeroed at the moved
-        positions and assigned back (so at most one ``[m, s]`` copy of them
-        exists at a time: 1.1 GB each at m = 2.8M, s = 96).
+        place and its new indices tensor is assigned as it is), then the
+        kernel and its optimizer slots, one after another, are zeroed at the
+        moved positions (``tf.where`` with a ``[m, s]`` bool mask: one
+        ``[m, s]`` copy at a time, 1.1 GB at m = 2.8M, s = 96).
         """
         moved, pruned_abs = 0, 0.0
         for layer in self._targets():
-            new, positions = rewire(layer.indices, layer.kernel,
-                                    self.fraction, layer.num_features,
-                                    self._rng)
+            by_op = _rewire_by_op(layer.indices, layer.kernel, self.fraction,
+                                  layer.num_features, self._rng, None)
+            new, positions = by_op or rewire(
+                layer.indices, layer.kernel, self.fraction,
+                layer.num_features, self._rng, use_op=False)
+            del by_op
             if positions.shape[1] == 0:
                 continue
-            layer.indices.assign(new)
+            layer.indices.assign(new)  # a tensor: the variable takes it over
             del new
-            num_labels, fan_in = positions.shape[0], int(layer.indices.shape[1])
-            flat = positions + (np.arange(num_labels, dtype=np.int64)
-                                * fan_in)[:, None]
-            flat = flat.reshape(-1)
+            # The moved positions as a [m, s] mask (NumPy fancy assignment:
+            # TensorFlow's scatter ops run on one thread, ~20 ns per entry);
+            # then one multi-threaded select per variable, one at a time.
+            num_labels = positions.shape[0]
+            fan_in = int(layer.indices.shape[1])
+            mask = np.zeros((num_labels, fan_in), bool)
+            np.put_along_axis(mask, positions, True, axis=1)
+            moved += positions.size
             del positions
-            moved += flat.size
+            mask = tf.constant(mask)
+            kernel = tf.convert_to_tensor(layer.kernel)
+            pruned_abs += float(tf.reduce_sum(tf.where(
+                mask, tf.abs(kernel), tf.zeros((), kernel.dtype))))
+            del kernel
             slots = _optimizer_slots(self.model.optimizer, layer.kernel)
             for variable in [layer.kernel] + list(slots):
-                values = _writable(keras.ops.convert_to_numpy(variable))
-                if variable is layer.kernel:
-                    pruned_abs += float(np.abs(values.reshape(-1)[flat]).sum())
-                values.reshape(-1)[flat] = 0
-                variable.assign(values)
-                del values
+                value = tf.convert_to_tensor(variable)
+                variable.assign(tf.where(mask, tf.zeros((), value.dtype),
+                                         value))
+                del value
+            del mask
         self.rewires += 1
         self.last_stats = {"set_moved": moved,
                            "set_mean_abs_pruned": pruned_abs / max(moved, 1),
