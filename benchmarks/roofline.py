@@ -712,6 +712,8 @@ def plot(results, path):
         ax.set_xticks(xs)
         ax.set_xticklabels(keys, rotation=35, ha="right")
         ax.set_yscale("log")
+        top = max(max(parts[p]["median_s"], parts[p]["limit_s"]) for p in keys)
+        ax.set_ylim(top=top * 1e3 * 3)  # room for the labels
         ax.set_ylabel("ms")
         sh = results[name]["shape"]
         st = results[name]["step"]
