@@ -8,7 +8,7 @@ the paper's uniform-sparse model (intermediate Dense of ``e = 32,768``
 units -> ``UniformSparseDense(m, s)`` -> squared hinge, ``LazyAdam``),
 each divided by the time the peaks allow for its work.
 
-**Peaks** (``machine_peaks``): four loops in C++
+**Peaks** (``machine_peaks``): loops in C++
 (``benchmarks/roofline_peaks.cc``, compiled once with ``g++ -O3
 -march=native`` and loaded with ``ctypes``; no TensorFlow), each run on 1
 thread ("per core") and on ``os.cpu_count()`` threads ("all cores"), best
@@ -75,10 +75,11 @@ eval_topk           ``r m`` (compares)         ``4 r m``                   -
   ``Dense(e, leaky_relu)`` on the ``[b, d]`` encoder output (``d = 512``):
   forward and both gradients, then its Adam.  Not part of the head; part of
   the step.
-* ``set_rewire``: one ``SetRewiring.rewire_now()`` (NumPy ``rewire`` plus
+* ``set_rewire``: one ``SetRewiring.rewire_now()`` (the op
+  ``Xmc>SetRewire``, or NumPy ``rewire`` where the library lacks it, plus
   the assigns of indices, kernel and both Adam moments), per call: model =
-  read and write indices, kernel and the two moments once.  NumPy, one
-  core.  The paper rewires every 1,000 steps: the step counts 1/1000 of it.
+  read and write indices, kernel and the two moments once.  The paper
+  rewires every 1,000 steps: the step counts 1/1000 of it.
 * ``eval_topk``: ``tf.math.top_k(scores, 5)`` on one evaluation block of
   ``r`` rows (``xmc_tf.evaluation.SCORE_BLOCK_BYTES`` / ``4 m``: 100 rows
   at 670k), the scores already computed.
@@ -109,8 +110,9 @@ Build the op library, then::
 Output: a table per scale, JSON (``--out``, default
 ``benchmarks/results/roofline.json``) and a bar chart of measured time
 against limit per part (``--plot``, default ``.../roofline.png``).  Peak
-memory: about 2 GiB at 670k, 9 GiB at 2.8M (the SET rewire's NumPy copies
-at the end).
+RSS (recorded per part): 3.3 GiB at 670k, 12.3 GiB at 2.8M (building the
+layer, then the SET rewire); a scale is skipped, with a note in the JSON,
+when ``MemAvailable`` is below ``memory_estimate`` plus 1 GiB.
 """
 
 from __future__ import annotations
@@ -324,10 +326,19 @@ def _mem_available():
 
 
 def memory_estimate(b, e, d, m, s, n=0):
-    """Bytes a scale needs, roughly: the layer (indices, kernel, two Adam
-    moments), a kernel gradient and two more ``[m, s]`` copies (the SET
-    rewire's), six ``[b, m]`` float tensors and 1.5 GiB for TensorFlow and
-    Python (measured: 2.8 GB at m = 700k, s = 96)."""
+    """Bytes a scale needs, roughly.
+
+    The layer (indices, kernel, two Adam moments), a kernel gradient and
+    two more ``[m, s]`` copies (the layer's construction, the SET rewire),
+    six ``[b, m]`` float tensors and 1.5 GiB for TensorFlow and Python
+    (measured peaks: 2.8 GB at m = 700k, s = 96; 12.3 GiB at 2.8M).
+
+    Args:
+      b, e, d, m, s, n: as in :data:`SCALES` (``e``, ``d``, ``n`` unused).
+
+    Returns:
+      int, bytes.
+    """
     del e, d, n
     return 7 * 4 * m * s + 6 * 4 * b * m + 3 * 2 ** 29
 
@@ -386,8 +397,15 @@ def part_models(b, e, d, m, s, m_nz=None, rows=None):
 
 
 def score_rows(m):
-    """Rows of one evaluation score block at ``m`` labels (as
-    ``xmc_tf.evaluation.score_batch_size`` with a 1,024-row request)."""
+    """Rows of one evaluation score block at ``m`` labels.
+
+    Args:
+      m: labels.
+
+    Returns:
+      int: ``xmc_tf.evaluation.score_batch_size`` of a 1,024-row request
+      (``SCORE_BLOCK_BYTES / (4 m)`` float32 rows, in ``[1, 1024]``).
+    """
     from xmc_tf.evaluation import SCORE_BLOCK_BYTES
     return max(1, min(1024, SCORE_BLOCK_BYTES // (4 * m)))
 
@@ -473,8 +491,13 @@ def timed(fn, repeats, warmup=2, budget_s=None):
     """Median and min wall seconds of ``fn()`` after ``warmup`` calls.
 
     A returned tensor is read (``.numpy()``), so the time covers the work.
-    With ``budget_s``, stops repeating once that much time was spent (at
-    least one timed call).
+
+    Args:
+      fn: callable without arguments.
+      repeats: timed calls.
+      warmup: untimed calls first (tracing of a ``tf.function``).
+      budget_s: stop repeating once this many seconds were spent (at least
+        one timed call); None: all ``repeats``.
 
     Returns:
       ``{"median_s", "min_s", "repeats"}``.
@@ -659,7 +682,17 @@ def measure_scale(tf, name, b, e, d, m, s, n, repeats=5, warmup=2,
 # Output.
 
 def table(name, result):
-    """The roofline table of one scale (text)."""
+    """The roofline table of one scale.
+
+    Args:
+      name: scale name.
+      result: one entry of the JSON's ``"scales"`` (with ``"parts"`` and
+        ``"step"``).
+
+    Returns:
+      str: one line per part (measured ms, limit ms, fraction, bound),
+      then the head step, peak RSS and steady-state step lines.
+    """
     sh, parts = result["shape"], result["parts"]
     lines = [f"{name}: b={sh['b']} e={sh['e']} m={sh['m']:,} s={sh['s']}, "
              f"loss-gradient non-zeros {result['nonzero_fraction']:.1%}, "
@@ -688,8 +721,13 @@ def table(name, result):
 
 
 def plot(results, path):
-    """Bar chart: measured median vs limit per part, one panel per scale
-    (log time axis); writes ``path`` (PNG)."""
+    """Bar chart of measured median vs limit per part (log time axis).
+
+    Args:
+      results: scale name -> result with ``"parts"``, ``"shape"`` and
+        ``"step"`` (the JSON's ``"scales"``), one panel each.
+      path: PNG file to write.
+    """
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -726,7 +764,17 @@ def plot(results, path):
 
 
 def main(argv=None):
-    """Command line: see the module docstring."""
+    """Command line (see the module docstring).
+
+    Args:
+      argv: arguments (default ``sys.argv[1:]``).
+
+    Returns:
+      The result dict written to ``--out``: ``peaks``, ``scales`` (name ->
+      ``parts``, ``step``, ``head_step``, ``nonzero_fraction``, ``m_nz``,
+      ``eval_rows``, ``peak_rss_bytes``, or ``skipped``), load averages,
+      the TensorFlow version.
+    """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scales", default="670k,3m",
                    help=f"comma-separated, of {sorted(SCALES)}")
