@@ -76,15 +76,26 @@ inline void ForwardLabels(const float* featT, int64_t bp, const int32_t* idx,
 
 // One level of the reduction tree: the vectors of each pair exchange halves
 // of their blocks and add (n vectors in, n / 2 out).
+#if !defined(__clang__)
 inline void ReduceLevel(VF* cur, int n, VI lo, VI hi) {
   for (int i = 0; i < n / 2; ++i) {
     cur[i] = __builtin_shuffle(cur[2 * i], cur[2 * i + 1], lo) +
              __builtin_shuffle(cur[2 * i], cur[2 * i + 1], hi);
   }
 }
+#endif
 
 // r[q] = sum of the lanes of p[q], q < kLanes.
 inline VF ReduceLanes(const VF* p) {
+#if defined(__clang__)  // no __builtin_shuffle: lane by lane
+  VF r = VF{};
+  for (int q = 0; q < kLanes; ++q) {
+    float t = 0.0f;
+    for (int l = 0; l < kLanes; ++l) t += p[q][l];
+    r[q] = t;
+  }
+  return r;
+#else
   VF cur[kLanes];
   for (int q = 0; q < kLanes; ++q) cur[q] = p[q];
 #if XMC_CPU_LANES == 16
@@ -121,6 +132,7 @@ inline VF ReduceLanes(const VF* p) {
 #error "XMC_CPU_LANES must be 4, 8 or 16"
 #endif
   return cur[0];
+#endif  // __clang__
 }
 
 // p[q] += sum_v col[off + kLanes v : ...] * featT[ij[q] * bp + off + kLanes v
