@@ -1,4 +1,4 @@
-"""Tests of SET rewiring (xmc_tf.callbacks.rewire and SetRewiring).
+"""Tests of SET rewiring (xmc_tf.callbacks.rewire, its op and SetRewiring).
 
 Paper Sec. 2 / 4.1: every N steps, per label, the fraction alpha of
 connections with the smallest |w| is pruned and as many are regrown at
@@ -12,8 +12,24 @@ import numpy as np
 import pytest
 
 import xmc_tf
+import functools
+
+import tensorflow as tf
+
 from xmc_tf.callbacks import SetRewiring, rewire
 from xmc_tf.layers import UniformSparseDense, random_connections
+from xmc_tf.ops.uniform_sparse import set_rewire, set_rewire_supported
+
+needs_set_op = pytest.mark.skipif(not set_rewire_supported(),
+                                  reason="op library without Xmc>SetRewire")
+
+
+@pytest.fixture(params=[False, True], ids=["numpy", "op"])
+def rewire_impl(request):
+    """rewire() in NumPy and through the op Xmc>SetRewire."""
+    if request.param and not set_rewire_supported():
+        pytest.skip("op library without Xmc>SetRewire")
+    return functools.partial(rewire, use_op=request.param)
 
 
 def np_(v):
@@ -35,19 +51,20 @@ def assert_valid_rows(idx, s, e):
 
 
 # --------------------------------------------------------------------------
-# rewire()
+# rewire(), in NumPy and through the op
 # --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("m,s,e,fraction", [
-    (50, 10, 40, 0.3), (30, 10, 200, 0.1), (20, 7, 30, 0.5), (40, 4, 8, 1.0)])
-def test_rewire_replaces_smallest_with_fresh_sources(m, s, e, fraction):
+    (50, 10, 40, 0.3), (30, 10, 200, 0.1), (20, 7, 30, 0.5), (40, 4, 8, 1.0),
+    (30, 40, 100, 0.5)])  # n = 20: the op selects with nth_element
+def test_rewire_replaces_smallest_with_fresh_sources(m, s, e, fraction, rewire_impl):
     rng = np.random.default_rng(0)
     old = random_connections(m, s, e, seed=1)
     old_copy = old.copy()
     w = distinct_weights(rng, m, s)
     n = int(round(fraction * s))
     assert e - s >= n
-    new, pos = rewire(old, w, fraction, e, np.random.default_rng(2))
+    new, pos = rewire_impl(old, w, fraction, e, np.random.default_rng(2))
     np.testing.assert_array_equal(old, old_copy)  # input not modified
     assert_valid_rows(new, s, e)
     assert pos.shape == (m, n) and pos.dtype == np.int64
@@ -67,32 +84,32 @@ def test_rewire_replaces_smallest_with_fresh_sources(m, s, e, fraction):
 
 @pytest.mark.parametrize("s,fraction,n", [
     (10, 0.25, 2), (10, 0.35, 4), (10, 0.04, 0), (10, 0.06, 1), (7, 0.5, 4), (6, 0.5, 3)])
-def test_rewire_count_is_round_fraction_s(s, fraction, n):
+def test_rewire_count_is_round_fraction_s(s, fraction, n, rewire_impl):
     assert n == round(fraction * s)
     m, e = 25, 60
     old = random_connections(m, s, e, seed=3)
     w = distinct_weights(np.random.default_rng(4), m, s)
-    new, pos = rewire(old, w, fraction, e, np.random.default_rng(5))
+    new, pos = rewire_impl(old, w, fraction, e, np.random.default_rng(5))
     assert pos.shape == (m, n)
     np.testing.assert_array_equal(np.sum(new != old, axis=1), np.full(m, n))
     assert_valid_rows(new, s, e)
 
 
-def test_rewire_fraction_zero_is_identity():
+def test_rewire_fraction_zero_is_identity(rewire_impl):
     old = random_connections(5, 4, 10, seed=0)
-    new, pos = rewire(old, np.ones((5, 4), np.float32), 0.0, 10,
+    new, pos = rewire_impl(old, np.ones((5, 4), np.float32), 0.0, 10,
                       np.random.default_rng(0))
     np.testing.assert_array_equal(new, old)
     assert pos.shape == (5, 0)
     assert new is not old
 
 
-def test_rewire_with_ties_prunes_smallest_magnitudes():
+def test_rewire_with_ties_prunes_smallest_magnitudes(rewire_impl):
     rng = np.random.default_rng(6)
     m, s, e = 60, 8, 50
     old = random_connections(m, s, e, seed=6)
     w = rng.integers(-2, 3, size=(m, s)).astype(np.float32)  # many ties, zeros
-    new, pos = rewire(old, w, 0.5, e, np.random.default_rng(7))
+    new, pos = rewire_impl(old, w, 0.5, e, np.random.default_rng(7))
     rows = np.arange(m)[:, None]
     kept = np.ones((m, s), bool)
     kept[rows, pos] = False
@@ -104,12 +121,12 @@ def test_rewire_with_ties_prunes_smallest_magnitudes():
     assert_valid_rows(new, s, e)
 
 
-def test_rewire_exactly_enough_free_sources():
+def test_rewire_exactly_enough_free_sources(rewire_impl):
     # e - s == n: the regrown sources must be exactly the unused ones.
     m, s, e = 30, 8, 12
     old = random_connections(m, s, e, seed=8)
     w = distinct_weights(np.random.default_rng(8), m, s)
-    new, pos = rewire(old, w, 0.5, e, np.random.default_rng(9))
+    new, pos = rewire_impl(old, w, 0.5, e, np.random.default_rng(9))
     for j in range(m):
         assert set(new[j]) == set(new[j, np.setdiff1d(np.arange(s), pos[j])]) | (
             set(range(e)) - set(old[j]))
@@ -118,13 +135,13 @@ def test_rewire_exactly_enough_free_sources():
 
 @pytest.mark.parametrize("s,e,fraction", [(8, 10, 0.5), (10, 10, 1.0), (9, 10, 0.6),
                                           (5, 5, 0.4)])
-def test_rewire_fallback_when_too_few_free_sources(s, e, fraction):
+def test_rewire_fallback_when_too_few_free_sources(s, e, fraction, rewire_impl):
     m = 40
     n = int(round(fraction * s))
     assert e - s < n
     old = random_connections(m, s, e, seed=10)
     w = distinct_weights(np.random.default_rng(10), m, s)
-    new, pos = rewire(old, w, fraction, e, np.random.default_rng(11))
+    new, pos = rewire_impl(old, w, fraction, e, np.random.default_rng(11))
     assert_valid_rows(new, s, e)
     assert pos.shape == (m, n)
     rows = np.arange(m)[:, None]
@@ -137,30 +154,72 @@ def test_rewire_fallback_when_too_few_free_sources(s, e, fraction):
                                       np.broadcast_to(np.arange(e), (m, e)))
 
 
-def test_rewire_seeded_determinism():
+def test_rewire_seeded_determinism(rewire_impl):
     m, s, e = 80, 6, 100
     old = random_connections(m, s, e, seed=12)
     w = distinct_weights(np.random.default_rng(12), m, s)
-    a = rewire(old, w, 0.5, e, np.random.default_rng(42))
-    b = rewire(old, w, 0.5, e, np.random.default_rng(42))
-    c = rewire(old, w, 0.5, e, np.random.default_rng(43))
+    a = rewire_impl(old, w, 0.5, e, np.random.default_rng(42))
+    b = rewire_impl(old, w, 0.5, e, np.random.default_rng(42))
+    c = rewire_impl(old, w, 0.5, e, np.random.default_rng(43))
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
     np.testing.assert_array_equal(a[1], c[1])  # pruning is deterministic
     assert not np.array_equal(a[0], c[0])      # regrowth is random
 
 
-def test_rewire_regrowth_is_uniform():
+def test_rewire_regrowth_is_uniform(rewire_impl):
     m, s, e = 3200, 4, 20
     old = np.tile(np.arange(s, dtype=np.int32), (m, 1))
     w = np.tile(np.array([0.1, 1.0, 2.0, 3.0], np.float32), (m, 1))
-    new, pos = rewire(old, w, 0.25, e, np.random.default_rng(13))
+    new, pos = rewire_impl(old, w, 0.25, e, np.random.default_rng(13))
     assert np.all(pos == 0)
     counts = np.bincount(new[:, 0], minlength=e)
     assert np.all(counts[:s] == 0)
     expected = m / (e - s)  # 200 each
     sigma = np.sqrt(m * (1 / (e - s)) * (1 - 1 / (e - s)))
     assert np.all(np.abs(counts[s:] - expected) < 6 * sigma), counts
+
+
+@needs_set_op
+def test_set_rewire_op_nan_counts_as_largest_and_ties_go_to_lower_position():
+    idx = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
+    w = np.array([[np.nan, 0.5, -0.5, 2.0], [1.0, 1.0, 1.0, 1.0]], np.float32)
+    new, pos = set_rewire(idx, w, 2, 10, [3, 4])
+    np.testing.assert_array_equal(pos.numpy(), [[1, 2], [0, 1]])
+    assert_valid_rows(new.numpy(), 4, 10)
+
+
+@needs_set_op
+def test_set_rewire_op_draws_depend_on_seed_and_row_only():
+    m, s, e = 5000, 16, 1000
+    idx = random_connections(m, s, e, seed=0)
+    w = distinct_weights(np.random.default_rng(1), m, s)
+    a = set_rewire(idx, w, 4, e, [7, 8])[0].numpy()
+    # The same rows in another batch of labels get the same draws (the
+    # generator is keyed by (seed, row), whatever the sharding).
+    b = set_rewire(idx[:1000], w[:1000], 4, e, [7, 8])[0].numpy()
+    np.testing.assert_array_equal(a[:1000], b)
+    assert not np.array_equal(
+        a, set_rewire(idx, w, 4, e, [7, 9])[0].numpy())
+
+
+@needs_set_op
+@pytest.mark.parametrize("args,message", [
+    (dict(idx=[[0, 12]]), r"indices\[0, 1\] = 12 is out of range"),
+    (dict(idx=[[0, -1]]), r"indices\[0, 1\] = -1 is out of range"),
+    (dict(n=3), "num_moved = 3 must be <= fan_in = 2"),
+    (dict(e=1), "num_features = 1 must be in"),
+    (dict(w=[[1.0, 2.0, 3.0]]), "weights shape"),
+    (dict(seed=[1]), "seed must be a"),
+])
+def test_set_rewire_op_invalid_arguments(args, message):
+    kw = dict(idx=[[0, 1]], w=[[1.0, 2.0]], n=1, e=10, seed=[1, 2])
+    kw.update(args)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
+                       match=message):
+        set_rewire(np.array(kw["idx"], np.int32),
+                   np.array(kw["w"], np.float32), kw["n"], kw["e"],
+                   kw["seed"])
 
 
 # --------------------------------------------------------------------------

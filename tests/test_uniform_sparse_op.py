@@ -358,3 +358,60 @@ def test_grad_features_zero_signal_against_non_finite_weights():
     _, ref_gx, _ = reference(x, indices, w_ok, g)
     assert np.isfinite(gx).all()
     np.testing.assert_allclose(gx, ref_gx, rtol=1e-5, atol=1e-4)
+
+
+# Every instruction set of the CPU loops (uniform_sparse_cpu_loops.h;
+# XMC_TF_CPU_ISA can only lower the detected one), on cases that reach the
+# tiled paths: batches that are not a multiple of 16 (padding), wider than
+# one register block (b = 70: 64 + a 16-float tail with AVX-512), fan-ins
+# with tails (17 = 16 + 1 connections per reduction, 4 + 1 per unrolled
+# step), and the sparse per-instance path of the features gradient.
+ISA_CASES = {
+    "b70_s17": dict(b=70, e=90, m=77, s=17),
+    "b33_s3": dict(b=33, e=20, m=40, s=3, density=0.5),
+    "b1": dict(b=1, e=40, m=129, s=4),
+    "b16_s96": dict(b=16, e=200, m=20, s=96),
+    "sparse": dict(b=32, e=300, m=500, s=16, density=0.01),
+    "duplicates": dict(b=20, e=50, m=40, s=8, duplicates=True),
+}
+
+
+@pytest.mark.parametrize("isa", ["base", "avx2", "avx512"])
+@pytest.mark.parametrize("name", sorted(ISA_CASES))
+def test_every_cpu_instruction_set_matches_reference(isa, name, monkeypatch):
+    monkeypatch.setenv("XMC_TF_CPU_ISA", isa)
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    x, indices, weights, g = make_case(rng, **ISA_CASES[name])
+    y, gx, gw = run_op(x, indices, weights, g)
+    ref_y, ref_gx, ref_gw = reference(x, indices, weights, g)
+    np.testing.assert_allclose(y, ref_y, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(gx, ref_gx, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(gw, ref_gw, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", ["base", "avx512"])
+def test_grad_features_partly_zero_column_against_non_finite_weight(
+        isa, monkeypatch):
+    """A dense signal (the tiled features gradient) on a label with inf / NaN
+    weights: only its non-zero backward entries multiply them."""
+    monkeypatch.setenv("XMC_TF_CPU_ISA", isa)
+    rng = np.random.default_rng(15)
+    b, e, m, s = 40, 12, 50, 5
+    x, indices, weights, g = make_case(rng, b, e, m, s)
+    weights[2, :] = np.inf
+    weights[4, 1] = np.nan
+    g[:20, 2] = 0.0
+    g[:30, 4] = 0.0
+    gx = lib.xmc_uniform_sparse_matmul_grad_features(
+        backward=g, features=x, indices=indices, weights=weights).numpy()
+    ref = np.zeros((b, e))
+    for i in range(b):
+        for j in range(m):
+            if g[i, j] != 0:
+                for k in range(s):
+                    ref[i, indices[j, k]] += float(g[i, j]) * float(weights[j, k])
+    assert np.isfinite(gx[:20]).all()
+    np.testing.assert_array_equal(np.isnan(gx), np.isnan(ref))
+    np.testing.assert_array_equal(np.isposinf(gx), np.isposinf(ref))
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(gx[finite], ref[finite], rtol=1e-5, atol=1e-4)

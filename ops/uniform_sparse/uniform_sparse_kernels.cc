@@ -4,32 +4,41 @@
 // Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 // Extremely Large Output Spaces", Sec. 3.2-3.3, Algorithms 1-3.
 //
-// CPU design (all three kernels run on TensorFlow's intra-op thread pool):
-//  * Forward: features are first transposed to featT [num_features, batch]
-//    (float32).  Labels are processed in tiles of kTile; every connection
-//    (j, k) then adds weights[j, k] * featT[indices[j, k], :] to a per-label
-//    accumulator of `batch` floats, a contiguous, vectorisable axpy.  The
-//    tile's accumulators are written to scores[:, j0:j0+kTile] row by row.
-//  * Gradient w.r.t. features: work units are (instance i, chunk of labels);
-//    each unit owns its output row (or a private buffer when there are more
-//    chunks than one), so no two threads write the same memory and no
-//    atomics are needed.  A zero backward[i, j] skips label j without reading
-//    its indices or weights (Sec. 3.3).
+// CPU design (all three kernels run on TensorFlow's intra-op thread pool; the
+// hot loops are in uniform_sparse_cpu_loops.h, compiled for AVX-512, AVX2 +
+// FMA and baseline x86-64 and picked at run time by CPU features):
+//  * Forward: features are first transposed to featT [num_features, bp]
+//    (float32, the batch padded with zeros to bp, a multiple of 16).  Labels
+//    are processed in tiles of kTile; every connection (j, k) adds
+//    weights[j, k] * featT[indices[j, k], :] to the label's accumulators,
+//    held in vector registers (four independent partial sums over k).  The
+//    tile's results are written to scores[:, j0:j0+kTile] row by row.
+//  * Gradient w.r.t. features: when the backward signal has on average at
+//    least one non-zero per label column (kDenseColumnEntries), the
+//    transpose of the forward: each thread takes a range of label tiles,
+//    gathers their backward columns, and adds weights[j, k] * column to row
+//    indices[j, k] of a private gT [num_features, bp] buffer (a vector
+//    read-modify-write per connection); the buffers are then summed into
+//    grad [batch, num_features].  A label with an all-zero column is
+//    skipped without reading its indices or weights (Sec. 3.3); a label
+//    with a non-finite weight adds its non-zero entries one by one.  For a
+//    sparser signal (or when the buffers would be too large), work units
+//    are (instance i, chunk of labels) as before: each unit owns its output
+//    row (or a private buffer when there are more chunks than one), and a
+//    zero backward[i, j] skips label j without reading it.
 //  * Gradient w.r.t. weights: labels are processed in tiles; a tile's
 //    backward columns are gathered once, a label whose column is all zero
 //    writes zeros without reading its indices, a sparse column visits only
-//    its non-zero instances, a dense one does a vectorised dot product over
-//    featT.  In every path (and on the GPU) a zero backward[i, j] contributes
+//    its non-zero instances, a dense one computes the dot products of its
+//    column with the featT rows of its connections, sixteen connections at
+//    a time (register accumulators, one shuffle-tree reduction).  In every
+//    path (and on the GPU) a zero backward[i, j] contributes
 //    exactly 0 to grad_weights[j, :], even where features[i, indices[j, k]]
 //    is inf or NaN (no 0 * inf = NaN): which outputs are non-finite does not
 //    depend on the density of backward.  The same holds for the gradient
 //    w.r.t. features (zero entries are skipped there too).
 //  * Every kernel validates ranks, shapes and the index range first and fails
 //    with InvalidArgument naming the offending entry.
-//
-// Hot loops are compiled for AVX2/FMA and for baseline x86-64 and picked at
-// run time (GCC function multiversioning), so the library runs on any x86-64
-// CPU that TensorFlow runs on.
 
 #include <algorithm>
 #include <atomic>
@@ -39,6 +48,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/uniform_sparse/uniform_sparse_cpu_loops.h"
 #include "ops/uniform_sparse/uniform_sparse_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -47,12 +57,6 @@
 
 #if XMC_TF_WITH_CUDA
 #include "xla/stream_executor/stream.h"
-#endif
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define XMC_MULTIVERSION __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define XMC_MULTIVERSION
 #endif
 
 namespace xmc_tf {
@@ -69,7 +73,16 @@ namespace errors = ::tensorflow::errors;
 
 namespace {
 
-constexpr int64_t kTile = 16;  // labels per tile (forward, weight gradient)
+constexpr int64_t kTile = 16;  // labels per tile (forward, gradients)
+// The features gradient takes the tiled (transposed-forward) path when the
+// backward signal has at least this many non-zeros per label column on
+// average (estimated), and its per-thread buffers fit in kMaxScatterBytes.
+constexpr double kDenseColumnEntries = 1.0;
+constexpr int64_t kMaxScatterBytes = int64_t{1} << 30;
+
+using cpu_loops::CpuIsa;
+using cpu_loops::Isa;
+using cpu_loops::PaddedBatch;
 
 // ---------------------------------------------------------------------------
 // Validation shared by the CPU and GPU kernels.
@@ -159,22 +172,7 @@ Status ValidateIndexRange(OpKernelContext* ctx, const Tensor& indices,
 }
 
 // ---------------------------------------------------------------------------
-// Hot loops (float only, multiversioned).
-
-// acc[t, :] = sum_k w[t, k] * featT[idx[t, k], :] for t < ntile.
-XMC_MULTIVERSION
-void ForwardTile(const float* featT, int64_t batch, const int32_t* idx,
-                 const float* w, int64_t ntile, int64_t fan_in, float* acc) {
-  for (int64_t t = 0; t < ntile; ++t) {
-    float* a = acc + t * batch;
-    std::fill(a, a + batch, 0.0f);
-    for (int64_t k = 0; k < fan_in; ++k) {
-      const float* row = featT + static_cast<int64_t>(idx[t * fan_in + k]) * batch;
-      const float wv = w[t * fan_in + k];
-      for (int64_t i = 0; i < batch; ++i) a[i] += wv * row[i];
-    }
-  }
-}
+// Scalar helpers (the vectorised loops are in uniform_sparse_cpu_loops.h).
 
 // out[f] += g * w[j, k] at f = idx[j, k] for the labels j in [j0, j1) whose
 // backward value g = back[j] is non-zero.
@@ -192,60 +190,58 @@ void GradFeaturesRow(const T* back, const int32_t* idx, const T* w, int64_t j0,
   }
 }
 
-// Eight independent partial sums: a plain float reduction is not vectorised
-// without -ffast-math (it would reassociate the additions).
-XMC_MULTIVERSION
-float DenseDot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
-  }
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
-            ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
 // sum_i a[i] * b[i] over the terms with a[i] != 0: a zero entry of the
 // backward signal `a` contributes exactly 0, also against an inf or NaN
 // feature in `b` (where the product would be NaN).  This is what skipping
-// zero entries means (Sec. 3.3), so the dense path of the weight gradient
-// agrees with its sparse path on which outputs are NaN/inf whatever the
-// density (they may still differ in rounding: other summation order).
-// The plain vectorised DenseDot runs first; a finite result implies that
-// every product was finite, and it then equals the masked sum (adding a +-0
-// product to a sum that starts at +0 changes nothing).  Only a non-finite
-// result is recomputed with the zero terms left out (rare: inf/NaN features
-// or overflow), so the common case keeps the vectorised loop.
-float DenseDotSkipZeros(const float* a, const float* b, int64_t n) {
-  const float s = DenseDot(a, b, n);
-  if (std::isfinite(s)) return s;
-  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) {
-      if (a[i + l] != 0.0f) acc[l] += a[i + l] * b[i + l];
-    }
-  }
-  float t = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
-            ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) {
+// zero entries means (Sec. 3.3).  The vectorised dense dot products run
+// first; a finite result implies that every product was finite, and it then
+// equals this masked sum (adding a +-0 product to a sum that starts at +0
+// changes nothing).  Only a non-finite result is recomputed here (rare:
+// inf/NaN features or overflow).
+float MaskedDot(const float* a, const float* b, int64_t n) {
+  float t = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
     if (a[i] != 0.0f) t += a[i] * b[i];
   }
   return t;
 }
 
+bool AllFinite(const float* w, int64_t n) {
+  float acc = 0.0f;  // inf/NaN anywhere makes w * 0 NaN
+  for (int64_t k = 0; k < n; ++k) acc += w[k] * 0.0f;
+  return acc == 0.0f;
+}
+
+// Gathers backward[:, j0:j0+nt] into column[t * bp + i] (zero for i >= batch)
+// and counts the non-zeros of each column into nnz[t].
+template <typename T>
+void GatherColumns(const T* back, int64_t batch, int64_t num_labels,
+                   int64_t j0, int64_t nt, int64_t bp, float* column,
+                   int64_t* nnz) {
+  std::fill(nnz, nnz + nt, 0);
+  for (int64_t i = 0; i < batch; ++i) {
+    const T* row = back + i * num_labels + j0;
+    for (int64_t t = 0; t < nt; ++t) {
+      const float g = static_cast<float>(row[t]);
+      column[t * bp + i] = g;
+      nnz[t] += g != 0.0f;
+    }
+  }
+  for (int64_t t = 0; t < nt; ++t) {
+    std::fill(column + t * bp + batch, column + (t + 1) * bp, 0.0f);
+  }
+}
+
 // Tiled parallel transpose of features [batch, num_features] into float32
-// featT [num_features, batch].
+// featT [num_features, bp] (bp >= batch; columns batch..bp-1 zero).
 template <typename T>
 void TransposeFeatures(OpKernelContext* ctx, const T* features, int64_t batch,
-                       int64_t num_features, float* featT) {
+                       int64_t num_features, int64_t bp, float* featT) {
   constexpr int64_t kBlock = 32;
   const int64_t row_blocks = (num_features + kBlock - 1) / kBlock;
   auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
   ::tensorflow::Shard(
-      workers->num_threads, workers->workers, row_blocks, batch * kBlock * 2,
+      workers->num_threads, workers->workers, row_blocks, bp * kBlock * 2,
       [&](int64_t start, int64_t limit) {
         for (int64_t rb = start; rb < limit; ++rb) {
           const int64_t f0 = rb * kBlock;
@@ -255,8 +251,13 @@ void TransposeFeatures(OpKernelContext* ctx, const T* features, int64_t batch,
             for (int64_t i = i0; i < i1; ++i) {
               const T* src = features + i * num_features;
               for (int64_t f = f0; f < f1; ++f) {
-                featT[f * batch + i] = static_cast<float>(src[f]);
+                featT[f * bp + i] = static_cast<float>(src[f]);
               }
+            }
+          }
+          if (bp > batch) {
+            for (int64_t f = f0; f < f1; ++f) {
+              std::fill(featT + f * bp + batch, featT + (f + 1) * bp, 0.0f);
             }
           }
         }
@@ -321,32 +322,35 @@ class UniformSparseMatmulOp : public OpKernel {
     if (d.batch == 0 || d.num_labels == 0) return;
     T* out = scores->flat<T>().data();
 
+    const int64_t bp = PaddedBatch(d.batch);
     Tensor featT_t;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(
                             ::tensorflow::DT_FLOAT,
-                            TensorShape({d.num_features, d.batch}), &featT_t));
+                            TensorShape({d.num_features, bp}), &featT_t));
     float* featT = featT_t.flat<float>().data();
     TransposeFeatures(ctx, features.flat<T>().data(), d.batch, d.num_features,
-                      featT);
+                      bp, featT);
     std::vector<float> w_storage;
     const float* w = AsFloat<T>(weights, &w_storage);
     const int32_t* idx = indices.flat<int32_t>().data();
+    const Isa isa = CpuIsa();
 
     const int64_t num_tiles = (d.num_labels + kTile - 1) / kTile;
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     ::tensorflow::Shard(
         workers->num_threads, workers->workers, num_tiles,
-        2 * kTile * d.fan_in * d.batch, [&](int64_t start, int64_t limit) {
-          std::vector<float> acc(kTile * d.batch);
+        2 * kTile * d.fan_in * bp, [&](int64_t start, int64_t limit) {
+          std::vector<float> acc(kTile * bp);
           for (int64_t tile = start; tile < limit; ++tile) {
             const int64_t j0 = tile * kTile;
             const int64_t nt = std::min(kTile, d.num_labels - j0);
-            ForwardTile(featT, d.batch, idx + j0 * d.fan_in,
-                        w + j0 * d.fan_in, nt, d.fan_in, acc.data());
+            cpu_loops::ForwardLabels(isa, featT, bp, idx + j0 * d.fan_in,
+                                     w + j0 * d.fan_in, nt, d.fan_in,
+                                     acc.data());
             for (int64_t i = 0; i < d.batch; ++i) {
               T* row = out + i * d.num_labels + j0;
               for (int64_t t = 0; t < nt; ++t) {
-                row[t] = static_cast<T>(acc[t * d.batch + i]);
+                row[t] = static_cast<T>(acc[t * bp + i]);
               }
             }
           }
@@ -375,9 +379,22 @@ class UniformSparseMatmulGradFeaturesOp : public OpKernel {
     if (out_size == 0) return;
 
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    // Split labels into chunks when the batch alone cannot keep every thread
-    // busy; each (instance, chunk) unit then owns a private row.
     const int64_t threads = std::max(1, workers->num_threads);
+    const T* back = backward.flat<T>().data();
+    const int64_t bp = PaddedBatch(d.batch);
+    const int64_t num_tiles = (d.num_labels + kTile - 1) / kTile;
+    const int64_t parts = std::max<int64_t>(1, std::min(threads, num_tiles));
+    const double density = EstimateDensity(back, d.batch * d.num_labels);
+    if (density * d.batch >= kDenseColumnEntries && d.num_labels > 0 &&
+        static_cast<double>(parts) * d.num_features * bp * 4 <=
+            static_cast<double>(kMaxScatterBytes)) {
+      ScatterTiles(ctx, d, back, indices, weights, bp, num_tiles, parts,
+                   grad->flat<T>().data());
+      return;
+    }
+    // Per instance: split labels into chunks when the batch alone cannot
+    // keep every thread busy; each (instance, chunk) unit then owns a
+    // private row.
     int64_t chunks = 1;
     if (d.batch < 2 * threads && d.num_labels >= 4096) {
       chunks = std::min<int64_t>((2 * threads + d.batch - 1) / d.batch,
@@ -395,7 +412,6 @@ class UniformSparseMatmulGradFeaturesOp : public OpKernel {
                               &buffer_t));
       buffer = buffer_t.flat<float>().data();
     }
-    const T* back = backward.flat<T>().data();
     const T* w = weights.flat<T>().data();
     const int32_t* idx = indices.flat<int32_t>().data();
     const int64_t per_chunk = (d.num_labels + chunks - 1) / chunks;
@@ -420,6 +436,86 @@ class UniformSparseMatmulGradFeaturesOp : public OpKernel {
             float s = 0.0f;
             for (int64_t c = 0; c < chunks; ++c) s += buffer[c * out_size + p];
             out[p] = static_cast<T>(s);
+          }
+        });
+  }
+
+ private:
+  // The tiled path (see the file comment): `parts` label ranges, each
+  // scattered into its own gT [num_features, bp] buffer, then summed and
+  // transposed into out [batch, num_features].
+  static void ScatterTiles(OpKernelContext* ctx, const Dims& d, const T* back,
+                           const Tensor& indices, const Tensor& weights,
+                           int64_t bp, int64_t num_tiles, int64_t parts,
+                           T* out) {
+    Tensor gT_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(
+                            ::tensorflow::DT_FLOAT,
+                            TensorShape({parts, d.num_features, bp}), &gT_t));
+    float* gT_all = gT_t.flat<float>().data();
+    std::vector<float> w_storage;
+    const float* w = AsFloat<T>(weights, &w_storage);
+    const int32_t* idx = indices.flat<int32_t>().data();
+    const Isa isa = CpuIsa();
+    const int64_t slice = d.num_features * bp;
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, parts,
+        std::max<int64_t>(1, num_tiles / parts) * kTile * d.fan_in * bp,
+        [&](int64_t start, int64_t limit) {
+          std::vector<float> column(kTile * bp);
+          std::vector<int64_t> nnz(kTile);
+          for (int64_t part = start; part < limit; ++part) {
+            float* gT = gT_all + part * slice;
+            std::fill(gT, gT + slice, 0.0f);
+            const int64_t t0 = num_tiles * part / parts;
+            const int64_t t1 = num_tiles * (part + 1) / parts;
+            for (int64_t tile = t0; tile < t1; ++tile) {
+              const int64_t j0 = tile * kTile;
+              const int64_t nt = std::min(kTile, d.num_labels - j0);
+              GatherColumns(back, d.batch, d.num_labels, j0, nt, bp,
+                            column.data(), nnz.data());
+              for (int64_t t = 0; t < nt; ++t) {
+                if (nnz[t] == 0) continue;  // no signal: nothing is read
+                const int64_t j = j0 + t;
+                const int32_t* ij = idx + j * d.fan_in;
+                const float* wj = w + j * d.fan_in;
+                const float* col = column.data() + t * bp;
+                if (AllFinite(wj, d.fan_in)) {
+                  cpu_loops::GradFeaturesScatter(isa, gT, bp, col, ij, wj,
+                                                 d.fan_in);
+                  continue;
+                }
+                // A non-finite weight: only the non-zero entries multiply it.
+                for (int64_t i = 0; i < d.batch; ++i) {
+                  if (col[i] == 0.0f) continue;
+                  for (int64_t k = 0; k < d.fan_in; ++k) {
+                    gT[static_cast<int64_t>(ij[k]) * bp + i] += col[i] * wj[k];
+                  }
+                }
+              }
+            }
+          }
+        });
+    // out[i, f] = sum over parts of gT[part, f, i], in blocks of features.
+    constexpr int64_t kBlock = 64;
+    const int64_t blocks = (d.num_features + kBlock - 1) / kBlock;
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, blocks,
+        kBlock * bp * (parts + 1), [&](int64_t start, int64_t limit) {
+          for (int64_t blk = start; blk < limit; ++blk) {
+            const int64_t f0 = blk * kBlock;
+            const int64_t f1 = std::min(d.num_features, f0 + kBlock);
+            for (int64_t part = 1; part < parts; ++part) {
+              const float* src = gT_all + part * slice;
+              for (int64_t q = f0 * bp; q < f1 * bp; ++q) gT_all[q] += src[q];
+            }
+            for (int64_t i = 0; i < d.batch; ++i) {
+              T* row = out + i * d.num_features;
+              for (int64_t f = f0; f < f1; ++f) {
+                row[f] = static_cast<T>(gT_all[f * bp + i]);
+              }
+            }
           }
         });
   }
@@ -452,15 +548,17 @@ class UniformSparseMatmulGradWeightsOp : public OpKernel {
     // row of featT instead of one float per instance).
     const double density = EstimateDensity(back, d.batch * d.num_labels);
     const double gathers = density * d.batch * d.num_labels * d.fan_in;
+    const int64_t bp = PaddedBatch(d.batch);
     float* featT = nullptr;
     Tensor featT_t;
     if (d.batch > 0 && gathers * 4.0 > static_cast<double>(d.batch) * d.num_features) {
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(
                               ::tensorflow::DT_FLOAT,
-                              TensorShape({d.num_features, d.batch}), &featT_t));
+                              TensorShape({d.num_features, bp}), &featT_t));
       featT = featT_t.flat<float>().data();
-      TransposeFeatures(ctx, feat, d.batch, d.num_features, featT);
+      TransposeFeatures(ctx, feat, d.batch, d.num_features, bp, featT);
     }
+    const Isa isa = CpuIsa();
 
     const int64_t num_tiles = (d.num_labels + kTile - 1) / kTile;
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
@@ -468,22 +566,16 @@ class UniformSparseMatmulGradWeightsOp : public OpKernel {
         workers->num_threads, workers->workers, num_tiles,
         kTile * d.batch * (1 + static_cast<int64_t>(density * d.fan_in * 4)),
         [&](int64_t start, int64_t limit) {
-          std::vector<float> column(kTile * d.batch);  // backward[:, j] per t
+          std::vector<float> column(kTile * bp);  // backward[:, j] per t
           std::vector<int64_t> nnz(kTile);
+          std::vector<float> sums(d.fan_in);
           std::vector<int32_t> nz_i;
           std::vector<float> nz_g;
           for (int64_t tile = start; tile < limit; ++tile) {
             const int64_t j0 = tile * kTile;
             const int64_t nt = std::min(kTile, d.num_labels - j0);
-            std::fill(nnz.begin(), nnz.end(), 0);
-            for (int64_t i = 0; i < d.batch; ++i) {
-              const T* row = back + i * d.num_labels + j0;
-              for (int64_t t = 0; t < nt; ++t) {
-                const float g = static_cast<float>(row[t]);
-                column[t * d.batch + i] = g;
-                nnz[t] += g != 0.0f;
-              }
-            }
+            GatherColumns(back, d.batch, d.num_labels, j0, nt, bp,
+                          column.data(), nnz.data());
             for (int64_t t = 0; t < nt; ++t) {
               const int64_t j = j0 + t;
               T* gj = out + j * d.fan_in;
@@ -491,13 +583,19 @@ class UniformSparseMatmulGradWeightsOp : public OpKernel {
                 std::fill(gj, gj + d.fan_in, static_cast<T>(0.0f));
                 continue;
               }
-              const float* col = column.data() + t * d.batch;
+              const float* col = column.data() + t * bp;
               const int32_t* ij = idx + j * d.fan_in;
               if (featT != nullptr && nnz[t] * 4 >= d.batch) {
+                cpu_loops::GradWeightsDense(isa, featT, bp, col, ij, d.fan_in,
+                                            sums.data());
                 for (int64_t k = 0; k < d.fan_in; ++k) {
-                  gj[k] = static_cast<T>(DenseDotSkipZeros(
-                      col, featT + static_cast<int64_t>(ij[k]) * d.batch,
-                      d.batch));
+                  float v = sums[k];
+                  if (!std::isfinite(v)) {  // see MaskedDot
+                    v = MaskedDot(col,
+                                  featT + static_cast<int64_t>(ij[k]) * bp,
+                                  d.batch);
+                  }
+                  gj[k] = static_cast<T>(v);
                 }
                 continue;
               }
@@ -514,7 +612,7 @@ class UniformSparseMatmulGradWeightsOp : public OpKernel {
                 const int64_t src = ij[k];
                 float s = 0.0f;
                 if (featT != nullptr) {
-                  const float* frow = featT + src * d.batch;
+                  const float* frow = featT + src * bp;
                   for (int64_t q = 0; q < n; ++q) s += nz_g[q] * frow[nz_i[q]];
                 } else {
                   for (int64_t q = 0; q < n; ++q) {

@@ -1,7 +1,8 @@
 // Op registrations of the uniform-sparse family (Xmc>UniformSparseMatmul and
 // its two gradients; Xmc>UniformSparseInvertedIndex and
 // Xmc>UniformSparseMatmulSparseInput with its weight gradient, the same layer
-// on a sparse input batch).
+// on a sparse input batch; Xmc>SetRewire, one SET prune/regrow step of the
+// connections).
 //
 // Source: E. Schultheis, R. Babbar, "Towards Memory-Efficient Training for
 // Extremely Large Output Spaces -- Learning with 500k Labels on a Single
@@ -309,6 +310,56 @@ offsets: [D + 1] int64; entries: [num_labels * fan_in] int32/int64, as for
 Xmc>UniformSparseMatmulSparseInput.  weights: [num_labels, fan_in] float32.
 grad_weights: [num_labels, fan_in] float32.
 Any violation is InvalidArgument naming the first offending entry.
+)doc");
+
+REGISTER_OP("Xmc>SetRewire")
+    .Input("indices: int32")
+    .Input("weights: float")
+    .Input("num_features: int64")
+    .Input("seed: int64")
+    .Output("new_indices: int32")
+    .Output("positions: int64")
+    .Attr("num_moved: int >= 0")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle merged, unused;
+      TF_RETURN_IF_ERROR(MergeConnections(c, 0, 1, &merged));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &unused));
+      int64_t num_moved = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_moved", &num_moved));
+      c->set_output(0, merged);
+      c->set_output(1, c->Matrix(c->Dim(merged, 0), num_moved));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+One SET step (prune the smallest magnitudes, regrow at random) of
+uniform-sparse connections, every label in one pass.
+
+Per label j (row of indices / weights): the num_moved connections of
+smallest |weights[j, k]| (ties: lower k first; NaN counts as larger than
+every number) are removed, and as many sources are drawn uniformly at random
+among those the label was not connected to before this step (when at least
+num_moved such sources exist, i.e. num_features - fan_in >= num_moved), else
+among those it is not connected to after the removal; the draws of one label
+are distinct.  new_indices is indices with positions[j, q] replaced by the
+q-th draw; positions[j, :] is sorted.  Draws come from a counter-based
+generator keyed by (seed, j): the result depends on the seed only, not on
+the number of threads.  O(num_labels * fan_in) time (a selection and a
+bitmap or a scan of the row per label); rows are processed in parallel.
+CPU only.  After Mocanu et al., "Scalable training of artificial neural
+networks with adaptive sparse connectivity inspired by network science"
+(SET, 2018), as applied to the output layer by Schultheis & Babbar (Sec. 2,
+Sec. 4.1).
+
+indices: [num_labels, fan_in] int32, entries in [0, num_features).
+weights: [num_labels, fan_in] float32.
+num_features: scalar int64, fan_in <= num_features < 2^31.
+seed: [2] int64.
+num_moved: connections moved per label, <= fan_in.
+new_indices: [num_labels, fan_in] int32.
+positions: [num_labels, num_moved] int64.
+Violations (shapes, an index out of range, num_moved > fan_in,
+num_features < fan_in) are InvalidArgument naming the offending value.
 )doc");
 
 }  // namespace xmc_tf

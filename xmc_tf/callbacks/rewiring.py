@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from xmc_tf.callbacks._steps import optimizer_step
 from xmc_tf.layers.uniform_sparse import UniformSparseDense
+from xmc_tf.ops.uniform_sparse import set_rewire, set_rewire_supported
 from xmc_tf.optimizers.slots import slot_names, slot_variables
 
 __all__ = ["REGROWTH", "gradient_candidates", "layer_gradient_sample",
@@ -63,10 +64,31 @@ def _optimizer_slots(optimizer, variable):
     return slot_variables(optimizer, variable)
 
 
+def _dtype_name(x) -> str:
+    """The dtype name of an array, tensor or Keras variable."""
+    return getattr(x.dtype, "name", str(x.dtype))
+
+
+def _rewire_by_op(indices, weights, fraction, num_features, rng, use_op):
+    """:func:`rewire` through ``Xmc>SetRewire``: ``(new indices as an int32
+    tensor, positions as a NumPy array)``, or None where ``use_op`` (None:
+    decide as :func:`rewire` does) does not pick the op or nothing moves."""
+    num_labels, fan_in = (int(d) for d in indices.shape)
+    n = int(round(fraction * fan_in))
+    if use_op is None:
+        use_op = (_dtype_name(weights) == "float32" and fan_in <= num_features
+                  and set_rewire_supported())
+    if not use_op or n == 0 or num_labels == 0:
+        return None
+    seed = rng.integers(0, np.iinfo(np.int64).max, size=2, dtype=np.int64)
+    new, positions = set_rewire(indices, weights, n, num_features, seed)
+    return new, positions.numpy()
+
+
 def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
-           num_features: int, rng: np.random.Generator,
+           num_features: int, rng: np.random.Generator, use_op=None,
            grow: np.ndarray | None = None):
-    """One SET step on the connections of every label (in NumPy).
+    """One SET step on the connections of every label.
 
     Per label, the ``round(fraction * s)`` connections with the smallest
     ``|weight|`` are removed and as many are regrown at sources drawn
@@ -76,11 +98,19 @@ def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
     sources in ``grow`` and draws only the rest.
 
     Args:
-      indices: int32 ``[num_labels, s]`` current sources.
-      weights: float ``[num_labels, s]`` current weights.
+      indices: int32 ``[num_labels, s]`` current sources: a NumPy array, or
+        a tensor or variable (the op reads it in place; NumPy copies it).
+      weights: float ``[num_labels, s]`` current weights (the same kinds).
       fraction: alpha in [0, 1].
       num_features: number of possible sources e.
       rng: NumPy generator.
+      use_op: run the op ``Xmc>SetRewire``
+        (:func:`xmc_tf.ops.uniform_sparse.set_rewire`, seeded with two
+        draws of ``rng``; one multi-threaded pass, 10-100x faster than
+        NumPy at 10^5-10^6 labels) rather than NumPy; None: when the op
+        library has it and ``weights`` are float32 (with ``fan_in <=
+        num_features``).  The two give different draws for one ``rng``
+        state, each deterministic in it.  With ``grow`` NumPy runs.
       grow: optional int ``[num_labels, round(fraction * s)]``: per label,
         distinct sources it is not connected to now, each row's ``-1``
         entries (drawn at random) after its sources
@@ -92,10 +122,19 @@ def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
       and optimizer state must be reset by the caller).  Every row of
       ``new_indices`` holds s distinct values in ``[0, num_features)``.
     """
-    num_labels, fan_in = indices.shape
+    by_op = (None if grow is not None else  # the op draws every source
+             _rewire_by_op(indices, weights, fraction, num_features, rng,
+                           use_op))
+    if by_op is not None:
+        return by_op[0].numpy(), by_op[1]
+    num_labels, fan_in = (int(d) for d in indices.shape)
     n = int(round(fraction * fan_in))
+    if not isinstance(indices, np.ndarray):
+        indices = keras.ops.convert_to_numpy(indices)
     if n == 0 or num_labels == 0:
         return indices.copy(), np.zeros((num_labels, 0), np.int64)
+    if not isinstance(weights, np.ndarray):
+        weights = keras.ops.convert_to_numpy(weights)
     # A compact copy, so that the [num_labels, s] int64 argpartition result
     # is freed at once (2 GB at m = 2.8M, s = 96).
     positions = np.argpartition(np.abs(weights), n - 1, axis=1)[:, :n].copy()
@@ -410,7 +449,15 @@ class SetRewiring(keras.callbacks.Callback):
             self.rewire_now()
 
     def rewire_now(self):
-        """Rewires the target layers once and returns the statistics dict."""
+        """Rewires the target layers once and returns the statistics dict.
+
+        Per layer: :func:`rewire` on the variables (the op reads them in
+        place and its new indices tensor is assigned as it is; with
+        gradient regrowth NumPy grows at :func:`gradient_candidates`), then
+        the kernel and its optimizer slots, one after another, are zeroed at
+        the moved positions (``tf.where`` with a ``[m, s]`` bool mask: one
+        ``[m, s]`` copy at a time, 1.1 GB at m = 2.8M, s = 96).
+        """
         moved, pruned_abs, by_gradient = 0, 0.0, 0
         targets = self._targets()
         samples = [None] * len(targets)
@@ -421,26 +468,49 @@ class SetRewiring(keras.callbacks.Callback):
                 self.model, targets, data(self.rewires) if callable(data)
                 else data)
         for layer, sample in zip(targets, samples):
-            weights = keras.ops.convert_to_numpy(layer.kernel)
-            indices = keras.ops.convert_to_numpy(layer.indices)
-            grow = None
             if sample is not None:
+                indices = keras.ops.convert_to_numpy(layer.indices)
                 grow = gradient_candidates(
-                    *sample, indices, int(round(self.fraction * indices.shape[1])))
+                    *sample, indices,
+                    int(round(self.fraction * indices.shape[1])))
                 by_gradient += int((grow >= 0).sum())
-            new, positions = rewire(indices, weights, self.fraction,
-                                    layer.num_features, self._rng, grow=grow)
+                new, positions = rewire(indices, layer.kernel, self.fraction,
+                                        layer.num_features, self._rng,
+                                        grow=grow)
+                del indices, grow
+            else:
+                by_op = _rewire_by_op(layer.indices, layer.kernel,
+                                      self.fraction, layer.num_features,
+                                      self._rng, None)
+                new, positions = by_op or rewire(
+                    layer.indices, layer.kernel, self.fraction,
+                    layer.num_features, self._rng, use_op=False)
+                del by_op
             if positions.shape[1] == 0:
                 continue
-            rows = np.arange(indices.shape[0])[:, None]
-            pruned_abs += float(np.abs(weights[rows, positions]).sum())
+            layer.indices.assign(new)  # a tensor: the variable takes it over
+            del new
+            # The moved positions as a [m, s] mask (NumPy fancy assignment:
+            # TensorFlow's scatter ops run on one thread, ~20 ns per entry);
+            # then one multi-threaded select per variable, one at a time.
+            num_labels = positions.shape[0]
+            fan_in = int(layer.indices.shape[1])
+            mask = np.zeros((num_labels, fan_in), bool)
+            np.put_along_axis(mask, positions, True, axis=1)
             moved += positions.size
-            mask = np.ones(weights.shape, bool)
-            mask[rows, positions] = False
-            layer.indices.assign(new)
-            layer.kernel.assign(weights * mask)
-            for slot in _optimizer_slots(self.model.optimizer, layer.kernel):
-                slot.assign(keras.ops.convert_to_numpy(slot) * mask)
+            del positions
+            mask = tf.constant(mask)
+            kernel = tf.convert_to_tensor(layer.kernel)
+            pruned_abs += float(tf.reduce_sum(tf.where(
+                mask, tf.abs(kernel), tf.zeros((), kernel.dtype))))
+            del kernel
+            slots = _optimizer_slots(self.model.optimizer, layer.kernel)
+            for variable in [layer.kernel] + list(slots):
+                value = tf.convert_to_tensor(variable)
+                variable.assign(tf.where(mask, tf.zeros((), value.dtype),
+                                         value))
+                del value
+            del mask
         self.rewires += 1
         self.last_stats = {"set_moved": moved,
                            "set_mean_abs_pruned": pruned_abs / max(moved, 1),

@@ -228,3 +228,68 @@ def _uniform_sparse_matmul_sparse_input_grad(op, grad):
         backward=grad, rows=rows, cols=cols, values=values, offsets=offsets,
         entries=entries, weights=weights)
     return None, None, None, None, None, None, grad_weights
+
+
+tf.no_gradient("Xmc>SetRewire")
+
+
+def set_rewire_supported() -> bool:
+    """Whether the op library has ``Xmc>SetRewire``.
+
+    Returns:
+      bool; False when the library is missing, stale or lacks the op.
+    """
+    try:
+        return hasattr(_loader.load(), "xmc_set_rewire")
+    except Exception:  # OpLibraryError, or a library that fails to load
+        return False
+
+
+def set_rewire(indices, weights, num_moved, num_features, seed, name=None):
+    """One SET prune/regrow step of uniform-sparse connections (op).
+
+    Per label ``j``: the ``num_moved`` connections of smallest
+    ``|weights[j, k]|`` (ties: lower ``k`` first; NaN counts as larger
+    than every number) are removed and as many sources are drawn uniformly,
+    distinct, among those the label was not connected to before (when
+    ``num_features - fan_in >= num_moved``), else among those it is not
+    connected to after the removal: the contract of
+    :func:`xmc_tf.callbacks.rewiring.rewire`, in one multi-threaded pass of
+    ``O(num_labels * fan_in)`` (op ``Xmc>SetRewire``).  The draws depend on
+    ``seed`` only (a counter-based generator keyed by seed and label), not
+    on the number of threads.  CPU only.
+
+    Source: Mocanu et al., SET (Nature Communications 2018), applied to the
+    output layer by Schultheis & Babbar, Sec. 2 and 4.1.
+
+    Args:
+      indices: ``[m, s]`` int32, entries in ``[0, num_features)``.
+      weights: ``[m, s]`` float32.
+      num_moved: int ``n``, ``0 <= n <= s`` (an op attribute).
+      num_features: int ``e``, ``s <= e < 2^31``.
+      seed: two int64 values.
+      name: optional op name.
+
+    Returns:
+      ``(new_indices, positions)``: ``[m, s]`` int32 (``indices`` with the
+      moved positions replaced) and ``[m, n]`` int64 (the moved positions,
+      sorted per row).
+
+    Raises:
+      tf.errors.InvalidArgumentError: shapes, an index out of range (the
+        message names the entry), ``n > s`` or ``e < s``.
+      xmc_tf.ops.OpLibraryError: the op library is missing or stale.
+
+    >>> import numpy as np, xmc_tf
+    >>> new, pos = xmc_tf.ops.uniform_sparse.set_rewire(
+    ...     np.array([[0, 1, 2]], np.int32), np.array([[0.5, -0.1, 2.0]],
+    ...     np.float32), 1, 10, [1, 2])
+    >>> pos.numpy().tolist(), int(new[0, 1]) not in (0, 1, 2)
+    ([[1]], True)
+    """
+    return _loader.load().xmc_set_rewire(
+        indices=tf.convert_to_tensor(indices, tf.int32),
+        weights=tf.convert_to_tensor(weights, tf.float32),
+        num_features=tf.cast(num_features, tf.int64),
+        seed=tf.cast(tf.convert_to_tensor(seed), tf.int64),
+        num_moved=int(num_moved), name=name)

@@ -1,0 +1,143 @@
+// CPU hot loops of the uniform-sparse kernels, compiled for AVX-512, for
+// AVX2 + FMA and for baseline x86-64, and picked at run time by CPU
+// features (framework-free: no TensorFlow).
+//
+// Why not GCC's target_clones("arch=haswell", "default"), as before: its
+// resolver picks an `arch=` clone by CPU *model* (__builtin_cpu_is), so on
+// AMD CPUs (and Intel ones that are not "haswell") the baseline SSE2 clone
+// ran.  Here uniform_sparse_cpu_loops_impl.h is included three times, in
+// namespaces avx512 / avx2 / base inside `#pragma GCC target` regions (so
+// its generic-vector code is compiled for each instruction set), and
+// CpuIsa() picks one with __builtin_cpu_supports.  XMC_TF_CPU_ISA=
+// avx512|avx2|base lowers the choice (tests, comparisons).
+//
+// The loops (see the impl header) keep their accumulators in registers:
+//  * ForwardLabels: acc[t, :] = sum_k w[t, k] * featT[idx[t, k], :].
+//  * GradWeightsDense: g[k] = sum_i col[i] * featT[idx[k], i] for one
+//    label's connections, sixteen at a time, reduced by a shuffle tree.
+//  * GradFeaturesScatter: gT[idx[k], :] += w[k] * col for one label's
+//    connections (the transpose of the forward).
+#ifndef XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_CPU_LOOPS_H_
+#define XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_CPU_LOOPS_H_
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace xmc_tf {
+namespace cpu_loops {
+
+enum class Isa { kBase = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The best instruction set of this CPU (detected once), lowered by
+// XMC_TF_CPU_ISA (read on every call, so a test can switch it).
+inline Isa CpuIsa() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  static const Isa detected = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
+      return Isa::kAvx512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      return Isa::kAvx2;
+    }
+    return Isa::kBase;
+  }();
+  Isa isa = detected;
+  if (const char* env = std::getenv("XMC_TF_CPU_ISA")) {
+    Isa want = isa;
+    if (std::strcmp(env, "base") == 0) want = Isa::kBase;
+    if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
+    if (static_cast<int>(want) < static_cast<int>(isa)) isa = want;
+  }
+  return isa;
+#else
+  return Isa::kBase;
+#endif
+}
+
+// The batch axis padded to whole 16-float vectors.
+inline int64_t PaddedBatch(int64_t batch) { return (batch + 15) / 16 * 16; }
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
+namespace avx512 {
+#define XMC_CPU_LANES 16
+constexpr int kMaxVC = 4;
+#include "ops/uniform_sparse/uniform_sparse_cpu_loops_impl.h"
+#undef XMC_CPU_LANES
+}  // namespace avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#define XMC_CPU_LANES 8
+constexpr int kMaxVC = 2;
+#include "ops/uniform_sparse/uniform_sparse_cpu_loops_impl.h"
+#undef XMC_CPU_LANES
+}  // namespace avx2
+#pragma GCC pop_options
+#endif
+
+namespace base {
+#define XMC_CPU_LANES 4
+constexpr int kMaxVC = 2;
+#include "ops/uniform_sparse/uniform_sparse_cpu_loops_impl.h"
+#undef XMC_CPU_LANES
+}  // namespace base
+
+#pragma GCC diagnostic pop
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define XMC_CPU_DISPATCH(isa, fn, ...)                             \
+  switch (isa) {                                                   \
+    case Isa::kAvx512: return avx512::fn(__VA_ARGS__);             \
+    case Isa::kAvx2: return avx2::fn(__VA_ARGS__);                 \
+    default: return base::fn(__VA_ARGS__);                         \
+  }
+#else
+#define XMC_CPU_DISPATCH(isa, fn, ...) return base::fn(__VA_ARGS__);
+#endif
+
+// acc[t, 0:bp] = sum_k w[t, k] * featT[idx[t, k], 0:bp] for t < n (labels
+// row-major in idx / w; featT [num_features, bp], padding columns zero).
+inline void ForwardLabels(Isa isa, const float* featT, int64_t bp,
+                          const int32_t* idx, const float* w, int64_t n,
+                          int64_t fan_in, float* acc) {
+  XMC_CPU_DISPATCH(isa, ForwardLabels, featT, bp, idx, w, n, fan_in, acc)
+}
+
+// gj[k] = sum_{i < bp} col[i] * featT[ij[k], i] for k < fan_in (plain
+// products: a zero col[i] against an inf/NaN feature gives NaN).
+inline void GradWeightsDense(Isa isa, const float* featT, int64_t bp,
+                             const float* col, const int32_t* ij,
+                             int64_t fan_in, float* gj) {
+  XMC_CPU_DISPATCH(isa, GradWeightsDense, featT, bp, col, ij, fan_in, gj)
+}
+
+// gT[ij[k], 0:bp] += wj[k] * col[0:bp] for k < fan_in (plain products: a
+// zero col[i] against an inf/NaN weight gives NaN).
+inline void GradFeaturesScatter(Isa isa, float* gT, int64_t bp,
+                                const float* col, const int32_t* ij,
+                                const float* wj, int64_t fan_in) {
+  XMC_CPU_DISPATCH(isa, GradFeaturesScatter, gT, bp, col, ij, wj, fan_in)
+}
+
+#undef XMC_CPU_DISPATCH
+
+inline const char* IsaName(Isa isa) {
+  return isa == Isa::kAvx512 ? "avx512" : isa == Isa::kAvx2 ? "avx2" : "base";
+}
+
+}  // namespace cpu_loops
+}  // namespace xmc_tf
+
+#endif  // XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_CPU_LOOPS_H_
