@@ -116,4 +116,10 @@ def read_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
     for start in range(0, shape[0], rows):
         stop = min(shape[0], start + rows)
         block = np.frombuffer(f.read((stop - start) * row_bytes), dtype)
-        tf_var[start:stop].assign(block.reshape((stop - start,) + shape[1:]))
+        # A scatter writes the rows in place; ``tf_var[a:b].assign`` first
+        # reads the slice, which shares the variable's buffer, so every
+        # block copied the whole variable before writing into the copy.
+        tf.raw_ops.ResourceScatterUpdate(
+            resource=tf_var.handle,
+            indices=tf.range(start, stop, dtype=tf.int64),
+            updates=block.reshape((stop - start,) + shape[1:]))
