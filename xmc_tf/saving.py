@@ -42,8 +42,8 @@ from xmc_tf.errors import (IncompleteWorkdir, OpLibraryError,
 from xmc_tf.ops import _loader
 from xmc_tf.workdir import Workdir, atomic_path
 
-__all__ = ["export_saved_model", "export_model", "load_saved_model",
-           "load_model", "OpNotRegisteredError"]
+__all__ = ["export_saved_model", "export_model", "save_keras_file",
+           "load_saved_model", "load_model", "OpNotRegisteredError"]
 
 
 def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
@@ -119,6 +119,38 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
     archive.write_out(path, verbose=False)
 
 
+def save_keras_file(model: keras.Model, path: str) -> None:
+    """``model.save(path)`` with the weights streamed to disk.
+
+    Keras writes the ``.keras`` archive's weights file into memory first
+    whenever the weights are smaller than half the machine's available
+    memory, then copies it into the archive: two more copies of every
+    weight (2 GB at 670k labels with the wide path).  Its other path, taken
+    when memory is short, writes the weights file beside ``path`` and
+    streams it into the archive; this function always takes that path (by
+    answering Keras' memory check with "insufficient").  The archive is the
+    one ``model.save`` writes.  Each variable is still read into one NumPy
+    array as it is written (Keras' H5 store).
+
+    Args:
+      model: a Keras model.
+      path: the ``.keras`` file to write.
+    """
+    try:
+        from keras.src.saving import saving_lib  # Keras 3 internals
+    except ImportError:  # pragma: no cover - another Keras layout
+        saving_lib = None
+    check = getattr(saving_lib, "is_memory_sufficient", None)
+    if check is None:  # pragma: no cover - another Keras version
+        model.save(path)
+        return
+    saving_lib.is_memory_sufficient = lambda _model: False
+    try:
+        model.save(path)
+    finally:
+        saving_lib.is_memory_sufficient = check
+
+
 def export_model(model: keras.Model, workdir: str, k: int = 5) -> None:
     """Writes ``WORKDIR/model.keras`` and ``WORKDIR/saved_model/``, each to a
     temporary sibling renamed into place (see
@@ -134,7 +166,7 @@ def export_model(model: keras.Model, workdir: str, k: int = 5) -> None:
     """
     wd = Workdir(workdir)
     with atomic_path(wd.file(Workdir.MODEL)) as tmp:
-        model.save(tmp)
+        save_keras_file(model, tmp)
     with atomic_path(wd.file(Workdir.SAVED_MODEL)) as tmp:
         export_saved_model(model, tmp, k=k)
 
