@@ -186,6 +186,8 @@ def check_config(config) -> xheads.Head:
                 f"config.model.ensemble_size={size} needs a head that scores "
                 f"every label; head {head.name!r} does not (use 1)")
         _check_int("model.wide_connections", config.model.wide_connections, 0)
+        if config.model.wide_max_mib is not None:
+            _check_int("model.wide_max_mib", config.model.wide_max_mib, 0)
         for name in ("input_dropout", "dropout", "intermediate_dropout"):
             rate = config.model[name]
             if not (_is_number(rate) and 0.0 <= rate < 1.0):
