@@ -65,7 +65,8 @@ def write_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
     for start in range(0, shape[0], rows):
         stop = min(shape[0], start + rows)
         block = tf.gather(tf_var, tf.range(start, stop)).numpy()
-        f.write(np.ascontiguousarray(block, dtype).tobytes())
+        # The array's own buffer (tobytes() made one more copy of it).
+        f.write(memoryview(np.ascontiguousarray(block, dtype)).cast("B"))
 
 
 def put_npy(zf, name: str, value) -> None:
