@@ -64,6 +64,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -355,9 +356,14 @@ def run(args) -> dict:
               "extra": list(args.extra), "child_returncode": rc,
               "load_average": [load0, os.getloadavg()[0]],
               "cpus": os.cpu_count(), "log": log_path,
-              "TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS")}
+              "env": {k: os.environ.get(k) for k in (
+                  "TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR",
+                  "GLIBC_TUNABLES") if k in os.environ}}
     if killed:
         result["killed_at_rss_bytes"] = killed[0]
+    if not args.keep_workdir:  # 2-4 GB of model files at 670k
+        shutil.rmtree(os.path.join(args.scratch, "workdir"),
+                      ignore_errors=True)
     if os.path.exists(phases_out):
         with open(phases_out) as f:
             result.update(json.load(f))
@@ -387,9 +393,12 @@ def table(result: dict) -> str:
         lines.append(f"| {name} (killed) | > "
                      f"{result['killed_at_rss_bytes'] / GIB:.2f} | | | |")
     if peaks:
-        lines.append(f"| **whole process** | "
-                     f"**{result['process_peak_bytes'] / GIB:.2f}** | | "
-                     f"{result.get('total_seconds', 0):.1f} | |")
+        killed = result.get("killed_at_rss_bytes")
+        whole = (f"> {killed / GIB:.2f} (killed)" if killed else
+                 f"{result['process_peak_bytes'] / GIB:.2f}")
+        seconds = result.get("total_seconds")
+        lines.append(f"| **whole process** | **{whole}** | | "
+                     f"{'-' if seconds is None else f'{seconds:.1f}'} | |")
     return "\n".join(lines)
 
 
@@ -407,6 +416,8 @@ def main(argv=None):
                         "--extra=--config.model.wide_connections=0")
     p.add_argument("--data-dir", default="/tmp/xmc_tf_run_memory/data")
     p.add_argument("--scratch", default="/tmp/xmc_tf_run_memory/run")
+    p.add_argument("--keep-workdir", action="store_true",
+                   help="keep the job's workdir (model files) in --scratch")
     p.add_argument("--kill-gib", type=float, default=9.0,
                    help="kill the job when its RSS passes this")
     p.add_argument("--label", default="run")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import xmc_tf  # noqa: F401  (registers the ops and Keras classes)
-from xmc_tf import saving
+from xmc_tf import saving, variable_io
 from xmc_tf import train as xtrain
 from xmc_tf.ops.sampled import label_variable
 from xmc_tf.optimizers import LazyAdam
@@ -91,15 +91,27 @@ def _h5_datasets(path):
     return out
 
 
-def test_save_keras_file_writes_the_archive_model_save_writes(tmp_path):
-    # The streamed weights file gives the archive Keras' own model.save
-    # writes (in memory, on this machine): the same entries, the same
-    # config, the same arrays; and it loads to the same model.
+def test_save_keras_file_writes_the_archive_model_save_writes(
+        tmp_path, monkeypatch):
+    # The streamed weights file, its kernels written in blocks of one row
+    # (16-byte blocks), gives the archive Keras' own model.save writes (in
+    # memory, on this machine): the same entries, the same config, the
+    # same arrays; and it loads to the same model.
     model, data = _fitted_model()
     xtrain.release_optimizer(model)
     ours, keras_own = (os.path.join(tmp_path, n) for n in ("a.keras",
                                                            "b.keras"))
-    saving.save_keras_file(model, ours)
+    written = []
+    write = variable_io.write_h5_dataset
+
+    def spy(group, name, variable, chunk_bytes):
+        done = write(group, name, variable, chunk_bytes)
+        written.append((tuple(variable.shape), done))
+        return done
+    monkeypatch.setattr(variable_io, "write_h5_dataset", spy)
+    saving.save_keras_file(model, ours, chunk_bytes=16)
+    assert ((6, 5), True) in written and ((5, 3), True) in written
+    assert ((5,), True) in written  # 20 bytes: a block of 4 values
     model.save(keras_own)
     with zipfile.ZipFile(ours) as a, zipfile.ZipFile(keras_own) as b:
         assert sorted(a.namelist()) == sorted(b.namelist())
