@@ -140,7 +140,9 @@ class PhaseTracker:
         self.out_path = out_path
         self.stack = ["other"]
         self.peaks, self.seconds, self.calls, self.rss_after = {}, {}, {}, {}
+        self.cpu_seconds = {}
         self._t = time.perf_counter()
+        self._cpu = time.process_time()
         self._t0 = self._t
         self.trace = []  # (seconds, phase, VmRSS bytes), every 0.5 s
         threading.Thread(target=self._sample, daemon=True).start()
@@ -172,6 +174,10 @@ class PhaseTracker:
         self.peaks[name] = max(self.peaks.get(name, 0), _status_bytes("VmHWM"))
         self.seconds[name] = self.seconds.get(name, 0.0) + now - self._t
         self._t = now
+        cpu = time.process_time()
+        self.cpu_seconds[name] = self.cpu_seconds.get(name, 0.0) + cpu - \
+            self._cpu
+        self._cpu = cpu
         if self.resets:
             self._reset()
 
@@ -199,6 +205,7 @@ class PhaseTracker:
             return
         with open(self.out_path, "w") as f:
             json.dump({"peaks": self.peaks, "seconds": self.seconds,
+                       "cpu_seconds": self.cpu_seconds,
                        "calls": self.calls, "rss_after": self.rss_after,
                        "hwm_resets": self.resets, "running": self.stack[1:],
                        "rss_trace": self.trace,
@@ -220,7 +227,8 @@ class PhaseTracker:
     def result(self) -> dict:
         self._close_segment()
         return {"peaks": self.peaks, "seconds": self.seconds,
-                "calls": self.calls, "rss_after": self.rss_after,
+                "cpu_seconds": self.cpu_seconds, "calls": self.calls,
+                "rss_after": self.rss_after,
                 "hwm_resets": self.resets,
                 "process_peak_bytes": max(self.peaks.values())}
 
@@ -308,7 +316,8 @@ def child(args) -> None:
         result["metrics"] = {k: v for k, v in metrics.items()
                              if not isinstance(v, dict)}
     tracker.dump(**{k: v for k, v in result.items()
-                    if k not in ("peaks", "seconds", "calls", "rss_after",
+                    if k not in ("peaks", "seconds", "cpu_seconds", "calls",
+                                 "rss_after",
                                  "hwm_resets", "process_peak_bytes")})
 
 
@@ -377,8 +386,8 @@ def run(args) -> dict:
 def table(result: dict) -> str:
     """The per-phase table (GiB, seconds) of one result."""
     peaks = result.get("peaks", {})
-    lines = ["| phase | peak RSS GiB | RSS after GiB | seconds | calls |",
-             "|---|---|---|---|---|"]
+    lines = ["| phase | peak RSS GiB | RSS after GiB | seconds | CPU s | "
+             "calls |", "|---|---|---|---|---|---|"]
     for name in PHASES:
         if name not in peaks:
             continue
@@ -387,18 +396,19 @@ def table(result: dict) -> str:
             f"| {name} | {peaks[name] / GIB:.2f} | "
             f"{'-' if rss is None else f'{rss / GIB:.2f}'} | "
             f"{result['seconds'][name]:.1f} | "
+            f"{result.get('cpu_seconds', {}).get(name, 0):.1f} | "
             f"{result['calls'].get(name, '-')} |")
     for name in result.get("running", []) if result.get(
             "killed_at_rss_bytes") else []:
         lines.append(f"| {name} (killed) | > "
-                     f"{result['killed_at_rss_bytes'] / GIB:.2f} | | | |")
+                     f"{result['killed_at_rss_bytes'] / GIB:.2f} | | | | |")
     if peaks:
         killed = result.get("killed_at_rss_bytes")
         whole = (f"> {killed / GIB:.2f} (killed)" if killed else
                  f"{result['process_peak_bytes'] / GIB:.2f}")
         seconds = result.get("total_seconds")
         lines.append(f"| **whole process** | **{whole}** | | "
-                     f"{'-' if seconds is None else f'{seconds:.1f}'} | |")
+                     f"{'-' if seconds is None else f'{seconds:.1f}'} | | |")
     return "\n".join(lines)
 
 

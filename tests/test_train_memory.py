@@ -151,5 +151,25 @@ def test_head_keeps_no_copy_of_the_wide_connections():
         label_feature_connections(features, labels, 5, seed=c.seed))
 
 
+@pytest.mark.parametrize("labels,eval_batch,train_batch,want", [
+    (159, 1024, 64, 1024),       # Bibtex: 0.6 MiB blocks, unchanged
+    (10_122, 1024, 64, 1024),    # WordNetHypernyms: 40 MiB, unchanged
+    (16_384, 1024, 64, 1024),    # exactly 64 MiB
+    (16_385, 1024, 64, 1023),    # 64 MiB of rows: the free allowance
+    (670_091, 1024, 64, 64),     # the training batch's rows
+    (670_091, 1024, 256, 100),   # 256 MiB blocks at most
+    (670_091, 32, 64, 32)])
+def test_validation_batch_size(labels, eval_batch, train_batch, want):
+    # Reference: rows of float32 scores within max(64 MiB, a training
+    # batch's scores), and within 256 MiB; never more than asked.
+    x = keras.Input((3,))
+    model = keras.Model(x, keras.layers.Dense(labels)(x))
+    row = 4 * labels
+    budget = min(256 << 20, max(64 << 20, row * train_batch))
+    assert want == min(eval_batch, budget // row)
+    assert xtrain.validation_batch_size(eval_batch, train_batch,
+                                        model) == want
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q"]))

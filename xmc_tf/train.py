@@ -74,7 +74,7 @@ from xmc_tf.workdir import (Workdir, atomic_path, discard_hint,
 __all__ = ["train_and_evaluate", "build_model", "export_saved_model",
            "load_for_model", "format_table", "check_config", "load_data",
            "prepare_splits", "build_and_compile", "make_callbacks",
-           "release_optimizer", "StopOnNonFinite",
+           "release_optimizer", "validation_batch_size", "StopOnNonFinite",
            "TrainingDiverged"]
 
 PREPROCESSING_FILE = Workdir.PREPROCESSING
@@ -304,6 +304,42 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     fit_model = head.training_model(model, layer)
     head.compile(fit_model, layer, optimizer)  # jit_compile=False
     return model, layer, fit_model
+
+
+#: Score blocks of validation up to this size are not limited by the
+#: training batch (label spaces of up to 16,384 labels keep batches of 1024).
+VALIDATION_FREE_BYTES = 64 << 20
+
+
+def validation_batch_size(eval_batch_size: int, train_batch_size: int,
+                          model) -> int:
+    """Instances per batch of the validation pass inside ``fit``.
+
+    Validation runs while the optimizer's state is held, so its float32
+    score blocks ``[batch, m]`` are kept within a training batch's
+    (``4 m train_batch_size`` bytes) once they pass
+    :data:`VALIDATION_FREE_BYTES`, and always within
+    :data:`xmc_tf.evaluation.SCORE_BLOCK_BYTES`: at 670k labels 64 rows
+    (the default training batch) instead of 100, so that validation holds
+    no more than a training step.
+
+    Args:
+      eval_batch_size: ``config.eval.batch_size`` (>= 1).
+      train_batch_size: ``config.train.batch_size`` (>= 1).
+      model: the model whose output is scored (as for
+        :func:`xmc_tf.evaluation.score_batch_size`).
+
+    Returns:
+      int in ``[1, eval_batch_size]``.
+    """
+    model = getattr(model, "inference_model", None) or model
+    try:
+        width = int(np.prod([int(d) for d in model.outputs[0].shape[1:]]))
+    except (AttributeError, IndexError, TypeError, ValueError):
+        width = 0
+    budget = min(xevaluation.SCORE_BLOCK_BYTES,
+                 max(VALIDATION_FREE_BYTES, 4 * width * int(train_batch_size)))
+    return xevaluation.score_batch_size(eval_batch_size, model, budget)
 
 
 def release_optimizer(model) -> int:
@@ -596,9 +632,11 @@ def _run(config, wd: Workdir, head, ckpt, extra_callbacks) -> dict:
                                          seed=config.seed, repeat=True,
                                          first_epoch=initial_epoch,
                                          **head.dataset_kwargs())
-        # Keras' validation scores [batch, m]: batches within 256 MiB.
-        val_ds = (xdata.make_tf_dataset(val_data, xevaluation.score_batch_size(
-            config.eval.batch_size, model)) if val_data is not None else None)
+        # Keras' validation scores [batch, m] beside the optimizer state:
+        # blocks no wider than a training batch's (validation_batch_size).
+        val_ds = (xdata.make_tf_dataset(val_data, validation_batch_size(
+            config.eval.batch_size, tc.batch_size, model))
+            if val_data is not None else None)
         fit_model.fit(train_ds, validation_data=val_ds,
                       steps_per_epoch=steps, initial_epoch=initial_epoch,
                       epochs=max(last_epoch, initial_epoch),
