@@ -49,9 +49,21 @@ Output: a table on stdout and JSON (``--out``, e.g.
 rows of other labels already in the file are kept, so a before / after
 pair lives in one file).
 
+The child inherits the environment, so the allocator can be chosen at
+launch: TensorFlow's oneDNN build keeps freed memory in its own pool (BFC)
+for the life of the process; ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1`` hands it
+back to ``malloc`` (and so to the system), and
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` lets ``malloc`` map those blocks
+with transparent huge pages, which takes back most of the page-fault cost
+of a system allocator (docs/scaling.md).  The JSON records these
+variables.
+
 Usage::
 
     python benchmarks/run_memory.py --label after \\
+        --out benchmarks/results/run_memory.json
+    TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 \\
+        python benchmarks/run_memory.py --label after_system_allocator \\
         --out benchmarks/results/run_memory.json
     python benchmarks/run_memory.py --train 2000 --test 200   # quicker
     python benchmarks/run_memory.py --extra=--config.model.wide_connections=0

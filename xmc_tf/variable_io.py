@@ -21,8 +21,10 @@ from xmc_tf.ops.sampled import label_variable
 __all__ = ["CHUNK_BYTES", "write_variable", "read_variable", "put_npy",
            "write_h5_dataset"]
 
-#: Largest block of a variable read or assigned at once.
-CHUNK_BYTES = 64 * 2**20
+#: Largest block of a variable read or assigned at once (16 MiB: what a
+#: block costs on top of the training state, twice, while a checkpoint is
+#: written during training).
+CHUNK_BYTES = 16 * 2**20
 
 
 def _rows_per_block(variable, shape, dtype, chunk_bytes: int):
@@ -67,8 +69,9 @@ def write_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
     np.lib.format.write_array_header_2_0(f, header)
     for start in range(0, shape[0], rows):
         stop = min(shape[0], start + rows)
-        block = tf.gather(tf_var, tf.range(start, stop)).numpy()
-        # The array's own buffer (tobytes() made one more copy of it).
+        # np.asarray views the gathered tensor's buffer (.numpy() and
+        # tobytes() each made one more copy of the block).
+        block = np.asarray(tf.gather(tf_var, tf.range(start, stop)))
         f.write(memoryview(np.ascontiguousarray(block, dtype)).cast("B"))
 
 
@@ -103,7 +106,8 @@ def write_h5_dataset(group, name: str, variable,
     dataset = group.create_dataset(name, shape=shape, dtype=dtype)
     for start in range(0, shape[0], rows):
         stop = min(shape[0], start + rows)
-        dataset[start:stop] = tf.gather(tf_var, tf.range(start, stop)).numpy()
+        dataset[start:stop] = np.asarray(
+            tf.gather(tf_var, tf.range(start, stop)))
     return True
 
 
