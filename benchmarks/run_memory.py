@@ -425,6 +425,12 @@ def table(result: dict) -> str:
 
 
 def main(argv=None):
+    """Runs the benchmark (or, with ``--child``, the job in this process);
+    prints the table and writes ``--out``.
+
+    Args:
+      argv: command-line arguments (default ``sys.argv[1:]``).
+    """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--train", type=int, default=20_000,
                    help="training instances (the validation split is 0.1 "
