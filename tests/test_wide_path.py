@@ -203,3 +203,70 @@ def test_wide_path_config_checks_and_min_delta(tmp_path):
     lrs = [cb for cb in cbs
            if isinstance(cb, keras.callbacks.ReduceLROnPlateau)]
     assert stops[0].min_delta == 0.002 and lrs[0].min_delta == 0.002
+
+
+# -- The wide path's memory cap (config.model.wide_max_mib) -----------------
+
+@pytest.mark.parametrize("max_mib,labels,want", [
+    (64, 159, 128),        # Bibtex-sized: untouched
+    (64, 26_214, 128),     # the largest label count with all 128
+    (64, 26_215, 127),
+    (64, 670_091, 5),      # Amazon-670K
+    (64, 3_400_000, 0),    # no room for one connection per label
+    (None, 670_091, 128),  # no cap
+    (0, 10, 0)])
+def test_wide_fan_in_caps_the_training_bytes(max_mib, labels, want):
+    mc = _config(wide_connections=128, wide_max_mib=max_mib).model
+    # 20 bytes per connection: weight, index, two Adam moments, gradient.
+    assert heads.wide_fan_in(mc, 200_000, labels) == want
+    if max_mib is not None and want:
+        assert 20 * labels * want <= max_mib * 2**20
+        assert 20 * labels * (want + 1) > max_mib * 2**20 or want == 128
+    assert heads.wide_fan_in(mc, 50, labels) == min(want, 50)
+
+
+def test_capped_wide_path_is_built_and_prepared_with_the_same_fan_in(
+        caplog):
+    # A cap of 0 MiB turns the path off (logged); with the cap lifted the
+    # layer has all 5 connections the head picked.
+    data = _data()
+    config = _config(wide_connections=5, wide_max_mib=0)
+    head = heads.get_head(config)
+    head.prepare(data)
+    with caplog.at_level("INFO"):
+        model = build_model(config, 30, 6, sparse_input=True, head=head)
+    assert "wide" not in [layer.name for layer in model.layers]
+    assert "built without it" in caplog.text
+    assert head._wide_connections is None
+
+    config = _config(wide_connections=5, wide_max_mib=None)
+    head = heads.get_head(config)
+    head.prepare(data)
+    model = build_model(config, 30, 6, sparse_input=True, head=head)
+    head.initialize(model.get_layer("output"), model)
+    np.testing.assert_array_equal(
+        model.get_layer("wide").indices.numpy(),
+        label_feature_connections(data.features, data.labels, 5,
+                                  seed=config.seed))
+
+    # 1 MiB at 17,476 labels: 3 connections (20 * 17476 * 3 <= 2**20 <
+    # 20 * 17476 * 4); the layer and the head's connections agree.
+    data = _data(n=60, m=17_476, seed=1)
+    config = _config(wide_connections=5, wide_max_mib=1)
+    head = heads.get_head(config)
+    head.prepare(data)
+    model = build_model(config, 30, 17_476, sparse_input=True, head=head)
+    head.initialize(model.get_layer("output"), model)
+    wide = model.get_layer("wide")
+    assert wide.indices.shape == (17_476, 3)
+    np.testing.assert_array_equal(
+        wide.indices.numpy(),
+        label_feature_connections(data.features, data.labels, 3,
+                                  seed=config.seed))
+
+
+def test_wide_max_mib_is_checked():
+    c = _config(wide_max_mib=-1)
+    with pytest.raises(ConfigError, match="wide_max_mib"):
+        check_config(c)
+    check_config(_config(wide_max_mib=None))

@@ -78,6 +78,10 @@ def _base() -> dict:
             # wide path (sparse input, label-wise heads): per label a linear
             # classifier on its 128 strongest input features; 0 turns it off
             wide_connections=128,
+            # ... cut to fit this many MiB of training memory (20 bytes per
+            # connection: weight, index, two Adam moments, gradient): all
+            # 128 up to 26k labels, 5 at 670k; None: no cap
+            wide_max_mib=config_dict.FieldReference(64, field_type=int),
             wide_init="zeros",  # or "centroid": the label's centroid cosine
             wide_lr_multiplier=5.0,  # the wide kernel trains 5x faster
             wide_l2=0.0,  # L2 on the wide kernel (no gain at 1e-4 / 1e-3)

@@ -13,8 +13,9 @@
       -> head layer named "output"               xmc_tf.heads (config.model.head)
       (+ on sparse input: the wide path, a        config.model.wide_connections
          per-label sparse linear layer named      (.wide_lr_multiplier,
-         "wide" on the input features, its         .wide_init, .wide_l2;
-         scores added to the head's)               .input_dropout before both)
+         "wide" on the input features, its         .wide_init, .wide_l2,
+         scores added to the head's)               .wide_max_mib;
+                                                   .input_dropout before both)
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 3.4 (a wide dense intermediate layer
@@ -34,7 +35,7 @@ import keras
 from absl import logging
 
 from xmc_tf import heads as xheads
-from xmc_tf.heads.base import WIDE_LAYER
+from xmc_tf.heads.base import WIDE_BYTES_PER_CONNECTION, WIDE_LAYER
 from xmc_tf.layers import SparseDropout, SparseEmbeddingBag, UniformSparseDense
 
 __all__ = ["build_model", "build_optimizer", "ENCODERS",
@@ -73,7 +74,10 @@ def build_model(config, num_features: int, num_labels: int,
       ValueError: unknown ``config.model.head``, ``.encoder`` or
         ``.intermediate_activation``, or ``config.loss`` not made for the
         head.  (``config.model.wide_connections`` is ignored, with a log
-        line, for heads without a wide path: MACH, sampled, SCENT.)
+        line, for heads without a wide path: MACH, sampled, SCENT; it is
+        cut, with a log line, to :func:`xmc_tf.heads.wide_fan_in`
+        connections per label when ``config.model.wide_max_mib`` is too
+        small for it.)
     """
     head = head or xheads.get_head(config)
     mc = config.model
@@ -121,10 +125,23 @@ def build_model(config, num_features: int, num_labels: int,
                      "path; built without it", wide, mc.head)
         wide = 0
     if wide and not linear:
+        fan_in = xheads.wide_fan_in(mc, num_features, num_labels)
+        if fan_in < min(int(wide), num_features):
+            full = (WIDE_BYTES_PER_CONNECTION * num_labels *
+                    min(int(wide), num_features))
+            logging.info(
+                "wide path: %d connections per label would take %.2f GiB "
+                "at %d labels (%d bytes per connection in training); "
+                "config.model.wide_max_mib=%s allows %d%s",
+                min(int(wide), num_features), full / 2**30, num_labels,
+                WIDE_BYTES_PER_CONNECTION, mc.wide_max_mib, fan_in,
+                "" if fan_in else ": built without it")
+        wide = fan_in
+    if wide and not linear:
         # A per-label sparse linear classifier on the input features, added
         # to the deep scores (its connections: head.initialize, from data).
         wide_scores = UniformSparseDense(
-            num_labels, min(int(wide), num_features), use_bias=False,
+            num_labels, wide, use_bias=False,
             kernel_initializer="zeros", seed=config.seed,
             kernel_scale=mc.wide_lr_multiplier,
             kernel_regularizer=(keras.regularizers.L2(mc.wide_l2)

@@ -34,6 +34,7 @@ import keras
 import tensorflow as tf
 
 from xmc_tf import heads as xheads
+from xmc_tf import variable_io
 # The layers, losses, metrics and optimizers register their Keras classes
 # (and the ops' gradients) when imported: load_model needs them.
 from xmc_tf import layers, losses, metrics, optimizers  # noqa: F401
@@ -42,8 +43,8 @@ from xmc_tf.errors import (IncompleteWorkdir, OpLibraryError,
 from xmc_tf.ops import _loader
 from xmc_tf.workdir import Workdir, atomic_path
 
-__all__ = ["export_saved_model", "export_model", "load_saved_model",
-           "load_model", "OpNotRegisteredError"]
+__all__ = ["export_saved_model", "export_model", "save_keras_file",
+           "load_saved_model", "load_model", "OpNotRegisteredError"]
 
 
 def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
@@ -119,6 +120,64 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
     archive.write_out(path, verbose=False)
 
 
+def _block_h5_store(base, chunk_bytes: int):
+    """A subclass of Keras' ``H5IOStore`` whose large variables are written
+    a block of rows at a time (:func:`xmc_tf.variable_io.write_h5_dataset`)
+    instead of through one NumPy copy (Keras' ``convert_to_numpy``, which
+    for a variable makes two)."""
+
+    class BlockH5Store(base):
+        def __setitem__(self, key, value):
+            if self.mode == "w" and hasattr(self, "_create_h5_group"):
+                if not self._h5_entry_initialized:
+                    self._create_h5_group(self._h5_entry_path)
+                if variable_io.write_h5_dataset(self._h5_entry_group, key,
+                                                value, chunk_bytes):
+                    return
+            super().__setitem__(key, value)
+
+    return BlockH5Store
+
+
+def save_keras_file(model: keras.Model, path: str,
+                    chunk_bytes: int = variable_io.CHUNK_BYTES) -> None:
+    """``model.save(path)`` with the weights streamed to disk.
+
+    Keras writes the ``.keras`` archive's weights file into memory first
+    whenever the weights are smaller than half the machine's available
+    memory, then copies it into the archive, and reads every variable into
+    two NumPy copies as it writes it (0.5 GB each for a 670k-label model's
+    ``[135909, 1024]`` encoder).  Here the weights file is written beside
+    ``path`` and streamed into the archive (Keras' own path when memory is
+    short: its memory check answers "insufficient"), and variables larger
+    than ``chunk_bytes`` are written a block of rows at a time.  The
+    archive holds what ``model.save`` writes.  These are Keras 3 internals
+    (``keras.src.saving.saving_lib``); without them this is
+    ``model.save(path)``.
+
+    Args:
+      model: a Keras model.
+      path: the ``.keras`` file to write.
+      chunk_bytes: largest block of a variable held at once (bytes, > 0).
+    """
+    try:
+        from keras.src.saving import saving_lib  # Keras 3 internals
+    except ImportError:  # pragma: no cover - another Keras layout
+        saving_lib = None
+    check = getattr(saving_lib, "is_memory_sufficient", None)
+    store = getattr(saving_lib, "H5IOStore", None)
+    if check is None or store is None:  # pragma: no cover - other Keras
+        model.save(path)
+        return
+    saving_lib.is_memory_sufficient = lambda _model: False
+    saving_lib.H5IOStore = _block_h5_store(store, chunk_bytes)
+    try:
+        model.save(path)
+    finally:
+        saving_lib.is_memory_sufficient = check
+        saving_lib.H5IOStore = store
+
+
 def export_model(model: keras.Model, workdir: str, k: int = 5) -> None:
     """Writes ``WORKDIR/model.keras`` and ``WORKDIR/saved_model/``, each to a
     temporary sibling renamed into place (see
@@ -134,7 +193,7 @@ def export_model(model: keras.Model, workdir: str, k: int = 5) -> None:
     """
     wd = Workdir(workdir)
     with atomic_path(wd.file(Workdir.MODEL)) as tmp:
-        model.save(tmp)
+        save_keras_file(model, tmp)
     with atomic_path(wd.file(Workdir.SAVED_MODEL)) as tmp:
         export_saved_model(model, tmp, k=k)
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import importlib.util
 import json
 import math
@@ -81,7 +82,8 @@ from xmc_tf.workdir import (Workdir, atomic_path, discard_hint,
 __all__ = ["train_and_evaluate", "build_model", "export_saved_model",
            "load_for_model", "format_table", "check_config", "load_data",
            "prepare_splits", "build_and_compile", "make_callbacks",
-           "check_strategy", "fit_and_export", "StopOnNonFinite", "ChiefLogs",
+           "check_strategy", "fit_and_export", "release_optimizer",
+           "validation_batch_size", "StopOnNonFinite", "ChiefLogs",
            "TrainingDiverged"]
 
 PREPROCESSING_FILE = Workdir.PREPROCESSING
@@ -193,6 +195,8 @@ def check_config(config) -> xheads.Head:
                 f"config.model.ensemble_size={size} needs a head that scores "
                 f"every label; head {head.name!r} does not (use 1)")
         _check_int("model.wide_connections", config.model.wide_connections, 0)
+        if config.model.wide_max_mib is not None:
+            _check_int("model.wide_max_mib", config.model.wide_max_mib, 0)
         for name in ("input_dropout", "dropout", "intermediate_dropout"):
             rate = config.model[name]
             if not (_is_number(rate) and 0.0 <= rate < 1.0):
@@ -309,6 +313,86 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     fit_model = head.training_model(model, layer)
     head.compile(fit_model, layer, optimizer)  # jit_compile=False
     return model, layer, fit_model
+
+
+#: Score blocks of validation up to this size are not limited by the
+#: training batch (label spaces of up to 16,384 labels keep batches of 1024).
+VALIDATION_FREE_BYTES = 64 << 20
+
+
+def validation_batch_size(eval_batch_size: int, train_batch_size: int,
+                          model) -> int:
+    """Instances per batch of the validation pass inside ``fit``.
+
+    Validation runs while the optimizer's state is held, so its float32
+    score blocks ``[batch, m]`` are kept within a training batch's
+    (``4 m train_batch_size`` bytes) once they pass
+    :data:`VALIDATION_FREE_BYTES`, and always within
+    :data:`xmc_tf.evaluation.SCORE_BLOCK_BYTES`: at 670k labels 64 rows
+    (the default training batch) instead of 100, so that validation holds
+    no more than a training step.
+
+    Args:
+      eval_batch_size: ``config.eval.batch_size`` (>= 1).
+      train_batch_size: ``config.train.batch_size`` (>= 1).
+      model: the model whose output is scored (as for
+        :func:`xmc_tf.evaluation.score_batch_size`).
+
+    Returns:
+      int in ``[1, eval_batch_size]``.
+    """
+    model = getattr(model, "inference_model", None) or model
+    try:
+        width = int(np.prod([int(d) for d in model.outputs[0].shape[1:]]))
+    except (AttributeError, IndexError, TypeError, ValueError):
+        width = 0
+    budget = min(xevaluation.SCORE_BLOCK_BYTES,
+                 max(VALIDATION_FREE_BYTES, 4 * width * int(train_batch_size)))
+    return xevaluation.score_batch_size(eval_batch_size, model, budget)
+
+
+def release_optimizer(model) -> int:
+    """Drops the optimizer state of a model whose training is over.
+
+    After the last checkpoint (which keeps the optimizer's variables for a
+    resume) nothing the job does reads them: evaluation and export use the
+    model's weights only.  Dropping them before evaluation and export frees
+    the Adam moments, twice the trainable variables (1.2 GiB at 670k labels
+    with the default encoder), and keeps them out of ``model.keras``, which
+    saved a compiled model's optimizer with it.
+
+    The model is left uncompiled (``model.compiled`` False): it cannot
+    ``fit`` or ``evaluate`` again, and ``model.keras`` no longer carries a
+    compile config, whose loading compiled the nested model and built a
+    new optimizer (the moments' memory again) in every process that loaded
+    the file.
+
+    Args:
+      model: a compiled ``keras.Model`` (the one ``fit`` ran), or any
+        model without an optimizer (nothing happens).
+
+    Returns:
+      Bytes of the optimizer variables released (0 if none).
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return 0
+    released = (_variable_bytes(optimizer.variables)
+                if getattr(optimizer, "built", False) else 0)
+    compile_config = getattr(model, "_compile_config", None)  # Keras 3
+    config = getattr(compile_config, "config", None)
+    if isinstance(config, dict) and config.get("optimizer") is optimizer:
+        config["optimizer"] = keras.saving.serialize_keras_object(optimizer)
+    # The traced train step captures the optimizer's variables.
+    model.train_function = None
+    # Deleting the attribute also drops TensorFlow's checkpoint dependency
+    # on it (assigning None alone keeps that reference).
+    del model.optimizer
+    model.optimizer = None
+    model.compiled = False
+    del optimizer, compile_config, config
+    gc.collect()
+    return released
 
 
 class StopOnNonFinite(keras.callbacks.Callback):
@@ -791,10 +875,11 @@ def fit_and_export(config, wd: Workdir, head, ckpt, extra_callbacks,
         train_kwargs = dict(shuffle=True, seed=config.seed, repeat=True,
                             first_epoch=initial_epoch,
                             **head.dataset_kwargs())
-        # Keras' validation scores [batch, m]: batches within 256 MiB (per
-        # replica).
-        val_batch = xevaluation.score_batch_size(config.eval.batch_size,
-                                                 model)
+        # Keras' validation scores [batch, m] beside the optimizer state:
+        # blocks no wider than a training batch's (validation_batch_size;
+        # per replica).
+        val_batch = validation_batch_size(config.eval.batch_size,
+                                          tc.batch_size, model)
         if strategy is None:
             train_ds = xdata.make_tf_dataset(fit_data, tc.batch_size,
                                              **train_kwargs)
@@ -815,6 +900,12 @@ def fit_and_export(config, wd: Workdir, head, ckpt, extra_callbacks,
         return None
 
     def evaluate_and_export() -> dict:
+        # Training is over and checkpointed: the optimizer's moments are
+        # not needed for evaluation and export (nor wanted in model.keras).
+        released = release_optimizer(fit_model)
+        if released:
+            logging.info("released the optimizer state (%.2f GiB) before "
+                         "evaluation and export", released / 2**30)
         # The exported model takes the raw features (normalisation inside),
         # and the test metrics are computed through it.
         exported = xprep.with_normalization(model, norm)

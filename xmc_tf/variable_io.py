@@ -1,7 +1,9 @@
 """Keras variables to and from ``.npy`` data in blocks of rows.
 
-Used by the training checkpoint (:mod:`xmc_tf.checkpoint`) and by the
-best-weights files of :class:`xmc_tf.callbacks.EarlyStopping`: a large
+Used by the training checkpoint (:mod:`xmc_tf.checkpoint`), by the
+best-weights files of :class:`xmc_tf.callbacks.EarlyStopping` and by the
+weights file of ``model.keras`` (:func:`xmc_tf.saving.save_keras_file`,
+:func:`write_h5_dataset`): a large
 variable is written and restored a block of rows at a time, so neither ever
 holds a second whole copy of it in memory (an encoder ``[D, d]`` and its two
 Adam slots would otherwise cost three transient copies of ``4 D d`` bytes).
@@ -16,10 +18,13 @@ import tensorflow as tf
 
 from xmc_tf.ops.sampled import label_variable
 
-__all__ = ["CHUNK_BYTES", "write_variable", "read_variable", "put_npy"]
+__all__ = ["CHUNK_BYTES", "write_variable", "read_variable", "put_npy",
+           "write_h5_dataset"]
 
-#: Largest block of a variable read or assigned at once.
-CHUNK_BYTES = 64 * 2**20
+#: Largest block of a variable read or assigned at once (16 MiB: what a
+#: block costs on top of the training state, twice, while a checkpoint is
+#: written during training).
+CHUNK_BYTES = 16 * 2**20
 
 
 def _rows_per_block(variable, shape, dtype, chunk_bytes: int):
@@ -64,11 +69,46 @@ def write_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
     np.lib.format.write_array_header_2_0(f, header)
     for start in range(0, shape[0], rows):
         stop = min(shape[0], start + rows)
-        # np.asarray views the gathered tensor's buffer (Tensor.numpy()
-        # would copy it) and the file takes the view's bytes (tobytes()
-        # would copy again): each block is copied once, by the gather.
+        # np.asarray views the gathered tensor's buffer (.numpy() and
+        # tobytes() each made one more copy of the block).
         block = np.asarray(tf.gather(tf_var, tf.range(start, stop)))
         f.write(memoryview(np.ascontiguousarray(block, dtype)).cast("B"))
+
+
+def write_h5_dataset(group, name: str, variable,
+                     chunk_bytes: int = CHUNK_BYTES) -> bool:
+    """Creates dataset ``name`` in the ``h5py`` group ``group`` holding
+    ``variable``, written a block of rows at a time (ResourceGather, as
+    :func:`write_variable`), so the variable is never copied whole.
+
+    Variables that :func:`write_variable` would read whole (scalars, small
+    ones, ``tf.distribute`` variables, non-variables) are not written.
+
+    Args:
+      group: a writable ``h5py.Group``.
+      name: the dataset's name in it.
+      variable: a ``keras.Variable`` (TensorFlow backend) or
+        ``tf.Variable``.
+      chunk_bytes: bytes per block (> 0).
+
+    Returns:
+      True if the dataset was written, False if the caller should write
+      ``variable`` itself (nothing was created).
+    """
+    shape = tuple(int(d) for d in getattr(variable, "shape", ()))
+    try:
+        dtype = np.dtype(variable.dtype)
+    except TypeError:  # e.g. bfloat16: Keras' own writer marks it
+        return False
+    tf_var, rows = _rows_per_block(variable, shape, dtype, chunk_bytes)
+    if tf_var is None:
+        return False
+    dataset = group.create_dataset(name, shape=shape, dtype=dtype)
+    for start in range(0, shape[0], rows):
+        stop = min(shape[0], start + rows)
+        dataset[start:stop] = np.asarray(
+            tf.gather(tf_var, tf.range(start, stop)))
+    return True
 
 
 def put_npy(zf, name: str, value) -> None:
@@ -119,4 +159,10 @@ def read_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
     for start in range(0, shape[0], rows):
         stop = min(shape[0], start + rows)
         block = np.frombuffer(f.read((stop - start) * row_bytes), dtype)
-        tf_var[start:stop].assign(block.reshape((stop - start,) + shape[1:]))
+        # A scatter writes the rows in place; ``tf_var[a:b].assign`` first
+        # reads the slice, which shares the variable's buffer, so every
+        # block copied the whole variable before writing into the copy.
+        tf.raw_ops.ResourceScatterUpdate(
+            resource=tf_var.handle,
+            indices=tf.range(start, stop, dtype=tf.int64),
+            updates=block.reshape((stop - start,) + shape[1:]))

@@ -7,7 +7,8 @@ classes); the last two share :mod:`xmc_tf.heads.candidates`.
 """
 
 from xmc_tf.heads.base import (OUTPUT_LAYER, Head, get_head, head_for_model,
-                               inference_model, names, output_layer, register)
+                               inference_model, names, output_layer, register,
+                               wide_fan_in)
 from xmc_tf.heads.candidates import CandidateHead, CandidateTrainer
 from xmc_tf.heads.dense import DenseHead
 from xmc_tf.heads.mach import MachOutputHead
@@ -18,6 +19,6 @@ from xmc_tf.heads.uniform_sparse import UniformSparseHead
 __all__ = ["OUTPUT_LAYER", "DenseHead", "Head", "MachOutputHead",
            "SampledHead", "SampledTrainer", "UniformSparseHead", "get_head",
            "head_for_model", "inference_model", "names", "output_layer",
-           "register"]
+           "register", "wide_fan_in"]
 __all__ += ["ScentHead", "ScentTrainer"]
 __all__ += ["CandidateHead", "CandidateTrainer"]

@@ -29,7 +29,7 @@ from xmc_tf import config as xconfig
 from xmc_tf import ensemble as xensemble
 
 __all__ = ["Head", "register", "get_head", "head_for_model", "inference_model",
-           "names", "output_layer"]
+           "names", "output_layer", "wide_fan_in", "WIDE_BYTES_PER_CONNECTION"]
 
 _REGISTRY: dict[str, type["Head"]] = {}
 
@@ -38,6 +38,47 @@ OUTPUT_LAYER = "output"
 #: Name of the wide (per-label linear, on the input features) layer of
 #: models built with ``config.model.wide_connections``.
 WIDE_LAYER = "wide"
+#: Training bytes per wide-path connection: float32 weight, int32 index,
+#: two float32 Adam moments and the float32 gradient.
+WIDE_BYTES_PER_CONNECTION = 20
+
+
+def wide_fan_in(model_config, num_features: int, num_labels: int) -> int:
+    """Connections per label of the wide path for a data set.
+
+    ``model_config.wide_connections``, at most ``num_features``, and cut so
+    that the wide path's training memory,
+    ``WIDE_BYTES_PER_CONNECTION * num_labels * s`` bytes, stays within
+    ``model_config.wide_max_mib`` MiB (None or a config without the field:
+    no cap).  The cap reads the data's regime: with the defaults (128
+    connections, 64 MiB) every label keeps 128 connections up to 26,214
+    labels (Bibtex, Delicious, WordNetHypernyms, where the wide path was
+    measured), Amazon-670K gets 5 and a label space of more than 3.3M
+    labels none.
+
+    Args:
+      model_config: ``config.model`` (``wide_connections``, optionally
+        ``wide_max_mib``).
+      num_features: input width ``e`` (>= 0).
+      num_labels: ``m`` (>= 0).
+
+    Returns:
+      int ``s`` in ``[0, wide_connections]``; 0 means no wide path.
+
+    >>> from xmc_tf import config as xconfig
+    >>> mc = xconfig.base().model
+    >>> wide_fan_in(mc, 1836, 159), wide_fan_in(mc, 135909, 670091)
+    (128, 5)
+    >>> mc.wide_max_mib = None
+    >>> wide_fan_in(mc, 135909, 670091), wide_fan_in(mc, 100, 670091)
+    (128, 100)
+    """
+    fan_in = max(0, min(int(model_config.wide_connections), int(num_features)))
+    max_mib = model_config.get("wide_max_mib")
+    if max_mib is not None and num_labels > 0:
+        fan_in = min(fan_in, (int(max_mib) << 20) //
+                     (WIDE_BYTES_PER_CONNECTION * int(num_labels)))
+    return fan_in
 
 
 def register(cls: type["Head"]) -> type["Head"]:
