@@ -77,15 +77,22 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_dense_reference(name):
+def assert_case_matches_reference(name, cases):
+    """The op's forward and both gradients on case ``cases[name]`` against
+    the dense NumPy reference; returns ``(gx, gw)``."""
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
-    x, indices, weights, g = make_case(rng, **CASES[name])
+    x, indices, weights, g = make_case(rng, **cases[name])
     y, gx, gw = run_op(x, indices, weights, g)
     ref_y, ref_gx, ref_gw = reference(x, indices, weights, g)
     np.testing.assert_allclose(y, ref_y, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(gx, ref_gx, rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(gw, ref_gw, rtol=1e-5, atol=1e-4)
+    return gx, gw
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_dense_reference(name):
+    gx, gw = assert_case_matches_reference(name, CASES)
     if CASES[name].get("density", 1.0) == 0.0:
         assert not gx.any() and not gw.any()
 
@@ -380,13 +387,7 @@ ISA_CASES = {
 @pytest.mark.parametrize("name", sorted(ISA_CASES))
 def test_every_cpu_instruction_set_matches_reference(isa, name, monkeypatch):
     monkeypatch.setenv("XMC_TF_CPU_ISA", isa)
-    rng = np.random.default_rng(abs(hash(name)) % 2**32)
-    x, indices, weights, g = make_case(rng, **ISA_CASES[name])
-    y, gx, gw = run_op(x, indices, weights, g)
-    ref_y, ref_gx, ref_gw = reference(x, indices, weights, g)
-    np.testing.assert_allclose(y, ref_y, rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(gx, ref_gx, rtol=1e-5, atol=1e-4)
-    np.testing.assert_allclose(gw, ref_gw, rtol=1e-5, atol=1e-4)
+    assert_case_matches_reference(name, ISA_CASES)
 
 
 @pytest.mark.parametrize("isa", ["base", "avx512"])
