@@ -787,7 +787,8 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(HERE, "results",
                                                  "roofline.json"))
     p.add_argument("--plot", default=os.path.join(HERE, "results",
-                                                  "roofline.png"))
+                                                  "roofline.png"),
+                   help='PNG chart (needs matplotlib); "" for none')
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
