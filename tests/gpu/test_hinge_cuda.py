@@ -18,30 +18,14 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from cuda_harness import ROOT, cuda_skip_reason, harness_path, import_cupy
+
 SOURCE = os.path.join("ops", "hinge", "hinge_kernels.cu.cc")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from hinge_reference import squared_hinge_reference  # noqa: E402
 
-try:
-    import cupy as cp  # pylint: disable=import-error
-except Exception:  # not installed, or broken  # pylint: disable=broad-except
-    cp = None
-
-
-def _skip_reason():
-    if cp is None:
-        return "CuPy is not installed"
-    try:
-        if cp.cuda.runtime.getDeviceCount() == 0:
-            return "no CUDA device"
-    except Exception:  # no driver  # pylint: disable=broad-except
-        return "no CUDA device (no driver)"
-    return None
-
-
-SKIP_REASON = _skip_reason()
+cp = import_cupy()
+SKIP_REASON = cuda_skip_reason(cp)
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(SKIP_REASON is not None,
                                  reason=SKIP_REASON or "")]
@@ -53,18 +37,8 @@ _F = ctypes.c_float
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    path = os.environ.get("XMC_HINGE_CUDA_LIB")
-    if not path:
-        sys.path.insert(0, os.path.join(ROOT, "tools"))
-        try:
-            import build_cuda_harness  # pylint: disable=import-outside-toplevel
-            out = tmp_path_factory.mktemp("harness") / "libxmc_hinge.so"
-            path = build_cuda_harness.build(str(out), archs="native",
-                                            sources=(SOURCE,), verbose=False)
-        except RuntimeError as e:
-            pytest.skip(f"cannot build the CUDA harness: {e}")
-        finally:
-            sys.path.pop(0)
+    path = harness_path("XMC_HINGE_CUDA_LIB", tmp_path_factory, "libxmc_hinge.so",
+                        sources=(SOURCE,))
     library = ctypes.CDLL(path)
     library.XmcSquaredHingeLossScratchFloats.argtypes = [_I64, _I64]
     library.XmcSquaredHingeLossScratchFloats.restype = _I64

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from cuda_harness import cuda_skip_reason, harness_path, import_cupy
+
 BACKEND = os.environ.get("XMC_GPU_TEST_BACKEND", "cupy")
 
 
@@ -39,22 +38,10 @@ def _skip_reason():
         return None
     if BACKEND != "cupy":
         return f"XMC_GPU_TEST_BACKEND={BACKEND!r}: use cupy or numpy"
-    if cp is None:
-        return "CuPy is not installed"
-    try:
-        if cp.cuda.runtime.getDeviceCount() == 0:
-            return "no CUDA device"
-    except Exception:  # no driver  # pylint: disable=broad-except
-        return "no CUDA device (no driver)"
-    return None
+    return cuda_skip_reason(cp)
 
 
-try:
-    if BACKEND != "cupy":
-        raise ImportError
-    import cupy as cp  # pylint: disable=import-error
-except Exception:  # not installed, or broken  # pylint: disable=broad-except
-    cp = None
+cp = import_cupy() if BACKEND == "cupy" else None
 
 SKIP_REASON = _skip_reason()
 # Tests are collected and skipped one by one (not a module-level skip), so
@@ -106,18 +93,8 @@ class Device:
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     """The harness library with argtypes set."""
-    path = os.environ.get("XMC_CUDA_HARNESS_LIB")
-    if not path:
-        sys.path.insert(0, os.path.join(ROOT, "tools"))
-        try:
-            import build_cuda_harness  # pylint: disable=import-outside-toplevel
-            out = tmp_path_factory.mktemp("harness") / "libxmc_us_cuda.so"
-            path = build_cuda_harness.build(str(out), archs="native",
-                                            verbose=False)
-        except RuntimeError as e:
-            pytest.skip(f"cannot build the CUDA harness: {e}")
-        finally:
-            sys.path.pop(0)
+    path = harness_path("XMC_CUDA_HARNESS_LIB", tmp_path_factory,
+                        "libxmc_us_cuda.so")
     library = ctypes.CDLL(path)
     for name in ("XmcUniformSparseForwardGpuF32",
                  "XmcUniformSparseGradFeaturesGpuF32",
