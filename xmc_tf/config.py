@@ -124,6 +124,22 @@ def _base() -> dict:
             gradient_instances=4096,
             wide=False,  # also rewire the wide path's layer
         ),
+        # Second scorer: a label tree of L2-regularised linear rankers
+        # (xmc_tf.label_tree, Parabel), fit after training on the fit split
+        # and added to the model's scores as deep + weight * tree.
+        tree=ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
+            # "auto": on for sparse input with a validation split and a head
+            # that scores every label, up to max_labels labels; or a bool
+            enabled="auto",
+            max_labels=100_000,  # "auto" stays off above (time, memory)
+            # "auto": the weight of FUSION_WEIGHTS (0 included) with the best
+            # mean validation P@k over eval.ks; or a number >= 0
+            weight="auto",
+            leaf_size=100,  # labels per leaf
+            c=1.0,  # liblinear C (inverse L2 strength)
+            tol=0.1,  # liblinear stopping tolerance
+            threshold=0.1,  # weights of smaller magnitude are dropped
+        )),
         eval=dict(
             ks=(1, 3, 5),  # P@k, nDCG@k, PSP@k, R@k
             batch_size=1024,

@@ -54,6 +54,7 @@ import os
 import resource
 import shutil
 import tempfile
+import time
 
 import keras
 import numpy as np
@@ -66,6 +67,7 @@ from xmc_tf import distribute as xdist
 from xmc_tf import ensemble as xensemble
 from xmc_tf import evaluation as xevaluation
 from xmc_tf import heads as xheads
+from xmc_tf import label_tree as xlabel_tree
 from xmc_tf import metrics as xmetrics
 from xmc_tf import preprocessing as xprep
 from xmc_tf import saving as xsaving
@@ -74,6 +76,7 @@ from xmc_tf.errors import (CheckpointError, ConfigError, DataError,
 from xmc_tf.evaluation import format_table
 from xmc_tf.models import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
                             build_model, build_optimizer)
+from xmc_tf.layers.label_tree import LabelTreeScores, fuse_with_tree
 from xmc_tf.predict import evaluate_model
 from xmc_tf.saving import export_model, export_saved_model
 from xmc_tf.workdir import (Workdir, atomic_path, discard_hint,
@@ -162,6 +165,152 @@ def _check_nonnegative(field: str, value) -> None:
         raise ValueError(f"config.{field}={value!r} must be a number >= 0")
 
 
+#: The "decide from the data" value of config fields.
+AUTO = "auto"
+
+
+def _check_tree(config, head) -> None:
+    """Validates ``config.tree`` (ValueError naming the field)."""
+    tc = config.get("tree")
+    if tc is None:
+        return
+    if tc.enabled not in (AUTO, True, False):
+        raise ValueError(f"config.tree.enabled={tc.enabled!r} must be "
+                         "'auto', True or False")
+    if tc.weight != AUTO:
+        _check_nonnegative("tree.weight", tc.weight)
+    _check_int("tree.leaf_size", tc.leaf_size, 2)
+    _check_int("tree.max_labels", tc.max_labels, 1)
+    for name in ("c", "tol"):
+        if not (_is_number(tc[name]) and tc[name] > 0):
+            raise ValueError(f"config.tree.{name}={tc[name]!r} must be a "
+                             "number > 0")
+    _check_nonnegative("tree.threshold", tc.threshold)
+    if tc.enabled is True and not head.scores_every_label:
+        raise ValueError(f"config.tree.enabled=True needs a head that scores "
+                         f"every label; head {head.name!r} does not")
+    if (tc.enabled is True and tc.weight == AUTO
+            and not config.data.validation_fraction):
+        raise ValueError("config.tree.weight='auto' is read on the validation "
+                         "split: set config.data.validation_fraction > 0 or a "
+                         "number for config.tree.weight")
+
+
+def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
+                    has_validation: bool) -> tuple[bool, str]:
+    """Whether the run fits a label tree (:mod:`xmc_tf.label_tree`), and why.
+
+    ``config.tree.enabled="auto"`` turns it on for sparse input, a head that
+    scores every label, a validation split to read its weight on, and at
+    most ``config.tree.max_labels`` labels (time and memory grow with m).
+
+    Returns:
+      ``(enabled, reason)``; ``reason`` is one line for the log.
+    """
+    tc = config.get("tree")
+    if tc is None or tc.enabled is False:
+        return False, "config.tree.enabled=False"
+    if not sparse_input:
+        return False, "dense input features"
+    if not head.scores_every_label:
+        return False, f"head {head.name!r} does not score every label"
+    if tc.enabled is True:
+        return True, "config.tree.enabled=True"
+    if not has_validation and tc.weight == AUTO:
+        return False, "no validation split to read its weight on"
+    if num_labels > tc.max_labels:
+        return False, (f"{num_labels} labels > config.tree.max_labels="
+                       f"{tc.max_labels}")
+    return True, (f"sparse input, {num_labels} labels <= "
+                  f"config.tree.max_labels={tc.max_labels}")
+
+
+#: The fitted tree, kept in the backup directory until the export is done.
+LABEL_TREE_FILE = "label_tree.npz"
+
+
+def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
+                      sparse_input: bool):
+    """Fits (or reloads) the label tree and fuses it with ``model``.
+
+    The tree is fit on the (normalised) fit split and saved in the backup
+    directory, so a run killed during evaluation or export reloads it; its
+    weight is read on the validation split (``config.tree.weight="auto"``:
+    :func:`xmc_tf.label_tree.choose_fusion_weight`).
+
+    Returns:
+      ``(model_to_export, info)``: ``model`` itself when the tree is off or
+      its weight is 0, else :func:`xmc_tf.layers.label_tree.fuse_with_tree`
+      of it; ``info`` is the dict for ``metrics.json`` (``{}`` when off).
+    """
+    enabled, why = label_tree_plan(config, head, fit_data.num_labels,
+                                   sparse_input, val_data is not None)
+    logging.info("label tree: %s (%s)", "on" if enabled else "off", why)
+    if not enabled:
+        return model, {}
+    tc = config.tree
+    start = time.time()
+    path = os.path.join(wd.backup_dir, LABEL_TREE_FILE)
+    tree = None
+    if os.path.exists(path):
+        with np.load(path) as saved:
+            tree = xlabel_tree.LabelTree.from_arrays(saved)
+        if (tree.num_features, tree.num_labels) != (fit_data.num_features,
+                                                    fit_data.num_labels):
+            tree = None
+        else:
+            logging.info("label tree: reloaded %s", path)
+    if tree is None:
+        last = [start]
+
+        def progress(line):
+            if time.time() - last[0] >= 10:
+                last[0] = time.time()
+                logging.info(line)
+        tree = xlabel_tree.fit_label_tree(
+            fit_data.features, fit_data.labels, leaf_size=tc.leaf_size,
+            c=float(tc.c), tol=float(tc.tol), threshold=float(tc.threshold),
+            seed=config.seed, progress=progress)
+        os.makedirs(wd.backup_dir, exist_ok=True)
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, **tree.to_arrays())
+    fit_seconds = time.time() - start
+    layer = LabelTreeScores.from_tree(tree, name="label_tree")
+    info = {"columns": tree.num_columns, "weights": int(tree.weights.nnz),
+            "depth": int(tree.paths.shape[1]),
+            "bytes": xlabel_tree.label_tree_bytes(tree),
+            "fit_seconds": round(fit_seconds, 2)}
+    weight = tc.weight
+    if weight == AUTO:
+        batch = xevaluation.score_batch_size(config.eval.batch_size, model)
+
+        def blocks():
+            for start_row in range(0, val_data.num_instances, batch):
+                rows = np.arange(start_row, min(start_row + batch,
+                                                val_data.num_instances))
+                part = subset(val_data, rows)
+                x = next(iter(xdata.make_tf_dataset(part, len(rows))))[0]
+                yield (model(x, training=False).numpy(), layer(x).numpy(),
+                       part.labels)
+        weight, table = xlabel_tree.choose_fusion_weight(
+            blocks(), ks=tuple(config.eval.ks))
+        info["validation"] = {str(a): {f"P@{k}": round(v, 2)
+                                       for k, v in row.items()}
+                              for a, row in table.items()}
+        logging.info("label tree: weight %s (validation P@k by weight: %s)",
+                     weight, "; ".join(
+                         f"{a}: " + "/".join(f"{v:.2f}" for v in row.values())
+                         for a, row in table.items()))
+    info["weight"] = float(weight)
+    logging.info("label tree: %d classifiers, %d weights (%.1f MiB), depth "
+                 "%d, %.1f s", info["columns"], info["weights"],
+                 info["bytes"] / 2**20, info["depth"], fit_seconds)
+    if not weight:
+        return model, info
+    return fuse_with_tree(model, layer, float(weight)), info
+
+
 def check_config(config) -> xheads.Head:
     """Validates the config before anything is read or written.
 
@@ -206,6 +355,7 @@ def check_config(config) -> xheads.Head:
             _check_nonnegative("train.weight_decay", tc.weight_decay)
         if tc.min_delta is not None:
             _check_nonnegative("train.min_delta", tc.min_delta)
+        _check_tree(config, head)
         frac = config.data.validation_fraction
         if not 0.0 <= frac < 1.0:
             raise ValueError(f"config.data.validation_fraction={frac!r} must "
@@ -908,14 +1058,21 @@ def fit_and_export(config, wd: Workdir, head, ckpt, extra_callbacks,
                          "evaluation and export", released / 2**30)
         # The exported model takes the raw features (normalisation inside),
         # and the test metrics are computed through it.
-        exported = xprep.with_normalization(model, norm)
+        tree_start = time.time()
+        scorer, tree_info = attach_label_tree(config, wd, head, model,
+                                              fit_data, val_data,
+                                              train_is_sparse)
+        tree_seconds = time.time() - tree_start if tree_info else 0.0
+        exported = xprep.with_normalization(scorer, norm)
         results = {}
         if test is not None:
             results = evaluate_model(exported, test, inv_prop,
                                      tuple(config.eval.ks),
                                      config.eval.batch_size)
         results.update({
-            "train_seconds": round(checkpointer.train_seconds, 2),
+            # the label tree's fit and weight choice included
+            "train_seconds": round(checkpointer.train_seconds + tree_seconds,
+                                   2),
             "epochs": len(checkpointer.history),
             "num_labels": fit_data.num_labels,
             "num_features": fit_data.num_features,
@@ -931,6 +1088,8 @@ def fit_and_export(config, wd: Workdir, head, ckpt, extra_callbacks,
                            num_workers=cluster.num_workers,
                            num_replicas=cluster.num_replicas)
         results.update(head.results(layer))
+        if tree_info:
+            results["label_tree"] = tree_info
         export_model(exported, wd.path, k=max(config.eval.ks))
         results["peak_memory_bytes"] = checkpointer.peak_memory_bytes
         metrics = wd.mark_complete(results, meta["run_id"],

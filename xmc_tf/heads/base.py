@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from xmc_tf import config as xconfig
 from xmc_tf import ensemble as xensemble
+from xmc_tf.layers.label_tree import deep_model
 
 __all__ = ["Head", "register", "get_head", "head_for_model", "inference_model",
            "names", "output_layer", "wide_fan_in", "WIDE_BYTES_PER_CONNECTION"]
@@ -173,6 +174,9 @@ def head_for_model(model: keras.Model) -> type["Head"]:
     members = xensemble.members(inference_model(model))
     if members:
         return head_for_model(members[0])
+    deep = deep_model(inference_model(model))  # deep + weight * label tree
+    if deep is not None:
+        return head_for_model(deep)
     layer = output_layer(model)
     for cls in _REGISTRY.values():
         if cls.matches(layer):

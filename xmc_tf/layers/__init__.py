@@ -13,3 +13,5 @@ __all__ = ["MachDecoder", "MachHead", "UniformSparseDense",
 __all__ += ["LabelDense"]
 __all__ += ["SparseDropout", "SparseEmbeddingBag"]
 __all__ += ["FeatureNormalization"]
+from xmc_tf.layers.label_tree import LabelTreeScores  # noqa: E402
+__all__ += ["LabelTreeScores"]

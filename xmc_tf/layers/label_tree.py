@@ -1,0 +1,210 @@
+"""The label tree's scores as a Keras layer (non-trainable).
+
+Holds a fitted :class:`xmc_tf.label_tree.LabelTree` and computes every
+label's log-score ``sum over the label's path of -max(0, 1 - w_j . x -
+b_j)^2`` (Parabel, Prabhu et al. WWW 2018, Sec. 3: the squared-hinge
+probabilities of the node and leaf classifiers multiplied along the path)
+for a sparse batch.  The weights are stored feature-major (CSR rows =
+features), so an instance reads only the rows of its own features: the cost
+is ``sum over its features of the row's length`` multiply-adds, then
+``depth`` gathers of ``[batch, num_labels]``.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["LabelTreeScores", "fuse_with_tree", "deep_model",
+           "FUSED_MODEL", "DEEP_MODEL"]
+
+#: Name of the model :func:`fuse_with_tree` returns, and of the deep model
+#: nested in it.
+FUSED_MODEL = "tree_fused"
+DEEP_MODEL = "deep"
+
+
+@keras.saving.register_keras_serializable(package="xmc_tf")
+class LabelTreeScores(keras.layers.Layer):
+    """Log-scores ``[batch, num_labels]`` of a label tree of linear rankers.
+
+    Args:
+      num_features: ``D``, the input width.
+      num_labels: ``m``.
+      num_columns: classifiers in the tree (internal-node children and
+        labels).
+      num_weights: stored (non-zero) weights.
+      depth: the longest path (columns per label, padded).
+      **kwargs: base layer arguments (``name``...).
+
+    Input shape:
+      ``tf.SparseTensor`` float32 ``[batch, D]`` (rank 2, int64 indices; any
+      entry order), the features the tree was fit on; a dense ``[batch, D]``
+      tensor is made sparse first.
+
+    Output shape:
+      float32 ``[batch, num_labels]``, each ``<= 0``.
+
+    Attributes (non-trainable variables, set by :meth:`set_tree`):
+      indptr: int64 ``[D + 1]``; columns: int32 ``[num_weights]``;
+      values: float32 ``[num_weights]``; bias: float32 ``[num_columns]``;
+      paths: int32 ``[num_labels, depth]`` (padding = ``num_columns``).
+
+    Raises:
+      ValueError: a tree of other sizes in :meth:`set_tree`.
+      tf.errors.InvalidArgumentError: at run time, a feature id outside
+        ``[0, D)``.
+
+    Example:
+      >>> import scipy.sparse as sp
+      >>> from xmc_tf.label_tree import fit_label_tree
+      >>> x = sp.csr_matrix(np.eye(4, dtype=np.float32))
+      >>> tree = fit_label_tree(x, sp.csr_matrix(np.eye(4)), leaf_size=2)
+      >>> layer = LabelTreeScores.from_tree(tree)
+      >>> st = tf.SparseTensor([[0, 2]], [1.0], [1, 4])
+      >>> int(np.argmax(layer(st).numpy()[0]))
+      2
+    """
+
+    def __init__(self, num_features: int, num_labels: int, num_columns: int,
+                 num_weights: int, depth: int, **kwargs):
+        kwargs.setdefault("trainable", False)
+        super().__init__(**kwargs)
+        self.num_features = int(num_features)
+        self.num_labels = int(num_labels)
+        self.num_columns = int(num_columns)
+        self.num_weights = int(num_weights)
+        self.depth = int(depth)
+
+    @classmethod
+    def from_tree(cls, tree, **kwargs) -> "LabelTreeScores":
+        """A built layer holding ``tree`` (:class:`~xmc_tf.label_tree.LabelTree`)."""
+        layer = cls(tree.num_features, tree.num_labels, tree.num_columns,
+                    tree.weights.nnz, tree.paths.shape[1], **kwargs)
+        layer.build((None, tree.num_features))
+        layer.set_tree(tree)
+        return layer
+
+    def build(self, input_shape):
+        def var(name, shape, dtype):
+            return self.add_weight(name=name, shape=shape, dtype=dtype,
+                                   initializer="zeros", trainable=False)
+        self.indptr = var("indptr", (self.num_features + 1,), "int64")
+        self.columns = var("columns", (self.num_weights,), "int32")
+        self.values = var("values", (self.num_weights,), "float32")
+        self.bias = var("bias", (self.num_columns,), "float32")
+        self.paths = var("paths", (self.num_labels, self.depth), "int32")
+        super().build(input_shape)
+
+    def set_tree(self, tree) -> None:
+        """Assigns the arrays of ``tree`` (same sizes as the layer's)."""
+        a = tree.to_arrays()
+        want = (self.num_features, self.num_labels, self.num_columns,
+                self.num_weights, self.depth)
+        got = (tree.num_features, tree.num_labels, tree.num_columns,
+               tree.weights.nnz, tree.paths.shape[1])
+        if want != got:
+            raise ValueError(f"tree sizes (features, labels, columns, "
+                             f"weights, depth) {got} != the layer's {want}")
+        self.indptr.assign(a["indptr"])
+        self.columns.assign(a["indices"])
+        self.values.assign(a["data"])
+        self.bias.assign(a["bias"])
+        self.paths.assign(a["paths"])
+
+    def call(self, inputs):
+        if not isinstance(inputs, tf.SparseTensor):  # e.g. Keras' tracing
+            inputs = tf.sparse.from_dense(tf.convert_to_tensor(inputs))
+        rows, feats = inputs.indices[:, 0], inputs.indices[:, 1]
+        feats = tf.ensure_shape(feats, [None])
+        with tf.control_dependencies([tf.debugging.assert_less(
+                feats, tf.constant(self.num_features, tf.int64),
+                message="LabelTreeScores: feature id >= num_features"),
+                tf.debugging.assert_non_negative(
+                    feats, message="LabelTreeScores: negative feature id")]):
+            starts = tf.gather(self.indptr, feats)
+        ends = tf.gather(self.indptr, feats + 1)
+        pos = tf.ragged.range(starts, ends).flat_values
+        entry = tf.repeat(tf.range(tf.size(feats, out_type=tf.int64)),
+                          ends - starts)
+        contrib = (tf.gather(tf.cast(inputs.values, tf.float32), entry) *
+                   tf.gather(self.values, pos))
+        ncols = tf.constant(self.num_columns, tf.int64)
+        target = (tf.gather(rows, entry) * ncols +
+                  tf.cast(tf.gather(self.columns, pos), tf.int64))
+        batch = inputs.dense_shape[0]
+        col = tf.math.unsorted_segment_sum(contrib, target, batch * ncols)
+        col = tf.reshape(col, [batch, self.num_columns]) + self.bias
+        col = -tf.square(tf.nn.relu(1.0 - col))
+        col = tf.concat([col, tf.zeros([batch, 1], col.dtype)], axis=1)
+        paths = tf.convert_to_tensor(self.paths)
+        out = tf.gather(col, paths[:, 0], axis=1)
+        for d in range(1, self.depth):
+            out += tf.gather(col, paths[:, d], axis=1)
+        return out
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], self.num_labels)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_features=self.num_features,
+                      num_labels=self.num_labels,
+                      num_columns=self.num_columns,
+                      num_weights=self.num_weights, depth=self.depth)
+        return config
+
+
+def fuse_with_tree(model: keras.Model, tree_layer: LabelTreeScores,
+                   weight: float) -> keras.Model:
+    """``model(x) + weight * tree_layer(x)`` as one Keras model.
+
+    Args:
+      model: a model on sparse features ``[batch, D]`` whose output is
+        float32 ``[batch, num_labels]`` scores (renamed :data:`DEEP_MODEL`;
+        its weights are shared, not copied).
+      tree_layer: a built :class:`LabelTreeScores` of the same ``D`` and
+        ``num_labels``.
+      weight: the tree's weight (``>= 0``).
+
+    Returns:
+      A functional model named :data:`FUSED_MODEL`, input as ``model``'s,
+      output float32 ``[batch, num_labels]``;
+      :func:`xmc_tf.heads.head_for_model` decodes it with ``model``'s head.
+
+    Raises:
+      ValueError: sizes that differ, dense input, or a negative weight.
+    """
+    spec = model.inputs[0]
+    if not spec.sparse:
+        raise ValueError("the label tree needs a model on sparse features")
+    width, labels = int(spec.shape[-1]), int(model.outputs[0].shape[-1])
+    if (width, labels) != (tree_layer.num_features, tree_layer.num_labels):
+        raise ValueError(f"model (features, labels) {(width, labels)} != the "
+                         f"tree's {(tree_layer.num_features, tree_layer.num_labels)}")
+    if not weight >= 0:
+        raise ValueError(f"tree weight must be >= 0, got {weight!r}")
+    x = keras.Input(shape=tuple(spec.shape[1:]), sparse=True,
+                    dtype=spec.dtype, name="features")
+    model.name = DEEP_MODEL
+    tree = keras.layers.Rescaling(float(weight), name="tree_weight")(
+        tree_layer(x))
+    out = keras.layers.Add(name="fused_scores")([model(x), tree])
+    return keras.Model(x, out, name=FUSED_MODEL)
+
+
+def deep_model(model: keras.Model):
+    """The deep model nested in a :func:`fuse_with_tree` model (looked for
+    through a normalising wrapper), or None."""
+    for _ in range(3):
+        if getattr(model, "name", None) == FUSED_MODEL:
+            for layer in model.layers:
+                if isinstance(layer, keras.Model) and layer.name == DEEP_MODEL:
+                    return layer
+            return None
+        layers = getattr(model, "layers", None) or []
+        if not layers or not isinstance(layers[-1], keras.Model):
+            return None
+        model = layers[-1]
+    return None
