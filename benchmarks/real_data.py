@@ -419,15 +419,26 @@ def _peer_child(conn, name, train, test, threads, train_path, log_path):
         conn.send({"error": traceback.format_exc()})
 
 
-def make_curve_callback():
+def make_curve_callback(tree=None):
     """A Keras callback that records the validation curve.
+
+    Args:
+      tree: None, or ``(tree_layer, val_data, batch_size)``: a
+        :class:`xmc_tf.layers.LabelTreeScores` fit before training on the
+        job's fit split and the job's normalised validation split; then
+        every epoch also records ``val_P@1_fused``: the validation P@1 of
+        ``deep + weight * tree`` at the weight the job would choose after
+        that epoch (:func:`xmc_tf.label_tree.choose_fusion_weight`), i.e.
+        of the model a run stopped there would export.  Its evaluation
+        time is left out of ``wall_s``.
 
     Returns:
       A ``keras.callbacks.Callback`` whose ``curve`` attribute is a list
       with one dict per finished epoch: ``epoch`` (1-based), ``wall_s``
       (float, wall-clock seconds since ``on_train_begin``, taken when the
       job's own epoch-end callbacks have run), ``val_P@1`` / ``val_P@3``
-      (float percent, None without a validation split) and ``loss``.
+      (float percent, None without a validation split), ``loss`` and, with
+      ``tree``, ``val_P@1_fused`` / ``tree_weight``.
     """
     import keras  # pylint: disable=import-outside-toplevel
 
@@ -438,6 +449,7 @@ def make_curve_callback():
             super().__init__()
             self.curve = []
             self._start = None
+            self._paused = 0.0
 
         def on_train_begin(self, logs=None):
             self._start = time.perf_counter()
@@ -449,19 +461,67 @@ def make_curve_callback():
                 v = logs.get(key)
                 return None if v is None else 100.0 * float(v)
 
-            self.curve.append({
+            now = time.perf_counter()
+            point = {
                 "epoch": epoch + 1,
-                "wall_s": time.perf_counter() - self._start,
+                "wall_s": now - self._start - self._paused,
                 "val_P@1": pct("val_precision_at_1"),
                 "val_P@3": pct("val_precision_at_3"),
                 "loss": (None if logs.get("loss") is None
-                         else float(logs["loss"]))})
+                         else float(logs["loss"]))}
+            if tree is not None:
+                # pylint: disable=import-outside-toplevel
+                from xmc_tf import heads as xheads
+                from xmc_tf import label_tree as xlabel_tree
+                from xmc_tf import train as xtrain
+                layer, val_data, batch = tree
+                model = xheads.inference_model(self.model)
+                weight, table = xlabel_tree.choose_fusion_weight(
+                    xtrain.tree_validation_blocks(model, layer, val_data,
+                                                  batch))
+                point["val_P@1_fused"] = table[weight][1]
+                point["tree_weight"] = weight
+                self._paused += time.perf_counter() - now
+            self.curve.append(point)
 
     return ValidationCurve()
 
 
+def fit_tree_for_curve(config):
+    """The label tree the job would fit, fit before training for the
+    fused curve (:func:`make_curve_callback`); None when the job's
+    ``config.tree`` leaves it off.
+
+    Returns:
+      ``((tree_layer, val_data, batch_size), fit_seconds)`` or
+      ``(None, 0.0)``.
+    """
+    # pylint: disable=import-outside-toplevel
+    from xmc_tf import heads as xheads
+    from xmc_tf import label_tree as xlabel_tree
+    from xmc_tf import preprocessing as xprep
+    from xmc_tf import train as xtrain
+    from xmc_tf.layers import LabelTreeScores
+    train = xprep.load_spec(config.data.train, "config.data.train")
+    with tempfile.TemporaryDirectory() as tmp:
+        fit, val, _ = xtrain.prepare_splits(config, train, tmp)
+    head = xheads.get_head(config)
+    on, _ = xtrain.label_tree_plan(config, head, fit.num_labels,
+                                   train.is_sparse, val is not None)
+    if not on:
+        return None, 0.0
+    start = time.perf_counter()
+    tc = config.tree
+    tree = xlabel_tree.fit_label_tree(
+        fit.features, fit.labels, leaf_size=tc.leaf_size, c=float(tc.c),
+        tol=float(tc.tol), threshold=float(tc.threshold), seed=config.seed)
+    seconds = time.perf_counter() - start
+    return (LabelTreeScores.from_tree(tree), val,
+            config.eval.batch_size), seconds
+
+
 def _ours_child(conn, config_name, overrides, max_epochs, train_spec,
-                test_spec, seed, workdir):
+                test_spec, seed, workdir, fused_curve=False):
     """One :func:`xmc_tf.train.train_and_evaluate` run in this process;
     sends ``{"metrics", "curve"}`` or ``{"error"}``."""
     try:
@@ -471,7 +531,9 @@ def _ours_child(conn, config_name, overrides, max_epochs, train_spec,
         config.seed = int(seed)
         from xmc_tf import train as xtrain  # pylint: disable=import-outside-toplevel
         from xmc_tf.errors import UserError  # pylint: disable=import-outside-toplevel
-        curve = make_curve_callback()
+        tree, tree_s = (fit_tree_for_curve(config) if fused_curve
+                        else (None, 0.0))
+        curve = make_curve_callback(tree)
         try:
             metrics = xtrain.train_and_evaluate(
                 config, workdir, overwrite=True, callbacks=[curve])
@@ -480,6 +542,7 @@ def _ours_child(conn, config_name, overrides, max_epochs, train_spec,
                        "curve": curve.curve})
             return
         conn.send({"metrics": metrics, "curve": curve.curve,
+                   "tree_s": tree_s if tree is not None else None,
                    "vmhwm_bytes": peers.proc_status_bytes(os.getpid())})
     except BaseException:  # pylint: disable=broad-except
         conn.send({"error": traceback.format_exc()})
@@ -527,7 +590,8 @@ def run_ours(name: str, train_spec: str, test_spec: str, seed: int, args,
     start = time.perf_counter()
     try:
         res = _in_child(_ours_child, args.config, overrides, args.max_epochs,
-                        train_spec, test_spec, seed, workdir)
+                        train_spec, test_spec, seed, workdir,
+                        getattr(args, "fused_curve", False))
     finally:
         job_wall = time.perf_counter() - start
         if tmp is not None:
@@ -542,36 +606,53 @@ def run_ours(name: str, train_spec: str, test_spec: str, seed: int, args,
     row.update(train_s=m.get("train_seconds"), epochs=m.get("epochs"),
                peak_rss_bytes=m.get("peak_memory_bytes"),
                vmhwm_bytes=res.get("vmhwm_bytes"), curve=curve)
-    row.update(summarize_curve(curve, omikuji_p1))
+    row.update(summarize_curve(curve, omikuji_p1, res.get("tree_s")))
     row["metrics"] = {k: v for k, v in m.items() if not isinstance(v, dict)}
     return row
 
 
-def summarize_curve(curve, target_p1: float | None) -> dict:
+def summarize_curve(curve, target_p1: float | None,
+                    tree_s: float | None = None) -> dict:
     """The best validation epoch and the time to a P@1 target.
 
     Args:
       curve (list of dict): :func:`make_curve_callback`'s ``curve``.
       target_p1 (float or None): P@1 in percent (Omikuji's test P@1).
+      tree_s (float or None): seconds the label tree took to fit, when the
+        curve has ``val_P@1_fused``.
 
     Returns:
       ``{"best_val": {"epoch", "wall_s", "val_P@1", "val_P@3"} or None,
       "time_to_omikuji_p1_s": float or None, "epoch_to_omikuji_p1": int or
-      None}``; the best epoch is the first with the highest val P@3 (the
-      early-stopping monitor).
+      None}``, plus with ``tree_s`` ``"tree_s"``,
+      ``"time_to_omikuji_p1_fused_s"`` (the tree's seconds + the end of the
+      first epoch whose fused validation P@1 reached the target) and
+      ``"epoch_to_omikuji_p1_fused"``; the best epoch is the first with the
+      highest val P@3 (the early-stopping monitor).
     """
     with_val = [c for c in curve if c.get("val_P@3") is not None]
     best = None
     if with_val:
         b = max(with_val, key=lambda c: c["val_P@3"])  # first of the max
         best = {k: b[k] for k in ("epoch", "wall_s", "val_P@1", "val_P@3")}
-    reached = None
-    if target_p1 is not None:
-        reached = next((c for c in curve if c.get("val_P@1") is not None
-                        and c["val_P@1"] >= target_p1), None)
-    return {"best_val": best,
-            "time_to_omikuji_p1_s": reached["wall_s"] if reached else None,
-            "epoch_to_omikuji_p1": reached["epoch"] if reached else None}
+
+    def first(key):
+        if target_p1 is None:
+            return None
+        return next((c for c in curve if c.get(key) is not None
+                     and c[key] >= target_p1), None)
+    reached = first("val_P@1")
+    out = {"best_val": best,
+           "time_to_omikuji_p1_s": reached["wall_s"] if reached else None,
+           "epoch_to_omikuji_p1": reached["epoch"] if reached else None}
+    if tree_s is not None:
+        fused = first("val_P@1_fused")
+        out.update(tree_s=tree_s,
+                   time_to_omikuji_p1_fused_s=(tree_s + fused["wall_s"]
+                                               if fused else None),
+                   epoch_to_omikuji_p1_fused=fused["epoch"] if fused
+                   else None)
+    return out
 
 
 def run_tree_peer(name: str, train: Split, test: Split, train_path: str,
@@ -714,7 +795,8 @@ def mean_std(runs) -> tuple[dict, dict]:
 
 
 TABLE_COLS = ["method", "seed", "P@1", "P@3", "P@5", "PSP@5", "train_s",
-              "peak RSS GB", "epochs", "best val ep", "t to Omikuji P@1 s"]
+              "peak RSS GB", "epochs", "best val ep", "t to Omikuji P@1 s",
+              "t fused s"]
 
 
 def table_rows(entry: dict) -> list[dict]:
@@ -733,6 +815,7 @@ def table_rows(entry: dict) -> list[dict]:
             if r.get("best_val"):
                 line["best val ep"] = r["best_val"]["epoch"]
             line["t to Omikuji P@1 s"] = r.get("time_to_omikuji_p1_s")
+            line["t fused s"] = r.get("time_to_omikuji_p1_fused_s")
         rows.append(line)
     if len(entry["runs"]) > 1:
         seeds = ",".join(str(r["seed"]) for r in entry["runs"]
@@ -773,8 +856,9 @@ def print_dataset(name: str, entry: dict) -> None:
 
 def plot(result: dict, path: str) -> None:
     """One panel per data set: validation P@1 per epoch against wall-clock
-    seconds for every seed of ours, each peer's test P@1 at its training
-    seconds.
+    seconds for every seed of ours (solid: the deep model; dashed: fused
+    with the label tree, shifted by the tree's fit time), each peer's test
+    P@1 at its training seconds.
 
     Args:
       result (dict): the JSON document of :func:`main`.
@@ -799,6 +883,15 @@ def plot(result: dict, path: str) -> None:
             line, = ax.plot(*zip(*pts), "o-", ms=3, lw=1.2,
                             label=f"{entry['method']} seed {r['seed']}: "
                                   "val P@1 per epoch")
+            fused = [(r["tree_s"] + c["wall_s"], c["val_P@1_fused"])
+                     for c in r.get("curve", [])
+                     if c.get("val_P@1_fused") is not None
+                     and r.get("tree_s") is not None]
+            if fused:
+                ax.plot(*zip(*fused), "o--", ms=3, lw=1.0,
+                        color=line.get_color(),
+                        label=f"seed {r['seed']}: with the label tree "
+                              "(its fit time added)")
             if r.get("P@1") is not None and r.get("train_s"):
                 ax.plot([r["train_s"]], [r["P@1"]], "*", ms=11, mfc="none",
                         color=line.get_color(),
@@ -1034,6 +1127,12 @@ def main(argv=None) -> int:
                         help="config override, e.g. model.input_dropout=0.2 "
                              "(VALUE a Python literal, else a string; "
                              "repeatable)")
+    parser.add_argument("--fused-curve", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="also record each epoch's validation P@1 of the "
+                        "model fused with the label tree (fit before "
+                        "training in the run's process; its time is added "
+                        "to the time to Omikuji's P@1)")
     parser.add_argument("--max-epochs", type=int, default=None,
                         help="config.train.epochs (quick checks; default: "
                              "the config's, with early stopping)")

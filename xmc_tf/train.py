@@ -225,6 +225,21 @@ def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
                   f"config.tree.max_labels={tc.max_labels}")
 
 
+def tree_validation_blocks(model, tree_layer, val_data, batch_size: int):
+    """Yields ``(deep scores, tree log-scores, labels)`` per block of
+    ``val_data`` (normalised): NumPy ``[b, m]`` float32 twice and the
+    ``scipy.sparse`` labels, as
+    :func:`xmc_tf.label_tree.choose_fusion_weight` takes them; ``b`` is
+    ``batch_size`` capped by :func:`xmc_tf.evaluation.score_batch_size`."""
+    batch = xevaluation.score_batch_size(batch_size, model)
+    for start in range(0, val_data.num_instances, batch):
+        part = subset(val_data, np.arange(
+            start, min(start + batch, val_data.num_instances)))
+        x = next(iter(xdata.make_tf_dataset(part, part.num_instances)))[0]
+        yield (model(x, training=False).numpy(), tree_layer(x).numpy(),
+               part.labels)
+
+
 #: The fitted tree, kept in the backup directory until the export is done.
 LABEL_TREE_FILE = "label_tree.npz"
 
@@ -283,18 +298,10 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
             "fit_seconds": round(fit_seconds, 2)}
     weight = tc.weight
     if weight == AUTO:
-        batch = xevaluation.score_batch_size(config.eval.batch_size, model)
-
-        def blocks():
-            for start_row in range(0, val_data.num_instances, batch):
-                rows = np.arange(start_row, min(start_row + batch,
-                                                val_data.num_instances))
-                part = subset(val_data, rows)
-                x = next(iter(xdata.make_tf_dataset(part, len(rows))))[0]
-                yield (model(x, training=False).numpy(), layer(x).numpy(),
-                       part.labels)
         weight, table = xlabel_tree.choose_fusion_weight(
-            blocks(), ks=tuple(config.eval.ks))
+            tree_validation_blocks(model, layer, val_data,
+                                   config.eval.batch_size),
+            ks=tuple(config.eval.ks))
         info["validation"] = {str(a): {f"P@{k}": round(v, 2)
                                        for k, v in row.items()}
                               for a, row in table.items()}

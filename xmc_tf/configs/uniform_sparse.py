@@ -4,8 +4,11 @@ sparse TF-IDF input -> SparseEmbeddingBag encoder (ReLU) -> intermediate
 Dense (leaky ReLU) -> UniformSparseDense(num_labels, connections_per_label)
 plus the wide path, squared hinge loss, output bias at the loss's prior,
 LazyAdam 1e-3 halved on val-P@3 plateaus, early stopping, SET
-(Schultheis & Babbar; fields and defaults: :mod:`xmc_tf.config`; how they
-were chosen: docs/defaults.md)::
+(Schultheis & Babbar); after training, a label tree of L2 linear rankers
+(Parabel-style, :mod:`xmc_tf.label_tree`) fit on the same features, its
+log-scores added with a weight read on the validation split
+(``config.tree``).  Fields and defaults: :mod:`xmc_tf.config`; how they
+were chosen: docs/defaults.md, docs/real_data.md::
 
     xmc-tf train --config=uniform_sparse \\
         --config.data.train=TRAIN.txt.gz --config.data.test=TEST.txt.gz \\

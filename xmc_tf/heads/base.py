@@ -147,8 +147,13 @@ def output_layer(model: keras.Model):
     """The model's head layer: the layer named ``"output"``, else the last
     (of the :func:`inference_model`); in a model whose last layer is a
     nested model (the exported model of
-    :func:`xmc_tf.preprocessing.with_normalization`), that model's."""
+    :func:`xmc_tf.preprocessing.with_normalization`), that model's; in a
+    model fused with a label tree
+    (:func:`xmc_tf.layers.label_tree.fuse_with_tree`), its deep model's."""
     model = inference_model(model)
+    deep = deep_model(model)  # deep + weight * label tree: the deep model's
+    if deep is not None:
+        return output_layer(deep)
     try:
         return model.get_layer(OUTPUT_LAYER)
     except ValueError:
@@ -166,7 +171,9 @@ def head_for_model(model: keras.Model) -> type["Head"]:
     Sampled heads train a full-scoring layer (uniform-sparse or dense), so a
     model trained with one is decoded by the head of that layer; an
     ensemble (:func:`xmc_tf.ensemble.average_scores`) by its first
-    member's head (every member scores all labels).
+    member's head (every member scores all labels); a model fused with a
+    label tree (:func:`xmc_tf.layers.label_tree.fuse_with_tree`) by its
+    deep model's head (the fused model scores all labels too).
 
     Raises:
       ValueError: no registered head recognises the model's output layer.

@@ -1,0 +1,303 @@
+"""The label tree second stage (:mod:`xmc_tf.label_tree`,
+:class:`xmc_tf.layers.LabelTreeScores`, ``config.tree``): the tree's
+structure, its classifiers against scikit-learn's LinearSVC fit directly,
+its scores against a per-label loop over dense weights, the layer against
+NumPy, the fusion weight against a brute-force P@k, and the job (fused
+export, reload, SavedModel, config checks)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import tensorflow as tf
+
+from xmc_tf import config as xconfig
+from xmc_tf import data as xdata
+from xmc_tf import heads, saving
+from xmc_tf import label_tree as lt
+from xmc_tf.layers import LabelTreeScores
+from xmc_tf.layers.label_tree import deep_model, fuse_with_tree
+from xmc_tf.train import (ConfigError, check_config, label_tree_plan,
+                          load_for_model, train_and_evaluate)
+
+SYN = "synthetic:num_instances=400,num_features=120,num_labels=24,seed=3"
+
+
+def _data(n=300, d=60, m=16, seed=0):
+    """Each label owns 3 features; an instance has 1-2 labels and their
+    features plus noise features."""
+    rng = np.random.default_rng(seed)
+    owner = rng.permutation(d)[:3 * m].reshape(m, 3)
+    x = np.zeros((n, d), np.float32)
+    y = np.zeros((n, m), np.float32)
+    for i in range(n):
+        labs = rng.choice(m, 1 + (rng.random() < 0.5), replace=False)
+        y[i, labs] = 1
+        for l in labs:
+            x[i, owner[l]] = rng.random(3) + 0.5
+        x[i, rng.choice(d, 4)] += rng.random(4)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return sp.csr_matrix(x), sp.csr_matrix(y)
+
+
+def _sparse_tensor(x):
+    c = sp.coo_matrix(x)
+    return tf.SparseTensor(np.stack([c.row, c.col], 1).astype(np.int64),
+                           c.data.astype(np.float32), c.shape)
+
+
+def test_tree_structure_is_balanced_with_one_column_per_label():
+    x, y = _data()
+    tree = lt.fit_label_tree(x, y, leaf_size=4)
+    m = y.shape[1]
+    own = tree.paths[np.arange(m), (tree.paths < tree.num_columns).sum(1) - 1]
+    assert len(set(own.tolist())) == m  # every label its own last column
+    # 16 labels, leaves of <= 4: two levels of halving, then the label
+    assert tree.paths.shape == (m, 3) and (tree.paths < tree.num_columns).all()
+    assert tree.num_columns == m + 2 + 4
+    # siblings share their path up to the leaf; leaves hold <= 4 labels
+    leaves = {}
+    for label in range(m):
+        leaves.setdefault(tuple(tree.paths[label, :-1]), []).append(label)
+    assert sorted(len(v) for v in leaves.values()) == [4, 4, 4, 4]
+
+
+def test_classifiers_match_linearsvc_on_the_nodes_instances():
+    from sklearn.svm import LinearSVC
+    x, y = _data()
+    tree = lt.fit_label_tree(x, y, leaf_size=4, threshold=0.0)
+    w = tree.weights.toarray()
+    ycsc = y.tocsc()
+    # the root's first child: trained on every instance, positive where
+    # the instance has a label under that child
+    child = tree.paths[:, 0] == tree.paths[0, 0]
+    target = (np.asarray(ycsc[:, child].sum(1)).ravel() > 0).astype(int)
+    ref = LinearSVC(C=1.0, loss="squared_hinge", dual=True, tol=0.1,
+                    fit_intercept=False, random_state=0).fit(x, target)
+    np.testing.assert_allclose(w[:, tree.paths[0, 0]], ref.coef_.ravel(),
+                               rtol=1e-5, atol=1e-6)
+    # label 0's own classifier: trained on the instances that reach its
+    # leaf (those with a label under every node of its path)
+    reach = np.ones(x.shape[0], bool)
+    for depth in range(tree.paths.shape[1] - 1):
+        under = tree.paths[:, depth] == tree.paths[0, depth]
+        reach &= np.asarray(ycsc[:, under].sum(1)).ravel() > 0
+    ref = LinearSVC(C=1.0, loss="squared_hinge", dual=True, tol=0.1,
+                    fit_intercept=False, random_state=0).fit(
+        x[reach], y[reach][:, 0].toarray().ravel().astype(int))
+    np.testing.assert_allclose(w[:, tree.paths[0, -1]], ref.coef_.ravel(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_log_scores_match_a_loop_over_paths_and_rank_the_labels():
+    x, y = _data()
+    tree = lt.fit_label_tree(x, y, leaf_size=4)
+    w, b = tree.weights.toarray(), tree.bias
+    xd = x.toarray()
+    want = np.zeros(y.shape, np.float64)
+    for i in range(xd.shape[0]):
+        for label in range(y.shape[1]):
+            for col in tree.paths[label]:
+                if col < tree.num_columns:
+                    s = xd[i] @ w[:, col] + b[col]
+                    want[i, label] -= max(0.0, 1.0 - s) ** 2
+    got = tree.log_scores(x)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # the planted task is learnable: top-1 is a true label for most rows
+    top = got.argmax(1)
+    assert y[np.arange(y.shape[0]), top].mean() > 0.9
+    with pytest.raises(ValueError, match="columns"):
+        tree.log_scores(x[:, :10])
+
+
+def test_degenerate_nodes_and_bad_arguments():
+    x = sp.csr_matrix(np.eye(4, dtype=np.float32))
+    y = sp.csr_matrix(np.ones((4, 2), np.float32))  # both labels everywhere
+    tree = lt.fit_label_tree(x, y, leaf_size=2)
+    assert tree.num_columns == 2 and (tree.bias == 1.0).all()
+    np.testing.assert_array_equal(tree.log_scores(x), 0.0)
+    for kwargs in (dict(leaf_size=1), dict(c=0.0), dict(tol=-1.0),
+                   dict(threshold=-0.1)):
+        with pytest.raises(ValueError):
+            lt.fit_label_tree(x, y, **kwargs)
+    with pytest.raises(ValueError, match="rows"):
+        lt.fit_label_tree(x, y[:3])
+
+
+def test_arrays_round_trip():
+    x, y = _data()
+    tree = lt.fit_label_tree(x, y, leaf_size=4)
+    again = lt.LabelTree.from_arrays(tree.to_arrays())
+    np.testing.assert_array_equal(again.log_scores(x), tree.log_scores(x))
+    assert lt.label_tree_bytes(tree) == sum(
+        v.nbytes for v in tree.to_arrays().values())
+
+
+def test_layer_matches_numpy_on_unordered_duplicate_and_empty_rows():
+    x, y = _data()
+    tree = lt.fit_label_tree(x, y, leaf_size=4)
+    layer = LabelTreeScores.from_tree(tree)
+    keep = np.ones(20, np.float32)
+    keep[5] = 0  # an empty row
+    batch = sp.csr_matrix(sp.diags(keep) @ x[:20])
+    batch.eliminate_zeros()
+    np.testing.assert_allclose(layer(_sparse_tensor(batch)).numpy(),
+                               tree.log_scores(batch), rtol=1e-5, atol=1e-5)
+    # entries in reverse order, one entry split in two: the same function
+    c = batch.tocoo()
+    idx = np.stack([c.row, c.col], 1)[::-1]
+    vals = c.data[::-1].copy()
+    idx = np.concatenate([idx, idx[:1]])
+    vals[0] /= 2
+    vals = np.concatenate([vals, vals[:1]])
+    st = tf.SparseTensor(idx.astype(np.int64), vals, batch.shape)
+    np.testing.assert_allclose(layer(st).numpy(), tree.log_scores(batch),
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer(batch.toarray()).numpy(),
+                               tree.log_scores(batch), rtol=1e-5, atol=1e-5)
+    bad = tf.SparseTensor([[0, x.shape[1]]], [1.0], [1, x.shape[1] + 1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="num_features"):
+        layer(bad)
+    other = lt.fit_label_tree(x, y, leaf_size=8)
+    with pytest.raises(ValueError, match="sizes"):
+        layer.set_tree(other)
+
+
+def _brute_p_at_k(scores, labels, k):
+    y = labels.toarray()
+    hits = 0
+    for i in range(scores.shape[0]):
+        order = sorted(range(scores.shape[1]), key=lambda j: -scores[i, j])
+        hits += y[i, order[:k]].sum()
+    return 100.0 * hits / (k * scores.shape[0])
+
+
+def test_fusion_weight_against_brute_force_p_at_k():
+    rng = np.random.default_rng(1)
+    n, m = 60, 12
+    labels = sp.csr_matrix((rng.random((n, m)) < 0.2).astype(np.float32))
+    truth = labels.toarray()
+    deep = rng.normal(size=(n, m)).astype(np.float32) + truth  # weak
+    tree = (3.0 * truth - 3.0).astype(np.float32)  # informative, log <= 0
+    blocks = [(deep[:25], tree[:25], labels[:25]),
+              (deep[25:], tree[25:], labels[25:])]
+    weight, table = lt.choose_fusion_weight(blocks, ks=(1, 3))
+    for a, row in table.items():
+        fused = deep + np.float32(a) * tree
+        for k in (1, 3):
+            assert row[k] == pytest.approx(_brute_p_at_k(fused, labels, k))
+    assert weight > 0 and table[weight][1] > table[0.0][1]
+    # a tree of noise: the deep model alone wins
+    noise = -rng.random((n, m)).astype(np.float32) * 50
+    weight, _ = lt.choose_fusion_weight([(3 * truth + deep * 0.1, noise,
+                                          labels)], ks=(1,))
+    assert weight == 0.0
+    with pytest.raises(ValueError, match="shapes"):
+        lt.choose_fusion_weight([(deep, tree[:, :3], labels)])
+    with pytest.raises(ValueError, match="no validation"):
+        lt.choose_fusion_weight([])
+
+
+def _config(**overrides):
+    c = xconfig.get_config("uniform_sparse")
+    c.data.train = SYN
+    c.data.test = SYN.replace("seed=3", "seed=4")
+    c.model.update(encoder_dims=(32,), intermediate_dim=32,
+                   connections_per_label=8)
+    c.train.update(epochs=2, batch_size=32, verbose=0)
+    c.tree.leaf_size = 4
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        c[section][name] = value
+    return c
+
+
+def test_fused_job_exports_deep_plus_weighted_tree(tmp_path):
+    wd = str(tmp_path / "run")
+    config = _config(**{"tree.weight": 0.5})  # a fixed weight: always fused
+    result = train_and_evaluate(config, wd)
+    info = result["label_tree"]
+    assert info["weight"] == 0.5 and info["columns"] >= 24
+    assert not os.path.exists(os.path.join(wd, "backup"))
+
+    model = saving.load_model(wd)
+    deep = deep_model(model)
+    assert deep is not None
+    assert heads.head_for_model(model) is heads.UniformSparseHead
+    tree_layer = [l for l in model.layers[-1].layers
+                  if isinstance(l, LabelTreeScores)][0]
+    test = load_for_model(config.data.test, wd)
+    x, _ = xdata.make_tf_dataset(test, 64).take(1).get_single_element()
+    # the reloaded pieces, recombined by hand; the normalisation layer is
+    # the exported model's first
+    norm_x = model.layers[1](x)
+    want = deep(norm_x).numpy() + 0.5 * tree_layer(norm_x).numpy()
+    np.testing.assert_allclose(model(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    loaded = saving.load_saved_model(os.path.join(wd, "saved_model"))
+    out = loaded.serve(x.indices, x.values, x.dense_shape)
+    top = tf.math.top_k(want, k=5)
+    np.testing.assert_allclose(out["scores"].numpy(), top.values.numpy(),
+                               rtol=1e-5, atol=1e-5)
+    saved = json.load(open(os.path.join(wd, "metrics.json")))
+    assert saved["label_tree"]["weight"] == 0.5
+
+
+def test_auto_weight_is_read_on_validation(tmp_path):
+    result = train_and_evaluate(_config(), str(tmp_path / "auto"))
+    info = result["label_tree"]
+    table = info["validation"]
+    best = max(table, key=lambda a: (np.mean(list(table[a].values())),
+                                     -float(a)))
+    assert info["weight"] == float(best)
+
+
+def test_tree_off_exports_the_plain_model(tmp_path):
+    wd = str(tmp_path / "off")
+    result = train_and_evaluate(_config(**{"tree.enabled": False}), wd)
+    assert "label_tree" not in result
+    assert deep_model(saving.load_model(wd)) is None
+
+
+def test_tree_config_checks_and_plan():
+    for key, bad in (("tree.enabled", "yes"), ("tree.weight", -1.0),
+                     ("tree.leaf_size", 1), ("tree.c", 0),
+                     ("tree.threshold", -0.5), ("tree.max_labels", 0)):
+        with pytest.raises(ConfigError, match=key):
+            check_config(_config(**{key: bad}))
+    mach = xconfig.get_config("mach")
+    mach.tree.enabled = True
+    with pytest.raises(ConfigError, match="scores every label"):
+        check_config(mach)
+    c = _config(**{"tree.enabled": True, "data.validation_fraction": 0.0})
+    with pytest.raises(ConfigError, match="validation"):
+        check_config(c)
+    c = _config()
+    head = check_config(c)
+    assert label_tree_plan(c, head, 24, True, True)[0]
+    assert not label_tree_plan(c, head, 24, False, True)[0]  # dense input
+    assert not label_tree_plan(c, head, 24, True, False)[0]  # no validation
+    assert not label_tree_plan(c, head, 10**6, True, True)[0]  # > max_labels
+    assert not label_tree_plan(mach, check_config(xconfig.get_config("mach")),
+                               24, True, True)[0]
+
+
+def test_fuse_with_tree_checks_sizes():
+    import keras
+    x, y = _data()
+    tree = lt.fit_label_tree(x, y, leaf_size=4)
+    layer = LabelTreeScores.from_tree(tree)
+    inp = keras.Input((x.shape[1],), sparse=True)
+    deep = keras.Model(inp, keras.layers.Dense(y.shape[1] + 1)(inp))
+    with pytest.raises(ValueError, match="tree"):
+        fuse_with_tree(deep, layer, 0.5)
+    deep = keras.Model(inp, keras.layers.Dense(y.shape[1])(inp))
+    with pytest.raises(ValueError, match="weight"):
+        fuse_with_tree(deep, layer, -1.0)
+    fused = fuse_with_tree(deep, layer, 0.25)
+    st = _sparse_tensor(x[:8])
+    np.testing.assert_allclose(
+        fused(st).numpy(),
+        deep(st).numpy() + 0.25 * tree.log_scores(x[:8]), rtol=1e-5,
+        atol=1e-5)
