@@ -157,6 +157,14 @@ def test_layer_matches_numpy_on_unordered_duplicate_and_empty_rows():
                                rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(layer(batch.toarray()).numpy(),
                                tree.log_scores(batch), rtol=1e-5, atol=1e-5)
+    # scored 3 rows at a time (the empty row inside a chunk), and inside a
+    # traced function; an empty batch
+    small = LabelTreeScores.from_tree(tree, chunk_rows=3)
+    np.testing.assert_allclose(tf.function(small)(st).numpy(),
+                               tree.log_scores(batch), rtol=1e-5, atol=1e-5)
+    empty = tf.SparseTensor(np.zeros((0, 2), np.int64), np.zeros(0, np.float32),
+                            [0, x.shape[1]])
+    assert small(empty).shape == (0, y.shape[1])
     bad = tf.SparseTensor([[0, x.shape[1]]], [1.0], [1, x.shape[1] + 1])
     with pytest.raises(tf.errors.InvalidArgumentError, match="num_features"):
         layer(bad)

@@ -254,27 +254,33 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
     :func:`xmc_tf.label_tree.choose_fusion_weight`).
 
     Returns:
-      ``(model_to_export, info)``: ``model`` itself when the tree is off or
-      its weight is 0, else :func:`xmc_tf.layers.label_tree.fuse_with_tree`
-      of it; ``info`` is the dict for ``metrics.json`` (``{}`` when off).
+      ``(model_to_export, info, seconds)``: ``model`` itself when the tree
+      is off or its weight is 0, else
+      :func:`xmc_tf.layers.label_tree.fuse_with_tree` of it; ``info`` is the
+      dict for ``metrics.json`` (``{}`` when off; ``fit_seconds``: the fit's,
+      also after a reload); ``seconds``: the fit's plus this call's weight
+      choice, for ``train_seconds``.
     """
     enabled, why = label_tree_plan(config, head, fit_data.num_labels,
                                    sparse_input, val_data is not None)
     logging.info("label tree: %s (%s)", "on" if enabled else "off", why)
     if not enabled:
-        return model, {}
+        return model, {}, 0.0
     tc = config.tree
     start = time.time()
     path = os.path.join(wd.backup_dir, LABEL_TREE_FILE)
     tree = None
+    fit_seconds = None
     if os.path.exists(path):
         with np.load(path) as saved:
             tree = xlabel_tree.LabelTree.from_arrays(saved)
+            fit_seconds = float(saved["fit_seconds"])
         if (tree.num_features, tree.num_labels) != (fit_data.num_features,
                                                     fit_data.num_labels):
             tree = None
         else:
-            logging.info("label tree: reloaded %s", path)
+            logging.info("label tree: reloaded %s (fit in %.1f s)", path,
+                         fit_seconds)
     if tree is None:
         last = [start]
 
@@ -286,11 +292,12 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
             fit_data.features, fit_data.labels, leaf_size=tc.leaf_size,
             c=float(tc.c), tol=float(tc.tol), threshold=float(tc.threshold),
             seed=config.seed, progress=progress)
+        fit_seconds = time.time() - start
         os.makedirs(wd.backup_dir, exist_ok=True)
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as f:
-                np.savez(f, **tree.to_arrays())
-    fit_seconds = time.time() - start
+                np.savez(f, fit_seconds=fit_seconds, **tree.to_arrays())
+    choose_start = time.time()
     layer = LabelTreeScores.from_tree(tree, name="label_tree")
     info = {"columns": tree.num_columns, "weights": int(tree.weights.nnz),
             "depth": int(tree.paths.shape[1]),
@@ -313,9 +320,10 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
     logging.info("label tree: %d classifiers, %d weights (%.1f MiB), depth "
                  "%d, %.1f s", info["columns"], info["weights"],
                  info["bytes"] / 2**20, info["depth"], fit_seconds)
+    seconds = fit_seconds + (time.time() - choose_start)
     if not weight:
-        return model, info
-    return fuse_with_tree(model, layer, float(weight)), info
+        return model, info, seconds
+    return fuse_with_tree(model, layer, float(weight)), info, seconds
 
 
 def check_config(config) -> xheads.Head:
@@ -1065,11 +1073,8 @@ def fit_and_export(config, wd: Workdir, head, ckpt, extra_callbacks,
                          "evaluation and export", released / 2**30)
         # The exported model takes the raw features (normalisation inside),
         # and the test metrics are computed through it.
-        tree_start = time.time()
-        scorer, tree_info = attach_label_tree(config, wd, head, model,
-                                              fit_data, val_data,
-                                              train_is_sparse)
-        tree_seconds = time.time() - tree_start if tree_info else 0.0
+        scorer, tree_info, tree_seconds = attach_label_tree(
+            config, wd, head, model, fit_data, val_data, train_is_sparse)
         exported = xprep.with_normalization(scorer, norm)
         results = {}
         if test is not None:

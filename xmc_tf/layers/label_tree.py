@@ -36,6 +36,8 @@ class LabelTreeScores(keras.layers.Layer):
         labels).
       num_weights: stored (non-zero) weights.
       depth: the longest path (columns per label, padded).
+      chunk_rows: instances scored at a time (memory: each stored entry
+        of an instance expands to its feature's row of weights).
       **kwargs: base layer arguments (``name``...).
 
     Input shape:
@@ -68,7 +70,8 @@ class LabelTreeScores(keras.layers.Layer):
     """
 
     def __init__(self, num_features: int, num_labels: int, num_columns: int,
-                 num_weights: int, depth: int, **kwargs):
+                 num_weights: int, depth: int, chunk_rows: int = 64,
+                 **kwargs):
         kwargs.setdefault("trainable", False)
         super().__init__(**kwargs)
         self.num_features = int(num_features)
@@ -76,6 +79,9 @@ class LabelTreeScores(keras.layers.Layer):
         self.num_columns = int(num_columns)
         self.num_weights = int(num_weights)
         self.depth = int(depth)
+        if int(chunk_rows) < 1:
+            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        self.chunk_rows = int(chunk_rows)
 
     @classmethod
     def from_tree(cls, tree, **kwargs) -> "LabelTreeScores":
@@ -113,9 +119,32 @@ class LabelTreeScores(keras.layers.Layer):
         self.bias.assign(a["bias"])
         self.paths.assign(a["paths"])
 
+    def _chunk_scores(self, rows, feats, values, num_rows):
+        """Log-scores ``[num_rows, num_labels]`` of the entries ``(rows,
+        feats, values)`` (rows in ``[0, num_rows)``)."""
+        starts = tf.gather(self.indptr, feats)
+        ends = tf.gather(self.indptr, feats + 1)
+        pos = tf.ragged.range(starts, ends).flat_values
+        entry = tf.repeat(tf.range(tf.size(feats, out_type=tf.int64)),
+                          ends - starts)
+        contrib = tf.gather(values, entry) * tf.gather(self.values, pos)
+        ncols = tf.constant(self.num_columns, tf.int64)
+        target = (tf.gather(rows, entry) * ncols +
+                  tf.cast(tf.gather(self.columns, pos), tf.int64))
+        col = tf.math.unsorted_segment_sum(contrib, target, num_rows * ncols)
+        col = tf.reshape(col, [num_rows, self.num_columns]) + self.bias
+        col = -tf.square(tf.nn.relu(1.0 - col))
+        col = tf.concat([col, tf.zeros([num_rows, 1], col.dtype)], axis=1)
+        paths = tf.convert_to_tensor(self.paths)
+        out = tf.gather(col, paths[:, 0], axis=1)
+        for d in range(1, self.depth):
+            out += tf.gather(col, paths[:, d], axis=1)
+        return out
+
     def call(self, inputs):
         if not isinstance(inputs, tf.SparseTensor):  # e.g. Keras' tracing
             inputs = tf.sparse.from_dense(tf.convert_to_tensor(inputs))
+        inputs = tf.sparse.reorder(inputs)  # row-major: rows in chunks
         rows, feats = inputs.indices[:, 0], inputs.indices[:, 1]
         feats = tf.ensure_shape(feats, [None])
         with tf.control_dependencies([tf.debugging.assert_less(
@@ -123,26 +152,33 @@ class LabelTreeScores(keras.layers.Layer):
                 message="LabelTreeScores: feature id >= num_features"),
                 tf.debugging.assert_non_negative(
                     feats, message="LabelTreeScores: negative feature id")]):
-            starts = tf.gather(self.indptr, feats)
-        ends = tf.gather(self.indptr, feats + 1)
-        pos = tf.ragged.range(starts, ends).flat_values
-        entry = tf.repeat(tf.range(tf.size(feats, out_type=tf.int64)),
-                          ends - starts)
-        contrib = (tf.gather(tf.cast(inputs.values, tf.float32), entry) *
-                   tf.gather(self.values, pos))
-        ncols = tf.constant(self.num_columns, tf.int64)
-        target = (tf.gather(rows, entry) * ncols +
-                  tf.cast(tf.gather(self.columns, pos), tf.int64))
+            feats = tf.identity(feats)
+        values = tf.cast(inputs.values, tf.float32)
         batch = inputs.dense_shape[0]
-        col = tf.math.unsorted_segment_sum(contrib, target, batch * ncols)
-        col = tf.reshape(col, [batch, self.num_columns]) + self.bias
-        col = -tf.square(tf.nn.relu(1.0 - col))
-        col = tf.concat([col, tf.zeros([batch, 1], col.dtype)], axis=1)
-        paths = tf.convert_to_tensor(self.paths)
-        out = tf.gather(col, paths[:, 0], axis=1)
-        for d in range(1, self.depth):
-            out += tf.gather(col, paths[:, d], axis=1)
-        return out
+        # Rows a chunk at a time: an entry of feature f expands to the
+        # row's length of f (tens of thousands of products per instance on
+        # a 10k-label tree), so a whole batch of 1,024 would hold GBs.
+        chunk = tf.constant(self.chunk_rows, tf.int64)
+        num_chunks = (batch + chunk - 1) // chunk
+        bounds = tf.searchsorted(rows, tf.range(num_chunks + 1) * chunk,
+                                 side="left", out_type=tf.int64)
+
+        def body(i, parts):
+            lo, hi = bounds[i], bounds[i + 1]
+            first = i * chunk
+            out = self._chunk_scores(rows[lo:hi] - first, feats[lo:hi],
+                                     values[lo:hi],
+                                     tf.minimum(chunk, batch - first))
+            return i + 1, parts.write(tf.cast(i, tf.int32), out)
+
+        parts = tf.TensorArray(tf.float32, size=tf.cast(num_chunks, tf.int32),
+                               infer_shape=False,
+                               element_shape=[None, self.num_labels])
+        _, parts = tf.while_loop(lambda i, _: i < num_chunks, body,
+                                 (tf.constant(0, tf.int64), parts))
+        return tf.cond(
+            batch > 0, parts.concat,
+            lambda: tf.zeros([0, self.num_labels], tf.float32))
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.num_labels)
@@ -152,7 +188,8 @@ class LabelTreeScores(keras.layers.Layer):
         config.update(num_features=self.num_features,
                       num_labels=self.num_labels,
                       num_columns=self.num_columns,
-                      num_weights=self.num_weights, depth=self.depth)
+                      num_weights=self.num_weights, depth=self.depth,
+                      chunk_rows=self.chunk_rows)
         return config
 
 
