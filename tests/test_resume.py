@@ -126,9 +126,13 @@ def test_killed_run_resumes_exactly(tmp_path):
     mb = json.loads((run / "metrics.json").read_text())
     assert mb["run"]["resumes"] == 2 and ma["run"]["resumes"] == 0
     assert Workdir(str(run)).check_complete() == mb
+    def untimed(value):  # the label tree's fit seconds are a timing too
+        if isinstance(value, dict):
+            return {k: v for k, v in value.items() if k != "fit_seconds"}
+        return value
     for key in ma:
         if key not in ("run", "train_seconds", "peak_memory_bytes"):
-            assert mb[key] == ma[key], key
+            assert untimed(mb[key]) == untimed(ma[key]), key
     assert mb["epochs"] == 5 and mb["train_seconds"] > 0
     # The history of all processes, each epoch once, equal to the
     # uninterrupted run's; SET really rewired many times.
