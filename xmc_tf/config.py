@@ -292,6 +292,9 @@ def is_multi_class(labels) -> bool:
       labels: ``scipy.sparse`` CSR ``[n, m]`` label matrix (explicit
         entries are labels).
 
+    Returns:
+      bool.
+
     >>> import scipy.sparse as sp
     >>> is_multi_class(sp.identity(3, format="csr"))
     True
@@ -304,7 +307,15 @@ def is_multi_class(labels) -> bool:
 
 def unresolved_fields(config) -> tuple[str, ...]:
     """The fields of :data:`REGIME_FIELDS` that ``config`` leaves to the
-    data (None), in :data:`REGIME_FIELDS` order."""
+    data (None), in :data:`REGIME_FIELDS` order.
+
+    Args:
+      config: a job config (fields it lacks are skipped).
+
+    Returns:
+      tuple of dotted field names, e.g. ``("model.dropout",)``; empty when
+      the config sets them all.
+    """
     out = []
     for field in REGIME_FIELDS:
         try:
@@ -318,9 +329,21 @@ def unresolved_fields(config) -> tuple[str, ...]:
 
 
 def regime_values(config, multi_class: bool) -> dict:
-    """What :func:`resolve_regime` sets: ``{field: value}`` for every
-    :func:`unresolved_fields` field, :data:`MULTI_CLASS_DEFAULTS` on
-    multi-class labels, else ``base(config.model.head)``'s value."""
+    """What :func:`resolve_regime` sets.
+
+    Args:
+      config: a job config (``config.model.head`` names its schema).
+      multi_class: the training labels' regime (:func:`is_multi_class`).
+
+    Returns:
+      ``{field: value}`` for every :func:`unresolved_fields` field:
+      :data:`MULTI_CLASS_DEFAULTS` on multi-class labels, else
+      ``base(config.model.head)``'s value.
+
+    >>> c = by_regime(base("sampled"), ("train.batch_size",))
+    >>> regime_values(c, True), regime_values(c, False)
+    ({'train.batch_size': 256}, {'train.batch_size': 64})
+    """
     fields = unresolved_fields(config)
     if multi_class:
         return {f: MULTI_CLASS_DEFAULTS[f] for f in fields}
