@@ -74,8 +74,11 @@ def test_packaged_configs_override_only_what_they_say():
             mach["model.wide_connections"], mach["set.enabled"]) == (
                 "bce", 32, 0.5, 64, 2e-3, "relu", None, 0, False)
     lsh = xconfig.get_config("lsh")
+    # (learning rate, network: left to the data's regime since issue 31;
+    # multi-label labels resolve them to the former values)
     assert (lsh.loss, lsh.sampler.kind, lsh.sampler.K,
-            lsh.train.learning_rate) == ("softmax", "lsh", 0, 2e-3)
+            lsh.train.learning_rate) == ("softmax", "lsh", 0, None)
+    assert xconfig.resolve_regime(lsh, False).train.learning_rate == 2e-3
     assert xconfig.get_config("astra").sampler.K == 9
     quick = _flat(xconfig.get_config("quickstart"))
     base = _flat(xconfig.base())
@@ -172,7 +175,8 @@ def test_head_rejects_a_config_without_its_fields():
 
 
 def test_resume_accepts_a_saved_config_from_before_the_schema():
-    c = xconfig.get_config("astra")
+    # (as resolved for multi-label labels: astra's network is by regime)
+    c = xconfig.resolve_regime(xconfig.get_config("astra"), False)
     saved = c.to_dict()
     saved = {k: dict(v) if isinstance(v, dict) else v
              for k, v in saved.items()}
@@ -204,6 +208,9 @@ def test_every_packaged_config_builds_on_sparse_data(name):
         data = xdata.XCDataset(features=data.features, labels=sp.csr_matrix(
             (np.ones(first.size, np.float32), (np.arange(first.size), first)),
             shape=y.shape))
+    head = xtrain.check_config(config)
+    # the fields left to the data's regime (astra, lsh), as the job does
+    config, _ = xtrain.resolve_config(config, data)
     head = xtrain.check_config(config)
     head.prepare(data)
     model, layer, fit_model = xtrain.build_and_compile(

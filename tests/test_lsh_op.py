@@ -134,6 +134,30 @@ def ref_codes_differ_only_on_tiny(tiny, K, L):
     return tiny.reshape(tiny.shape[0], L, K).any(-1)
 
 
+# Every instruction set of SimHash's projection loop (ops/common/cpu_isa.h;
+# XMC_TF_CPU_ISA can only lower the detected one, read per kernel call):
+# widths H = K L with vector tails (35 = 32 + 3, 650 = ManNextWord's K 13,
+# L 50), dense against the float64 reference and sparse against dense (the
+# two paths share the loop, so they agree bit for bit under each set).
+@pytest.mark.parametrize("isa", ["base", "avx2", "avx512"])
+@pytest.mark.parametrize("K,L,d", [(5, 7, 12), (13, 50, 64)])
+def test_simhash_every_cpu_instruction_set(isa, K, L, d, monkeypatch):
+    monkeypatch.setenv("XMC_TF_CPU_ISA", isa)
+    rng = np.random.default_rng(K)
+    x = rng.normal(size=(40, d)).astype(np.float32)
+    x[3, ::2] = 0.0
+    proj = simhash_projection(d, K, L, seed=1)
+    codes = lsh_simhash(x, proj, K).numpy()
+    p, bits = ref_simhash_bits(x, proj)
+    ref = ref_codes_from_values(bits.astype(np.int64), K, 1, 16)
+    tiny = np.abs(p) < 1e-4
+    assert ((codes == ref) | ref_codes_differ_only_on_tiny(tiny, K, L)).all()
+    indices, weights = sparse_rows(rng, 30, 9, d)
+    sparse = lsh_simhash_sparse(indices, weights, proj, K).numpy()
+    dense = lsh_simhash(densify(indices, weights, d), proj, K).numpy()
+    np.testing.assert_array_equal(sparse, dense)
+
+
 def test_simhash_folded_codes():
     """K > bucket_bits: the K bits are folded by the documented mixing hash."""
     rng = np.random.default_rng(1)

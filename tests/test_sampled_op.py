@@ -6,12 +6,6 @@ uniform-sparse op followed by ``tf.gather(..., batch_dims=1)``, and finite
 differences.
 """
 
-import os
-import subprocess
-import sys
-import tempfile
-import textwrap
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -93,6 +87,12 @@ CASES = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_numpy_reference(name):
+    assert_case_matches_reference(name)
+
+
+def assert_case_matches_reference(name):
+    """The op's scores and gradients on ``CASES[name]`` against the float64
+    reference (the instruction set XMC_TF_CPU_ISA leaves)."""
     rng = np.random.default_rng(sorted(CASES).index(name))
     x, idx, w, cand, g = make_case(rng, **CASES[name])
     y, gx, gw = run(x, idx, w, cand, g)
@@ -174,43 +174,64 @@ def test_zero_signal_skipping_gives_identical_results():
         grad_weights_op(g, x, bad_idx, cand)
 
 
-def test_portable_kernels_match_avx2():
-    """XMC_TF_NO_AVX2=1 (read once per process) selects the portable gather
-    loops; they must give the same results as this process's kernels."""
+# Every instruction set of the CPU loops (ops/common/cpu_isa.h;
+# XMC_TF_CPU_ISA can only lower the detected one, read per kernel call): the
+# index check, the gathers (AVX2 hardware gathers on AVX2 / AVX-512, portable
+# code on base) on cases with vector tails (fan-in 1, 7, 33), repeats, zero
+# signals and the chunked feature gradient.
+ISA_CASES = ("random", "fan_in_1", "fan_in_33", "duplicates", "sparse_signal",
+             "chunks_b3")
+
+
+@pytest.mark.parametrize("isa", ["base", "avx2", "avx512"])
+@pytest.mark.parametrize("name", ISA_CASES)
+def test_every_cpu_instruction_set_matches_reference(isa, name, monkeypatch):
+    monkeypatch.setenv("XMC_TF_CPU_ISA", isa)
+    assert_case_matches_reference(name)
+
+
+@pytest.mark.parametrize("isa", ["base", "avx2", "avx512"])
+def test_every_cpu_instruction_set_rejects_a_bad_index(isa, monkeypatch):
+    """The index check of each instruction set, on a fan-in with a vector
+    tail (33 = 32 + 1): the bad entry is the tail's."""
+    monkeypatch.setenv("XMC_TF_CPU_ISA", isa)
+    rng = np.random.default_rng(21)
+    x, idx, w, cand, g = make_case(rng, 3, 40, 20, 33, 5)
+    idx[cand[1, 2], 32] = 40
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"indices\[{cand[1, 2]}, 32\] = 40 "):
+        forward_op(x, idx, w, cand)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"indices\[{cand[1, 2]}, 32\] = 40 "):
+        grad_weights_op(g, x, idx, cand)
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= _cpu_flags(),
+                    reason="needs an AVX2 + FMA CPU")
+def test_instruction_set_switch_changes_the_summation(monkeypatch):
+    """XMC_TF_CPU_ISA=base runs other code than the detected set: the
+    portable dot product (4 partial sums) and the AVX2 one (16 lanes) do
+    not round all sums of 37 products alike; both match the reference."""
     rng = np.random.default_rng(12)
     x, idx, w, cand, g = make_case(rng, 6, 50, 80, 37, 11, density=0.6)
-    here = [forward_op(x, idx, w, cand).numpy(),
-            grad_weights_op(g, x, idx, cand).numpy()]
-    script = textwrap.dedent("""
-        import sys, numpy as np
-        import xmc_tf
-        from xmc_tf.ops import _loader
-        lib = _loader.load()
-        d = np.load(sys.argv[1])
-        x, idx, w, cand, g = (d[k] for k in ("x", "idx", "w", "cand", "g"))
-        np.save(sys.argv[2], np.concatenate([
-            lib.xmc_uniform_sparse_sampled_matmul(x, idx, w, cand).numpy().ravel(),
-            lib.xmc_uniform_sparse_sampled_matmul_grad_weights(
-                g, x, idx, cand).numpy().ravel()]))
-    """)
-    with tempfile.TemporaryDirectory() as tmp:
-        inputs, output = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npy")
-        np.savez(inputs, x=x, idx=idx, w=w, cand=cand, g=g)
-        env = dict(os.environ, XMC_TF_NO_AVX2="1", TF_CPP_MIN_LOG_LEVEL="3")
-        subprocess.run([sys.executable, "-c", script, inputs, output],
-                       check=True, env=env, cwd=os.path.dirname(
-                           os.path.dirname(os.path.abspath(__file__))))
-        portable = np.load(output)
-    np.testing.assert_allclose(portable, np.concatenate([a.ravel() for a in here]),
-                               rtol=1e-5, atol=1e-5)
-    ref_y, _, ref_values, _ = reference(x, idx, w, cand, g)
-    np.testing.assert_allclose(portable[:ref_y.size], ref_y.ravel(), rtol=1e-5,
-                               atol=1e-4)
-    np.testing.assert_allclose(portable[ref_y.size:], ref_values.ravel(),
-                               rtol=1e-5, atol=1e-5)
-    # Another summation order (4 partial sums, not 16 lanes) ran: the sums of
-    # 37 products are not all bitwise equal.
-    assert not np.array_equal(portable[:ref_y.size], here[0].ravel())
+    here = forward_op(x, idx, w, cand).numpy()
+    monkeypatch.setenv("XMC_TF_CPU_ISA", "base")
+    portable = forward_op(x, idx, w, cand).numpy()
+    ref_y = reference(x, idx, w, cand, g)[0]
+    np.testing.assert_allclose(portable, ref_y, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(here, ref_y, rtol=1e-5, atol=1e-4)
+    assert not np.array_equal(portable, here)
 
 
 def test_finite_differences():

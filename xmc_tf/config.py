@@ -37,7 +37,9 @@ import ml_collections
 from ml_collections import config_dict
 
 __all__ = ["BASE", "DEFAULT_CONFIG", "DEFAULT_HEAD", "HEAD_DEFAULTS",
-           "CONFIGS_DIR", "base", "config_file", "get_config", "names"]
+           "CONFIGS_DIR", "MULTI_CLASS_DEFAULTS", "REGIME_FIELDS", "base",
+           "config_file", "get_config", "names", "by_regime", "is_multi_class",
+           "unresolved_fields", "regime_values", "resolve_regime"]
 
 #: Folder of the packaged configs (``xmc_tf/configs``).
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -227,6 +229,174 @@ HEAD_DEFAULTS = {
         ),
     ),
 }
+
+
+#: Values of the fields a config leaves to the data (:func:`by_regime`) on
+#: *multi-class* training labels (every instance has at most one label):
+#: configs/scent.py's network and schedule, measured on ManNextWord (50k
+#: classes; docs/scent.md).  With them the shared ASTRA head tied SCENT's
+#: validation P@1 after 2 epochs (12.80 vs 12.75) at 1.5x its time, against
+#: 10.50 at 4.1x with the base network (docs/sampled.md).  On multi-label
+#: labels the fields take the head's schema default (:func:`base`), the
+#: values measured on Bibtex / Delicious (docs/defaults.md).
+#: ``train.min_delta`` is not here: None in both (the sampled head's and
+#: SCENT's), and None means Keras' thresholds there.
+MULTI_CLASS_DEFAULTS = {
+    "data.normalize": "l2",  # as measured for SCENT (docs/scent.md)
+    "data.validation_fraction": 0.05,  # large multi-class training files
+    "model.encoder_dims": (512,),
+    "model.intermediate_dim": 0,  # encoder output -> head
+    "model.dropout": 0.5,
+    "model.sampled_layer": "dense",  # label-major: one GEMM per shared set
+    "train.batch_size": 256,
+    "train.learning_rate": 1e-2,
+    "train.min_learning_rate": 1e-3,
+    "train.early_stopping_patience": 2,
+}
+#: The fields :func:`by_regime` may leave to the data.
+REGIME_FIELDS = tuple(MULTI_CLASS_DEFAULTS)
+
+
+def _get(config, field: str):
+    section, _, name = field.rpartition(".")
+    holder = config[section] if section else config
+    return holder, name
+
+
+def by_regime(config, fields=REGIME_FIELDS) -> ml_collections.ConfigDict:
+    """Leaves ``fields`` of ``config`` to the data's label regime.
+
+    Each field becomes a typed placeholder holding None ("chosen when the
+    training labels are read", :func:`resolve_regime`); a value set later
+    (in a config file, or ``--config.model.encoder_dims="(256,)"`` on the
+    command line, parsed with the field's type) replaces the placeholder
+    and is kept.
+
+    Args:
+      config: a config of :func:`base` (changed in place).
+      fields: dotted names from :data:`REGIME_FIELDS` that ``config`` has.
+
+    Returns:
+      ``config`` itself.
+
+    Raises:
+      ValueError: a field not in :data:`REGIME_FIELDS`.
+      KeyError: a field ``config`` lacks (e.g. ``model.sampled_layer``
+        for a head without one).
+
+    >>> c = by_regime(base("sampled"), ("model.dropout", "train.batch_size"))
+    >>> c.model.dropout, c.train.batch_size, c.model.encoder_dims
+    (None, None, (1024,))
+    >>> c.train.batch_size = 32  # an explicit value
+    >>> unresolved_fields(c)
+    ('model.dropout',)
+    """
+    for field in fields:
+        if field not in REGIME_FIELDS:
+            raise ValueError(f"config.{field} cannot be chosen by regime; "
+                             f"fields that can: {', '.join(REGIME_FIELDS)}")
+        holder, name = _get(config, field)
+        holder[name] = config_dict.placeholder(holder.get_type(name))
+    return config
+
+
+def is_multi_class(labels) -> bool:
+    """Whether training labels are multi-class: every instance has at most
+    one label (and there is at least one instance).
+
+    Args:
+      labels: ``scipy.sparse`` CSR ``[n, m]`` label matrix (explicit
+        entries are labels).
+
+    Returns:
+      bool.
+
+    >>> import scipy.sparse as sp
+    >>> is_multi_class(sp.identity(3, format="csr"))
+    True
+    >>> is_multi_class(sp.csr_matrix([[1, 1], [0, 1]]))
+    False
+    """
+    counts = labels.indptr[1:] - labels.indptr[:-1]
+    return bool(counts.size) and int(counts.max()) <= 1
+
+
+def unresolved_fields(config) -> tuple[str, ...]:
+    """The fields of :data:`REGIME_FIELDS` that ``config`` leaves to the
+    data (None), in :data:`REGIME_FIELDS` order.
+
+    Args:
+      config: a job config (fields it lacks are skipped).
+
+    Returns:
+      tuple of dotted field names, e.g. ``("model.dropout",)``; empty when
+      the config sets them all.
+    """
+    out = []
+    for field in REGIME_FIELDS:
+        try:
+            holder, name = _get(config, field)
+            value = holder[name]
+        except (KeyError, AttributeError):
+            continue
+        if value is None:
+            out.append(field)
+    return tuple(out)
+
+
+def regime_values(config, multi_class: bool) -> dict:
+    """What :func:`resolve_regime` sets.
+
+    Args:
+      config: a job config (``config.model.head`` names its schema).
+      multi_class: the training labels' regime (:func:`is_multi_class`).
+
+    Returns:
+      ``{field: value}`` for every :func:`unresolved_fields` field:
+      :data:`MULTI_CLASS_DEFAULTS` on multi-class labels, else
+      ``base(config.model.head)``'s value.
+
+    >>> c = by_regime(base("sampled"), ("train.batch_size",))
+    >>> regime_values(c, True), regime_values(c, False)
+    ({'train.batch_size': 256}, {'train.batch_size': 64})
+    """
+    fields = unresolved_fields(config)
+    if multi_class:
+        return {f: MULTI_CLASS_DEFAULTS[f] for f in fields}
+    schema = base(config.model.head)
+    out = {}
+    for f in fields:
+        holder, name = _get(schema, f)
+        out[f] = holder[name]
+    return out
+
+
+def resolve_regime(config, multi_class: bool) -> ml_collections.ConfigDict:
+    """A copy of ``config`` with the fields left to the data filled in.
+
+    Args:
+      config: a job config; fields of :data:`REGIME_FIELDS` that hold None
+        (:func:`by_regime`) are filled in, every other value is kept.
+      multi_class: the training labels' regime (:func:`is_multi_class`).
+
+    Returns:
+      ml_collections.ConfigDict: a new config (``config`` is unchanged;
+      a plain copy when nothing is left to the data).
+
+    >>> c = by_regime(base("sampled"), ("model.dropout",
+    ...                                 "model.encoder_dims"))
+    >>> c.model.encoder_dims = (256,)  # explicit: kept
+    >>> r = resolve_regime(c, multi_class=True)
+    >>> r.model.dropout, r.model.encoder_dims, c.model.dropout
+    (0.5, (256,), None)
+    >>> resolve_regime(c, multi_class=False).model.dropout
+    0.7
+    """
+    out = copy.deepcopy(config)
+    for field, value in regime_values(config, multi_class).items():
+        holder, name = _get(out, field)
+        holder[name] = copy.deepcopy(value)
+    return out
 
 
 def _merge(into: dict, extra: dict) -> None:

@@ -31,7 +31,9 @@ data parallel through ``tf.distribute`` (:func:`fit_and_export`,
 share of every batch, and only the chief writes the work directory.
 
 Steps of :func:`train_and_evaluate`, each a function below (where to hook
-in): :func:`check_config` -> :func:`load_data` -> :func:`prepare_splits`
+in): :func:`check_config` -> :func:`load_data` -> :func:`resolve_config`
+(the fields a config leaves to the data's label regime,
+:func:`xmc_tf.config.by_regime`) -> :func:`prepare_splits`
 (validation split, feature normalisation fitted on the fit part) ->
 :func:`build_and_compile`
 (model, optimizer, the model ``fit`` runs) -> :func:`make_callbacks` ->
@@ -61,6 +63,7 @@ import numpy as np
 from absl import logging
 
 from xmc_tf import callbacks as xcallbacks
+from xmc_tf import config as xconfig
 from xmc_tf import checkpoint as xckpt
 from xmc_tf import data as xdata
 from xmc_tf import distribute as xdist
@@ -84,7 +87,7 @@ from xmc_tf.workdir import (Workdir, atomic_path, discard_hint,
 
 __all__ = ["train_and_evaluate", "build_model", "export_saved_model",
            "load_for_model", "format_table", "check_config", "load_data",
-           "prepare_splits", "build_and_compile", "make_callbacks",
+           "resolve_config", "prepare_splits", "build_and_compile", "make_callbacks",
            "check_strategy", "fit_and_export", "release_optimizer",
            "validation_batch_size", "StopOnNonFinite", "ChiefLogs",
            "TrainingDiverged"]
@@ -329,13 +332,30 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
 def check_config(config) -> xheads.Head:
     """Validates the config before anything is read or written.
 
+    A config that leaves fields to the data's label regime
+    (:func:`xmc_tf.config.by_regime`, value None) is checked as it would be
+    resolved for multi-label and for multi-class training labels
+    (:func:`resolve_config` fills them in once the labels are read).
+
     Returns:
-      The :class:`xmc_tf.heads.Head` that ``config.model.head`` names.
+      The :class:`xmc_tf.heads.Head` that ``config.model.head`` names
+      (bound to ``config`` as given).
 
     Raises:
       ConfigError: a bad value (the message names the field), or
         ``train.tensorboard`` without the tensorboard package.
     """
+    if not xconfig.unresolved_fields(config):
+        return _check_resolved(config)
+    for multi_class in (False, True):
+        _check_resolved(xconfig.resolve_regime(config, multi_class))
+    try:
+        return xheads.get_head(config)
+    except (ValueError, KeyError, AttributeError, TypeError) as e:
+        raise ConfigError(" ".join(str(e).split()).strip("'\"")) from e
+
+
+def _check_resolved(config) -> xheads.Head:
     try:
         head = xheads.get_head(config)
         tc = config.train
@@ -414,6 +434,42 @@ def load_data(config, workdir: str):
         with open(tmp, "wb") as f:
             np.save(f, inv_prop)
     return train, test, inv_prop
+
+
+def resolve_config(config, train: xdata.XCDataset):
+    """Fills in the fields that ``config`` leaves to the data's label
+    regime (:func:`xmc_tf.config.by_regime`; the astra / lsh configs'
+    network and schedule) from the raw training labels, logging one line
+    per field.
+
+    Multi-class labels (every instance at most one label,
+    :func:`xmc_tf.config.is_multi_class`) take
+    :data:`xmc_tf.config.MULTI_CLASS_DEFAULTS`, multi-label ones the head's
+    schema defaults; values the config sets are kept.
+
+    Args:
+      config: the job config (checked by :func:`check_config`).
+      train: the raw training set (:func:`load_data`).
+
+    Returns:
+      ``(run_config, regime)``: the config the run trains with (``config``
+      itself when nothing is left to the data) and ``{"labels":
+      "multi-class" | "multi-label", "fields": {field: value}}`` (JSON
+      values; ``{}`` when nothing is left to the data), which the
+      checkpoint and ``metrics.json`` keep.
+    """
+    if not xconfig.unresolved_fields(config):
+        return config, {}
+    multi_class = xconfig.is_multi_class(train.labels)
+    labels = "multi-class" if multi_class else "multi-label"
+    values = xconfig.regime_values(config, multi_class)
+    for field, value in values.items():
+        logging.info("config.%s=%r: chosen for %s training labels (left to "
+                     "the data's regime; docs/defaults.md)", field, value,
+                     labels)
+    regime = {"labels": labels,
+              "fields": json.loads(json.dumps(values, sort_keys=True))}
+    return xconfig.resolve_regime(config, multi_class), regime
 
 
 def prepare_splits(config, train: xdata.XCDataset, workdir: str):
@@ -852,6 +908,7 @@ def check_strategy(config, head, cluster: xdist.Cluster) -> None:
         global batch is split evenly over them).
     """
     replicas = cluster.num_replicas
+    batch_size = config.train.batch_size  # None: by regime, checked later
     if config.model.ensemble_size > 1:
         raise ConfigError(
             f"config.model.ensemble_size={config.model.ensemble_size}: "
@@ -862,9 +919,9 @@ def check_strategy(config, head, cluster: xdist.Cluster) -> None:
             f"config.model.head={head.name!r} cannot be trained under a "
             "tf.distribute strategy (its trainer keeps per-process sampler "
             "or per-instance state); use --strategy=none")
-    if config.train.batch_size % replicas:
+    if batch_size is not None and batch_size % replicas:
         raise ConfigError(
-            f"config.train.batch_size={config.train.batch_size} must be a "
+            f"config.train.batch_size={batch_size} must be a "
             f"multiple of the {replicas} replicas of the strategy (the global "
             "batch is split evenly over them)")
 
@@ -978,7 +1035,6 @@ def fit_and_export(config, wd: Workdir, head, ckpt, extra_callbacks,
         return (strategy.scope() if strategy is not None
                 else contextlib.nullcontext())
 
-    tc = config.train
     keras.utils.set_random_seed(config.seed)
     train, test, inv_prop = load_data(config, wd.path)
     logging.info("train: %s; test: %s", train, test)
@@ -986,8 +1042,25 @@ def fit_and_export(config, wd: Workdir, head, ckpt, extra_callbacks,
         "train": [train.num_instances, train.num_features, train.num_labels],
         "test": [test.num_instances, test.num_features, test.num_labels]
         if test is not None else None})
+    # config.json and the checkpoint's config are the config as given (a
+    # resume and an ensemble's members are checked against it); the values
+    # the data chose are kept beside it (meta / metrics.json "regime").
     write_bytes_atomic(wd.file(Workdir.CONFIG),
                        config.to_json_best_effort(indent=2).encode())
+    given = config
+    config, regime = resolve_config(given, train)
+    if regime:
+        head = check_config(config)
+        if strategy is not None:
+            check_strategy(config, head, cluster)
+    if ckpt is not None and ckpt.meta.get("regime", {}) != regime:
+        raise CheckpointError(
+            f"the backup {ckpt.path} was trained with "
+            f"{ckpt.meta.get('regime', {}).get('fields', {})} chosen from "
+            f"its training labels, this run's labels give "
+            f"{regime.get('fields', {})} (config.data.train changed?); "
+            f"{discard_hint(os.path.dirname(ckpt.path))}")
+    tc = config.train
 
     fit_data, val_data, norm = prepare_splits(config, train, wd.path)
     num_train, train_is_sparse = train.num_instances, train.is_sparse
@@ -1008,7 +1081,8 @@ def fit_and_export(config, wd: Workdir, head, ckpt, extra_callbacks,
     cbs += extra_callbacks
     stateful = xckpt.stateful_objects(cbs, fit_model)
     meta = {"run_id": Workdir.new_run_id(), "resumes": 0,
-            "config": _resume_config(config), "train_epochs": tc.epochs}
+            "config": _resume_config(given), "train_epochs": tc.epochs,
+            "regime": regime}
     if ckpt is not None:
         m = ckpt.meta
         if m.get("train_epochs", tc.epochs) != tc.epochs:
@@ -1095,6 +1169,8 @@ def fit_and_export(config, wd: Workdir, head, ckpt, extra_callbacks,
             "model_bytes": model_bytes(model),
             "head": config.model.head,
         })
+        if regime:
+            results["regime"] = regime
         if strategy is not None:
             results.update(strategy=cluster.kind,
                            num_workers=cluster.num_workers,
@@ -1195,6 +1271,7 @@ def _run_ensemble(config, wd: Workdir, *, overwrite: bool, force: bool,
     train, test, inv_prop = load_data(config, wd.path)
     write_bytes_atomic(wd.file(Workdir.CONFIG),
                        config.to_json_best_effort(indent=2).encode())
+    config, regime = resolve_config(config, train)  # as each member did
     # Members share the split (and so the normalisation, inside each
     # member's model): the raw validation rows are theirs too.
     _, val_data = validation_split(train, member_config(config, 0))
@@ -1222,6 +1299,7 @@ def _run_ensemble(config, wd: Workdir, *, overwrite: bool, force: bool,
         "model_bytes": model_bytes(model),
         "head": config.model.head,
         "ensemble_size": n,
+        **({"regime": regime} if regime else {}),
         "members": {str(i): {k: v for k, v in m.items()
                              if k in ("P@1", "P@3", "P@5", "train_seconds",
                                       "epochs")}

@@ -34,18 +34,13 @@
 #include <utility>
 #include <vector>
 
+#include "ops/common/cpu_isa.h"
 #include "ops/lsh/lsh_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/util/work_sharder.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define XMC_LSH_MULTIVERSION \
-  __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define XMC_LSH_MULTIVERSION
-#endif
 
 namespace xmc_tf {
 namespace lsh {
@@ -114,11 +109,40 @@ template int64_t CanonicalSparse<double>(
 namespace {
 
 // acc[0:H] += a * row[0:H]: the one floating-point operation of SimHash, shared
-// by the dense and the sparse path (same instruction, same rounding).
-XMC_LSH_MULTIVERSION
-void Axpy(float a, const float* __restrict row, float* __restrict acc,
-          int64_t H) {
-  for (int64_t j = 0; j < H; ++j) acc[j] += a * row[j];
+// by the dense and the sparse path (same instruction set, same rounding),
+// compiled for each instruction set of ops/common/cpu_isa.h (by CPU
+// features; GCC's target_clones picked the SSE2 clone on AMD CPUs).
+#define XMC_LSH_AXPY_BODY                                               \
+  void Axpy(float a, const float* __restrict row, float* __restrict acc, \
+            int64_t H) {                                                 \
+    for (int64_t j = 0; j < H; ++j) acc[j] += a * row[j];               \
+  }
+namespace base {
+XMC_LSH_AXPY_BODY
+}  // namespace base
+#if XMC_CPU_MULTI_ISA
+XMC_CPU_BEGIN_AVX512
+namespace avx512 {
+XMC_LSH_AXPY_BODY
+}  // namespace avx512
+XMC_CPU_END
+XMC_CPU_BEGIN_AVX2
+namespace avx2 {
+XMC_LSH_AXPY_BODY
+}  // namespace avx2
+XMC_CPU_END
+#endif
+#undef XMC_LSH_AXPY_BODY
+
+using AxpyFn = void (*)(float, const float*, float*, int64_t);
+
+AxpyFn AxpyFor(cpu::Isa isa) {
+#if XMC_CPU_MULTI_ISA
+  if (isa == cpu::Isa::kAvx512) return avx512::Axpy;
+  if (isa == cpu::Isa::kAvx2) return avx2::Axpy;
+#endif
+  (void)isa;
+  return base::Axpy;
 }
 
 void SimHashCodes(const float* acc, const CodeLayout& layout, int32_t* codes) {
@@ -136,7 +160,9 @@ void SimHashCodes(const float* acc, const CodeLayout& layout, int32_t* codes) {
 }  // namespace
 
 void SimHashDense(const float* x, int64_t d, const float* proj, int64_t H,
-                  const CodeLayout& layout, float* acc, int32_t* codes) {
+                  const CodeLayout& layout, float* acc, int32_t* codes,
+                  cpu::Isa isa) {
+  const AxpyFn Axpy = AxpyFor(isa);
   std::fill(acc, acc + H, 0.0f);
   for (int64_t i = 0; i < d; ++i) {
     if (x[i] != 0.0f) Axpy(x[i], proj + i * H, acc, H);
@@ -146,7 +172,8 @@ void SimHashDense(const float* x, int64_t d, const float* proj, int64_t H,
 
 void SimHashSparse(const std::vector<std::pair<int32_t, float>>& entries,
                    const float* proj, int64_t H, const CodeLayout& layout,
-                   float* acc, int32_t* codes) {
+                   float* acc, int32_t* codes, cpu::Isa isa) {
+  const AxpyFn Axpy = AxpyFor(isa);
   std::fill(acc, acc + H, 0.0f);
   for (const auto& e : entries) {
     Axpy(e.second, proj + static_cast<int64_t>(e.first) * H, acc, H);
@@ -710,6 +737,7 @@ class LshSimHashOp : public OpKernel {
     const float* proj = projection.flat<float>().data();
     int32_t* out = codes->flat<int32_t>().data();
     FirstError bad;
+    const cpu::Isa isa = cpu::CpuIsa();
     auto work = [&](int64_t start, int64_t limit) {
       std::vector<float> acc(H);
       for (int64_t i = start; i < limit; ++i) {
@@ -718,7 +746,7 @@ class LshSimHashOp : public OpKernel {
           continue;
         }
         lsh::SimHashDense(x + i * d, d, proj, H, layout, acc.data(),
-                          out + i * L);
+                          out + i * L, isa);
       }
     };
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
@@ -842,6 +870,7 @@ class LshSimHashSparseOp : public OpKernel {
     const float* proj = projection.flat<float>().data();
     int32_t* out = codes->flat<int32_t>().data();
     SparseErrors errs;
+    const cpu::Isa isa = cpu::CpuIsa();
     auto work = [&](int64_t start, int64_t limit) {
       std::vector<float> acc(H);
       std::vector<std::pair<int32_t, float>> entries;
@@ -849,7 +878,8 @@ class LshSimHashSparseOp : public OpKernel {
         if (!SparseRow(idx + i * s, w + i * s, s, e, i, &errs, &entries)) {
           continue;
         }
-        lsh::SimHashSparse(entries, proj, H, layout, acc.data(), out + i * L);
+        lsh::SimHashSparse(entries, proj, H, layout, acc.data(), out + i * L,
+                           isa);
       }
     };
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();

@@ -35,6 +35,8 @@
 #include <utility>
 #include <vector>
 
+#include "ops/common/cpu_isa.h"
+
 namespace xmc_tf {
 namespace lsh {
 
@@ -111,14 +113,17 @@ int64_t CanonicalSparse(const int32_t* indices, const float* weights,
 
 // acc[j] = sum_i x[i] * proj[i, j] over the non-zero x[i] in increasing i
 // (one fixed summation order, so the sparse and dense paths agree bit for
-// bit); then bit j = (acc[j] > 0) and table l's raw code is
-// sum_k bit[l K + k] << k.  proj is [d, H] with H = K L; acc has H floats.
+// bit under one instruction set `isa`: cpu::CpuIsa() of
+// ops/common/cpu_isa.h, read once per kernel call); then bit j =
+// (acc[j] > 0) and table l's raw code is sum_k bit[l K + k] << k.  proj is
+// [d, H] with H = K L; acc has H floats.
 void SimHashDense(const float* x, int64_t d, const float* proj, int64_t H,
-                  const CodeLayout& layout, float* acc, int32_t* codes);
+                  const CodeLayout& layout, float* acc, int32_t* codes,
+                  cpu::Isa isa);
 // The same for a canonical sparse vector (see CanonicalSparse).
 void SimHashSparse(const std::vector<std::pair<int32_t, float>>& entries,
                    const float* proj, int64_t H, const CodeLayout& layout,
-                   float* acc, int32_t* codes);
+                   float* acc, int32_t* codes, cpu::Isa isa);
 
 // ----- DWTA (densified winner-take-all) -------------------------------------
 

@@ -35,10 +35,13 @@
 //    place (WeightsOperand), so a training step never copies the whole
 //    [m, s] weights (see WeightsOperand for TensorFlow's copy-on-read mode).
 //
-// Hot loops: the gathers use AVX2 hardware gathers (vgatherdps) when the CPU
-// has AVX2/FMA, else portable code, picked once at run time; the index check
-// is compiled for both (GCC function multiversioning), so the library runs
-// on any x86-64 CPU that TensorFlow runs on.
+// Hot loops (CpuLoops): picked once per kernel call by CPU features
+// (ops/common/cpu_isa.h; XMC_TF_CPU_ISA=avx512|avx2|base lowers the choice):
+// the gathers use AVX2 hardware gathers (vgatherdps) on AVX2 / AVX-512 CPUs,
+// else portable code; the index check is compiled for each instruction set,
+// so the library runs on any x86-64 CPU that TensorFlow runs on.  (GCC's
+// target_clones, used before, picked by CPU *model* and ran the SSE2 clone
+// on AMD CPUs.)
 
 #include <algorithm>
 #include <atomic>
@@ -50,6 +53,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/common/cpu_isa.h"
 #include "ops/sampled/sampled_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -63,14 +67,8 @@
 #include "xla/stream_executor/stream.h"
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if XMC_CPU_MULTI_ISA
 #include <immintrin.h>
-#define XMC_SAMPLED_X86 1
-#define XMC_SAMPLED_MULTIVERSION \
-  __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define XMC_SAMPLED_X86 0
-#define XMC_SAMPLED_MULTIVERSION
 #endif
 
 namespace xmc_tf {
@@ -261,15 +259,32 @@ Status BadIndexError(const Tensor& indices, const Tensor& candidates,
 // ---------------------------------------------------------------------------
 // Hot loops.
 
-// True when every idx[k] < bound (unsigned: negative values fail too).
-XMC_SAMPLED_MULTIVERSION
-bool RowInRange(const int32_t* idx, int64_t n, uint32_t bound) {
-  uint32_t bad = 0;
-  for (int64_t k = 0; k < n; ++k) {
-    bad |= static_cast<uint32_t>(static_cast<uint32_t>(idx[k]) >= bound);
+// True when every idx[k] < bound (unsigned: negative values fail too);
+// compiled for each instruction set (one vectorised pass of compares).
+#define XMC_SAMPLED_ROW_IN_RANGE_BODY                                   \
+  bool RowInRange(const int32_t* idx, int64_t n, uint32_t bound) {      \
+    uint32_t bad = 0;                                                   \
+    for (int64_t k = 0; k < n; ++k) {                                   \
+      bad |= static_cast<uint32_t>(static_cast<uint32_t>(idx[k]) >= bound); \
+    }                                                                   \
+    return bad == 0;                                                    \
   }
-  return bad == 0;
-}
+namespace base {
+XMC_SAMPLED_ROW_IN_RANGE_BODY
+}  // namespace base
+#if XMC_CPU_MULTI_ISA
+XMC_CPU_BEGIN_AVX512
+namespace avx512 {
+XMC_SAMPLED_ROW_IN_RANGE_BODY
+}  // namespace avx512
+XMC_CPU_END
+XMC_CPU_BEGIN_AVX2
+namespace avx2 {
+XMC_SAMPLED_ROW_IN_RANGE_BODY
+}  // namespace avx2
+XMC_CPU_END
+#endif
+#undef XMC_SAMPLED_ROW_IN_RANGE_BODY
 
 // Records the first out-of-range entry of label row `label` (known bad).
 void RecordBadRow(const int32_t* row, int64_t label, int64_t fan_in,
@@ -304,7 +319,7 @@ void ScaledGatherPortable(float g, const float* x, const int32_t* idx,
   for (int64_t k = 0; k < n; ++k) out[k] = g * x[idx[k]];
 }
 
-#if XMC_SAMPLED_X86
+#if XMC_CPU_MULTI_ISA
 __attribute__((target("avx2,fma"))) float GatherDotAvx2(const float* x,
                                                          const int32_t* idx,
                                                          const float* w,
@@ -351,42 +366,43 @@ __attribute__((target("avx2,fma"))) void ScaledGatherAvx2(
   for (; k < n; ++k) out[k] = g * x[idx[k]];
 }
 
-// XMC_TF_NO_AVX2=1 forces the portable code (read once; for tests).
-bool HasAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2") &&
-                          __builtin_cpu_supports("fma") &&
-                          std::getenv("XMC_TF_NO_AVX2") == nullptr;
-  return has;
-}
-#endif  // XMC_SAMPLED_X86
+#endif  // XMC_CPU_MULTI_ISA
 
-inline float GatherDot(const float* x, const int32_t* idx, const float* w,
-                       int64_t n) {
-#if XMC_SAMPLED_X86
-  if (HasAvx2()) return GatherDotAvx2(x, idx, w, n);
-#endif
-  return GatherDotPortable(x, idx, w, n);
-}
+// The hot loops of one instruction set, picked once per kernel call
+// (CpuLoops::For(cpu::CpuIsa())): AVX-512 CPUs use the AVX2 gathers (the
+// 8-wide hardware gather; the index check is compiled for AVX-512).
+struct CpuLoops {
+  bool (*row_in_range)(const int32_t* idx, int64_t n, uint32_t bound);
+  float (*gather_dot)(const float* x, const int32_t* idx, const float* w,
+                      int64_t n);
+  void (*scaled_gather)(float g, const float* x, const int32_t* idx,
+                        int64_t n, float* out);
 
-inline void ScaledGather(float g, const float* x, const int32_t* idx,
-                         int64_t n, float* out) {
-#if XMC_SAMPLED_X86
-  if (HasAvx2()) return ScaledGatherAvx2(g, x, idx, n, out);
+  static CpuLoops For(cpu::Isa isa) {
+#if XMC_CPU_MULTI_ISA
+    if (isa == cpu::Isa::kAvx512) {
+      return {avx512::RowInRange, GatherDotAvx2, ScaledGatherAvx2};
+    }
+    if (isa == cpu::Isa::kAvx2) {
+      return {avx2::RowInRange, GatherDotAvx2, ScaledGatherAvx2};
+    }
 #endif
-  ScaledGatherPortable(g, x, idx, n, out);
-}
+    (void)isa;
+    return {base::RowInRange, GatherDotPortable, ScaledGatherPortable};
+  }
+};
 
 template <typename T>
-void ScaledGatherT(float g, const T* x, const int32_t* idx, int64_t n,
-                   T* out) {
+void ScaledGatherT(const CpuLoops&, float g, const T* x, const int32_t* idx,
+                   int64_t n, T* out) {
   for (int64_t k = 0; k < n; ++k) {
     out[k] = static_cast<T>(g * static_cast<float>(x[idx[k]]));
   }
 }
 template <>
-void ScaledGatherT<float>(float g, const float* x, const int32_t* idx,
-                          int64_t n, float* out) {
-  ScaledGather(g, x, idx, n, out);
+void ScaledGatherT<float>(const CpuLoops& loops, float g, const float* x,
+                          const int32_t* idx, int64_t n, float* out) {
+  loops.scaled_gather(g, x, idx, n, out);
 }
 
 // out[idx[k]] += g * w[k] (a scatter: duplicates within a row are allowed).
@@ -450,6 +466,7 @@ class SampledMatmulOp : public OpKernel {
     const int64_t c = d.num_candidates, s = d.fan_in, e = d.num_features;
     const uint32_t bound = static_cast<uint32_t>(e);
     FirstBad bad;
+    const CpuLoops loops = CpuLoops::For(cpu::CpuIsa());
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     ::tensorflow::Shard(
         workers->num_threads, workers->workers, total, 40 + 12 * s,
@@ -470,13 +487,13 @@ class SampledMatmulOp : public OpKernel {
             }
             const int64_t r = cand[p];
             const int32_t* row = idx + r * s;
-            if (!RowInRange(row, s, bound)) {
+            if (!loops.row_in_range(row, s, bound)) {
               RecordBadRow(row, r, s, bound, &bad);
               out[p] = static_cast<T>(0.0f);
               continue;
             }
             const float* wr = RowAsFloat<T>(w + r * s, s, &w_buffer);
-            out[p] = static_cast<T>(GatherDot(x, row, wr, s));
+            out[p] = static_cast<T>(loops.gather_dot(x, row, wr, s));
           }
         });
     if (bad.found()) {
@@ -538,6 +555,7 @@ class SampledMatmulGradFeaturesOp : public OpKernel {
     const uint32_t bound = static_cast<uint32_t>(e);
     const int64_t per_chunk = chunks == 1 ? c : (c + chunks - 1) / chunks;
     FirstBad bad;
+    const CpuLoops loops = CpuLoops::For(cpu::CpuIsa());
     ::tensorflow::Shard(
         workers->num_threads, workers->workers, d.batch * chunks,
         1 + per_chunk * (4 + 6 * s) + e, [&](int64_t start, int64_t limit) {
@@ -560,7 +578,7 @@ class SampledMatmulGradFeaturesOp : public OpKernel {
               if (g == 0.0f) continue;  // nothing of the label is read
               const int64_t r = cand_i[j];
               const int32_t* row = idx + r * s;
-              if (!RowInRange(row, s, bound)) {
+              if (!loops.row_in_range(row, s, bound)) {
                 RecordBadRow(row, r, s, bound, &bad);
                 continue;
               }
@@ -617,6 +635,7 @@ class SampledMatmulGradWeightsOp : public OpKernel {
     const int64_t c = d.num_candidates, s = d.fan_in, e = d.num_features;
     const uint32_t bound = static_cast<uint32_t>(e);
     FirstBad bad;
+    const CpuLoops loops = CpuLoops::For(cpu::CpuIsa());
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     ::tensorflow::Shard(
         workers->num_threads, workers->workers, total, 20 + 8 * s,
@@ -635,12 +654,12 @@ class SampledMatmulGradWeightsOp : public OpKernel {
             }
             const int64_t r = cand[p];
             const int32_t* row = idx + r * s;
-            if (!RowInRange(row, s, bound)) {
+            if (!loops.row_in_range(row, s, bound)) {
               RecordBadRow(row, r, s, bound, &bad);
               std::fill(o, o + s, static_cast<T>(0.0f));
               continue;
             }
-            ScaledGatherT<T>(g, feat + (p / c) * e, row, s, o);
+            ScaledGatherT<T>(loops, g, feat + (p / c) * e, row, s, o);
           }
         });
     if (bad.found()) {

@@ -2,14 +2,12 @@
 // AVX2 + FMA and for baseline x86-64, and picked at run time by CPU
 // features (framework-free: no TensorFlow).
 //
-// Why not GCC's target_clones("arch=haswell", "default"), as before: its
-// resolver picks an `arch=` clone by CPU *model* (__builtin_cpu_is), so on
-// AMD CPUs (and Intel ones that are not "haswell") the baseline SSE2 clone
-// ran.  Here uniform_sparse_cpu_loops_impl.h is included three times, in
-// namespaces avx512 / avx2 / base inside `#pragma GCC target` regions (so
-// its generic-vector code is compiled for each instruction set), and
-// CpuIsa() picks one with __builtin_cpu_supports.  XMC_TF_CPU_ISA=
-// avx512|avx2|base lowers the choice (tests, comparisons).
+// uniform_sparse_cpu_loops_impl.h is included three times, in namespaces
+// avx512 / avx2 / base inside `#pragma GCC target` regions (so its
+// generic-vector code is compiled for each instruction set), and CpuIsa()
+// (ops/common/cpu_isa.h: by CPU features, not GCC target_clones' CPU model)
+// picks one.  XMC_TF_CPU_ISA=avx512|avx2|base lowers the choice (tests,
+// comparisons).
 //
 // The loops (see the impl header) keep their accumulators in registers:
 //  * ForwardLabels: acc[t, :] = sum_k w[t, k] * featT[idx[t, k], :].
@@ -21,43 +19,15 @@
 #define XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_CPU_LOOPS_H_
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
+
+#include "ops/common/cpu_isa.h"
 
 namespace xmc_tf {
 namespace cpu_loops {
 
-enum class Isa { kBase = 0, kAvx2 = 1, kAvx512 = 2 };
-
-// The best instruction set of this CPU (detected once), lowered by
-// XMC_TF_CPU_ISA (read on every call, so a test can switch it).
-inline Isa CpuIsa() {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  static const Isa detected = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma")) {
-      return Isa::kAvx512;
-    }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      return Isa::kAvx2;
-    }
-    return Isa::kBase;
-  }();
-  Isa isa = detected;
-  if (const char* env = std::getenv("XMC_TF_CPU_ISA")) {
-    Isa want = isa;
-    if (std::strcmp(env, "base") == 0) want = Isa::kBase;
-    if (std::strcmp(env, "avx2") == 0) want = Isa::kAvx2;
-    if (static_cast<int>(want) < static_cast<int>(isa)) isa = want;
-  }
-  return isa;
-#else
-  return Isa::kBase;
-#endif
-}
+using ::xmc_tf::cpu::CpuIsa;
+using ::xmc_tf::cpu::Isa;
+using ::xmc_tf::cpu::IsaName;
 
 // The batch axis padded to whole 16-float vectors.
 inline int64_t PaddedBatch(int64_t batch) { return (batch + 15) / 16 * 16; }
@@ -65,26 +35,24 @@ inline int64_t PaddedBatch(int64_t batch) { return (batch + 15) / 16 * 16; }
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
+#if XMC_CPU_MULTI_ISA
+XMC_CPU_BEGIN_AVX512
 namespace avx512 {
 #define XMC_CPU_LANES 16
 constexpr int kMaxVC = 4;
 #include "ops/uniform_sparse/uniform_sparse_cpu_loops_impl.h"
 #undef XMC_CPU_LANES
 }  // namespace avx512
-#pragma GCC pop_options
+XMC_CPU_END
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
+XMC_CPU_BEGIN_AVX2
 namespace avx2 {
 #define XMC_CPU_LANES 8
 constexpr int kMaxVC = 2;
 #include "ops/uniform_sparse/uniform_sparse_cpu_loops_impl.h"
 #undef XMC_CPU_LANES
 }  // namespace avx2
-#pragma GCC pop_options
+XMC_CPU_END
 #endif
 
 namespace base {
@@ -96,7 +64,7 @@ constexpr int kMaxVC = 2;
 
 #pragma GCC diagnostic pop
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if XMC_CPU_MULTI_ISA
 #define XMC_CPU_DISPATCH(isa, fn, ...)                             \
   switch (isa) {                                                   \
     case Isa::kAvx512: return avx512::fn(__VA_ARGS__);             \
@@ -132,10 +100,6 @@ inline void GradFeaturesScatter(Isa isa, float* gT, int64_t bp,
 }
 
 #undef XMC_CPU_DISPATCH
-
-inline const char* IsaName(Isa isa) {
-  return isa == Isa::kAvx512 ? "avx512" : isa == Isa::kAvx2 ? "avx2" : "base";
-}
 
 }  // namespace cpu_loops
 }  // namespace xmc_tf

@@ -180,11 +180,15 @@ class CandidateHead(Head):
     def check_sampled_layer(self) -> None:
         """Validates ``config.model.sampled_layer``.
 
+        None (left to the data's regime, :func:`xmc_tf.config.by_regime`)
+        passes: :func:`xmc_tf.train.check_config` checks the values it
+        resolves to.
+
         Raises:
-          ValueError: not one of :attr:`sampled_layers`.
+          ValueError: not one of :attr:`sampled_layers` (nor None).
         """
         layer = self.config.model.sampled_layer
-        if layer not in self.sampled_layers:
+        if layer is not None and layer not in self.sampled_layers:
             raise ValueError(f"config.model.sampled_layer={layer!r}; expected "
                              f"one of {self.sampled_layers}")
 

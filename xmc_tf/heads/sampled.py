@@ -119,8 +119,7 @@ def regime_choices(config, labels) -> dict:
     >>> regime_choices(c, sp.csr_matrix([[1, 1], [0, 1]]))
     {'loss': 'squared_hinge', 'shared': False, 'multi_class': False}
     """
-    counts = np.diff(labels.indptr)
-    multi_class = bool(counts.size) and int(counts.max()) <= 1
+    multi_class = xconfig.is_multi_class(labels)
     loss = config.loss
     if loss == AUTO:
         loss = "softmax" if multi_class else "squared_hinge"

@@ -59,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import tensorflow as tf
 
 from xmc_tf.layers.scorer import label_layout, scatter_label_rows
 
@@ -149,11 +150,20 @@ def query_basis(queries, dim: int, seed: int, power_iterations: int = 3):
     rng = np.random.default_rng(seed)
     y = x.T @ (x @ rng.standard_normal((x.shape[1], width), dtype=np.float32))
     for _ in range(power_iterations):
-        q, _ = np.linalg.qr(y)
-        y = x.T @ (x @ q)
-    q, _ = np.linalg.qr(y)                                # [e, width]
-    _, _, vt = np.linalg.svd(x @ q, full_matrices=False)  # [width, width]
-    return np.ascontiguousarray(q @ vt[:dim].T, dtype=np.float32)
+        y = x.T @ (x @ _orthonormal_columns(y))
+    q = _orthonormal_columns(y)                            # [e, width]
+    # The QR and SVD run in TensorFlow (Eigen), not NumPy's LAPACK: in a
+    # process that has loaded TensorFlow, OpenBLAS' threaded QR / SVD of
+    # these tall matrices took 0.2-0.5 s a call on 2 cores (40-100x their
+    # single-threaded time), which made the index refresh of the shared
+    # ASTRA head cost seconds (issue 31).
+    _, _, v = tf.linalg.svd(x @ q, full_matrices=False)   # [width, width]
+    return np.ascontiguousarray(q @ v.numpy()[:, :dim], dtype=np.float32)
+
+
+def _orthonormal_columns(y: np.ndarray) -> np.ndarray:
+    """Q of the thin QR of float32 ``[e, w]`` (Householder, TensorFlow)."""
+    return tf.linalg.qr(y, full_matrices=False).q.numpy()
 
 
 @dataclasses.dataclass

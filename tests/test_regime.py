@@ -1,0 +1,172 @@
+"""Fields left to the data's label regime (xmc_tf.config.by_regime).
+
+The astra and lsh configs leave their network and schedule to the training
+labels: multi-class labels take configs/scent.py's values (the reference
+here is that config file, read independently of
+``xmc_tf.config.MULTI_CLASS_DEFAULTS``), multi-label ones the sampled head's
+schema defaults (``xmc_tf.config.base("sampled")``).  An explicit value is
+kept; a resumed run resolves the same values, and a backup whose labels
+resolved otherwise is refused.
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from xmc_tf import config as xconfig
+from xmc_tf import data as xdata
+from xmc_tf import train as xtrain
+from xmc_tf.errors import CheckpointError
+
+FIELDS = ("data.normalize", "data.validation_fraction", "model.encoder_dims",
+          "model.intermediate_dim", "model.dropout", "model.sampled_layer",
+          "train.batch_size", "train.learning_rate",
+          "train.min_learning_rate", "train.early_stopping_patience")
+
+
+def _value(config, field):
+    section, name = field.split(".")
+    return config[section][name]
+
+
+def _toy(labels_per_instance, seed=1):
+    return xdata.make_synthetic(300, 60, 30,
+                                labels_per_instance=labels_per_instance,
+                                seed=seed)
+
+
+@pytest.mark.parametrize("name", ["astra", "lsh"])
+def test_multi_class_labels_take_scents_network(name):
+    train = _toy(1)
+    assert np.diff(train.labels.indptr).max() == 1  # the toy is multi-class
+    config = xconfig.get_config(name)
+    run, regime = xtrain.resolve_config(config, train)
+    scent = xconfig.get_config("scent")
+    for field in FIELDS:
+        assert _value(run, field) == _value(scent, field), field
+        assert _value(config, field) is None  # the given config is unchanged
+    assert regime["labels"] == "multi-class"
+    assert set(regime["fields"]) == set(FIELDS)
+    assert regime["fields"]["model.encoder_dims"] == [512]
+    # the rest of the config is the given one
+    assert run.sampler.kind == config.sampler.kind
+    assert run.loss == config.loss
+
+
+@pytest.mark.parametrize("name", ["astra", "lsh"])
+def test_multi_label_labels_keep_the_heads_defaults(name):
+    train = _toy(3)
+    assert np.diff(train.labels.indptr).max() > 1
+    run, regime = xtrain.resolve_config(xconfig.get_config(name), train)
+    schema = xconfig.base("sampled")
+    for field in FIELDS:
+        assert _value(run, field) == _value(schema, field), field
+    assert (run.model.encoder_dims, run.model.intermediate_dim,
+            run.train.batch_size, run.model.sampled_layer) == (
+                (1024,), 4096, 64, "uniform_sparse")
+    assert regime["labels"] == "multi-label"
+
+
+def test_explicit_values_are_kept_from_the_command_line():
+    """``--config.model.encoder_dims=(64,)`` parses with the field's type
+    (as ``xmc-tf train`` parses it) and survives the resolution; the other
+    fields are still chosen."""
+    from xmc_tf import cli
+    argv = cli._with_config_file([  # pylint: disable=protected-access
+        "xmc-tf", "train", "--config=astra",
+        "--config.model.encoder_dims=(64,)", "--config.train.batch_size=32",
+        "--config.model.sampled_layer=uniform_sparse"])
+    fv = cli._define_flags(argv)  # pylint: disable=protected-access
+    cli._parse(fv, argv, cli._config_arg(argv))  # pylint: disable=protected-access
+    config = fv.config
+    assert config.model.encoder_dims == (64,)
+    assert xconfig.unresolved_fields(config) == tuple(
+        f for f in FIELDS if f not in ("model.encoder_dims",
+                                       "train.batch_size",
+                                       "model.sampled_layer"))
+    run, regime = xtrain.resolve_config(config, _toy(1))
+    assert (run.model.encoder_dims, run.train.batch_size,
+            run.model.sampled_layer) == ((64,), 32, "uniform_sparse")
+    assert run.model.intermediate_dim == 0 and run.train.learning_rate == 1e-2
+    assert "model.encoder_dims" not in regime["fields"]
+
+
+def test_a_config_without_regime_fields_is_returned_as_is():
+    config = xconfig.get_config("scent")
+    run, regime = xtrain.resolve_config(config, _toy(1))
+    assert run is config and regime == {}
+
+
+def test_check_config_checks_both_regimes_and_the_json_is_plain():
+    config = xconfig.get_config("astra")
+    config.data.train = "unused"
+    head = xtrain.check_config(config)  # None fields pass
+    assert head.name == "sampled"
+    saved = json.loads(config.to_json_best_effort())
+    assert saved["model"]["encoder_dims"] is None
+    assert xtrain.config_changes(saved, config) == []
+    config.model.dropout = 1.5  # an explicit bad value is still refused
+    with pytest.raises(Exception, match="config.model.dropout=1.5"):
+        xtrain.check_config(config)
+    with pytest.raises(ValueError, match="cannot be chosen by regime"):
+        xconfig.by_regime(xconfig.base("sampled"), ("model.head",))
+
+
+class _StopAfterFirstEpoch(keras.callbacks.Callback):
+    """Kills the run in its second epoch (the first is checkpointed)."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            raise KeyboardInterrupt("killed")
+
+
+def _write(path, dataset):
+    xdata.write_xc(str(path), dataset)
+
+
+def _run_config(path, epochs=3):
+    config = xconfig.get_config("astra")
+    config.data.train = str(path)
+    config.data.test = ""
+    config.train.epochs = epochs
+    config.train.verbose = 0
+    config.train.early_stopping_patience = 5  # all epochs run
+    config.model.encoder_dims = (16,)  # small, explicit: kept
+    config.sampler.kind = "mixture"
+    return config
+
+
+def test_resume_resolves_the_same_values(tmp_path):
+    path = tmp_path / "train.txt"
+    _write(path, _toy(1))
+    workdir = str(tmp_path / "wd")
+    with pytest.raises(KeyboardInterrupt):
+        xtrain.train_and_evaluate(_run_config(path), workdir,
+                                  callbacks=[_StopAfterFirstEpoch()])
+    keras.backend.clear_session()
+    metrics = xtrain.train_and_evaluate(_run_config(path), workdir)
+    assert metrics["run"]["resumes"] == 1
+    assert metrics["epochs"] == 3
+    assert metrics["regime"]["labels"] == "multi-class"
+    assert metrics["regime"]["fields"]["train.batch_size"] == 256
+    assert "model.encoder_dims" not in metrics["regime"]["fields"]
+    with open(tmp_path / "wd" / "config.json") as f:
+        saved = json.load(f)  # the config as given
+    assert saved["train"]["batch_size"] is None
+    assert saved["model"]["encoder_dims"] == [16]
+
+
+def test_resume_refuses_a_backup_whose_labels_resolved_otherwise(tmp_path):
+    path = tmp_path / "train.txt"
+    _write(path, _toy(1))
+    workdir = str(tmp_path / "wd")
+    with pytest.raises(KeyboardInterrupt):
+        xtrain.train_and_evaluate(_run_config(path), workdir,
+                                  callbacks=[_StopAfterFirstEpoch()])
+    keras.backend.clear_session()
+    _write(path, _toy(3))  # same file name, multi-label labels now
+    with pytest.raises(CheckpointError, match="chosen from its training "
+                                              "labels"):
+        xtrain.train_and_evaluate(_run_config(path), workdir)
