@@ -138,7 +138,9 @@ def _run_config(path, epochs=3):
     return config
 
 
-def test_resume_resolves_the_same_values(tmp_path):
+def _interrupted_run(tmp_path):
+    """A multi-class run stopped after its first epoch: (data path,
+    workdir)."""
     path = tmp_path / "train.txt"
     _write(path, _toy(1))
     workdir = str(tmp_path / "wd")
@@ -146,6 +148,11 @@ def test_resume_resolves_the_same_values(tmp_path):
         xtrain.train_and_evaluate(_run_config(path), workdir,
                                   callbacks=[_StopAfterFirstEpoch()])
     keras.backend.clear_session()
+    return path, workdir
+
+
+def test_resume_resolves_the_same_values(tmp_path):
+    path, workdir = _interrupted_run(tmp_path)
     metrics = xtrain.train_and_evaluate(_run_config(path), workdir)
     assert metrics["run"]["resumes"] == 1
     assert metrics["epochs"] == 3
@@ -159,13 +166,7 @@ def test_resume_resolves_the_same_values(tmp_path):
 
 
 def test_resume_refuses_a_backup_whose_labels_resolved_otherwise(tmp_path):
-    path = tmp_path / "train.txt"
-    _write(path, _toy(1))
-    workdir = str(tmp_path / "wd")
-    with pytest.raises(KeyboardInterrupt):
-        xtrain.train_and_evaluate(_run_config(path), workdir,
-                                  callbacks=[_StopAfterFirstEpoch()])
-    keras.backend.clear_session()
+    path, workdir = _interrupted_run(tmp_path)
     _write(path, _toy(3))  # same file name, multi-label labels now
     with pytest.raises(CheckpointError, match="chosen from its training "
                                               "labels"):
