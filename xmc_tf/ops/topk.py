@@ -88,9 +88,9 @@ def top_k(scores, k: int, name=None) -> TopK:
 
     Example:
       >>> import numpy as np
-      >>> v, i = top_k(np.array([[0.2, 0.5, 0.2, 0.1]], np.float32), 3)
-      >>> i.numpy().tolist(), v.numpy().round(1).tolist()
-      ([[1, 0, 2]], [[0.5, 0.2, 0.2]])
+      >>> v, i = top_k(np.array([[0.25, 0.5, 0.25, 0.125]], np.float32), 3)
+      >>> i.numpy().tolist(), v.numpy().tolist()
+      ([[1, 0, 2]], [[0.5, 0.25, 0.25]])
     """
     with tf.name_scope(name or "xmc_top_k"):
         scores = tf.convert_to_tensor(scores)
