@@ -749,6 +749,8 @@ def table(name, result):
         lines.append(f"{part:<19}{r['median_s'] * 1e3:>12.1f}"
                      f"{r['limit_s'] * 1e3:>10.2f}{frac:>9}  {r['bound']}")
     st = result["step"]
+    if not any(p in parts for p in PARTS if p not in EVAL_PARTS):
+        return "\n".join(lines)  # evaluation parts only: no step
     lines.append(f"head parts sum {st['head_parts_sum_s'] * 1e3:.1f} ms; "
                  f"whole head step {st['head_step_s'] * 1e3:.1f} ms")
     met = {None: "", True: " (met)", False: " (NOT met)"}[st["met"]]
