@@ -57,6 +57,7 @@ intermediate        ``6 b d e``                ``12 d e + 8 b e``          -
 intermediate_adam   ``10 (d e + e)``           ``28 (d e + e)``            -
 set_rewire          -                          ``32 m s``                  -
 eval_topk           ``r m`` (compares)         ``4 r m``                   -
+eval_topk_tf        ``r m`` (compares)         ``4 r m``                   -
 ==================  =========================  ==========================  ============
 
 * ``forward``: ``Xmc>UniformSparseMatmul`` alone (indices, weights read
@@ -80,9 +81,16 @@ eval_topk           ``r m`` (compares)         ``4 r m``                   -
   the assigns of indices, kernel and both Adam moments), per call: model =
   read and write indices, kernel and the two moments once.  The paper
   rewires every 1,000 steps: the step counts 1/1000 of it.
-* ``eval_topk``: ``tf.math.top_k(scores, 5)`` on one evaluation block of
-  ``r`` rows (``xmc_tf.evaluation.SCORE_BLOCK_BYTES`` / ``4 m``: 100 rows
-  at 670k), the scores already computed.
+* ``eval_topk``: the evaluation's top 5 (``xmc_tf.ops.topk.top_k``:
+  ``Xmc>TopK``'s partial selection) on one evaluation block of ``r`` rows
+  (``xmc_tf.evaluation.SCORE_BLOCK_BYTES`` / ``4 m``: 100 rows at 670k),
+  the scores already computed (standard normal: a trained model's rows
+  are no harder, the op is ``O(m)`` per row on any input).
+  ``eval_topk_tf``: ``tf.math.top_k(scores, 5)`` on the same block (what
+  evaluation used before ``Xmc>TopK``).  With ``--parts`` naming only
+  these two, the layer is not built (seconds, little memory), and
+  ``--merge-into FILE`` puts the new parts into an existing result
+  (``benchmarks/results/roofline.json``) instead of writing a new one.
 
 **Whole step**: ``head_step`` is one ``tf.function`` doing what
 ``model.train_step`` does for the head: intermediate output -> layer ->
@@ -148,8 +156,9 @@ SCALES = {
 }
 HEAD_PARTS = ("forward", "bias", "loss_grad", "grad_features",
               "grad_weights", "adam")
-PARTS = HEAD_PARTS + ("intermediate", "intermediate_adam", "set_rewire",
-                      "eval_topk")
+EVAL_PARTS = ("eval_topk", "eval_topk_tf")
+PARTS = HEAD_PARTS + ("intermediate", "intermediate_adam", "set_rewire") + \
+    EVAL_PARTS
 #: SET period of the paper (Sec. 4.1), steps per rewire.
 SET_EVERY = 1000
 #: Targets of issue 32 (seconds per steady-state step).
@@ -393,6 +402,8 @@ def part_models(b, e, d, m, s, m_nz=None, rows=None):
                                   bytes=28 * (d * e + e), row_gathers=0),
         "set_rewire": dict(flops=0, bytes=32 * m * s, row_gathers=0),
         "eval_topk": dict(flops=rows * m, bytes=4 * rows * m, row_gathers=0),
+        "eval_topk_tf": dict(flops=rows * m, bytes=4 * rows * m,
+                             row_gathers=0),
     }
 
 
@@ -541,6 +552,19 @@ def measure_scale(tf, name, b, e, d, m, s, n, repeats=5, warmup=2,
       ``head_step`` (the same for the whole head step, or None),
       ``nonzero_fraction`` (rho), ``m_nz``, ``eval_rows``, ``shape``.
     """
+    if set(parts) <= set(EVAL_PARTS):  # no layer needed
+        out = {"shape": dict(b=b, e=e, d=d, m=m, s=s, n=n),
+               "nonzero_fraction": None, "m_nz": None,
+               "eval_rows": score_rows(m), "measured": {}, "head_step": None}
+
+        def run_eval(part, fn):
+            if part in parts:
+                out["measured"][part] = timed(fn, repeats, warmup)
+                out["measured"][part]["peak_rss_bytes"] = _peak_rss()
+                log(f"  {name} {part}: "
+                    f"{out['measured'][part]['median_s'] * 1e3:.1f} ms")
+        eval_parts(tf, name, m, out, run_eval, seed)
+        return out
     import keras
     from xmc_tf.callbacks import SetRewiring
     from xmc_tf.layers import UniformSparseDense
@@ -648,11 +672,7 @@ def measure_scale(tf, name, b, e, d, m, s, n, repeats=5, warmup=2,
             lambda: dopt.apply(dgrads, dense.trainable_variables)))
         del dgrads
 
-    if "eval_topk" in parts:
-        block = tf.random.stateless_normal([rows, m], seed=[seed, 3])
-        run("eval_topk", tf.function(
-            lambda: _checksum(tf, *tf.math.top_k(block, k=TOP_K))))
-        del block
+    eval_parts(tf, name, m, out, run, seed)
 
     if "head_step" in parts or set(HEAD_PARTS) <= set(parts):
         @tf.function
@@ -678,6 +698,25 @@ def measure_scale(tf, name, b, e, d, m, s, n, repeats=5, warmup=2,
     return out
 
 
+def eval_parts(tf, name, m, out, run, seed=0):
+    """Times ``eval_topk`` (``xmc_tf.ops.topk.top_k``) and ``eval_topk_tf``
+    (``tf.math.top_k``) on one evaluation block of ``out["eval_rows"]``
+    standard-normal rows, and records whether the two agree."""
+    from xmc_tf.ops.topk import top_k, top_k_supported
+    rows = out["eval_rows"]
+    block = tf.random.stateless_normal([rows, m], seed=[seed, 3])
+    run("eval_topk", tf.function(
+        lambda: _checksum(tf, *top_k(block, TOP_K))))
+    run("eval_topk_tf", tf.function(
+        lambda: _checksum(tf, *tf.math.top_k(block, k=TOP_K))))
+    out["eval_topk_op"] = "Xmc>TopK" if top_k_supported() else \
+        "tf.math.top_k (no Xmc>TopK in the op library)"
+    out["eval_topk_identical"] = bool(np.array_equal(
+        top_k(block, TOP_K).indices.numpy(),
+        tf.math.top_k(block, k=TOP_K).indices.numpy()))
+    del block
+
+
 # ---------------------------------------------------------------------------
 # Output.
 
@@ -694,9 +733,12 @@ def table(name, result):
       then the head step, peak RSS and steady-state step lines.
     """
     sh, parts = result["shape"], result["parts"]
+    about = (f"loss-gradient non-zeros {result['nonzero_fraction']:.1%}, "
+             f"labels with signal {result['m_nz']:,}"
+             if result.get("nonzero_fraction") is not None
+             else "evaluation parts only")
     lines = [f"{name}: b={sh['b']} e={sh['e']} m={sh['m']:,} s={sh['s']}, "
-             f"loss-gradient non-zeros {result['nonzero_fraction']:.1%}, "
-             f"labels with signal {result['m_nz']:,}",
+             + about,
              f"{'part':<19}{'measured ms':>12}{'limit ms':>10}{'x limit':>9}"
              f"  bound"]
     for part in PARTS:
@@ -707,6 +749,8 @@ def table(name, result):
         lines.append(f"{part:<19}{r['median_s'] * 1e3:>12.1f}"
                      f"{r['limit_s'] * 1e3:>10.2f}{frac:>9}  {r['bound']}")
     st = result["step"]
+    if not any(p in parts for p in PARTS if p not in EVAL_PARTS):
+        return "\n".join(lines)  # evaluation parts only: no step
     lines.append(f"head parts sum {st['head_parts_sum_s'] * 1e3:.1f} ms; "
                  f"whole head step {st['head_step_s'] * 1e3:.1f} ms")
     met = {None: "", True: " (met)", False: " (NOT met)"}[st["met"]]
@@ -763,6 +807,41 @@ def plot(results, path):
     plt.close(fig)
 
 
+def merge_parts(path, new):
+    """``path``'s result with the parts of ``new`` put in (re-accounted
+    against ``path``'s peaks, so every fraction in the file uses the same
+    limits); ``new``'s load averages are kept per merged part.
+
+    Args:
+      path: an existing result JSON of this script.
+      new: a result of :func:`main` (typically ``--parts eval_topk,...``).
+
+    Returns:
+      The merged result dict (not written).
+    """
+    with open(path) as f:
+        old = json.load(f)
+    for sc, r in new["scales"].items():
+        if "parts" not in r or sc not in old["scales"]:
+            continue
+        dest = old["scales"][sc]
+        sh = dest["shape"]
+        models = part_models(sh["b"], sh["e"], sh["d"], sh["m"], sh["s"],
+                             m_nz=dest.get("m_nz"), rows=r["eval_rows"])
+        measured = {p: {k: v for k, v in part.items() if k in (
+            "median_s", "min_s", "repeats", "peak_rss_bytes")}
+            for p, part in r["parts"].items()}
+        for p, row in account(measured, models,
+                              old["peaks"]["all"]).items():
+            row["load_average"] = [new["load_average_at_start"],
+                                   r.get("load_average_after")]
+            dest["parts"][p] = row
+        for key in ("eval_topk_op", "eval_topk_identical"):
+            if key in r:
+                dest[key] = r[key]
+    return old
+
+
 def main(argv=None):
     """Command line (see the module docstring).
 
@@ -786,6 +865,10 @@ def main(argv=None):
     p.add_argument("--parts", default=",".join(PARTS))
     p.add_argument("--out", default=os.path.join(HERE, "results",
                                                  "roofline.json"))
+    p.add_argument("--merge-into", default="",
+                   help="put the measured parts into this existing result "
+                        "JSON (other parts, peaks and steps kept) instead "
+                        "of writing --out")
     p.add_argument("--plot", default=os.path.join(HERE, "results",
                                                   "roofline.png"),
                    help='PNG chart (needs matplotlib); "" for none')
@@ -827,6 +910,8 @@ def main(argv=None):
     for sc in scales:
         spec = SCALES[sc]
         need, avail = memory_estimate(**spec), _mem_available()
+        if set(parts) <= set(EVAL_PARTS):  # one score block, twice
+            need = 8 * score_rows(spec["m"]) * spec["m"]
         if avail is not None and avail < need + 2 ** 30:
             note = (f"skipped: needs about {need / 2**30:.1f} GiB, "
                     f"{avail / 2**30:.1f} GiB available")
@@ -848,6 +933,9 @@ def main(argv=None):
     result = {"peaks": peaks, "scales": results, "cpus": os.cpu_count(),
               "load_average_at_start": load_at_start,
               "tf_version": tf.__version__, "set_every": SET_EVERY}
+    if args.merge_into:
+        result = merge_parts(args.merge_into, result)
+        args.out = args.merge_into
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

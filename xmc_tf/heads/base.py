@@ -4,7 +4,7 @@ A *head* is the last stage of an xmc_tf model -- the layer that scores
 labels -- together with everything that depends on it: the losses it trains
 with, the metrics computed on training batches, the callbacks it needs
 (SET rewiring, index refresh, held-out P@k), how top-k labels are decoded
-from a trained model (full scores + ``tf.math.top_k``, or MACH's exact
+from a trained model (full scores + :func:`xmc_tf.ops.topk.top_k`, or MACH's exact
 decoder), and what the trained model reports in ``metrics.json``.
 ``xmc_tf.train``, ``xmc_tf.predict`` and the ``xmc-tf`` command never branch
 on the head's name: they ask the registry (:func:`get_head` for a config,
@@ -211,7 +211,8 @@ class Head:
     Subclasses set :attr:`name`, :attr:`losses` and :attr:`layer_types` and
     implement :meth:`build_layer` and :meth:`make_loss`; the defaults here
     describe a head that scores every label (``[batch, num_labels]``
-    logits), decoded with ``tf.math.top_k``.
+    logits), decoded with :func:`xmc_tf.ops.topk.top_k` (``Xmc>TopK`` or
+    ``tf.math.top_k``: the same labels).
 
     Args:
       config: the job config (ml_collections ``ConfigDict``).
@@ -378,7 +379,9 @@ class Head:
         """``x -> (ids int32 [b, k], scores float32 [b, k])``, best first.
 
         The default scores every label and keeps the top ``k``
-        (``tf.math.top_k``: ties go to the lower label id).
+        (:func:`xmc_tf.ops.topk.top_k`: ``Xmc>TopK``'s partial selection
+        on the CPU, ``tf.math.top_k`` elsewhere; the same result, ties go to
+        the lower label id).
 
         Raises:
           ValueError: ``k`` not in ``[1, num_labels]``.
@@ -388,7 +391,9 @@ class Head:
         if k < 1 or (num_labels is not None and k > num_labels):
             raise ValueError(f"k={k} must be in [1, num_labels={num_labels}]")
 
+        from xmc_tf.ops.topk import top_k as select_top_k
+
         def top_k(x):
-            top = tf.math.top_k(model(x, training=False), k=k)
+            top = select_top_k(model(x, training=False), k)
             return top.indices, top.values
         return top_k

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from xmc_tf.ops.topk import top_k as _select_top_k
 from xmc_tf.metrics.evaluator import (_check_inv_propensities, _check_k,
                                       _discounts)
 
@@ -71,7 +72,9 @@ def _prepare(y_true, y_pred, k):
     num_labels = y_pred.shape[-1]
     if num_labels is not None and k > num_labels:
         raise ValueError(f"k={k} exceeds the number of labels {num_labels}")
-    topk = tf.math.top_k(y_pred, k=k, sorted=True).indices
+    # Xmc>TopK where it applies (float32 on the CPU): the same ids as
+    # tf.math.top_k, without its ~1 ns per score at m in the 100,000s.
+    topk = _select_top_k(y_pred, k).indices
     return y_true, y_pred, topk
 
 
@@ -140,7 +143,8 @@ class PrecisionAtK(_RankingMetric):
     Jain et al. (KDD 2016), XC repo. Averaged over all instances (instances
     without labels contribute 0); reported as a **fraction** in [0, 1]
     (multiply by 100 to compare with :class:`XMCEvaluator`). Ties in
-    ``y_pred`` are broken by the lower label id (``tf.math.top_k``).
+    ``y_pred`` are broken by the lower label id (``tf.math.top_k``'s order;
+    the top k comes from :func:`xmc_tf.ops.topk.top_k`).
 
     Args:
         k: cut-off, int >= 1 and <= L.
