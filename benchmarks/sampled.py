@@ -62,7 +62,8 @@ previous point (the step work, the head's callbacks: index / table refreshes,
 tracing) to the run's *training seconds*, then -- off the clock -- scores
 ``--curve-test`` random rows of the test file (every label, the head's
 decoder) for P@1 / P@5, after every epoch or every ``--eval-every-steps``
-steps.  A run stops at the first point past ``--budget-seconds`` training
+steps or ``--eval-every-seconds`` training seconds (then a run's last
+point may fall inside an epoch).  A run stops at the first point past ``--budget-seconds`` training
 seconds (equal wall-clock) or after ``--epochs`` epochs.  The points are
 written to ``curve.json`` of the run and into the result JSON
 (``curve``: ``[{"step", "epoch", "train_seconds", "P@1", "P@5"}, ...]``);
@@ -366,7 +367,8 @@ def method_command(method: str, spec: dict, workdir: str, args) -> list[str]:
     curve = [f"--curve-out={workdir}.curve.json",
              f"--curve-test={args.curve_test}",
              f"--budget-seconds={args.budget_seconds}",
-             f"--eval-every-steps={args.eval_every_steps}"]
+             f"--eval-every-steps={args.eval_every_steps}",
+             f"--eval-every-seconds={args.eval_every_seconds}"]
     return (["nice", "-n", "5", sys.executable, os.path.abspath(__file__),
              "--worker"] + curve + train)
 
@@ -549,7 +551,7 @@ def worker(argv):
     curve_opts, rest = {}, []
     for a in argv:
         if a.startswith(("--curve-out=", "--curve-test=", "--budget-seconds=",
-                         "--eval-every-steps=")):
+                         "--eval-every-steps=", "--eval-every-seconds=")):
             key, value = a[2:].split("=", 1)
             curve_opts[key.replace("-", "_")] = value
         elif a != "--worker":
@@ -558,12 +560,13 @@ def worker(argv):
         install_curve(curve_opts["curve_out"],
                       int(curve_opts.get("curve_test", 10_000)),
                       float(curve_opts.get("budget_seconds", 0) or 0),
-                      int(curve_opts.get("eval_every_steps", 0) or 0))
+                      int(curve_opts.get("eval_every_steps", 0) or 0),
+                      float(curve_opts.get("eval_every_seconds", 0) or 0))
     return cli.main(["xmc-tf"] + rest)
 
 
 def install_curve(out: str, test_rows: int, budget: float,
-                  every_steps: int) -> None:
+                  every_steps: int, every_seconds: float = 0.0) -> None:
     """Adds the curve clock (first) and recorder (last) to the callbacks
     of ``xmc_tf.train.make_callbacks`` in this process (see the module
     docstring, "Curves").
@@ -573,6 +576,8 @@ def install_curve(out: str, test_rows: int, budget: float,
       test_rows: random rows of the test file scored at every point.
       budget: training seconds after which the run stops (0: none).
       every_steps: a point every this many steps (0: every epoch).
+      every_seconds: a point every this many training seconds (0: every
+        epoch; with ``every_steps``, whichever comes first).
     """
     import keras
     from xmc_tf import data as xdata
@@ -630,13 +635,18 @@ def install_curve(out: str, test_rows: int, budget: float,
 
         def on_train_batch_end(self, batch, logs=None):
             self.step += 1
-            if every_steps and self.step % every_steps == 0:
+            due = every_steps and self.step % every_steps == 0
+            if every_seconds and not due:
+                now = self.seconds + time.perf_counter() - state["t0"]
+                last = self.points[-1]["train_seconds"] if self.points else 0
+                due = now - last >= every_seconds
+            if due:
                 self.point()
 
         def on_epoch_end(self, epoch, logs=None):
             self.epoch = epoch + 1
-            if not self.stopped and (not every_steps or
-                                     self.step % every_steps):
+            if not self.stopped and not every_seconds and (
+                    not every_steps or self.step % every_steps):
                 self.point()
 
     def make_callbacks_hook(config, workdir, head, layer, val_data,
@@ -838,6 +848,9 @@ def main(argv=None):
                         "training seconds (0: run all epochs)")
     p.add_argument("--eval-every-steps", type=int, default=0,
                    help="a curve point every this many steps (0: per epoch)")
+    p.add_argument("--eval-every-seconds", type=float, default=0,
+                   help="a curve point every this many training seconds "
+                        "(0: per epoch / --eval-every-steps)")
     p.add_argument("--curve-test", type=int, default=10_000,
                    help="test rows scored at every curve point")
     p.add_argument("--candidates", type=int, default=256,

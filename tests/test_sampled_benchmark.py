@@ -21,6 +21,7 @@ SPEC = {"train": "tr.txt", "test": "te.txt", "num_labels": 1000,
         "num_train": 10, "dim_batch": (128, 256), "overrides": [],
         "sampled_loss": "softmax", "astra": []}
 ARGS = argparse.Namespace(candidates=256, num_sampled=64, curve_test=100,
+                          eval_every_seconds=5.0,
                           budget_seconds=30.0, eval_every_steps=10)
 
 
