@@ -35,9 +35,54 @@ that the peak RSS is the method's own:
   with the positive labels' vectors (LSH-label) instead of the instance
   embedding (LSH-embedding).
 
-On multi-class data (``mannextword``) every sampled method uses the sampled
-softmax (``config.loss=softmax``), the loss of the full model it is compared
-with.
+* ``in_batch``: ``configs/astra.py`` with ``sampler.kind="in_batch"`` (the
+  batch's other positives as the candidates, ``num_negatives`` = the batch
+  size, sampled softmax with the in-batch log-Q correction).
+* ``scent``: ``configs/scent.py`` (SCENT, the batch's classes scored with
+  per-instance duals), with the data set's encoder, batch, epochs and
+  learning rate and the config's SCENT settings passed explicitly
+  (``scent.alpha=1000``, ``correction=log_q``, ``own_term=True``).
+* ``omikuji``, ``fasttext``: peers (``benchmarks/peers.py``, their defaults;
+  fastText ``loss="hs"``, 5 epochs) on the same training / test files, one
+  point each (training seconds, test P@k); ``--peers`` picks them.  They
+  need ``pip install xmc_tf[bench]`` (fastText: the ``fasttext-wheel``
+  package, if pip cannot install it the row says so).
+
+On multi-class data (``mannextword``, ``debdoc``) every sampled method uses
+the sampled softmax (``config.loss=softmax``), the loss of the full model it
+is compared with.
+
+Curves (P@k against training seconds)
+-------------------------------------
+Every ``xmc-tf train`` run goes through this script's worker (the same
+``xmc_tf.cli.main``), which adds two callbacks to the job's own
+(``xmc_tf.train.make_callbacks``): a clock first in the list and a recorder
+last (before the checkpointer).  The recorder adds the seconds since the
+previous point (the step work, the head's callbacks: index / table refreshes,
+tracing) to the run's *training seconds*, then -- off the clock -- scores
+``--curve-test`` random rows of the test file (every label, the head's
+decoder) for P@1 / P@5, after every epoch or every ``--eval-every-steps``
+steps or ``--eval-every-seconds`` training seconds (then a run's last
+point may fall inside an epoch).  A run stops at the first point past ``--budget-seconds`` training
+seconds (equal wall-clock) or after ``--epochs`` epochs.  The points are
+written to ``curve.json`` of the run and into the result JSON
+(``curve``: ``[{"step", "epoch", "train_seconds", "P@1", "P@5"}, ...]``);
+the final metrics of the row are those of the job (the whole test file, or
+its ``--debdoc-test`` prefix).  ``--plot`` draws, per data set, P@1 and P@5
+against training seconds (one line per method, the peers as points) with
+matplotlib (``pip install xmc_tf[bench]``).
+
+Equal candidates per step (``--candidates`` C, default 256, batch b = 256):
+on multi-class data every method scores one candidate set per batch, shared
+by its rows, besides each row's own class.  ``tf_sampled_softmax``: C
+log-uniform classes (``num_sampled``); ``uniform``: C uniform classes
+(``num_negatives``); ``in_batch`` / ``scent``: the batch's distinct classes
+(at most b: these cannot score more without a larger batch; C = b here);
+``astra`` / ``lsh``: the shared mixture of ``num_hard=1`` hard negative per
+row (ANN index / LSH tables; pooled with the batch's classes, at most 2b)
+plus ``num_uniform`` = C / 2 uniform draws.  The labels scored per row are
+measured (``scored_per_row``, the heads' ``sampled_fraction`` x m) and
+reported next to the P@k.
 
 The sampled heads use ``model.sampled_layer="dense"`` (a ``LabelDense``
 with the full heads' parameters), so all methods train the same function
@@ -64,6 +109,13 @@ Data sets (``--datasets``):
 * ``delicious``: the ``xcsplit`` train / test files (983 labels, 19
   labels per instance); encoder 512, no intermediate layer, the configs'
   dropout 0.7, batch 128, ``--delicious-epochs`` (3) epochs, LazyAdam 1e-3.
+* ``debdoc``: DebDocNextWord (``--debdoc-dir``, built by
+  ``benchmarks/datasets/make_large_class.py``: next-word prediction over
+  Debian documentation and dictionaries, 181k classes declared, 4 context
+  words x 50k feature words), the first ``--debdoc-train`` (200,000; rows
+  are in random order, 114k classes seen) training rows and the first
+  ``--debdoc-test`` (20,000) test rows, the ManNextWord model and
+  training settings.
 * ``synthetic1m``: ``xmc_tf.data.make_synthetic`` with 1,000,000 labels,
   100,000 features, 5 labels and 32 feature tokens per instance; 1,024
   training instances (16 steps of 64) and 256 test instances, encoder 64,
@@ -117,10 +169,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DATA = "/work/shared/data"
 METHODS = ("full_softmax", "full_squared_hinge", "tf_sampled_softmax",
-           "uniform", "astra", "lsh", "lsh_label", "uniform_shared",
-           "uniform_shared_2k", "astra_shared", "pool_uniform_shared",
-           "lsh_shared", "lsh_label_shared")
-DATASETS = ("mannextword", "delicious", "synthetic1m")
+           "uniform", "in_batch", "astra", "lsh", "scent", "lsh_label",
+           "uniform_shared", "uniform_shared_2k", "astra_shared",
+           "pool_uniform_shared", "lsh_shared", "lsh_label_shared")
+PEER_METHODS = ("omikuji", "fasttext")
+DATASETS = ("mannextword", "debdoc", "delicious", "synthetic1m")
+MULTICLASS = ("mannextword", "debdoc")
 GIB = 2**30
 NO_SCHEDULE = ["--config.train.lr_patience=1000",
                "--config.train.early_stopping_patience=1000"]
@@ -138,6 +192,21 @@ def _load():
 # Data.
 
 
+def _head_rows(src: str, dst: str, n: int) -> None:
+    """The first ``n`` instances of the XC file ``src`` (header fixed) to
+    ``dst`` (plain text; written once, atomically)."""
+    import gzip
+    opener = gzip.open if src.endswith(".gz") else open
+    with opener(src, "rt") as f:
+        total, d, m = map(int, f.readline().split())
+        n = min(n, total)
+        rows = [f.readline() for _ in range(n)]
+    with open(dst + ".tmp", "w") as f:
+        f.write(f"{n} {d} {m}\n")
+        f.writelines(rows)
+    os.replace(dst + ".tmp", dst)
+
+
 def prepare(dataset: str, args) -> dict:
     """Paths and model/training overrides of a data set (files written once).
 
@@ -153,6 +222,31 @@ def prepare(dataset: str, args) -> dict:
     astra_early = ["--config.sampler.refresh_start_epoch=0",
                    f"--config.sampler.refresh_every_steps={max(1, steps // 4)}"]
     os.makedirs(work, exist_ok=True)
+    multiclass = ["--config.model.encoder_dims=(128,)",
+                  "--config.model.intermediate_dim=0",
+                  "--config.model.dropout=0.0",
+                  "--config.train.batch_size=256",
+                  "--config.train.learning_rate=0.01",
+                  "--config.data.normalize=l2"]
+    if dataset == "debdoc":
+        paths = {}
+        for part, n in (("train", args.debdoc_train),
+                        ("test", args.debdoc_test)):
+            paths[part] = os.path.join(work, f"debdoc_{part}_{n}.txt")
+            if not os.path.exists(paths[part]):
+                _head_rows(os.path.join(args.debdoc_dir, f"{part}.txt.gz"),
+                           paths[part], n)
+        with open(paths["train"]) as f:
+            n_train, _, m = map(int, f.readline().split())
+        steps = -(-n_train // 256)
+        return {**paths, "dim_batch": (128, 256), "num_labels": m,
+                "num_train": n_train,
+                "overrides": multiclass + [
+                    f"--config.train.epochs={args.epochs or 1}"],
+                "sampled_loss": "softmax",
+                "astra": ["--config.sampler.refresh_start_epoch=0",
+                          "--config.sampler.refresh_every_steps="
+                          f"{max(1, steps // 4)}"]}
     if dataset == "mannextword":
         path = os.path.join(work, f"mnw_train_{args.mnw_train}.txt")
         if not os.path.exists(path):
@@ -166,13 +260,8 @@ def prepare(dataset: str, args) -> dict:
         return {"train": path, "dim_batch": (128, 256),
                 "test": os.path.join(DATA, "ManNextWord", "test.txt.gz"),
                 "num_labels": 50_000, "num_train": args.mnw_train,
-                "overrides": ["--config.model.encoder_dims=(128,)",
-                              "--config.model.intermediate_dim=0",
-                              "--config.model.dropout=0.0",
-                              "--config.train.batch_size=256",
-                              f"--config.train.epochs={args.mnw_epochs}",
-                              "--config.train.learning_rate=0.01",
-                              "--config.data.normalize=l2"],
+                "overrides": multiclass + [
+                    f"--config.train.epochs={args.epochs or args.mnw_epochs}"],
                 "sampled_loss": "softmax",
                 "astra": astra_early}
     if dataset == "delicious":
@@ -215,14 +304,12 @@ def prepare(dataset: str, args) -> dict:
 
 
 def method_command(method: str, spec: dict, workdir: str, args) -> list[str]:
-    """The command line of one run (``xmc-tf train`` or this script's
-    worker for ``tf_sampled_softmax``)."""
+    """The command line of one run: ``xmc-tf train`` arguments run by this
+    script's worker (``xmc_tf.cli.main`` with the curve recorder, and the
+    ``tf_sampled_softmax`` head registered)."""
     cfg = {"full_softmax": "dense", "full_squared_hinge": "dense",
-           "tf_sampled_softmax": "astra", "uniform": "astra",
-           "astra": "astra", "uniform_shared": "astra",
-           "astra_shared": "astra", "pool_uniform_shared": "astra",
-           "uniform_shared_2k": "astra", "lsh": "lsh", "lsh_shared": "lsh",
-           "lsh_label": "lsh", "lsh_label_shared": "lsh"}[method]
+           "tf_sampled_softmax": "astra", "scent": "scent"}.get(
+               method, "lsh" if method.startswith("lsh") else "astra")
     over = ["--config.data.validation_fraction=0",
             f"--config.data.train={spec['train']}",
             f"--config.data.test={spec['test']}",
@@ -230,7 +317,8 @@ def method_command(method: str, spec: dict, workdir: str, args) -> list[str]:
     if method == "full_softmax":
         over.append("--config.loss=softmax")
     sampled = method in ("uniform", "astra", "uniform_shared", "astra_shared",
-                         "pool_uniform_shared", "uniform_shared_2k")
+                         "pool_uniform_shared", "uniform_shared_2k",
+                         "in_batch")
     if sampled or method.startswith("lsh") or method == "tf_sampled_softmax":
         over.append("--config.model.sampled_layer=dense")
     if sampled and spec.get("sampled_loss"):
@@ -247,18 +335,48 @@ def method_command(method: str, spec: dict, workdir: str, args) -> list[str]:
         over += spec["astra"]
     if method == "pool_uniform_shared":
         over.append("--config.sampler.num_hard=0")
-    base = ["nice", "-n", "5"]
+    if method == "in_batch":
+        over += ["--config.sampler.kind=in_batch",
+                 f"--config.sampler.num_negatives={spec['dim_batch'][1]}"]
+    if method == "scent":  # the config's SCENT settings, explicitly
+        over += ["--config.scent.variant=scent", "--config.scent.alpha=1000",
+                 "--config.scent.correction=log_q",
+                 "--config.scent.own_term=True",
+                 "--config.scent.negatives=multiset"]
+    if dataset_is_multiclass(spec) and args.candidates:
+        c = int(args.candidates)
+        if method in ("uniform", "uniform_shared"):
+            over.append(f"--config.sampler.num_negatives={c}")
+        if method in ("astra", "lsh", "astra_shared", "lsh_shared"):
+            over += ["--config.sampler.num_hard=1",
+                     f"--config.sampler.num_uniform={max(1, c // 2)}"]
+    if method.startswith("lsh"):  # the sampler's settings, explicitly
+        over += ["--config.sampler.hash=simhash", "--config.sampler.K=0",
+                 "--config.sampler.L=50",
+                 "--config.sampler.rehash_every_steps=50",
+                 "--config.sampler.rehash_decay=0.95"]
+    if method.startswith("astra"):
+        over += ["--config.sampler.index=auto", "--config.sampler.nprobe=16"]
     if method == "tf_sampled_softmax":
         over += ["--config.model.head=tf_sampled_softmax",
                  "--config.loss=softmax", "--config.set.enabled=False",
-                 f"--config.sampler.num_negatives={args.num_sampled}"]
+                 "--config.sampler.num_negatives="
+                 f"{args.candidates or args.num_sampled}"]
     train = ["train", f"--config={os.path.join(ROOT, 'configs', cfg)}.py",
              f"--workdir={workdir}", "--overwrite"] + over
-    if method == "tf_sampled_softmax":
-        return base + [sys.executable, os.path.abspath(__file__),
-                       "--worker"] + train
-    return base + [os.path.join(os.path.dirname(sys.executable),
-                                "xmc-tf")] + train
+    curve = [f"--curve-out={workdir}.curve.json",
+             f"--curve-test={args.curve_test}",
+             f"--budget-seconds={args.budget_seconds}",
+             f"--eval-every-steps={args.eval_every_steps}",
+             f"--eval-every-seconds={args.eval_every_seconds}"]
+    return (["nice", "-n", "5", sys.executable, os.path.abspath(__file__),
+             "--worker"] + curve + train)
+
+
+def dataset_is_multiclass(spec: dict) -> bool:
+    """Whether the run's data set is multi-class (its sampled loss is the
+    softmax)."""
+    return spec.get("sampled_loss") == "softmax"
 
 
 def epoch_entry(match) -> dict:
@@ -328,8 +446,47 @@ def run(method: str, dataset: str, spec: dict, args) -> dict:
                                           spec["num_labels"], 1)
         if rows and rows[-1].get("loss"):
             row["final_loss"] = float(rows[-1]["loss"])
+    if method == "tf_sampled_softmax":  # its trainer logs no fraction
+        row["scored_per_row"] = 1 + (args.candidates or args.num_sampled)
+    if os.path.exists(workdir + ".curve.json"):
+        with open(workdir + ".curve.json") as f:
+            row["curve"] = json.load(f)
+        os.remove(workdir + ".curve.json")
     if not args.keep_workdirs:
         shutil.rmtree(workdir, ignore_errors=True)
+    return row
+
+
+def run_peer(method: str, dataset: str, spec: dict, args) -> dict:
+    """One peer (Omikuji / fastText of ``benchmarks/peers.py``) on the
+    run's files: its training seconds and test P@k, one point."""
+    import peers
+    from xmc_tf import data as xdata
+    from xmc_tf import preprocessing as xprep
+    row = {"dataset": dataset, "method": method, "peer": True,
+           "num_labels": spec["num_labels"], "num_train": spec["num_train"],
+           "load_before": _load()}
+    try:
+        if method == "fasttext":
+            import fasttext  # noqa: F401  (pip install fasttext-wheel)
+        else:
+            import omikuji  # noqa: F401
+    except ImportError as e:
+        row.update(returncode=None, error=f"not installed: {e}")
+        print(f"  {method}: {row['error']}", flush=True)
+        return row
+    train = xdata.load_dataset(spec["train"])
+    test = xdata.load_dataset(spec["test"])
+    norm = xprep.fit_normalization("l2", train)
+    train, test = xprep.normalize(train, norm), xprep.normalize(test, norm)
+    start = time.perf_counter()
+    res = peers.PEERS[method](train, test, threads=os.cpu_count() or 2,
+                              train_path=spec["train"])
+    row.update(returncode=0, wall_seconds=round(time.perf_counter() - start,
+                                                1),
+               load_after=_load(), label=res["method"],
+               train_seconds=round(res["train_s"], 2),
+               **{k: res[k] for k in ("P@1", "P@3", "P@5") if k in res})
     return row
 
 
@@ -391,7 +548,114 @@ def worker(argv):
             return {"sampler": "log_uniform_candidate_sampler(num_sampled="
                                f"{self.config.sampler.num_negatives})"}
 
-    return cli.main(["xmc-tf"] + [a for a in argv if a != "--worker"])
+    curve_opts, rest = {}, []
+    for a in argv:
+        if a.startswith(("--curve-out=", "--curve-test=", "--budget-seconds=",
+                         "--eval-every-steps=", "--eval-every-seconds=")):
+            key, value = a[2:].split("=", 1)
+            curve_opts[key.replace("-", "_")] = value
+        elif a != "--worker":
+            rest.append(a)
+    if curve_opts.get("curve_out"):
+        install_curve(curve_opts["curve_out"],
+                      int(curve_opts.get("curve_test", 10_000)),
+                      float(curve_opts.get("budget_seconds", 0) or 0),
+                      int(curve_opts.get("eval_every_steps", 0) or 0),
+                      float(curve_opts.get("eval_every_seconds", 0) or 0))
+    return cli.main(["xmc-tf"] + rest)
+
+
+def install_curve(out: str, test_rows: int, budget: float,
+                  every_steps: int, every_seconds: float = 0.0) -> None:
+    """Adds the curve clock (first) and recorder (last) to the callbacks
+    of ``xmc_tf.train.make_callbacks`` in this process (see the module
+    docstring, "Curves").
+
+    Args:
+      out: JSON file of the points (rewritten at every point).
+      test_rows: random rows of the test file scored at every point.
+      budget: training seconds after which the run stops (0: none).
+      every_steps: a point every this many steps (0: every epoch).
+      every_seconds: a point every this many training seconds (0: every
+        epoch; with ``every_steps``, whichever comes first).
+    """
+    import keras
+    from xmc_tf import data as xdata
+    from xmc_tf import preprocessing as xprep
+    from xmc_tf import train as xtrain
+    from xmc_tf.callbacks import TopKEvaluation
+
+    state = {}
+    prepare_splits = xtrain.prepare_splits
+    make_callbacks = xtrain.make_callbacks
+
+    def prepare_splits_hook(config, train, workdir):
+        fit, val, norm = prepare_splits(config, train, workdir)
+        state["norm"] = norm
+        return fit, val, norm
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            state["t0"] = time.perf_counter()
+
+    class Recorder(keras.callbacks.Callback):
+        def __init__(self, head, config):
+            super().__init__()
+            test = xdata.load_dataset(config.data.test)
+            if test.num_instances > test_rows:
+                rows = np.sort(np.random.default_rng(0).choice(
+                    test.num_instances, test_rows, replace=False))
+                test = xtrain.subset(test, rows)
+            test = xprep.normalize(test, state["norm"])
+            self.eval = TopKEvaluation(test, ks=(1, 5), prefix="",
+                                       batch_size=config.eval.batch_size,
+                                       decoder=head.top_k_function)
+            self.points, self.seconds, self.step, self.epoch = [], 0.0, 0, 0
+            self.stopped = False
+
+        def set_model(self, model):
+            super().set_model(model)
+            self.eval.set_model(model)
+
+        def point(self):
+            self.seconds += time.perf_counter() - state["t0"]
+            p = self.eval.evaluate()
+            self.points.append({
+                "step": self.step, "epoch": self.epoch,
+                "train_seconds": round(self.seconds, 2),
+                "P@1": round(100 * p["precision_at_1"], 3),
+                "P@5": round(100 * p["precision_at_5"], 3)})
+            with open(out + ".tmp", "w") as f:
+                json.dump(self.points, f)
+            os.replace(out + ".tmp", out)
+            print(f"curve: {self.points[-1]}", flush=True)
+            if budget and self.seconds >= budget:
+                self.model.stop_training = self.stopped = True
+            state["t0"] = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.step += 1
+            due = every_steps and self.step % every_steps == 0
+            if every_seconds and not due:
+                now = self.seconds + time.perf_counter() - state["t0"]
+                last = self.points[-1]["train_seconds"] if self.points else 0
+                due = now - last >= every_seconds
+            if due:
+                self.point()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epoch = epoch + 1
+            if not self.stopped and not every_seconds and (
+                    not every_steps or self.step % every_steps):
+                self.point()
+
+    def make_callbacks_hook(config, workdir, head, layer, val_data,
+                            cluster=None):
+        cbs = make_callbacks(config, workdir, head, layer, val_data, cluster)
+        return [Clock()] + cbs + [Recorder(head, config)]
+
+    xtrain.prepare_splits = prepare_splits_hook
+    xtrain.make_callbacks = make_callbacks_hook
 
 
 # ---------------------------------------------------------------------------
@@ -407,19 +671,25 @@ def _fmt(v, nd=2):
 
 
 def table(rows: list[dict]) -> str:
-    cols = ["dataset", "method", "s/epoch", "s/step", "train GiB",
-            "job GiB", "scored/row", "P@1", "P@3", "P@5"]
+    cols = ["dataset", "method", "s/epoch", "s/step", "train s",
+            "train GiB", "job GiB", "scored/row", "P@1", "P@3", "P@5"]
     out = []
     for r in rows:
         if r.get("skipped"):
             out.append([r["dataset"], r["method"], "skipped: " + r["skipped"]]
-                       + [""] * 7)
+                       + [""] * 8)
             continue
+        if r.get("peer") and r.get("returncode") is None:
+            out.append([r["dataset"], r["method"], r.get("error", "")[:60]]
+                       + [""] * 8)
+            continue
+        train_s = (r["curve"][-1]["train_seconds"] if r.get("curve")
+                   else r.get("train_seconds"))
         spe = r.get("s_per_epoch") or []
         out.append([
             r["dataset"], r["method"],
             "/".join(str(s) for s in spe) or "-",
-            _fmt(r.get("step_seconds_last"), 3),
+            _fmt(r.get("step_seconds_last"), 3), _fmt(train_s, 1),
             _fmt(r["train_peak_bytes"] / GIB if r.get("train_peak_bytes")
                  else None),
             _fmt(r["peak_memory_bytes"] / GIB if r.get("peak_memory_bytes")
@@ -429,7 +699,7 @@ def table(rows: list[dict]) -> str:
             if r.get("returncode") == 0 else
             [r["dataset"], r["method"],
              f"timed out after {r['timed_out']} s" if r.get("timed_out")
-             else f"failed ({r.get('returncode')})"] + [""] * 7)
+             else f"failed ({r.get('returncode')})"] + [""] * 8)
     widths = [max(len(c), *(len(str(x[i])) for x in out))
               for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
@@ -438,9 +708,96 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def at_time(curve: list[dict], seconds: float, key: str = "P@1"):
+    """``key`` of the last curve point at or before ``seconds`` of
+    training (None if the first point comes later)."""
+    best = None
+    for point in curve:
+        if point["train_seconds"] <= seconds + 1e-9:
+            best = point[key]
+    return best
+
+
+def equal_time(rows: list[dict]) -> dict:
+    """Per data set, P@1 / P@5 of every curve at the same training seconds:
+    the last point by ``t`` = the smallest final training seconds of the
+    data set's curves (the longest time every method reached).
+
+    Returns:
+      ``{dataset: {"seconds": t, "methods": {method: {"P@1", "P@5",
+      "final_seconds"}}}}``.
+    """
+    out = {}
+    for dataset in {r["dataset"] for r in rows}:
+        curves = {r["method"]: r["curve"] for r in rows
+                  if r["dataset"] == dataset and r.get("curve")}
+        if not curves:
+            continue
+        t = min(c[-1]["train_seconds"] for c in curves.values())
+        out[dataset] = {"seconds": t, "methods": {
+            m: {"P@1": at_time(c, t), "P@5": at_time(c, t, "P@5"),
+                "final_seconds": c[-1]["train_seconds"]}
+            for m, c in curves.items()}}
+    return out
+
+
+def equal_time_table(eq: dict) -> str:
+    """The :func:`equal_time` summary as text."""
+    lines = []
+    for dataset, d in sorted(eq.items()):
+        lines.append(f"{dataset}: P@1 / P@5 (curve test rows) after "
+                     f"{d['seconds']:.0f} s of training")
+        for m, v in d["methods"].items():
+            lines.append(f"  {m:20s} {_fmt(v['P@1'])} / {_fmt(v['P@5'])}  "
+                         f"(curve ends at {v['final_seconds']:.0f} s)")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """P@1 and P@5 against training seconds, one row of two panels per data
+    set: a line per method's curve, a marker per peer (training seconds,
+    test P@k)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    datasets = [d for d in DATASETS if any(
+        r["dataset"] == d and (r.get("curve") or r.get("peer"))
+        for r in rows)]
+    if not datasets:
+        return
+    fig, axes = plt.subplots(len(datasets), 2, squeeze=False,
+                             figsize=(11, 4.2 * len(datasets)))
+    for i, dataset in enumerate(datasets):
+        for j, key in enumerate(("P@1", "P@5")):
+            ax = axes[i][j]
+            for r in rows:
+                if r["dataset"] != dataset:
+                    continue
+                if r.get("curve"):
+                    c = r["curve"]
+                    ax.plot([0] + [p["train_seconds"] for p in c],
+                            [0] + [p[key] for p in c], marker=".",
+                            label=f"{r['method']} "
+                                  f"({_fmt(r.get('scored_per_row'), 0)}/row)")
+                elif r.get("peer") and r.get(key) is not None:
+                    ax.scatter([r["train_seconds"]], [r[key]], marker="*",
+                               s=120, zorder=3,
+                               label=r.get("label", r["method"]))
+            ax.set_title(f"{dataset}: {key} against training seconds")
+            ax.set_xlabel("training seconds (2 shared CPU cores)")
+            ax.set_ylabel(f"test {key} (%)")
+            ax.grid(alpha=0.3)
+            if j == 0:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _sort(rows):
     order = {(d, m): i for i, (d, m) in enumerate(
-        (d, m) for d in DATASETS for m in METHODS)}
+        (d, m) for d in DATASETS for m in PEER_METHODS + METHODS)}
     return sorted(rows, key=lambda r: order.get((r["dataset"], r["method"]),
                                                 1e9))
 
@@ -476,6 +833,36 @@ def main(argv=None):
     p.add_argument("--work", default="/tmp/xmc_sampled_bench")
     p.add_argument("--mnw-train", type=int, default=50_000)
     p.add_argument("--mnw-epochs", type=int, default=1)
+    p.add_argument("--max-train", type=int, default=None,
+                   help="training instances of mannextword and debdoc "
+                        "(sets --mnw-train and --debdoc-train)")
+    p.add_argument("--debdoc-dir", default="/work/runs/corpus/DebDocNextWord",
+                   help="output of benchmarks/datasets/make_large_class.py")
+    p.add_argument("--debdoc-train", type=int, default=200_000)
+    p.add_argument("--debdoc-test", type=int, default=20_000)
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs of the multi-class runs (default: "
+                        "--mnw-epochs; debdoc 1)")
+    p.add_argument("--budget-seconds", type=float, default=0,
+                   help="stop a run at the first curve point past this many "
+                        "training seconds (0: run all epochs)")
+    p.add_argument("--eval-every-steps", type=int, default=0,
+                   help="a curve point every this many steps (0: per epoch)")
+    p.add_argument("--eval-every-seconds", type=float, default=0,
+                   help="a curve point every this many training seconds "
+                        "(0: per epoch / --eval-every-steps)")
+    p.add_argument("--curve-test", type=int, default=10_000,
+                   help="test rows scored at every curve point")
+    p.add_argument("--candidates", type=int, default=256,
+                   help="candidates per step on multi-class data (module "
+                        "docstring; 0: each method's config)")
+    p.add_argument("--peers", default="",
+                   help="comma-separated peers run as points: "
+                        + ",".join(PEER_METHODS))
+    p.add_argument("--plot", default=os.path.join(HERE, "results",
+                                                  "sampled_curves.png"),
+                   help="figure of P@1 / P@5 against training seconds "
+                        "('' for none; needs matplotlib)")
     p.add_argument("--delicious-epochs", type=int, default=3)
     p.add_argument("--num-sampled", type=int, default=256,
                    help="tf.nn.sampled_softmax_loss classes per step")
@@ -490,13 +877,28 @@ def main(argv=None):
                    help="only merge the rows of these result files into "
                         "--out (runs split over several processes)")
     args = p.parse_args(argv)
+    if args.max_train:
+        args.mnw_train = args.debdoc_train = args.max_train
     if args.merge:
         return merge(args.merge, args.out)
     methods = [m for m in args.methods.split(",") if m]
     datasets = [d for d in args.datasets.split(",") if d]
+    peer_methods = [m for m in args.peers.split(",") if m]
     for m in methods:
         if m not in METHODS:
             p.error(f"unknown method {m!r}; expected {METHODS}")
+    for m in peer_methods:
+        if m not in PEER_METHODS:
+            p.error(f"unknown peer {m!r}; expected {PEER_METHODS}")
+    for d in datasets:
+        if d not in DATASETS:
+            p.error(f"unknown data set {d!r}; expected {DATASETS}")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            p.error("--plot needs matplotlib (pip install xmc_tf[bench]); "
+                    "--plot '' draws none")
     import tensorflow as tf
     result = {"machine": {"platform": platform.platform(),
                           "cpus": os.cpu_count(), "tensorflow": tf.__version__,
@@ -507,9 +909,17 @@ def main(argv=None):
             old = json.load(f)
         result["rows"] = [r for r in old.get("rows", [])
                           if (r["dataset"], r["method"]) not in
-                          {(d, m) for d in datasets for m in methods}]
+                          {(d, m) for d in datasets
+                           for m in methods + peer_methods}]
     for dataset in datasets:
         spec = prepare(dataset, args)
+        for method in peer_methods:
+            print(f"== {dataset} / {method}", flush=True)
+            result["rows"].append(run_peer(method, dataset, spec, args))
+            print(table([result["rows"][-1]]), flush=True)
+            os.makedirs(os.path.dirname(args.out), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1, default=str)
         for method in methods:
             print(f"== {dataset} / {method}", flush=True)
             need = predicted_dense_gib(spec, *spec["dim_batch"])
@@ -536,9 +946,14 @@ def main(argv=None):
     print(table(result["rows"]))
     print(f"\nload average start/end: {result['machine']['loadavg_start']} / "
           f"{result['machine']['loadavg_end']}")
+    result["equal_time"] = equal_time(result["rows"])
+    print(equal_time_table(result["equal_time"]))
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, default=str)
     print(f"wrote {args.out}")
+    if args.plot:
+        plot(result["rows"], args.plot)
+        print(f"wrote {args.plot}")
 
 
 if __name__ == "__main__":
