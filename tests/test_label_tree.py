@@ -206,6 +206,12 @@ def test_fusion_weight_against_brute_force_p_at_k():
         lt.choose_fusion_weight([(deep, tree[:, :3], labels)])
     with pytest.raises(ValueError, match="no validation"):
         lt.choose_fusion_weight([])
+    # k above the number of labels: P@k over all of them
+    _, table = lt.choose_fusion_weight([(deep[:, :2], tree[:, :2],
+                                         labels[:, :2])], ks=(1, 5))
+    for a, row in table.items():
+        assert row[5] == pytest.approx(
+            100.0 * labels[:, :2].sum() / (5 * n))
 
 
 def _config(**overrides):
@@ -289,6 +295,12 @@ def test_tree_config_checks_and_plan():
     assert not label_tree_plan(c, head, 10**6, True, True)[0]  # > max_labels
     assert not label_tree_plan(mach, check_config(xconfig.get_config("mach")),
                                24, True, True)[0]
+    # the command line gives these string fields strings
+    off = _config(**{"tree.enabled": "False"})
+    assert not label_tree_plan(off, check_config(off), 24, True, True)[0]
+    fixed = _config(**{"tree.enabled": "true", "tree.weight": "0.3",
+                       "data.validation_fraction": 0.0})
+    assert label_tree_plan(fixed, check_config(fixed), 24, True, False)[0]
 
 
 def test_fuse_with_tree_checks_sizes():

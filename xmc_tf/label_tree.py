@@ -249,6 +249,8 @@ def choose_fusion_weight(blocks, ks=(1, 3, 5),
       ValueError: no blocks, or a block whose arrays disagree in shape.
     """
     ks = tuple(int(k) for k in ks)
+    if not ks or min(ks) < 1:
+        raise ValueError(f"ks must be >= 1, got {ks}")
     hits = np.zeros((len(weights), len(ks)))
     count = 0
     for deep, tree, labels in blocks:
@@ -258,9 +260,10 @@ def choose_fusion_weight(blocks, ks=(1, 3, 5),
             raise ValueError(f"block shapes differ: deep {deep.shape}, tree "
                              f"{tree.shape}, labels {y.shape}")
         rows = np.arange(y.shape[0])[:, None]
+        top_k = min(max(ks), y.shape[1])  # k > m: P@k counts m labels
         for i, a in enumerate(weights):
             s = deep + np.float32(a) * tree
-            top = np.argpartition(-s, max(ks) - 1, axis=1)[:, :max(ks)]
+            top = np.argpartition(-s, top_k - 1, axis=1)[:, :top_k]
             order = np.argsort(-np.take_along_axis(s, top, 1), axis=1,
                                kind="stable")
             top = np.take_along_axis(top, order, 1)

@@ -172,16 +172,58 @@ def _check_nonnegative(field: str, value) -> None:
 AUTO = "auto"
 
 
+def tree_enabled(value):
+    """``config.tree.enabled`` as True, False or None (``"auto"``); the
+    command line gives this string field strings (``--config.tree.enabled=
+    False``).
+
+    Raises:
+      ValueError: any other value.
+
+    >>> tree_enabled("auto"), tree_enabled("False"), tree_enabled(True)
+    (None, False, True)
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text == AUTO:
+        return None
+    if text in ("true", "1"):
+        return True
+    if text in ("false", "0", "none"):
+        return False
+    raise ValueError(f"config.tree.enabled={value!r} must be 'auto', True or "
+                     "False")
+
+
+def tree_weight(value):
+    """``config.tree.weight`` as a float >= 0, or None (``"auto"``); strings
+    from the command line are read as numbers.
+
+    Raises:
+      ValueError: anything else.
+
+    >>> tree_weight("auto"), tree_weight("0.3"), tree_weight(1)
+    (None, 0.3, 1.0)
+    """
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return None
+    try:
+        weight = float(value)
+    except (TypeError, ValueError):
+        weight = float("nan")
+    if isinstance(value, bool) or not weight >= 0:
+        raise ValueError(f"config.tree.weight={value!r} must be 'auto' or a "
+                         "number >= 0")
+    return weight
+
+
 def _check_tree(config, head) -> None:
     """Validates ``config.tree`` (ValueError naming the field)."""
     tc = config.get("tree")
     if tc is None:
         return
-    if tc.enabled not in (AUTO, True, False):
-        raise ValueError(f"config.tree.enabled={tc.enabled!r} must be "
-                         "'auto', True or False")
-    if tc.weight != AUTO:
-        _check_nonnegative("tree.weight", tc.weight)
+    enabled, weight = tree_enabled(tc.enabled), tree_weight(tc.weight)
     _check_int("tree.leaf_size", tc.leaf_size, 2)
     _check_int("tree.max_labels", tc.max_labels, 1)
     for name in ("c", "tol"):
@@ -189,10 +231,10 @@ def _check_tree(config, head) -> None:
             raise ValueError(f"config.tree.{name}={tc[name]!r} must be a "
                              "number > 0")
     _check_nonnegative("tree.threshold", tc.threshold)
-    if tc.enabled is True and not head.scores_every_label:
+    if enabled is True and not head.scores_every_label:
         raise ValueError(f"config.tree.enabled=True needs a head that scores "
                          f"every label; head {head.name!r} does not")
-    if (tc.enabled is True and tc.weight == AUTO
+    if (enabled is True and weight is None
             and not config.data.validation_fraction):
         raise ValueError("config.tree.weight='auto' is read on the validation "
                          "split: set config.data.validation_fraction > 0 or a "
@@ -211,15 +253,16 @@ def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
       ``(enabled, reason)``; ``reason`` is one line for the log.
     """
     tc = config.get("tree")
-    if tc is None or tc.enabled is False:
+    enabled = tree_enabled(tc.enabled) if tc is not None else False
+    if enabled is False:
         return False, "config.tree.enabled=False"
     if not sparse_input:
         return False, "dense input features"
     if not head.scores_every_label:
         return False, f"head {head.name!r} does not score every label"
-    if tc.enabled is True:
+    if enabled is True:
         return True, "config.tree.enabled=True"
-    if not has_validation and tc.weight == AUTO:
+    if not has_validation and tree_weight(tc.weight) is None:
         return False, "no validation split to read its weight on"
     if num_labels > tc.max_labels:
         return False, (f"{num_labels} labels > config.tree.max_labels="
@@ -306,8 +349,8 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
             "depth": int(tree.paths.shape[1]),
             "bytes": xlabel_tree.label_tree_bytes(tree),
             "fit_seconds": round(fit_seconds, 2)}
-    weight = tc.weight
-    if weight == AUTO:
+    weight = tree_weight(tc.weight)
+    if weight is None:
         weight, table = xlabel_tree.choose_fusion_weight(
             tree_validation_blocks(model, layer, val_data,
                                    config.eval.batch_size),
