@@ -309,6 +309,9 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
     """
     enabled, why = label_tree_plan(config, head, fit_data.num_labels,
                                    sparse_input, val_data is not None)
+    if enabled and val_data is None and tree_weight(config.tree.weight) is None:
+        enabled, why = False, ("config.tree.weight='auto' and the validation "
+                               "split is empty")
     logging.info("label tree: %s (%s)", "on" if enabled else "off", why)
     if not enabled:
         return model, {}, 0.0
