@@ -81,6 +81,7 @@ from xmc_tf.models import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
                             build_model, build_optimizer)
 from xmc_tf.layers.label_tree import LabelTreeScores, fuse_with_tree
 from xmc_tf.predict import evaluate_model
+from xmc_tf.samplers.registry import auto_bool
 from xmc_tf.saving import export_model, export_saved_model
 from xmc_tf.workdir import (Workdir, atomic_path, discard_hint,
                             write_bytes_atomic)
@@ -173,9 +174,8 @@ AUTO = "auto"
 
 
 def tree_enabled(value):
-    """``config.tree.enabled`` as True, False or None (``"auto"``); the
-    command line gives this string field strings (``--config.tree.enabled=
-    False``).
+    """``config.tree.enabled`` as True, False or None (``"auto"``), command
+    line strings read (:func:`xmc_tf.samplers.registry.auto_bool`).
 
     Raises:
       ValueError: any other value.
@@ -183,17 +183,7 @@ def tree_enabled(value):
     >>> tree_enabled("auto"), tree_enabled("False"), tree_enabled(True)
     (None, False, True)
     """
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text == AUTO:
-        return None
-    if text in ("true", "1"):
-        return True
-    if text in ("false", "0", "none"):
-        return False
-    raise ValueError(f"config.tree.enabled={value!r} must be 'auto', True or "
-                     "False")
+    return auto_bool(value, "config.tree.enabled")
 
 
 def tree_weight(value):

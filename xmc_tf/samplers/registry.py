@@ -30,7 +30,7 @@ import dataclasses
 import importlib.util
 from typing import Callable
 
-__all__ = ["AUTO", "SamplerKind", "index_refresh_callbacks", "kinds",
+__all__ = ["AUTO", "auto_bool", "SamplerKind", "index_refresh_callbacks", "kinds",
            "make_sampler", "register_sampler", "sampler_kind",
            "sampler_sizes", "shared_kinds", "shared_setting"]
 
@@ -38,15 +38,20 @@ __all__ = ["AUTO", "SamplerKind", "index_refresh_callbacks", "kinds",
 AUTO = "auto"
 
 
-def shared_setting(value):
-    """``config.sampler.shared`` as True, False or None (``"auto"``); the
-    command line gives a string field strings (``--config.sampler.shared=
-    True`` on a config whose default is ``"auto"``).
+def auto_bool(value, field: str):
+    """A bool config field that also takes ``"auto"``: True, False or None
+    (``"auto"``).  The command line gives such a string field strings
+    (``--config.sampler.shared=True`` on a config whose default is
+    ``"auto"``), which are read here.
+
+    Args:
+      value: the field's value.
+      field: its dotted name, for the message (``"config.tree.enabled"``).
 
     Raises:
       ValueError: any other value.
 
-    >>> shared_setting("auto"), shared_setting("True"), shared_setting(False)
+    >>> auto_bool("auto", "f"), auto_bool("True", "f"), auto_bool(False, "f")
     (None, True, False)
     """
     if isinstance(value, bool):
@@ -58,8 +63,20 @@ def shared_setting(value):
         return True
     if text in ("false", "0", "none", ""):
         return False
-    raise ValueError(f"config.sampler.shared={value!r}; expected True, False "
-                     f"or {AUTO!r}")
+    raise ValueError(f"{field}={value!r}; expected True, False or {AUTO!r}")
+
+
+def shared_setting(value):
+    """``config.sampler.shared`` as True, False or None (``"auto"``)
+    (:func:`auto_bool`).
+
+    Raises:
+      ValueError: any other value.
+
+    >>> shared_setting("auto"), shared_setting("True"), shared_setting(False)
+    (None, True, False)
+    """
+    return auto_bool(value, "config.sampler.shared")
 
 
 def sampler_sizes(sampler_config, num_labels: int) -> dict:
