@@ -71,13 +71,11 @@ import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import proc_status_bytes  # noqa: E402  (benchmarks/peers.py)
+from peers import proc_status_bytes, run_watched  # noqa: E402  (benchmarks/peers.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2**30
@@ -238,16 +236,6 @@ def child(args) -> None:
 # The parent.
 
 
-def _watch(proc, limit_bytes, killed):
-    while proc.poll() is None:
-        rss = proc_status_bytes(proc.pid, "VmRSS")
-        if rss is not None and rss > limit_bytes:
-            killed.append(rss)
-            proc.kill()
-            return
-        time.sleep(0.5)
-
-
 def run_one(head: str, n_train: int, paths: dict, args) -> dict:
     """One job (a child process); returns its row."""
     config, extra, num_epochs, reported = HEADS[head]
@@ -264,20 +252,11 @@ def run_one(head: str, n_train: int, paths: dict, args) -> dict:
            "--test-path", paths["test"], "--epochs", str(num_epochs),
            "--result", result_path] + [f"--extra={e}" for e in extra] + (
                ["--tf-top-k"] if args.tf_top_k else [])
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     log_path = os.path.join(args.scratch, name + ".log")
     load0 = os.getloadavg()
     print(f"{name}: running (log {log_path})", flush=True)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, cwd=ROOT)
-        killed: list = []
-        watcher = threading.Thread(target=_watch, daemon=True,
-                                   args=(proc, args.kill_gib * GIB, killed))
-        watcher.start()
-        rc = proc.wait()
-        watcher.join()
+    rc, killed = run_watched(cmd, log_path, ROOT, args.kill_gib * GIB,
+                             poll_s=0.5)
     row = {"head": head, "config": config, "extra": extra,
            "top_k": "tf.math.top_k" if args.tf_top_k else "xmc_tf.ops.topk",
            "num_train": n_train, "fraction_of_full": n_train / FULL_TRAIN,
@@ -285,7 +264,7 @@ def run_one(head: str, n_train: int, paths: dict, args) -> dict:
            "child_returncode": rc, "load_average_before": load0,
            "load_average_after": os.getloadavg(), "log": log_path}
     if killed:
-        row["killed_at_rss_bytes"] = killed[0]
+        row["killed_at_rss_bytes"] = killed
     shutil.rmtree(workdir, ignore_errors=True)  # 1-2 GB of model files
     if not os.path.exists(result_path):
         with open(log_path) as f:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import subprocess
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -49,6 +51,39 @@ def proc_status_bytes(pid: int, key: str = "VmHWM"):
     except OSError:
         return None
     return None
+
+
+def run_watched(cmd, log_path: str, root: str, limit_bytes: int,
+                poll_s: float = 0.25):
+    """Runs ``cmd`` (a child benchmark process, cwd and first
+    ``PYTHONPATH`` entry ``root``, output to ``log_path``) and kills it once
+    its resident set passes ``limit_bytes`` (polled every ``poll_s``
+    seconds), before the machine would.
+
+    Returns:
+      ``(returncode, killed_at_rss_bytes or None)``.
+    """
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    killed = []
+
+    def watch(proc):
+        while proc.poll() is None:
+            rss = proc_status_bytes(proc.pid, "VmRSS")
+            if rss is not None and rss > limit_bytes:
+                killed.append(rss)
+                proc.kill()
+                return
+            time.sleep(poll_s)
+
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=root)
+        watcher = threading.Thread(target=watch, args=(proc,), daemon=True)
+        watcher.start()
+        rc = proc.wait()
+        watcher.join()
+    return rc, (killed[0] if killed else None)
 
 
 def format_table(rows, cols) -> str:

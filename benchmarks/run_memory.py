@@ -77,13 +77,12 @@ import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from peers import proc_status_bytes  # noqa: E402  (benchmarks/peers.py)
+from peers import proc_status_bytes, run_watched  # noqa: E402  (benchmarks/peers.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2**30
@@ -337,16 +336,6 @@ def child(args) -> None:
 # The parent.
 
 
-def _watch(proc, limit_bytes, killed):
-    while proc.poll() is None:
-        rss = proc_status_bytes(proc.pid, "VmRSS")
-        if rss is not None and rss > limit_bytes:
-            killed.append(rss)
-            proc.kill()
-            return
-        time.sleep(0.25)
-
-
 def run(args) -> dict:
     """Prepares the data, runs the child, returns the result dict."""
     paths = prepare_data(args.data_dir, args.train, args.test)
@@ -358,19 +347,9 @@ def run(args) -> dict:
            "--train-path", paths["train"], "--test-path", paths["test"],
            "--fan-in", str(args.fan_in), "--epochs", str(args.epochs)] + [
                f"--extra={e}" for e in args.extra]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     log_path = os.path.join(args.scratch, "child.log")
     load0 = os.getloadavg()[0]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, cwd=ROOT)
-        killed: list = []
-        watcher = threading.Thread(target=_watch, daemon=True,
-                                   args=(proc, args.kill_gib * GIB, killed))
-        watcher.start()
-        rc = proc.wait()
-        watcher.join()
+    rc, killed = run_watched(cmd, log_path, ROOT, args.kill_gib * GIB)
     result = {"label": args.label, "num_train": args.train,
               "num_test": args.test, **SHAPE, "fan_in": args.fan_in,
               "epochs": args.epochs, "config": args.config,
@@ -381,7 +360,7 @@ def run(args) -> dict:
                   "TF_ENABLE_ONEDNN_OPTS", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR",
                   "GLIBC_TUNABLES") if k in os.environ}}
     if killed:
-        result["killed_at_rss_bytes"] = killed[0]
+        result["killed_at_rss_bytes"] = killed
     if not args.keep_workdir:  # 2-4 GB of model files at 670k
         shutil.rmtree(os.path.join(args.scratch, "workdir"),
                       ignore_errors=True)
