@@ -5,7 +5,6 @@ code builds from a config, the repository's configs/*.py files against the
 packaged names, and the command line in a fresh process (no TensorFlow).
 """
 
-import importlib.util
 import os
 
 import keras
@@ -22,7 +21,7 @@ from xmc_tf.models import build_model, build_optimizer
 from xmc_tf.optimizers import LazyAdam
 from xmc_tf.train import config_changes
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo_module import REPO, load_repo_module
 
 
 def _flat(c, prefix=""):
@@ -36,11 +35,8 @@ def _flat(c, prefix=""):
 
 
 def _repo_config(name):
-    path = os.path.join(REPO, "configs", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"repo_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return load_repo_module(f"configs/{name}.py",
+                            f"repo_{name}").get_config()
 
 
 def test_every_registered_head_declares_its_schema_entry():

@@ -2,21 +2,15 @@
 text (no network, no Debian packages), against plain-Python references."""
 
 import collections
-import importlib.util
-import os
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo_module import load_repo_module
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location(
-        "make_large_class",
-        os.path.join(ROOT, "benchmarks", "datasets", "make_large_class.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_module("benchmarks/datasets/make_large_class.py",
+                            "make_large_class")
 
 
 mlc = _load()

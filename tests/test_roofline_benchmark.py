@@ -2,24 +2,15 @@
 
 import importlib.util
 import json
-import os
 import shutil
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo_module import load_repo_module
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location(
-        "roofline", os.path.join(ROOT, "benchmarks", "roofline.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-roofline = _load()
+roofline = load_repo_module("benchmarks/roofline.py", "roofline")
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None,
                                reason="the peak loops are compiled with g++")
 

@@ -2,21 +2,11 @@
 summary (no training, no timing, no matplotlib)."""
 
 import argparse
-import importlib.util
-import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo_module import load_repo_module
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location(
-        "sampled_bench", os.path.join(ROOT, "benchmarks", "sampled.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sb = _load()
+sb = load_repo_module("benchmarks/sampled.py", "sampled_bench")
 SPEC = {"train": "tr.txt", "test": "te.txt", "num_labels": 1000,
         "num_train": 10, "dim_batch": (128, 256), "overrides": [],
         "sampled_loss": "softmax", "astra": []}
