@@ -497,6 +497,7 @@ def fit_tree_for_curve(config):
       ``(None, 0.0)``.
     """
     # pylint: disable=import-outside-toplevel
+    from xmc_tf import config as xconfig
     from xmc_tf import heads as xheads
     from xmc_tf import label_tree as xlabel_tree
     from xmc_tf import preprocessing as xprep
@@ -507,7 +508,8 @@ def fit_tree_for_curve(config):
         fit, val, _ = xtrain.prepare_splits(config, train, tmp)
     head = xheads.get_head(config)
     on, _ = xtrain.label_tree_plan(config, head, fit.num_labels,
-                                   train.is_sparse, val is not None)
+                                   train.is_sparse, val is not None,
+                                   xconfig.is_multi_class(fit.labels))
     if not on:
         return None, 0.0
     start = time.perf_counter()

@@ -293,6 +293,7 @@ def test_tree_config_checks_and_plan():
     assert not label_tree_plan(c, head, 24, False, True)[0]  # dense input
     assert not label_tree_plan(c, head, 24, True, False)[0]  # no validation
     assert not label_tree_plan(c, head, 10**6, True, True)[0]  # > max_labels
+    assert not label_tree_plan(c, head, 24, True, True, True)[0]  # multi-class
     assert not label_tree_plan(mach, check_config(xconfig.get_config("mach")),
                                24, True, True)[0]
     # the command line gives these string fields strings

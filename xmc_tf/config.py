@@ -130,8 +130,9 @@ def _base() -> dict:
         # (xmc_tf.label_tree, Parabel), fit after training on the fit split
         # and added to the model's scores as deep + weight * tree.
         tree=ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
-            # "auto": on for sparse input with a validation split and a head
-            # that scores every label, up to max_labels labels; or a bool
+            # "auto": on for sparse multi-label input with a validation
+            # split and a head that scores every label, up to max_labels
+            # labels (off on multi-class data); or a bool
             enabled="auto",
             max_labels=100_000,  # "auto" stays off above (time, memory)
             # "auto": the weight of FUSION_WEIGHTS (0 included) with the best
