@@ -636,4 +636,5 @@ def _make_lsh(sampler_config, num_labels, seed, shared):
     uniform = UniformNegativeSampler(num_labels, sizes["num_uniform"],
                                      seed=seed + 1)
     return MixtureSampler(lsh, uniform, k_h=sizes["num_hard"],
-                          pool_positives=bool(sc.get("pool_positives", True)))
+                          pool_positives=bool(sc.get("pool_positives", True)),
+                          hard_queries=sc.get("hard_queries", None))

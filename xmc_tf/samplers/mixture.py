@@ -39,11 +39,20 @@ times in expectation, so the estimate of row ``i``'s one-vs-all loss stays
 unbiased (Lemma 4.1 with ``H`` in place of ``H_i``), and a row also sees
 the other rows' hard negatives.  The pool may be any set that depends on
 the batch only, so adding the batch's positives keeps the estimate
-unbiased; they are the frequent labels (in-batch negatives follow the label
+unbiased (and so does taking the hard negatives of only the first
+``hard_queries`` rows of the batch: the batches are shuffled, and the pool
+stays a function of the batch); they are the frequent labels (in-batch negatives follow the label
 frequencies), which dominate a softmax's normaliser and which ``k_r``
 uniform draws from ``m`` labels rarely hit.  Scored per row: ``|H| + k_r <= b k_h +
 k_r`` labels, in one matrix product instead of ``b (k_h + k_r)`` row
 gathers.  Before the index exists ``H`` is empty (``k_r`` uniform columns).
+
+``hard_queries`` = q < b queries the hard sampler with q rows of a batch
+instead of all b: the search (a faiss query or an LSH probe per row) is
+the cost of a shared step, and on multi-class data the rows' hard
+negatives overlap (ManNextWord, a trained head: the exact top-32 of 2,048
+instances hold 542 distinct labels), so q rows find most of the pool that
+b rows would.  Measured in docs/sampled.md.
 
 Ablation in the paper (its Table 5, LF-AmazonTitles-131K P@1): uniform only
 72.49, stale hard only 52.84, mixture 84.88; Table 11 uses
@@ -82,6 +91,8 @@ class MixtureSampler(NegativeSampler):
         ``uniform.num_candidates``).
       pool_positives: in shared mode, add the batch's positives to the
         exactly scored pool (each row masks its own).
+      hard_queries: in shared mode, the hard sampler is queried with the
+        first ``hard_queries`` rows of a batch only (None or 0: all rows).
 
     Raises:
       ValueError: the two samplers disagree on ``num_labels``, ``uniform``
@@ -107,7 +118,7 @@ class MixtureSampler(NegativeSampler):
     """
 
     def __init__(self, hard: NegativeSampler, uniform: UniformNegativeSampler,
-                 k_h=None, k_r=None, pool_positives=True):
+                 k_h=None, k_r=None, pool_positives=True, hard_queries=None):
         if not isinstance(uniform, UniformNegativeSampler):
             raise ValueError("uniform must be a UniformNegativeSampler, got "
                              f"{type(uniform).__name__}")
@@ -120,10 +131,14 @@ class MixtureSampler(NegativeSampler):
             raise ValueError(f"k_h must be in [0, {hard.num_candidates}], got {k_h}")
         if k_r < 1:
             raise ValueError(f"k_r must be >= 1, got {k_r}")
+        if hard_queries is not None and int(hard_queries) < 0:
+            raise ValueError(f"hard_queries must be >= 0 or None, got "
+                             f"{hard_queries}")
         super().__init__(hard.num_labels, k_h + k_r, uniform.seed)
         self.hard, self.uniform = hard, uniform
         self.k_h, self.k_r = k_h, k_r
         self.pool_positives = bool(pool_positives)
+        self.hard_queries = int(hard_queries) if hard_queries else None
         self.needs_refresh = hard.needs_refresh
 
     def bind(self, head_layer) -> None:
@@ -188,7 +203,11 @@ class MixtureSampler(NegativeSampler):
           varies by batch), columns ``[0, |H|)`` the hard pool.
         """
         positives = tf.cast(tf.convert_to_tensor(positives), tf.int32)
-        h_ids, h_mask, _ = self._hard(queries, positives, step)
+        if self.hard_queries is None:
+            h_ids, h_mask, _ = self._hard(queries, positives, step)
+        else:  # the first q rows (batches are shuffled)
+            q = self.hard_queries
+            h_ids, h_mask, _ = self._hard(queries[:q], positives[:q], step)
         pool = tf.boolean_mask(h_ids, h_mask)
         if self.pool_positives:
             pool = tf.concat([pool, tf.boolean_mask(positives, positives >= 0)],
@@ -223,7 +242,8 @@ class MixtureSampler(NegativeSampler):
                 "uniform": {"class_name": type(self.uniform).__name__,
                             "config": self.uniform.get_config()},
                 "k_h": self.k_h, "k_r": self.k_r,
-                "pool_positives": self.pool_positives}
+                "pool_positives": self.pool_positives,
+                "hard_queries": self.hard_queries}
 
 
 @register_sampler("mixture", shared=True, requires=FAISS)
@@ -239,4 +259,5 @@ def _make_mixture(sampler_config, num_labels, seed, shared):
     uniform = UniformNegativeSampler(num_labels, sizes["num_uniform"],
                                      seed=seed + 1)
     return MixtureSampler(hard, uniform, k_h=k_h,
-                          pool_positives=bool(sc.get("pool_positives", True)))
+                          pool_positives=bool(sc.get("pool_positives", True)),
+                          hard_queries=sc.get("hard_queries", None))
