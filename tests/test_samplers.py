@@ -613,6 +613,34 @@ def test_mixture_determinism_state_and_config():
         MixtureSampler(AnnNegativeSampler(m, 3), UniformNegativeSampler(m, 5), k_h=4)
 
 
+def test_mixture_shared_pool_from_the_first_hard_queries_rows():
+    """``hard_queries=q``: the shared pool holds the exact top-k_h of the
+    first q rows (NumPy scores of the head) plus every row's positives, and
+    nothing from the other rows' hard negatives; q=None queries all rows."""
+    m, e, k_h, k_r = 300, 16, 4, 7
+    sparse, _ = make_heads(m, e)
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(8, e)).astype(np.float32)
+    pos = rng.integers(0, m, size=(8, 1)).astype(np.int32)
+    scores = exact_scores(sparse, x)
+    top, _ = exact_top_negatives(scores, pos, k_h)
+    for q, rows in ((3, range(3)), (None, range(8))):
+        mix = MixtureSampler(AnnNegativeSampler(m, k_h, index="flat"),
+                             UniformNegativeSampler(m, k_r, seed=1),
+                             hard_queries=q)
+        mix.bind(sparse)
+        mix.refresh()
+        c = mix.sample_shared(x, pos, tf.constant(3, tf.int64))
+        ids = c.ids.numpy()
+        pool = set(ids[:len(ids) - k_r].tolist())
+        want = set(top[list(rows)].ravel().tolist()) | set(pos.ravel().tolist())
+        assert pool == want
+        assert mix.get_config()["hard_queries"] == q
+    with pytest.raises(ValueError, match="hard_queries"):
+        MixtureSampler(AnnNegativeSampler(m, 3), UniformNegativeSampler(m, 5),
+                       hard_queries=-1)
+
+
 # --------------------------------------------------------------------------
 # RefreshIndex
 # --------------------------------------------------------------------------
@@ -626,6 +654,43 @@ def small_model(m=40, e=8, s=4):
     x = rng.normal(size=(32, e)).astype(np.float32)
     y = rng.integers(0, m, size=(32, 2)).astype(np.int32)
     return model, head, x, y
+
+
+def test_refresh_index_runs_fit_with_one_blas_thread_but_refreshes_with_all():
+    """one_thread=True: the BLAS / OpenMP pools (threadpoolctl's view) hold
+    one thread during the train steps and their own count during a refresh
+    and after fit; one_thread=False leaves them alone."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def most_threads():
+        return max(p["num_threads"] for p in threadpoolctl.threadpool_info())
+
+    before = most_threads()
+    if before < 2:
+        pytest.skip("the BLAS / OpenMP pools already have one thread")
+    model, head, x, y = small_model()
+    seen = {"refresh": [], "batch": []}
+
+    class Recording(AnnNegativeSampler):
+        def refresh(self, **kwargs):
+            seen["refresh"].append(most_threads())
+            return super().refresh(**kwargs)
+
+    class Batches(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen["batch"].append(most_threads())
+
+    sampler = Recording(40, 3, index="flat")
+    sampler.bind(head)
+    for one_thread, during in ((True, 1), (False, before)):
+        seen["refresh"].clear()
+        seen["batch"].clear()
+        cb = RefreshIndex(sampler, start_epoch=0, one_thread=one_thread)
+        model.fit(x, y, batch_size=8, epochs=2, callbacks=[cb, Batches()],
+                  verbose=0)
+        assert seen["batch"] and set(seen["batch"]) == {during}
+        assert seen["refresh"] == [before, before]
+        assert most_threads() == before
 
 
 def test_refresh_index_epoch_schedule_and_logs():
