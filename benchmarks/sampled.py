@@ -97,6 +97,12 @@ its config's learning rate.
 
 Data sets (``--datasets``):
 
+``--network=config`` (with ``--candidates=0``) drops the network, ASTRA
+schedule and LSH settings below from the multi-class runs: each method
+then trains with its config's own defaults (the multi-class regime's
+network: encoder 512, dropout 0.5, batch 256, lr 1e-2; the configs'
+sampler settings), what ``xmc-tf train --config=astra`` would run.
+
 * ``mannextword``: ``/work/shared/data/ManNextWord`` (multi-class,
   50,000 classes), a random ``--mnw-train`` (50,000) instance subsample of
   the 400k training file (seed 0, written once to ``--work``), the full
@@ -228,6 +234,8 @@ def prepare(dataset: str, args) -> dict:
                   "--config.train.batch_size=256",
                   "--config.train.learning_rate=0.01",
                   "--config.data.normalize=l2"]
+    if args.network == "config":  # each config's own (regime) defaults
+        multiclass, astra_early = [], []
     if dataset == "debdoc":
         paths = {}
         for part, n in (("train", args.debdoc_train),
@@ -246,7 +254,7 @@ def prepare(dataset: str, args) -> dict:
                 "sampled_loss": "softmax",
                 "astra": ["--config.sampler.refresh_start_epoch=0",
                           "--config.sampler.refresh_every_steps="
-                          f"{max(1, steps // 4)}"]}
+                          f"{max(1, steps // 4)}"] if multiclass else []}
     if dataset == "mannextword":
         path = os.path.join(work, f"mnw_train_{args.mnw_train}.txt")
         if not os.path.exists(path):
@@ -350,7 +358,8 @@ def method_command(method: str, spec: dict, workdir: str, args) -> list[str]:
         if method in ("astra", "lsh", "astra_shared", "lsh_shared"):
             over += ["--config.sampler.num_hard=1",
                      f"--config.sampler.num_uniform={max(1, c // 2)}"]
-    if method.startswith("lsh"):  # the sampler's settings, explicitly
+    if method.startswith("lsh") and args.network == "bench":
+        # the sampler's settings, explicitly
         over += ["--config.sampler.hash=simhash", "--config.sampler.K=0",
                  "--config.sampler.L=50",
                  "--config.sampler.rehash_every_steps=50",
@@ -833,6 +842,12 @@ def main(argv=None):
     p.add_argument("--work", default="/tmp/xmc_sampled_bench")
     p.add_argument("--mnw-train", type=int, default=50_000)
     p.add_argument("--mnw-epochs", type=int, default=1)
+    p.add_argument("--network", choices=("bench", "config"), default="bench",
+                   help="multi-class data sets: 'bench' = the shared small "
+                        "network and settings of the module docstring; "
+                        "'config' = each config's own defaults (its "
+                        "regime's network, ASTRA / LSH sampler settings); "
+                        "pair it with --candidates=0")
     p.add_argument("--max-train", type=int, default=None,
                    help="training instances of mannextword and debdoc "
                         "(sets --mnw-train and --debdoc-train)")

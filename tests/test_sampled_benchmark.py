@@ -12,7 +12,8 @@ SPEC = {"train": "tr.txt", "test": "te.txt", "num_labels": 1000,
         "sampled_loss": "softmax", "astra": []}
 ARGS = argparse.Namespace(candidates=256, num_sampled=64, curve_test=100,
                           eval_every_seconds=5.0,
-                          budget_seconds=30.0, eval_every_steps=10)
+                          budget_seconds=30.0, eval_every_steps=10,
+                          network="bench")
 
 
 def _overrides(method, **kw):
@@ -39,6 +40,17 @@ def test_equal_candidates_are_passed_explicitly():
     assert "config.sampler.num_hard" not in _overrides("astra", candidates=0)
     assert _overrides("tf_sampled_softmax", candidates=0)[
         "config.sampler.num_negatives"] == "64"
+
+
+def test_config_network_keeps_each_configs_sampler_settings():
+    """--network=config --candidates=0: what `xmc-tf train --config=lsh`
+    runs, no sampler setting of the benchmark's own."""
+    o = _overrides("lsh", network="config", candidates=0)
+    assert not {"config.sampler.L", "config.sampler.K",
+                "config.sampler.rehash_every_steps",
+                "config.sampler.num_hard"} & set(o)
+    assert _overrides("lsh", network="config")["config.sampler.num_hard"] \
+        == "1"  # --candidates still sets the sizes when asked
 
 
 def test_every_run_records_a_curve():
