@@ -656,41 +656,40 @@ def small_model(m=40, e=8, s=4):
     return model, head, x, y
 
 
-def test_refresh_index_runs_fit_with_one_blas_thread_but_refreshes_with_all():
-    """one_thread=True: the BLAS / OpenMP pools (threadpoolctl's view) hold
-    one thread during the train steps and their own count during a refresh
-    and after fit; one_thread=False leaves them alone."""
+def test_ann_search_runs_with_one_blas_thread_and_restores_the_pools():
+    """The faiss query of a step sees one thread in every BLAS / OpenMP
+    pool (threadpoolctl's view); the pools get their count back after it,
+    and the result is the exact top-k either way."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
 
     def most_threads():
         return max(p["num_threads"] for p in threadpoolctl.threadpool_info())
 
+    m, e, k = 60, 8, 3
+    sparse, _ = make_heads(m, e)
+    sampler = AnnNegativeSampler(m, k, index="flat")
+    sampler.bind(sparse)
+    sampler.refresh()
     before = most_threads()
     if before < 2:
         pytest.skip("the BLAS / OpenMP pools already have one thread")
-    model, head, x, y = small_model()
-    seen = {"refresh": [], "batch": []}
+    seen = []
 
-    class Recording(AnnNegativeSampler):
-        def refresh(self, **kwargs):
-            seen["refresh"].append(most_threads())
-            return super().refresh(**kwargs)
+    class Recording:  # the faiss index, recording the pools at search time
+        def __init__(self, index):
+            self.index, self.ntotal = index, index.ntotal
 
-    class Batches(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            seen["batch"].append(most_threads())
+        def search(self, u, depth):
+            seen.append(most_threads())
+            return self.index.search(u, depth)
 
-    sampler = Recording(40, 3, index="flat")
-    sampler.bind(head)
-    for one_thread, during in ((True, 1), (False, before)):
-        seen["refresh"].clear()
-        seen["batch"].clear()
-        cb = RefreshIndex(sampler, start_epoch=0, one_thread=one_thread)
-        model.fit(x, y, batch_size=8, epochs=2, callbacks=[cb, Batches()],
-                  verbose=0)
-        assert seen["batch"] and set(seen["batch"]) == {during}
-        assert seen["refresh"] == [before, before]
-        assert most_threads() == before
+    sampler._index = Recording(sampler._index)
+    x = np.random.default_rng(1).normal(size=(5, e)).astype(np.float32)
+    pos = np.full((5, 1), -1, np.int32)
+    ids, mask, _ = sampler.search(x, pos)
+    assert seen == [1] and most_threads() == before and mask.all()
+    ref, _ = exact_top_negatives(exact_scores(sparse, x), pos, k)
+    np.testing.assert_array_equal(np.sort(ids, 1), np.sort(ref, 1))
 
 
 def test_refresh_index_epoch_schedule_and_logs():

@@ -201,7 +201,7 @@ HEAD_DEFAULTS = {
             # "auto": shared on multi-class data, per row on multi-label
             shared="auto",
             pool_positives=True,  # shared "mixture": batch positives in pool
-            hard_queries=32,  # shared: rows of a batch queried for hard negatives (0: all)
+            hard_queries=32,  # shared: rows queried for hard ones (0: all)
             hash="simhash",  # "lsh": or "dwta"
             K=9,  # "lsh": bits per table; 0: floor(log2(L m / k)) in [1, 16]
             L=50,  # "lsh": tables

@@ -43,12 +43,6 @@ class RefreshIndex(keras.callbacks.Callback):
     always present so CSVLogger/TensorBoard callbacks placed after this one
     see them.
 
-    With ``one_thread`` (default) the process's BLAS and OpenMP pools (NumPy's
-    and faiss' OpenBLAS, OpenMP) run with one thread from train begin to train
-    end, except during the refreshes: the per-step ANN search then leaves no
-    spinning pool threads on the cores TensorFlow's step runs on (measured in
-    :mod:`xmc_tf.samplers.ann`).  A ``fit`` that raises leaves them at one.
-
     SET cooperation: :class:`SetRewiring` moves connections of a
     uniform-sparse head, which changes those labels' vectors; the index
     keeps the old vectors until its next refresh (a rewired label is
@@ -65,7 +59,6 @@ class RefreshIndex(keras.callbacks.Callback):
       every_steps: refresh period in optimizer steps (None: off).
       after_rewire: a :class:`SetRewiring` instance, or None.
       verbose: print a line per refresh.
-      one_thread: one BLAS / OpenMP thread during ``fit`` (see above).
 
     Raises:
       ValueError: ``start_epoch < 0``, a period < 1, or ``after_rewire`` is
@@ -94,7 +87,7 @@ class RefreshIndex(keras.callbacks.Callback):
     """
 
     def __init__(self, sampler, start_epoch=0, every_epochs=1, every_steps=None,
-                 after_rewire=None, verbose=0, one_thread=True):
+                 after_rewire=None, verbose=0):
         super().__init__()
         if int(start_epoch) < 0:
             raise ValueError(f"start_epoch must be >= 0, got {start_epoch}")
@@ -118,17 +111,6 @@ class RefreshIndex(keras.callbacks.Callback):
         self._periods_done = 0
         self._rewires_seen = 0
         self._requested = False
-        self.one_thread = bool(one_thread)
-        self._limiter = None
-
-    def _limit_threads(self, on: bool) -> None:
-        if self._limiter is not None:
-            self._limiter.restore_original_limits()
-            self._limiter = None
-        if on and self.one_thread:
-            from xmc_tf.samplers.ann import \
-                one_thread  # pylint: disable=import-outside-toplevel
-            self._limiter = one_thread()
 
     def request_refresh(self) -> None:
         """Asks for a refresh at the end of the current training batch."""
@@ -144,12 +126,7 @@ class RefreshIndex(keras.callbacks.Callback):
     def refresh_now(self) -> dict:
         """Refreshes the sampler once; returns its statistics."""
         start = time.perf_counter()
-        limited = self._limiter is not None
-        self._limit_threads(False)  # the libraries' pools for the rebuild
-        try:
-            stats = dict(self.sampler.refresh() or {})
-        finally:
-            self._limit_threads(limited)
+        stats = dict(self.sampler.refresh() or {})
         seconds = float(stats.get("index_refresh_seconds",
                                   time.perf_counter() - start))
         self.refreshes += 1
@@ -161,7 +138,6 @@ class RefreshIndex(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._epoch = None
-        self._limit_threads(True)
         if self.every_steps is not None:
             self._periods_done = (optimizer_step(self.model)
                                   // self.every_steps)
@@ -197,9 +173,6 @@ class RefreshIndex(keras.callbacks.Callback):
         if logs is not None:
             logs.update({"index_refresh_seconds": self._epoch_seconds,
                          "index_refreshes": self.refreshes})
-
-    def on_train_end(self, logs=None):
-        self._limit_threads(False)
 
 
 class Rehash(keras.callbacks.Callback):

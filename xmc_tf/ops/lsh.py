@@ -189,9 +189,9 @@ def lsh_simhash_gemm(vectors, projection, num_bits: int):
     folding): bit ``j`` is ``x . projection[:, j] > 0`` and table ``l`` reads
     bits ``l K .. l K + K - 1`` as an integer, first bit lowest.  The
     products come from TensorFlow's GEMM (``tf.matmul``, blocked and
-    vectorised) instead of the op's per-row dot products: 3x faster for a
-    rehash of 50,000 label vectors of width 512 at K L = 450 (64 vs 203 ms,
-    2 cores).  Its summation order differs from the op's, so a bit whose
+    vectorised) instead of the op's per-row dot products: 2.8x faster for
+    a rehash of 50,000 label vectors of width 512 at K L = 450 (73 vs 203
+    ms, 2 cores).  Its summation order differs from the op's, so a bit whose
     product is within float32 rounding of 0 may differ (measure zero for
     real-valued vectors; never for the sign of an exact 0).  Rows are
     multiplied in chunks of 16,384 when the row count is static.

@@ -52,15 +52,15 @@ faiss is an optional dependency (``pip install xmc_tf[ann]``), imported
 only when an index is built or restored.
 
 The per-step search runs with one BLAS and one OpenMP thread
-(:func:`one_thread`; :class:`xmc_tf.callbacks.RefreshIndex` keeps them at
-one for the whole ``fit``, except during its refreshes): a train step's
-search is small (``hard_queries`` rows,
+(:func:`one_thread`): a train step's search is small (``hard_queries`` rows,
 :class:`~xmc_tf.samplers.MixtureSampler`), and the idle threads of NumPy's
 and faiss' OpenBLAS / OpenMP pools spin after each call on the cores
 TensorFlow's own threads run the step on.  ManNextWord (50k classes, 2
 cores, ASTRA shared, 16 rows queried, the second epoch): 10.6 ms per step
 with the libraries' default pools, 7.1 ms with one thread around each
-search, 5.9 ms with one thread for the whole epoch (SCENT: 4.0 ms).
+search (also 7.1 with ``OPENBLAS_NUM_THREADS=1`` for the whole process;
+SCENT: 3.9-4.2 ms).  Index refreshes (between steps) keep the default
+pools.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ _CONTROLLER = []  # the threadpoolctl controller, made after faiss loads
 
 
 def one_thread():
-    """One thread for every BLAS and OpenMP pool loaded, from now on.
+    """One thread for every BLAS and OpenMP pool loaded (a context manager).
 
     A ``threadpoolctl.ThreadpoolController`` made once (after importing
     faiss when it is installed, so that its OpenBLAS / OpenMP libraries are
@@ -116,8 +116,8 @@ def one_thread():
     call.
 
     Returns:
-      the limiter: a context manager restoring the previous limits on exit
-      (``with one_thread(): ...``), or call its ``restore_original_limits()``.
+      the limiter, already in effect: ``with one_thread(): ...`` restores
+      the previous limits on exit.
     """
     if not _CONTROLLER:
         import threadpoolctl  # pylint: disable=import-outside-toplevel
