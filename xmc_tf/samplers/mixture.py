@@ -40,16 +40,16 @@ unbiased (Lemma 4.1 with ``H`` in place of ``H_i``), and a row also sees
 the other rows' hard negatives.  The pool may be any set that depends on
 the batch only, so adding the batch's positives keeps the estimate
 unbiased (and so does taking the hard negatives of only the first
-``hard_queries`` rows of the batch: the batches are shuffled, and the pool
-stays a function of the batch); they are the frequent labels (in-batch negatives follow the label
-frequencies), which dominate a softmax's normaliser and which ``k_r``
-uniform draws from ``m`` labels rarely hit.  Scored per row: ``|H| + k_r <= b k_h +
-k_r`` labels, in one matrix product instead of ``b (k_h + k_r)`` row
-gathers.  Before the index exists ``H`` is empty (``k_r`` uniform columns).
+``hard_queries`` rows of the batch: the pool stays a function of the
+batch); the positives are the frequent labels (in-batch negatives follow
+the label frequencies), which dominate a softmax's normaliser and which
+``k_r`` uniform draws from ``m`` labels rarely hit.  Scored per row:
+``|H| + k_r <= b k_h + k_r`` labels, in one matrix product instead of
+``b (k_h + k_r)`` row gathers.  Before the index exists ``H`` is empty (``k_r`` uniform columns).
 
 ``hard_queries`` = q < b queries the hard sampler with q rows of a batch
 instead of all b: the search (a faiss query or an LSH probe per row) is
-the cost of a shared step, and on multi-class data the rows' hard
+a large part of a shared step's cost, and on multi-class data the rows' hard
 negatives overlap (ManNextWord, a trained head: the exact top-32 of 2,048
 instances hold 542 distinct labels), so q rows find most of the pool that
 b rows would.  Measured in docs/sampled.md.
@@ -203,11 +203,8 @@ class MixtureSampler(NegativeSampler):
           varies by batch), columns ``[0, |H|)`` the hard pool.
         """
         positives = tf.cast(tf.convert_to_tensor(positives), tf.int32)
-        if self.hard_queries is None:
-            h_ids, h_mask, _ = self._hard(queries, positives, step)
-        else:  # the first q rows (batches are shuffled)
-            q = self.hard_queries
-            h_ids, h_mask, _ = self._hard(queries[:q], positives[:q], step)
+        q = self.hard_queries  # None: every row; else the first q rows
+        h_ids, h_mask, _ = self._hard(queries[:q], positives[:q], step)
         pool = tf.boolean_mask(h_ids, h_mask)
         if self.pool_positives:
             pool = tf.concat([pool, tf.boolean_mask(positives, positives >= 0)],
