@@ -203,8 +203,13 @@ class MixtureSampler(NegativeSampler):
           varies by batch), columns ``[0, |H|)`` the hard pool.
         """
         positives = tf.cast(tf.convert_to_tensor(positives), tf.int32)
-        q = self.hard_queries  # None: every row; else the first q rows
-        h_ids, h_mask, _ = self._hard(queries[:q], positives[:q], step)
+        if self.hard_queries is not None:  # the first q rows only
+            q = self.hard_queries
+            queries = None if queries is None else queries[:q]
+            positives_q = positives[:q]
+        else:
+            positives_q = positives
+        h_ids, h_mask, _ = self._hard(queries, positives_q, step)
         pool = tf.boolean_mask(h_ids, h_mask)
         if self.pool_positives:
             pool = tf.concat([pool, tf.boolean_mask(positives, positives >= 0)],
