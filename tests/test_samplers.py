@@ -509,6 +509,43 @@ def test_ann_state_round_trip_samples_identically(index):
     assert not b.ready
 
 
+def test_ann_state_keeps_the_recorded_queries_of_the_next_basis():
+    """A projecting sampler's recorded head inputs are part of its state
+    before its first refresh (a checkpoint after a uniform-only epoch):
+    restored into a freshly bound sampler, the next refresh builds the same
+    query basis and index as the uninterrupted one's (same candidates),
+    while without them it falls back to a Gaussian projection."""
+    head, q = clustered_head(2000, 16, clusters=10)
+    kwargs = dict(index="flat", projection=8, query_sample_size=64, seed=3)
+    pos = np.full((len(q), 1), -1, np.int32)
+    a = AnnNegativeSampler(2000, 6, **kwargs)
+    a.bind(head)
+    for start in range(0, 96, 32):  # 96 queries into a ring of 64
+        a.search(q[start:start + 32], pos[:32], allow_empty=True)
+    state = a.get_state()
+    assert set(state) == {"recorded_queries", "queries_seen"}
+    assert int(state["queries_seen"][0]) == 96
+    b = AnnNegativeSampler(2000, 6, **kwargs)
+    b.bind(head)
+    b.set_state(state)
+    np.testing.assert_array_equal(b.recorded_queries(), a.recorded_queries())
+    assert a.refresh()["index_projection"] == "queries"
+    assert b.refresh()["index_projection"] == "queries"
+    np.testing.assert_array_equal(b.sample(q, pos, 0).ids.numpy(),
+                                  a.sample(q, pos, 0).ids.numpy())
+    c = AnnNegativeSampler(2000, 6, **kwargs)  # the state lost: Gaussian
+    c.bind(head)
+    assert c.refresh()["index_projection"] == "gaussian"
+    c.set_state({})  # resets the ring as well
+    assert c.recorded_queries() is None and not c.ready
+    d = AnnNegativeSampler(2000, 6, **dict(kwargs, query_sample_size=32))
+    d.bind(head)
+    with pytest.raises(ValueError, match="recorded queries"):
+        d.set_state(state)
+    with pytest.raises(ValueError, match="go together"):
+        d.set_state({"queries_seen": state["queries_seen"]})
+
+
 def test_ann_auto_index_choice_and_config():
     assert AnnNegativeSampler(1000, 4).kind == "flat"
     big = AnnNegativeSampler(100_000, 4)

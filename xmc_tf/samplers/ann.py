@@ -463,38 +463,70 @@ class AnnNegativeSampler(NegativeSampler):
 
     # ------------------------------------------------------------------ state
     def get_state(self) -> dict:
-        """The index (serialised by faiss) and the query transform.
+        """The index (serialised by faiss), the query transform and the
+        recorded head inputs of the projection basis.
 
         Returns:
-          ``{}`` before the first refresh, else ``{"index": uint8 [bytes],
-          "transform_matrix": float32 [e, p] (or [0, 0] = identity),
-          "transform_meta": int64 [input_dim, append_one, refresh_count,
-          refreshes_since_train]}``.
+          ``{"recorded_queries": float32 [query_sample_size, e] (the ring
+          buffer), "queries_seen": int64 [1]}`` once a projecting sampler
+          has recorded queries (before the first refresh too: they decide
+          the basis of the next one, so a resume needs them), plus after
+          the first refresh ``{"index": uint8 [bytes], "transform_matrix":
+          float32 [e, p] (or [0, 0] = identity), "transform_meta": int64
+          [input_dim, append_one, refresh_count, refreshes_since_train]}``;
+          ``{}`` when there is neither.
         """
+        state = {}
+        if self._queries is not None and self._queries_seen:
+            state["recorded_queries"] = self._queries.copy()
+            state["queries_seen"] = np.array([self._queries_seen], np.int64)
         if self._index is None:
-            return {}
+            return state
         faiss = self._faiss()
         matrix = self._transform.matrix
-        return {
+        state.update({
             "index": np.asarray(faiss.serialize_index(self._index)),
             "transform_matrix": (np.zeros((0, 0), np.float32) if matrix is None
                                  else matrix),
             "transform_meta": np.array(
                 [self._transform.input_dim, int(self._transform.append_one),
                  self.refresh_count, self._refreshes_since_train], np.int64),
-        }
+        })
+        return state
+
+    def _set_recorded_queries(self, state) -> None:
+        queries = state.get("recorded_queries")
+        seen = state.get("queries_seen")
+        if (queries is None) != (seen is None):
+            raise ValueError(f"{type(self).__name__}.set_state: "
+                             "'recorded_queries' and 'queries_seen' go together")
+        if queries is None:
+            if self._queries is not None:
+                self._queries[:] = 0.0
+            self._queries_seen = 0
+            return
+        queries = np.array(queries, np.float32)  # a copy
+        if self._queries is not None and queries.shape != self._queries.shape:
+            raise ValueError(f"state holds recorded queries {queries.shape}, "
+                             f"the sampler records {self._queries.shape}")
+        self._queries = queries  # (an unbound sampler takes them as given)
+        self._queries_seen = int(np.asarray(seen).reshape(-1)[0])
 
     def set_state(self, state) -> None:
-        """Restores :meth:`get_state` (``{}`` drops the index).
+        """Restores :meth:`get_state` (no index keys: drops the index).
 
         Raises:
-          ValueError: keys missing, or an index over another number of labels.
+          ValueError: keys missing, an index over another number of labels,
+            or recorded queries of another shape than the bound sampler's.
           ImportError: faiss missing.
         """
-        if not state:
+        state = dict(state or {})
+        self._set_recorded_queries(state)
+        index_keys = {"index", "transform_matrix", "transform_meta"}
+        if not index_keys & set(state):
             self._index, self._transform = None, None
             return
-        missing = {"index", "transform_matrix", "transform_meta"} - set(state)
+        missing = index_keys - set(state)
         if missing:
             raise ValueError(f"{type(self).__name__}.set_state: missing keys "
                              f"{sorted(missing)}")
