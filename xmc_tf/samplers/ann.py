@@ -521,15 +521,15 @@ class AnnNegativeSampler(NegativeSampler):
           ImportError: faiss missing.
         """
         state = dict(state or {})
-        self._set_recorded_queries(state)
         index_keys = {"index", "transform_matrix", "transform_meta"}
-        if not index_keys & set(state):
-            self._index, self._transform = None, None
-            return
         missing = index_keys - set(state)
-        if missing:
+        if missing and missing != index_keys:
             raise ValueError(f"{type(self).__name__}.set_state: missing keys "
                              f"{sorted(missing)}")
+        self._set_recorded_queries(state)
+        if missing:  # no index in the state
+            self._index, self._transform = None, None
+            return
         faiss = self._faiss()
         index = faiss.deserialize_index(np.asarray(state["index"], np.uint8))
         if index.ntotal != self.num_labels:
