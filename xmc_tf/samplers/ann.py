@@ -413,14 +413,13 @@ class AnnNegativeSampler(NegativeSampler):
             raise RuntimeError(
                 f"{type(self).__name__}: no index yet; call refresh() after "
                 "bind() (xmc_tf.callbacks.RefreshIndex does it at train begin)")
-        with one_thread():  # see the module docstring
-            u = self._transform(queries)
         n = positives.shape[1]
         depth = min(k + n, self._index.ntotal)
-        if b == 0 or depth == 0:
-            return (np.zeros((b, k), np.int32), np.zeros((b, k), bool),
-                    np.bool_(True))
-        with one_thread():
+        with one_thread():  # see the module docstring
+            u = self._transform(queries)  # checks the width, even if b = 0
+            if b == 0 or depth == 0:
+                return (np.zeros((b, k), np.int32), np.zeros((b, k), bool),
+                        np.bool_(True))
             _, found = self._index.search(u, depth)  # [b, depth], -1 = none
         bad = found < 0
         if n:
