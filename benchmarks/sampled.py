@@ -254,7 +254,8 @@ def prepare(dataset: str, args) -> dict:
                 "sampled_loss": "softmax",
                 "astra": ["--config.sampler.refresh_start_epoch=0",
                           "--config.sampler.refresh_every_steps="
-                          f"{max(1, steps // 4)}"] if multiclass else []}
+                          f"{max(1, steps // 4)}"]
+                if args.network == "bench" else []}
     if dataset == "mannextword":
         path = os.path.join(work, f"mnw_train_{args.mnw_train}.txt")
         if not os.path.exists(path):

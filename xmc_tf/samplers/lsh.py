@@ -80,7 +80,7 @@ from xmc_tf.ops.lsh import (HASHES, LshHashFamily,
                             simhash_inclusion_probability)
 from xmc_tf.layers.scorer import label_layout
 from xmc_tf.samplers.base import Candidates, NegativeSampler, mask_accidental_hits
-from xmc_tf.samplers.mixture import MixtureSampler
+from xmc_tf.samplers.mixture import MixtureSampler, shared_pool_options
 from xmc_tf.samplers.registry import register_sampler, sampler_sizes
 from xmc_tf.samplers.uniform import UniformNegativeSampler
 
@@ -636,5 +636,4 @@ def _make_lsh(sampler_config, num_labels, seed, shared):
     uniform = UniformNegativeSampler(num_labels, sizes["num_uniform"],
                                      seed=seed + 1)
     return MixtureSampler(lsh, uniform, k_h=sizes["num_hard"],
-                          pool_positives=bool(sc.get("pool_positives", True)),
-                          hard_queries=sc.get("hard_queries", None))
+                          **shared_pool_options(sc))

@@ -69,7 +69,7 @@ from xmc_tf.samplers.ann import FAISS, AnnNegativeSampler
 from xmc_tf.samplers.registry import register_sampler, sampler_sizes
 from xmc_tf.samplers.uniform import UniformNegativeSampler
 
-__all__ = ["MixtureSampler"]
+__all__ = ["MixtureSampler", "shared_pool_options"]
 
 
 class MixtureSampler(NegativeSampler):
@@ -248,6 +248,19 @@ class MixtureSampler(NegativeSampler):
                 "hard_queries": self.hard_queries}
 
 
+def shared_pool_options(sampler_config) -> dict:
+    """The shared-pool arguments of :class:`MixtureSampler` read from
+    ``config.sampler`` (``pool_positives``, ``hard_queries``), for every
+    sampler kind built on the mixture ("mixture", "lsh").
+
+    Returns:
+      ``{"pool_positives": bool, "hard_queries": int or None}``.
+    """
+    sc = sampler_config
+    return {"pool_positives": bool(sc.get("pool_positives", True)),
+            "hard_queries": sc.get("hard_queries", None)}
+
+
 @register_sampler("mixture", shared=True, requires=FAISS)
 def _make_mixture(sampler_config, num_labels, seed, shared):
     """``config.sampler.kind = "mixture"`` (ASTRA): ``num_hard`` ANN hard
@@ -260,6 +273,4 @@ def _make_mixture(sampler_config, num_labels, seed, shared):
                               nprobe=sc.nprobe, seed=seed)
     uniform = UniformNegativeSampler(num_labels, sizes["num_uniform"],
                                      seed=seed + 1)
-    return MixtureSampler(hard, uniform, k_h=k_h,
-                          pool_positives=bool(sc.get("pool_positives", True)),
-                          hard_queries=sc.get("hard_queries", None))
+    return MixtureSampler(hard, uniform, k_h=k_h, **shared_pool_options(sc))
