@@ -142,6 +142,37 @@ print("OK")
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
+def test_saved_model_stores_each_weight_once(trained):
+    """The SavedModel's checkpoint holds the model's weights once (Keras'
+    ExportArchive stored them twice: Keras issue #23553), and the loaded
+    object still lists every variable, with the model.keras values."""
+    import keras
+    import tensorflow as tf
+    from xmc_tf import saving
+    _, workdir, _, _ = trained
+    model = saving.load_model(str(workdir))
+    reader = tf.train.load_checkpoint(
+        str(workdir / "saved_model" / "variables" / "variables"))
+    stored = {k: s for k, s in reader.get_variable_to_shape_map().items()
+              if k.endswith("VARIABLE_VALUE")}
+    assert not [k for k in stored if k.startswith("_all_variables/")], stored
+    weights = sorted(int(np.prod(v.shape)) for v in model.variables)
+    assert sorted(int(np.prod(s)) for s in stored.values()) == weights
+    loaded = saving.load_saved_model(str(workdir / "saved_model"))
+    assert len(loaded.variables) == len(model.variables)
+    # Dropout's seed-generator state is not restored from model.keras.
+    got = [v.numpy() for v in loaded.variables
+           if "seed_generator" not in v.name]
+    want = [keras.ops.convert_to_numpy(v) for v in model.variables
+            if "seed_generator" not in v.path]
+    assert len(got) == len(want) > 0
+    # Same multiset of arrays (sizes can repeat: compare within each size).
+    for size in {a.size for a in want}:
+        g = sorted(a.ravel().tobytes() for a in got if a.size == size)
+        w = sorted(a.ravel().tobytes() for a in want if a.size == size)
+        assert g == w, size
+
+
 # --------------------------------------------------------------------------
 # The MACH head through the same command (configs/mach.py).
 

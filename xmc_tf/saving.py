@@ -65,6 +65,8 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
     ``dense_shape`` int64 ``[2]``; for dense features ``features`` float32
     ``[batch, num_features]``.  Load it after ``import xmc_tf`` (the op
     library must be registered), e.g. with :func:`load_saved_model`.
+    Each weight is stored once (Keras' ``ExportArchive`` alone stores it
+    twice and a loader restores two copies: Keras issue #23553).
 
     Args:
       model: a model built by :func:`xmc_tf.models.build_model`.
@@ -117,7 +119,43 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
     if head.full_scores_in_training:
         archive.add_endpoint("score_all_labels", tf.function(
             score_all_labels, input_signature=signature))
+    _track_backing_variables(archive)
     archive.write_out(path, verbose=False)
+
+
+def _backing_variable(variable):
+    """The ``tf.Variable`` behind a Keras variable (TensorFlow backend), or
+    ``variable`` itself when it has none (already a ``tf.Variable``, or
+    another kind of trackable)."""
+    if isinstance(variable, tf.Variable):
+        return variable
+    inner = getattr(variable, "_value", None)  # Keras 3 TF backend
+    return inner if isinstance(inner, tf.Variable) else variable
+
+
+def _track_backing_variables(archive) -> None:
+    """Makes ``archive`` store each weight once.
+
+    ``ExportArchive.track`` lists the model's Keras variables, while the
+    endpoints capture the ``tf.Variable`` behind each of them; the two are
+    different trackables, so the SavedModel's checkpoint held every weight
+    twice (``variables/`` and ``_all_variables/``), and a process loading it
+    restored two buffers per weight: twice the disk, the write time and the
+    serving memory (Keras issue #23553).  Listing the backing
+    ``tf.Variable`` objects instead lets TensorFlow's object-identity
+    de-duplication store them once; the loaded object's ``variables``
+    lists stay as they were.  A no-op where Keras already lists the
+    backing variables (its fix of that issue), or lays the archive out
+    otherwise.
+    """
+    tracked = getattr(archive, "_tf_trackable", None)  # Keras 3 internals
+    if tracked is None:  # pragma: no cover - another Keras layout
+        return
+    for name in ("variables", "trainable_variables",
+                 "non_trainable_variables"):
+        listed = getattr(tracked, name, None)
+        if listed is not None:
+            setattr(tracked, name, [_backing_variable(v) for v in listed])
 
 
 def _block_h5_store(base, chunk_bytes: int):
