@@ -3,8 +3,15 @@
 Times ``XmcUniformSparse{Forward,GradFeatures,GradWeights}GpuF32``
 (``ops/uniform_sparse/uniform_sparse_kernels.cu.cc``; Schultheis & Babbar,
 Sec. 3.2-3.3, Algorithms 1-3) through ``ctypes`` on CuPy arrays -- no
-TensorFlow -- and compares them with a dense float32 cuBLAS layer of the
-same number of labels (``cupy.matmul``).
+TensorFlow -- and compares them with cuSPARSE on the same matrix (the
+weights as a CSR ``[m, e]`` of ``s`` entries per row: SpMM for the forward
+product and the features gradient, SDDMM for the weights gradient where
+CuPy exposes it) and with a dense float32 cuBLAS layer of the same number
+of labels (``cupy.matmul``).
+
+The default problem set is issue 33's: ``m = 670k`` labels with ``s = 32``
+connections per label and ``m = 2.8M`` with ``s = 96``, batch 32 and 256,
+``e = 32,768`` features.
 
 Usage (on a GPU machine; ``--help`` works anywhere)::
 
@@ -35,6 +42,14 @@ per second) and the atomic rate (grad features: atomicAdds per second).
 Peak bandwidth: 2 * memory clock * bus width / 8 from the device attributes,
 and a measured device-to-device copy (bytes read + written).
 
+The cuSPARSE baseline (``cupyx.cusparse.spmm``, CSR of the same indices and
+weights, column indices sorted within each row, duplicates kept as separate
+entries, which SpMM sums as the kernels do): forward ``W @ features.T``,
+features gradient ``W.T @ backward.T`` (``transa``); both read the dense
+operand and write the result with no copy (transposed views are
+F-contiguous).  The weights gradient is a sampled dense-dense product
+(cuSPARSE's SDDMM), which CuPy does not wrap: not compared.
+
 The dense baseline multiplies features [b, e] by W [e, m] (and, for the
 backward, backward @ W.T and features.T @ backward).  When W does not fit
 (e * m * 4 bytes; 88 GB at m = 670k, e = 32768) a block of labels is timed
@@ -54,11 +69,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-FULL = dict(batches=[32, 128, 512, 1024], num_features=32768,
-            fan_ins=[32, 64], num_labels=[670_000, 3_000_000],
+# shapes: (num_labels m, fan_in s) pairs.
+FULL = dict(batches=[32, 256], num_features=32768,
+            shapes=[(670_000, 32), (2_800_000, 96)],
             densities=[1.0, 0.1, 0.01])
-QUICK = dict(batches=[32, 128], num_features=4096, fan_ins=[32],
-             num_labels=[20_000], densities=[1.0, 0.01])
+QUICK = dict(batches=[32, 128], num_features=4096, shapes=[(20_000, 32)],
+             densities=[1.0, 0.01])
 DENSE_MAX_LABELS = 131072  # labels per timed dense block
 
 _I64 = ctypes.c_int64
@@ -73,6 +89,60 @@ def _int_list(text):
 
 def _float_list(text):
     return [float(x) for x in text.split(",") if x]
+
+
+def problem_shapes(preset, num_labels=None, fan_ins=None):
+    """The (num_labels, fan_in) pairs to run: the preset's pairs, or every
+    pair of ``num_labels`` x ``fan_ins`` when either is given (the other
+    then defaults to the values in the preset's pairs)."""
+    if num_labels is None and fan_ins is None:
+        return [tuple(shape) for shape in preset["shapes"]]
+    labels = num_labels or sorted({m for m, _ in preset["shapes"]})
+    fans = fan_ins or sorted({s for _, s in preset["shapes"]})
+    return [(m, s) for m in labels for s in fans]
+
+
+def csr_parts(xp, indices, weights):
+    """The layer's weights as the parts of a CSR matrix ``[m, e]``.
+
+    Row ``j`` holds label ``j``'s ``s`` connections: ``W[j, indices[j, k]]
+    += weights[j, k]``.  Column indices are sorted within each row (what
+    cuSPARSE's CSR routines expect); a duplicate connection stays a
+    separate entry, which a sparse-dense product sums, as the kernels do.
+
+    Args:
+      xp: ``numpy`` or ``cupy``.
+      indices: int32 ``[m, s]``, feature ids.
+      weights: float32 ``[m, s]``.
+
+    Returns:
+      ``(data, column_indices, row_offsets)``: float32 ``[m * s]``, int32
+      ``[m * s]``, int32 ``[m + 1]`` (``m * s`` must fit in int32).
+    """
+    m, s = indices.shape
+    if m * s >= 2**31:
+        raise ValueError(f"{m} x {s} entries do not fit int32 CSR offsets")
+    order = xp.argsort(indices, axis=1)
+    cols = xp.take_along_axis(indices, order, axis=1).astype(xp.int32)
+    data = xp.take_along_axis(weights, order, axis=1)
+    offsets = xp.arange(0, m * s + 1, s, dtype=xp.int32)
+    return data.reshape(-1), cols.reshape(-1), offsets
+
+
+def cusparse_baseline(bench, csr, features, backward):
+    """cuSPARSE SpMM times (ms) of the forward product and the features
+    gradient on the CSR ``csr`` ``[m, e]``; ``None`` where CuPy has no
+    ``cupyx.cusparse.spmm``."""
+    try:
+        from cupyx import cusparse  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    if not (hasattr(cusparse, "spmm") and cusparse.check_availability("spmm")):
+        return None
+    fwd_ms, _ = bench.time_ms(lambda: cusparse.spmm(csr, features.T))
+    gf_ms, _ = bench.time_ms(
+        lambda: cusparse.spmm(csr, backward.T, transa=True))
+    return {"cusparse_forward_ms": fwd_ms, "cusparse_grad_features_ms": gf_ms}
 
 
 def parse_args(argv=None):
@@ -91,7 +161,10 @@ def parse_args(argv=None):
     parser.add_argument("--batches", type=_int_list, default=None,
                         help="comma-separated batch sizes (overrides preset)")
     parser.add_argument("--num-features", type=int, default=None)
-    parser.add_argument("--fan-ins", type=_int_list, default=None)
+    parser.add_argument("--fan-ins", type=_int_list, default=None,
+                        help="comma-separated connections per label; with "
+                             "--num-labels, every pair is run (default: the "
+                             "preset's (m, s) pairs)")
     parser.add_argument("--num-labels", type=_int_list, default=None)
     parser.add_argument("--densities", type=_float_list, default=None,
                         help="fractions of non-zero backward entries")
@@ -103,6 +176,8 @@ def parse_args(argv=None):
                              "says truncated")
     parser.add_argument("--no-dense", action="store_true",
                         help="skip the dense cuBLAS baseline")
+    parser.add_argument("--no-cusparse", action="store_true",
+                        help="skip the cuSPARSE (CSR SpMM) baseline")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -242,11 +317,13 @@ def dense_baseline(bench, b, e, m, free):
 def run(args):
     import cupy as cp  # pylint: disable=import-outside-toplevel
 
+    import cupyx.scipy.sparse  # pylint: disable=import-outside-toplevel
+
     preset = dict(QUICK if args.quick else FULL)
-    for key in ("batches", "num_features", "fan_ins", "num_labels",
-                "densities"):
+    for key in ("batches", "num_features", "densities"):
         if getattr(args, key) is not None:
             preset[key] = getattr(args, key)
+    preset["shapes"] = problem_shapes(preset, args.num_labels, args.fan_ins)
     bench = Bench(cp, args.seconds_per_case)
     lib, lib_path = load_library(args.lib)
     fwd = lib.XmcUniformSparseForwardGpuF32
@@ -264,6 +341,7 @@ def run(args):
     t_start = time.time()
     header = (f"{'m':>8} {'s':>3} {'b':>5} {'kernel':<13} {'dens':>5} "
               f"{'ms':>9} {'GB/s':>7} {'%peak':>6} {'rate':>14} "
+              f"{'cuSPARSE ms':>11} {'x cuSP':>7} "
               f"{'dense ms':>10} {'x dense':>8}")
     print(header, flush=True)
 
@@ -280,87 +358,106 @@ def run(args):
             if "gbs" in row else " " * 14
         dense_txt = "" if dense is None else "%.2f" % dense
         ratio = "" if dense is None else "%.1f" % (dense / row["ms"])
+        cus = row.get("cusparse_ms")
+        cus_txt = "" if cus is None else "%.3f" % cus
+        cus_ratio = "" if cus is None else "%.2f" % (cus / row["ms"])
         print(f"{row['num_labels']:>8} {row['fan_in']:>3} {row['batch']:>5} "
               f"{row['kernel']:<13} {str(row.get('density', '')):>5} "
-              f"{row['ms']:>9.3f} {gbs} {rate:>14} {dense_txt:>10} "
-              f"{ratio:>8}", flush=True)
+              f"{row['ms']:>9.3f} {gbs} {rate:>14} {cus_txt:>11} "
+              f"{cus_ratio:>7} {dense_txt:>10} {ratio:>8}", flush=True)
 
-    for m in preset["num_labels"]:
-        for s in preset["fan_ins"]:
-            if time.time() - t_start > 60 * args.max_minutes:
-                truncated.append(dict(num_labels=m, fan_in=s))
-                continue
-            need_static = m * s * 12  # indices, weights, grad_weights
-            if bench.free_bytes() < need_static * 1.2:
-                print(f"# skip m={m} s={s}: not enough GPU memory", flush=True)
-                continue
-            indices = cp.random.randint(0, e, size=(m, s), dtype=cp.int32)
-            weights = cp.random.standard_normal((m, s), dtype=cp.float32)
-            grad_w = cp.empty((m, s), cp.float32)
-            scratch = cp.empty(1, cp.int64)
-            for b in preset["batches"]:
-                if time.time() - t_start > 60 * args.max_minutes:
-                    truncated.append(dict(num_labels=m, fan_in=s, batch=b))
-                    continue
-                need = b * m * 4 + 2 * b * e * 4
-                if bench.free_bytes() < need * 1.2:
-                    print(f"# skip m={m} s={s} b={b}: not enough GPU memory",
-                          flush=True)
-                    continue
-                base = dict(num_labels=m, fan_in=s, batch=b, num_features=e)
-                dense = (None if args.no_dense else
-                         dense_baseline(bench, b, e, m, bench.free_bytes()))
-                features = cp.random.standard_normal((b, e), dtype=cp.float32)
-                grad_f = cp.empty((b, e), cp.float32)
-                big = cp.empty((b, m), cp.float32)  # scores, then backward
-
-                ms, reps = bench.time_ms(lambda: call(
-                    fwd, features.data.ptr, indices.data.ptr,
-                    weights.data.ptr, big.data.ptr, b, e, m, s,
-                    scratch.data.ptr))
-                nbytes = 8 * m * s + 4 * b * e + 4 * b * m
-                report(dict(base, kernel="forward", ms=ms, repeats=reps,
-                            bytes=nbytes, gbs=nbytes / ms / 1e6,
-                            ggathers_per_s=b * m * s / ms / 1e6,
-                            dense_ms=dense and dense["dense_forward_ms"],
-                            dense=dense))
-
-                for density in preset["densities"]:
-                    fill_backward(cp, big, density)
-                    nnz = int(cp.count_nonzero(big))
-                    active = int(cp.count_nonzero(cp.any(big != 0, axis=0)))
-                    ms, reps = bench.time_ms(lambda: call(
-                        gf, big.data.ptr, indices.data.ptr, weights.data.ptr,
-                        grad_f.data.ptr, b, e, m, s, scratch.data.ptr))
-                    nbytes = 4 * b * m + 4 * m * s + 4 * active * s + 4 * b * e
-                    report(dict(base, kernel="grad_features", density=density,
-                                nnz=nnz, active_labels=active, ms=ms,
-                                repeats=reps, bytes=nbytes,
-                                gbs=nbytes / ms / 1e6,
-                                gatomics_per_s=nnz * s / ms / 1e6))
-                    gf_ms = ms
-                    ms, reps = bench.time_ms(lambda: call(
-                        gw, big.data.ptr, features.data.ptr, indices.data.ptr,
-                        grad_w.data.ptr, b, e, m, s, scratch.data.ptr))
-                    nbytes = 4 * b * m + 8 * m * s + 4 * b * e
-                    report(dict(base, kernel="grad_weights", density=density,
-                                nnz=nnz, ms=ms, repeats=reps, bytes=nbytes,
-                                gbs=nbytes / ms / 1e6,
-                                ggathers_per_s=nnz * s / ms / 1e6))
-                    report(dict(base, kernel="backward", density=density,
-                                ms=gf_ms + ms,
-                                dense_ms=dense and dense["dense_backward_ms"]))
-                del features, grad_f, big
-                cp.get_default_memory_pool().free_all_blocks()
-            del indices, weights, grad_w, scratch
+    for m, s in preset["shapes"]:
+        if time.time() - t_start > 60 * args.max_minutes:
+            truncated.append(dict(num_labels=m, fan_in=s))
+            continue
+        # indices, weights, grad_weights (+ the CSR copy and the
+        # argsort's int64 order while it is built)
+        need_static = m * s * (12 if args.no_cusparse else 28)
+        if bench.free_bytes() < need_static * 1.2:
+            print(f"# skip m={m} s={s}: not enough GPU memory", flush=True)
+            continue
+        indices = cp.random.randint(0, e, size=(m, s), dtype=cp.int32)
+        weights = cp.random.standard_normal((m, s), dtype=cp.float32)
+        grad_w = cp.empty((m, s), cp.float32)
+        scratch = cp.empty(1, cp.int64)
+        csr = None
+        if not args.no_cusparse:
+            csr = cupyx.scipy.sparse.csr_matrix(
+                csr_parts(cp, indices, weights), shape=(m, e))
             cp.get_default_memory_pool().free_all_blocks()
+        for b in preset["batches"]:
+            if time.time() - t_start > 60 * args.max_minutes:
+                truncated.append(dict(num_labels=m, fan_in=s, batch=b))
+                continue
+            need = b * m * 4 + 2 * b * e * 4
+            if bench.free_bytes() < need * 1.2:
+                print(f"# skip m={m} s={s} b={b}: not enough GPU memory",
+                      flush=True)
+                continue
+            base = dict(num_labels=m, fan_in=s, batch=b, num_features=e)
+            dense = (None if args.no_dense else
+                     dense_baseline(bench, b, e, m, bench.free_bytes()))
+            features = cp.random.standard_normal((b, e), dtype=cp.float32)
+            grad_f = cp.empty((b, e), cp.float32)
+            big = cp.empty((b, m), cp.float32)  # scores, then backward
+
+            ms, reps = bench.time_ms(lambda: call(
+                fwd, features.data.ptr, indices.data.ptr,
+                weights.data.ptr, big.data.ptr, b, e, m, s,
+                scratch.data.ptr))
+            nbytes = 8 * m * s + 4 * b * e + 4 * b * m
+            # cuSPARSE on the same matrix (values of `big` do not matter
+            # to SpMM's time: it reads the dense operand whole).
+            cus = (None if csr is None else
+                   cusparse_baseline(bench, csr, features, big))
+            cp.get_default_memory_pool().free_all_blocks()
+            report(dict(base, kernel="forward", ms=ms, repeats=reps,
+                        bytes=nbytes, gbs=nbytes / ms / 1e6,
+                        ggathers_per_s=b * m * s / ms / 1e6,
+                        cusparse_ms=cus and cus["cusparse_forward_ms"],
+                        dense_ms=dense and dense["dense_forward_ms"],
+                        dense=dense))
+
+            for density in preset["densities"]:
+                fill_backward(cp, big, density)
+                nnz = int(cp.count_nonzero(big))
+                active = int(cp.count_nonzero(cp.any(big != 0, axis=0)))
+                ms, reps = bench.time_ms(lambda: call(
+                    gf, big.data.ptr, indices.data.ptr, weights.data.ptr,
+                    grad_f.data.ptr, b, e, m, s, scratch.data.ptr))
+                nbytes = 4 * b * m + 4 * m * s + 4 * active * s + 4 * b * e
+                report(dict(base, kernel="grad_features", density=density,
+                            nnz=nnz, active_labels=active, ms=ms,
+                            repeats=reps, bytes=nbytes,
+                            gbs=nbytes / ms / 1e6,
+                            gatomics_per_s=nnz * s / ms / 1e6,
+                            cusparse_ms=cus and
+                            cus["cusparse_grad_features_ms"]))
+                gf_ms = ms
+                ms, reps = bench.time_ms(lambda: call(
+                    gw, big.data.ptr, features.data.ptr, indices.data.ptr,
+                    grad_w.data.ptr, b, e, m, s, scratch.data.ptr))
+                nbytes = 4 * b * m + 8 * m * s + 4 * b * e
+                report(dict(base, kernel="grad_weights", density=density,
+                            nnz=nnz, ms=ms, repeats=reps, bytes=nbytes,
+                            gbs=nbytes / ms / 1e6,
+                            ggathers_per_s=nnz * s / ms / 1e6))
+                report(dict(base, kernel="backward", density=density,
+                            ms=gf_ms + ms,
+                            dense_ms=dense and dense["dense_backward_ms"]))
+            del features, grad_f, big
+            cp.get_default_memory_pool().free_all_blocks()
+        del indices, weights, grad_w, scratch, csr
+        cp.get_default_memory_pool().free_all_blocks()
     return {"device": info, "library": lib_path, "preset": preset,
             "quick": args.quick, "python": platform.python_version(),
             "bytes_model": __doc__[__doc__.index("Bytes model"):
                                    __doc__.index("The table also")].strip(),
             "note": "kernel 'backward' = grad_features + grad_weights, "
                     "compared with the dense backward (both gradients); "
-                    "x dense = dense_ms / ms",
+                    "x dense = dense_ms / ms; x cuSP = cusparse_ms / ms "
+                    "(cuSPARSE CSR SpMM on the same matrix; forward and "
+                    "grad_features only)",
             "truncated": truncated, "rows": rows}
 
 
