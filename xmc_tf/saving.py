@@ -32,6 +32,7 @@ import re
 
 import keras
 import tensorflow as tf
+from absl import logging
 
 from xmc_tf import heads as xheads
 from xmc_tf import variable_io
@@ -40,14 +41,15 @@ from xmc_tf import variable_io
 from xmc_tf import layers, losses, metrics, optimizers  # noqa: F401
 from xmc_tf.errors import (IncompleteWorkdir, OpLibraryError,
                            OpNotRegisteredError)
-from xmc_tf.ops import _loader
+from xmc_tf.ops import _loader, stock
 from xmc_tf.workdir import Workdir, atomic_path
 
 __all__ = ["export_saved_model", "export_model", "save_keras_file",
            "load_saved_model", "load_model", "OpNotRegisteredError"]
 
 
-def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
+def export_saved_model(model: keras.Model, path: str, k: int = 5,
+                       portable: bool | None = None) -> bool:
     """Writes a TF SavedModel whose signatures have named inputs and outputs.
 
     Signatures (``tf.saved_model.load(path).signatures[...]``, also callable
@@ -55,7 +57,7 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
 
     * ``serve``: the top ``k`` labels, ``{"label_ids": int32 [batch, k],
       "scores": float32 [batch, k]}``, best first, decoded by the model's
-      head (``tf.math.top_k`` of the scores, or MACH's exact decoder).
+      head (the top ``k`` of the scores, or MACH's exact decoder).
     * ``score_all_labels`` (heads that score every label):
       ``{"label_scores": float32 [batch, num_labels]}``.
 
@@ -63,8 +65,18 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
     ``tf.SparseTensor`` ``[batch, num_features]`` in row-major order,
     ``indices`` int64 ``[nnz, 2]``, ``values`` float32 ``[nnz]``,
     ``dense_shape`` int64 ``[2]``; for dense features ``features`` float32
-    ``[batch, num_features]``.  Load it after ``import xmc_tf`` (the op
-    library must be registered), e.g. with :func:`load_saved_model`.
+    ``[batch, num_features]``.
+
+    Portable or not: where every ``Xmc>`` op of the signatures has a
+    TensorFlow equivalent (``Xmc>TopK``, ``Xmc>EmbeddingBag``: models with
+    a dense, linear, SCENT or dense-layer sampled head and no wide path),
+    the signatures are traced with TensorFlow's ops
+    (:func:`xmc_tf.ops.stock.stock_ops`), and the SavedModel loads in any
+    TensorFlow (TF Serving included) without xmc_tf, at the cost of the
+    slower ``tf.math.top_k`` / ``tf.sparse.sparse_dense_matmul`` (same
+    results up to float rounding).  Otherwise (uniform-sparse layers, MACH's
+    decoder) it uses the ``Xmc>`` ops and loads after ``import xmc_tf``
+    (the op library must be registered), e.g. with :func:`load_saved_model`.
     Each weight is stored once (Keras' ``ExportArchive`` alone stores it
     twice and a loader restores two copies: Keras issue #23553).
 
@@ -73,11 +85,46 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
       path: output directory (created or replaced; not atomic -- see
         :func:`export_model`).
       k: labels per instance of ``serve``.
+      portable: None (default): stock TensorFlow ops where that leaves no
+        ``Xmc>`` op, as above; True: the same, but a model that still needs
+        an ``Xmc>`` op is an error; False: always the ``Xmc>`` ops (the
+        fastest serving on the CPU).
+
+    Returns:
+      True when the SavedModel uses no ``Xmc>`` op.
 
     Raises:
-      ValueError: no registered head decodes the model, or ``k`` is out of
-        range.
+      ValueError: no registered head decodes the model, ``k`` is out of
+        range, or ``portable=True`` for a model that needs an ``Xmc>`` op
+        (the message names them).
     """
+    if portable is None or portable:
+        with stock.stock_ops():
+            archive, endpoints = _serving_archive(model, k)
+            needed = stock.custom_op_types(
+                fn.get_concrete_function().graph.as_graph_def()
+                for fn in endpoints)
+        if needed and portable:
+            raise ValueError(
+                "portable=True, but the model's signatures need the xmc_tf "
+                f"ops {', '.join(needed)}, which TensorFlow has no "
+                "equivalent of; export with portable=None or False")
+        if not needed:
+            _track_backing_variables(archive)
+            with stock.stock_ops():
+                archive.write_out(path, verbose=False)
+            return True
+    archive, _ = _serving_archive(model, k)
+    _track_backing_variables(archive)
+    archive.write_out(path, verbose=False)
+    return False
+
+
+def _serving_archive(model: keras.Model, k: int):
+    """An ``ExportArchive`` tracking ``model`` with the ``serve`` (and
+    ``score_all_labels``) endpoints, traced now (in the caller's
+    :func:`~xmc_tf.ops.stock.stock_ops` state); also returns the endpoint
+    ``tf.function`` objects."""
     spec = model.inputs[0]
     num_features = spec.shape[-1]
     head = xheads.head_for_model(model)
@@ -114,13 +161,13 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5) -> None:
         def score_all_labels(features):
             return all_scores(features)
 
-    archive.add_endpoint("serve", tf.function(serve,
-                                              input_signature=signature))
+    endpoints = [tf.function(serve, input_signature=signature)]
     if head.full_scores_in_training:
-        archive.add_endpoint("score_all_labels", tf.function(
-            score_all_labels, input_signature=signature))
-    _track_backing_variables(archive)
-    archive.write_out(path, verbose=False)
+        endpoints.append(tf.function(score_all_labels,
+                                     input_signature=signature))
+    for fn in endpoints:
+        archive.add_endpoint(fn.__name__, fn)
+    return archive, endpoints
 
 
 def _backing_variable(variable):
@@ -233,7 +280,10 @@ def export_model(model: keras.Model, workdir: str, k: int = 5) -> None:
     with atomic_path(wd.file(Workdir.MODEL)) as tmp:
         save_keras_file(model, tmp)
     with atomic_path(wd.file(Workdir.SAVED_MODEL)) as tmp:
-        export_saved_model(model, tmp, k=k)
+        portable = export_saved_model(model, tmp, k=k)
+    logging.info("%s: %s", wd.file(Workdir.SAVED_MODEL),
+                 "stock TensorFlow ops only (loads without xmc_tf)" if portable
+                 else "uses xmc_tf ops (load after `import xmc_tf`)")
 
 
 _UNREGISTERED = re.compile(r"Op type not registered '([^']+)'")

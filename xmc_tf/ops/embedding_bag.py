@@ -14,7 +14,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from xmc_tf.errors import OpLibraryError
-from xmc_tf.ops import _loader
+from xmc_tf.ops import _loader, stock
 
 __all__ = ["embedding_bag", "embedding_bag_supported"]
 
@@ -41,8 +41,11 @@ def embedding_bag_supported(dtype, device: str = "") -> bool:
         ``tf.sparse.sparse_dense_matmul`` there).
 
     Returns:
-      bool; False also when the op library lacks the ops.
+      bool; False also when the op library lacks the ops, and inside
+      :func:`xmc_tf.ops.stock.stock_ops`.
     """
+    if stock.stock_ops_only():
+        return False
     if tf.as_dtype(dtype) not in _DTYPES:
         return False
     spec = tf.DeviceSpec.from_string(device or "")

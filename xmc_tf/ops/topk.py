@@ -26,7 +26,7 @@ import collections
 import tensorflow as tf
 
 from xmc_tf.errors import OpLibraryError
-from xmc_tf.ops import _loader
+from xmc_tf.ops import _loader, stock
 
 __all__ = ["TopK", "top_k", "top_k_supported"]
 
@@ -41,8 +41,10 @@ def top_k_supported() -> bool:
       bool: True when the op library has ``Xmc>TopK`` and TensorFlow sees no
       GPU (the op has a CPU kernel only; on a GPU ``tf.math.top_k`` keeps
       the scores on the device).  False when the library is missing or
-      stale.
+      stale, and inside :func:`xmc_tf.ops.stock.stock_ops`.
     """
+    if stock.stock_ops_only():
+        return False
     try:
         lib = _loader.load()
     except OpLibraryError:

@@ -1,0 +1,72 @@
+"""Stock-TensorFlow tracing: TensorFlow's own ops wherever an ``Xmc>`` op
+has an equivalent.
+
+Some of the custom ops are faster versions of something TensorFlow already
+does: ``Xmc>TopK`` (``tf.math.top_k``) and ``Xmc>EmbeddingBag``
+(``tf.sparse.sparse_dense_matmul``).  Inside :func:`stock_ops`, the code
+that picks between the two (:func:`xmc_tf.ops.topk.top_k_supported`,
+:func:`xmc_tf.ops.embedding_bag.embedding_bag_supported`) picks
+TensorFlow's op, so a graph traced there uses no ``Xmc>`` op unless one
+without an equivalent is needed (the uniform-sparse product, MACH's
+decoder).  :func:`xmc_tf.saving.export_saved_model` traces the serving
+signatures this way: a SavedModel without ``Xmc>`` ops loads in any
+TensorFlow of the same or a later version (e.g. TF Serving) without
+xmc_tf.
+
+The switch is per thread (tracing runs in the calling thread) and nests.
+
+Example:
+  >>> import numpy as np
+  >>> from xmc_tf.ops import topk
+  >>> with stock_ops():
+  ...     topk.top_k_supported()
+  False
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+__all__ = ["stock_ops", "stock_ops_only", "custom_op_types"]
+
+_STATE = threading.local()
+
+#: Op type prefix of this library's ops (``REGISTER_OP("Xmc>...")``).
+CUSTOM_PREFIX = "Xmc>"
+
+
+@contextlib.contextmanager
+def stock_ops():
+    """Within this context (this thread), ops with a TensorFlow equivalent
+    trace to TensorFlow's op instead of the ``Xmc>`` one."""
+    previous = getattr(_STATE, "on", False)
+    _STATE.on = True
+    try:
+        yield
+    finally:
+        _STATE.on = previous
+
+
+def stock_ops_only() -> bool:
+    """Whether this thread is inside :func:`stock_ops`."""
+    return bool(getattr(_STATE, "on", False))
+
+
+def custom_op_types(graph_defs) -> list[str]:
+    """The ``Xmc>`` op types in graphs, their function libraries included.
+
+    Args:
+      graph_defs: iterable of ``tf.compat.v1.GraphDef`` (e.g.
+        ``concrete_function.graph.as_graph_def()``).
+
+    Returns:
+      Sorted distinct op type names starting with ``Xmc>``.
+    """
+    found = set()
+    for graph_def in graph_defs:
+        nodes = list(graph_def.node)
+        for function in graph_def.library.function:
+            nodes.extend(function.node_def)
+        found.update(n.op for n in nodes if n.op.startswith(CUSTOM_PREFIX))
+    return sorted(found)
