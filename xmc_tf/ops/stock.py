@@ -9,14 +9,12 @@ that picks between the two (:func:`xmc_tf.ops.topk.top_k_supported`,
 TensorFlow's op, so a graph traced there uses no ``Xmc>`` op unless one
 without an equivalent is needed (the uniform-sparse product, MACH's
 decoder).  :func:`xmc_tf.saving.export_saved_model` traces the serving
-signatures this way: a SavedModel without ``Xmc>`` ops loads in any
-TensorFlow of the same or a later version (e.g. TF Serving) without
-xmc_tf.
+signatures this way: a SavedModel without ``Xmc>`` ops loads in
+TensorFlow (e.g. TF Serving) without xmc_tf.
 
 The switch is per thread (tracing runs in the calling thread) and nests.
 
 Example:
-  >>> import numpy as np
   >>> from xmc_tf.ops import topk
   >>> with stock_ops():
   ...     topk.top_k_supported()
