@@ -173,6 +173,47 @@ def test_saved_model_stores_each_weight_once(trained):
         assert g == w, size
 
 
+def test_export_command_writes_another_k(trained, capsys):
+    """`xmc-tf export` re-exports the workdir's model: serve returns the
+    top --k labels of the model's scores."""
+    import tensorflow as tf
+    from xmc_tf import saving
+    tmp, workdir, test, _ = trained
+    out_dir = tmp / "sm_k2"
+    code, err = run_cli(capsys, "export", f"--workdir={workdir}",
+                        f"--output={out_dir}", "--k=2")
+    assert code == 0, err
+    model = saving.load_model(str(workdir))
+    sm = saving.load_saved_model(str(out_dir))
+    features = xdata.normalize_features(test.features[:3], "none")[0].tocoo()
+    sp = tf.sparse.reorder(tf.SparseTensor(
+        np.stack([features.row, features.col], 1).astype(np.int64),
+        features.data.astype(np.float32), features.shape))
+    top = sm.signatures["serve"](indices=sp.indices, values=sp.values,
+                                 dense_shape=sp.dense_shape)
+    scores = model(sp).numpy()
+    assert top["label_ids"].shape == (3, 2)
+    np.testing.assert_allclose(top["scores"].numpy(),
+                               -np.sort(-scores, 1)[:, :2], rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["portable", "k", "no_output"])
+def test_export_errors_are_one_line(trained, case, capsys, tmp_path):
+    _, workdir, _, _ = trained
+    out = f"--output={tmp_path / 'sm'}"
+    args, names = {
+        # uniform-sparse layers have no TensorFlow equivalent
+        "portable": ([out, "--portable=yes"],
+                     ["cannot be portable", "Xmc>UniformSparseMatmul"]),
+        "k": ([out, "--k=51"], ["k", "51"]),
+        "no_output": ([], ["export needs --output"]),
+    }[case]
+    code, err = run_cli(capsys, "export", f"--workdir={workdir}", *args)
+    assert_one_line_error(code, err, *names)
+    assert not (tmp_path / "sm").exists()
+
+
 # --------------------------------------------------------------------------
 # The MACH head through the same command (configs/mach.py).
 
@@ -324,7 +365,7 @@ def test_train_help_by_name_lists_the_fields_without_tensorflow():
 
 def test_help_lists_commands_without_tensorflow():
     proc = _help_without_tensorflow("--help")
-    for command in ("train", "evaluate", "predict"):
+    for command in ("train", "evaluate", "predict", "export"):
         assert f"\n  {command} " in proc.stdout
     for flag in ("--workdir=DIR", "--overwrite", "--force", "--data=SPEC",
                  "--debug"):

@@ -1,4 +1,5 @@
-"""The ``xmc-tf`` command (also ``python -m xmc_tf``): train, evaluate, predict.
+"""The ``xmc-tf`` command (also ``python -m xmc_tf``): train, evaluate,
+predict, export.
 
 Usage::
 
@@ -8,6 +9,8 @@ Usage::
         [--strategy=none|mirrored|multi_worker]
     xmc-tf evaluate --workdir=DIR --data=TEST.txt.gz
     xmc-tf predict --workdir=DIR --data=FILE --output=PRED.txt [--k=5]
+    xmc-tf export --workdir=DIR --output=SAVED_MODEL_DIR [--k=5] \\
+        [--portable=auto|yes|no]
     xmc-tf --help | xmc-tf train --help [--config=NAME|FILE]
 
 ``train`` writes ``DIR/model.keras``, ``DIR/saved_model/`` and, last,
@@ -19,6 +22,9 @@ data set.  ``--config`` takes the name of a packaged config
 (:mod:`xmc_tf.workdir`, :mod:`xmc_tf.checkpoint`).  Data specs are those of
 :func:`xmc_tf.data.load_dataset` (XC-repo files, ``X.txt|Y.txt``,
 ``EMB.npy|LABELS.txt``, ``bibtex:test``, ``synthetic:...``).
+``export`` writes the model of ``DIR`` as another SavedModel (another
+``k`` for ``serve``, or the faster ``Xmc>`` ops for a model whose
+``saved_model/`` is portable: :func:`xmc_tf.saving.export_saved_model`).
 ``--strategy=mirrored`` trains data parallel on this machine's devices,
 ``--strategy=multi_worker`` on the machines that ``TF_CONFIG`` names (the
 same command on each; only the chief, worker 0, writes ``DIR``):
@@ -99,18 +105,22 @@ COMMANDS = {
     "evaluate": "P@k, nDCG@k, PSP@k and R@k of the model in DIR on --data",
     "predict": "top-k labels of every instance of --data, written to "
                "--output ('id:score id:score ...' per line)",
+    "export": "write the model of DIR as a SavedModel to --output (serve: "
+              "top --k labels; --portable: TensorFlow's own ops or the "
+              "xmc_tf ops)",
 }
 #: (flag, commands using it, placeholder).
 _FLAGS = (
-    ("workdir", ("train", "evaluate", "predict"), "DIR"),
+    ("workdir", ("train", "evaluate", "predict", "export"), "DIR"),
     ("config", ("train",), "FILE"),
     ("overwrite", ("train",), None),
     ("force", ("train",), None),
     ("strategy", ("train",), "NAME"),
     ("data", ("evaluate", "predict"), "SPEC"),
-    ("output", ("predict",), "FILE"),
-    ("k", ("predict",), "K"),
-    ("debug", ("train", "evaluate", "predict"), None),
+    ("output", ("predict", "export"), "PATH"),
+    ("k", ("predict", "export"), "K"),
+    ("portable", ("export",), "WHEN"),
+    ("debug", ("train", "evaluate", "predict", "export"), None),
 )
 _HELP_ARGS = ("-h", "--help", "-help", "--helpshort", "--helpfull", "help")
 
@@ -145,7 +155,7 @@ def _define_flags(argv) -> flags.FlagValues:
     except Exception as e:  # the config file's own errors
         raise _config_error(config_path, e) from e
     flags.DEFINE_string("workdir", None, "the run's directory: train writes "
-                        "it, evaluate/predict read its model.", flag_values=fv)
+                        "it, evaluate/predict/export read its model.", flag_values=fv)
     flags.DEFINE_bool("overwrite", False, "train: retrain into a DIR that "
                       "holds a finished run (deletes its results, history "
                       "and backup first).", flag_values=fv)
@@ -163,9 +173,16 @@ def _define_flags(argv) -> flags.FlagValues:
                         "file, 'X.txt|Y.txt', 'EMB.npy|LABELS.txt', "
                         "bibtex:test, synthetic:...).", flag_values=fv)
     flags.DEFINE_string("output", None, "predict: output file (one line per "
-                        "instance: 'id:score id:score ...').", flag_values=fv)
-    flags.DEFINE_integer("k", 5, "predict: labels per instance.",
+                        "instance: 'id:score id:score ...'); export: the "
+                        "SavedModel directory (replaced).", flag_values=fv)
+    flags.DEFINE_integer("k", 5, "predict/export: labels per instance.",
                          flag_values=fv)
+    flags.DEFINE_enum("portable", "auto", ["auto", "yes", "no"],
+                      "export: 'auto': TensorFlow's own ops where every "
+                      "xmc_tf op has an equivalent (the SavedModel then "
+                      "loads without xmc_tf), 'yes': that or an error, "
+                      "'no': the xmc_tf ops (faster on the CPU).",
+                      flag_values=fv)
     flags.DEFINE_bool("debug", False, "print the Python traceback of errors.",
                       flag_values=fv)
     return fv
@@ -282,7 +299,9 @@ def help_text(argv) -> str:
                       "[--strategy=none|mirrored|multi_worker]",
              "evaluate": "evaluate --workdir=DIR --data=SPEC",
              "predict": "predict --workdir=DIR --data=SPEC --output=FILE "
-                        "[--k=K]"}[command]
+                        "[--k=K]",
+             "export": "export --workdir=DIR --output=DIR [--k=K] "
+                       "[--portable=auto|yes|no]"}[command]
     lines = ([f"usage: {PROG} {usage}", ""] +
              textwrap.wrap(COMMANDS[command][0].upper() + COMMANDS[command][1:]
                            + ".", 79) + ["", "flags:"] +
@@ -509,7 +528,25 @@ def _predict(fv, _):
     print(f"wrote top-{fv.k} labels of {count} instances to {fv.output}")
 
 
-_RUN = {"train": _train, "evaluate": _evaluate, "predict": _predict}
+def _export(fv, _):
+    _import_xmc_tf()
+    from xmc_tf import saving
+    from xmc_tf.workdir import atomic_path
+    model = saving.load_model(fv.workdir)
+    portable = {"auto": None, "yes": True, "no": False}[fv.portable]
+    try:
+        with atomic_path(fv.output) as tmp:
+            stock = saving.export_saved_model(model, tmp, k=fv.k,
+                                              portable=portable)
+    except ValueError as e:  # k out of range, --portable=yes impossible
+        raise UsageError(f"export: {e}") from e
+    print(f"wrote {fv.output}: serve returns the top {fv.k} labels; "
+          + ("TensorFlow's own ops only (loads without xmc_tf)" if stock
+             else "uses xmc_tf ops (load after `import xmc_tf`)"))
+
+
+_RUN = {"train": _train, "evaluate": _evaluate, "predict": _predict,
+        "export": _export}
 
 
 # ---------------------------------------------------------------------------
@@ -548,7 +585,7 @@ def _interrupted(command, fv) -> str:
                     "rerun the same command")
         return ("interrupted before the first epoch ended; nothing was kept "
                 "to resume from")
-    if command == "predict" and fv is not None and fv.output:
+    if command in ("predict", "export") and fv is not None and fv.output:
         return f"interrupted; {fv.output} was not written"
     return "interrupted"
 
@@ -568,10 +605,12 @@ def _check_args(fv, rest):
                          "--name=value)")
     if not fv.workdir:
         raise UsageError(f"{command} needs --workdir=DIR")
-    if command != "train" and not fv.data:
+    if command in ("evaluate", "predict") and not fv.data:
         raise UsageError(f"{command} needs --data=SPEC")
     if command == "predict" and not fv.output:
         raise UsageError("predict needs --output=FILE")
+    if command == "export" and not fv.output:
+        raise UsageError("export needs --output=DIR")
     if command == "train" and fv.strategy == "multi_worker":
         try:  # before the ~10 s TensorFlow import
             _light_module("distribute").parse_tf_config(

@@ -106,9 +106,9 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
                 for fn in endpoints)
         if needed and portable:
             raise ValueError(
-                "portable=True, but the model's signatures need the xmc_tf "
-                f"ops {', '.join(needed)}, which TensorFlow has no "
-                "equivalent of; export with portable=None or False")
+                "the model's signatures need the xmc_tf ops "
+                f"{', '.join(needed)}, which TensorFlow has no equivalent "
+                "of: its SavedModel cannot be portable")
         if not needed:
             _track_backing_variables(archive)
             with stock.stock_ops():
