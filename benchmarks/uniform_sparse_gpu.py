@@ -4,10 +4,9 @@ Times ``XmcUniformSparse{Forward,GradFeatures,GradWeights}GpuF32``
 (``ops/uniform_sparse/uniform_sparse_kernels.cu.cc``; Schultheis & Babbar,
 Sec. 3.2-3.3, Algorithms 1-3) through ``ctypes`` on CuPy arrays -- no
 TensorFlow -- and compares them with cuSPARSE on the same matrix (the
-weights as a CSR ``[m, e]`` of ``s`` entries per row: SpMM for the forward
-product and the features gradient, SDDMM for the weights gradient where
-CuPy exposes it) and with a dense float32 cuBLAS layer of the same number
-of labels (``cupy.matmul``).
+weights as a CSR ``[m, e]`` of ``s`` entries per row; SpMM, for the forward
+product and the features gradient) and with a dense float32 cuBLAS layer
+of the same number of labels (``cupy.matmul``).
 
 The default problem set is issue 33's: ``m = 670k`` labels with ``s = 32``
 connections per label and ``m = 2.8M`` with ``s = 96``, batch 32 and 256,
@@ -316,7 +315,6 @@ def dense_baseline(bench, b, e, m, free):
 
 def run(args):
     import cupy as cp  # pylint: disable=import-outside-toplevel
-
     import cupyx.scipy.sparse  # pylint: disable=import-outside-toplevel
 
     preset = dict(QUICK if args.quick else FULL)
