@@ -27,6 +27,7 @@ Example (serving, in a new process)::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 
@@ -98,7 +99,8 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
         range, or ``portable=True`` for a model that needs an ``Xmc>`` op
         (the message names them).
     """
-    if portable is None or portable:
+    stock_only = portable is None or portable
+    if stock_only:
         with stock.stock_ops():
             archive, endpoints = _serving_archive(model, k)
             needed = stock.custom_op_types(
@@ -109,15 +111,13 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
                 "the model's signatures need the xmc_tf ops "
                 f"{', '.join(needed)}, which TensorFlow has no equivalent "
                 "of: its SavedModel cannot be portable")
-        if not needed:
-            _track_backing_variables(archive)
-            with stock.stock_ops():
-                archive.write_out(path, verbose=False)
-            return True
-    archive, _ = _serving_archive(model, k)
+        stock_only = not needed
+    if not stock_only:  # traced again, with the Xmc> ops
+        archive, _ = _serving_archive(model, k)
     _track_backing_variables(archive)
-    archive.write_out(path, verbose=False)
-    return False
+    with stock.stock_ops() if stock_only else contextlib.nullcontext():
+        archive.write_out(path, verbose=False)
+    return stock_only
 
 
 def _serving_archive(model: keras.Model, k: int):
