@@ -7,7 +7,7 @@ Extreme multi-class next-word prediction on ``ManNextWord``
 binary (position, word) features, 50k classes; ``--max-train`` /
 ``--max-test`` take a random subsample for development).  Every method trains
 the same model -- sparse input -> ``SparseEmbeddingBag(--dim, ReLU)`` ->
-output layer over all 50k classes (``xmc_tf.models.build_model``, no
+output layer over all 50k classes (``xmc_tf.job.build.build_model``, no
 intermediate layer, dropout ``--dropout`` after the embedding, default
 none) -- at the same batch size, for the same
 number of epochs, on the same shuffled batches (``make_tf_dataset``, seed
@@ -159,7 +159,7 @@ def worker(method, args):
 
     from xmc_tf import data as xdata
     from xmc_tf import heads as xheads
-    from xmc_tf.models import build_model
+    from xmc_tf.job.build import build_model
     from xmc_tf.optimizers import LazyAdam
 
     from baselines import TFSampledSoftmaxTrainer, full_softmax_cross_entropy

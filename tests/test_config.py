@@ -17,7 +17,7 @@ import tensorflow as tf
 from xmc_tf import cli
 from xmc_tf import config as xconfig
 from xmc_tf import heads
-from xmc_tf.models import build_model, build_optimizer
+from xmc_tf.job.build import build_model, build_optimizer
 from xmc_tf.optimizers import LazyAdam
 from xmc_tf.train import config_changes
 

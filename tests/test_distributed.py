@@ -102,7 +102,7 @@ _WORKER = _COMMON + textwrap.dedent(r"""
     from xmc_tf.layers import SparseEmbeddingBag
     from xmc_tf.layers.mach import MachHead
     from xmc_tf.losses.mach import MachBinaryCrossentropy
-    from xmc_tf.models import build_model, build_optimizer
+    from xmc_tf.job.build import build_model, build_optimizer
     from xmc_tf.ops.mach import MachHashing, meta_probabilities
 
     result = {"replicas": strategy.num_replicas_in_sync}

@@ -11,7 +11,7 @@ from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads
 from xmc_tf.layers import MachHead, UniformSparseDense
-from xmc_tf.models import build_model
+from xmc_tf.job.build import build_model
 from xmc_tf.predict import predict_top_k
 
 

@@ -12,7 +12,7 @@ from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads
 from xmc_tf.layers import SparseEmbeddingBag, UniformSparseDense
-from xmc_tf.models import build_model, build_optimizer
+from xmc_tf.job.build import build_model, build_optimizer
 from xmc_tf.optimizers import LazyAdam, LazyAdamW
 
 

@@ -15,7 +15,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from xmc_tf import config as xconfig
 from xmc_tf import saving
-from xmc_tf.models import build_model
+from xmc_tf.job.build import build_model
 from xmc_tf.ops import stock, topk
 
 NUM_FEATURES, NUM_LABELS, K = 30, 12, 3

@@ -18,11 +18,11 @@ import tensorflow as tf
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads
-from xmc_tf.heads.sampled import SampledTrainer
+from xmc_tf.models import SampledTrainer
 from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge
 from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy,
                                    SampledSquaredHinge)
-from xmc_tf.models import build_model
+from xmc_tf.job.build import build_model
 from op_requirements import needs_ops
 from xmc_tf.samplers import (Candidates, NegativeSampler,
                              UniformNegativeSampler, mask_accidental_hits)

@@ -20,7 +20,7 @@ from xmc_tf import data as xdata
 from xmc_tf import heads
 from xmc_tf.layers import LabelDense, UniformSparseDense
 from xmc_tf.layers.scorer import LabelScorer, check_label_scorer, label_layout
-from xmc_tf.models import build_model
+from xmc_tf.job.build import build_model
 from xmc_tf.optimizers import LazyAdam
 from xmc_tf.samplers import Candidates, NegativeSampler, mask_accidental_hits
 from xmc_tf.samplers.registry import (kinds, register_sampler, sampler_kind,

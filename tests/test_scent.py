@@ -20,10 +20,11 @@ import tensorflow as tf
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads
-from xmc_tf.heads.scent import ScentHead, ScentTrainer, scent_optimizer
+from xmc_tf.heads.scent import ScentHead
+from xmc_tf.models import ScentTrainer, scent_optimizer
 from xmc_tf.layers import LabelDense, UniformSparseDense
 from xmc_tf.losses import ScentLoss, multiclass_labels
-from xmc_tf.models import build_model
+from xmc_tf.job.build import build_model
 from op_requirements import needs_ops
 
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from xmc_tf import data as xdata
-from xmc_tf.heads.sampled import SampledTrainer
+from xmc_tf.models import SampledTrainer
 from xmc_tf.layers import LabelDense, UniformSparseDense
 from xmc_tf.losses.sampled import SampledSoftmax
 from xmc_tf.samplers import (Candidates, MixtureSampler, NegativeSampler,
@@ -161,7 +161,7 @@ def test_shared_config_trains_through_the_head(kind):
         pytest.importorskip("faiss")
     from xmc_tf import heads
     from test_sampled_head import _config
-    from xmc_tf.models import build_model
+    from xmc_tf.job.build import build_model
     config = _config("dense", "softmax", kind)
     config.sampler.shared = True
     head = heads.get_head(config)

@@ -132,7 +132,7 @@ def test_head_keeps_no_copy_of_the_wide_connections():
     import scipy.sparse as sp
     from xmc_tf import config as xconfig, data as xdata, heads
     from xmc_tf.layers import label_feature_connections
-    from xmc_tf.models import build_model
+    from xmc_tf.job.build import build_model
     rng = np.random.default_rng(3)
     features = sp.random(40, 30, density=0.2, random_state=4,
                          dtype=np.float32, format="csr")

@@ -16,7 +16,7 @@ from xmc_tf import heads
 from xmc_tf.callbacks import SetRewiring
 from xmc_tf.layers import (SparseDropout, UniformSparseDense,
                            label_feature_connections)
-from xmc_tf.models import build_model
+from xmc_tf.job.build import build_model
 from xmc_tf.train import ConfigError, check_config, make_callbacks
 
 

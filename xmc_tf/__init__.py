@@ -16,14 +16,14 @@ try:
 except OpLibraryError as _e:  # re-raised at the first op use
     warnings.warn(str(_e))
 
-from xmc_tf import callbacks, layers, losses, metrics, ops  # noqa: E402
+from xmc_tf import callbacks, layers, losses, metrics, models, ops  # noqa: E402
 from xmc_tf import initializers  # noqa: E402
 from xmc_tf import optimizers  # noqa: E402
 from xmc_tf import saving  # noqa: E402  (load_saved_model, load_model)
 from xmc_tf import config  # noqa: E402  (the config schema; no TensorFlow)
 
 __version__ = "0.1.0"
-__all__ = ["callbacks", "layers", "losses", "metrics", "ops"]
+__all__ = ["callbacks", "layers", "losses", "metrics", "models", "ops"]
 __all__ += ["optimizers"]
 __all__ += ["saving"]
 __all__ += ["initializers"]

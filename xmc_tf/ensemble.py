@@ -85,7 +85,7 @@ def average_scores(models: list[keras.Model]) -> keras.Model:
       models: trained models with one input of one spec (sparse or dense
         ``[batch, num_features]``) and one float32 output
         ``[batch, num_labels]`` of one shape -- models built by
-        :func:`xmc_tf.models.build_model` with a head that scores every
+        :func:`xmc_tf.job.build.build_model` with a head that scores every
         label.  They are renamed ``member_0``, ``member_1``, ... (the names
         must be unique inside the new model).
 

@@ -82,7 +82,7 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
     twice and a loader restores two copies: Keras issue #23553).
 
     Args:
-      model: a model built by :func:`xmc_tf.models.build_model`.
+      model: a model built by :func:`xmc_tf.job.build.build_model`.
       path: output directory (created or replaced; not atomic -- see
         :func:`export_model`).
       k: labels per instance of ``serve``.

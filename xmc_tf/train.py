@@ -1,7 +1,7 @@
 """The main job: train, evaluate and export an extreme classifier.
 
 ``train_and_evaluate(config, workdir)`` reads an XC-repo data set, builds
-the model of :func:`xmc_tf.models.build_model`
+the model of :func:`xmc_tf.job.build.build_model`
 
     input (sparse TF-IDF or dense embeddings)
       -> encoder layers (ReLU)                  [learned features]
@@ -77,7 +77,7 @@ from xmc_tf import saving as xsaving
 from xmc_tf.errors import (CheckpointError, ConfigError, DataError,
                            DistributeError, TrainingDiverged)
 from xmc_tf.evaluation import format_table
-from xmc_tf.models import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
+from xmc_tf.job.build import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
                             build_model, build_optimizer)
 from xmc_tf.layers.label_tree import LabelTreeScores, fuse_with_tree
 from xmc_tf.predict import evaluate_model
@@ -549,7 +549,7 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     """Builds the model and compiles the model that ``fit`` runs.
 
     The optimizer is the head's own (``head.make_optimizer()``, e.g.
-    SCENT's row-sparse momentum) or :func:`xmc_tf.models.build_optimizer`
+    SCENT's row-sparse momentum) or :func:`xmc_tf.job.build.build_optimizer`
     (``config.train.optimizer``); the caller has run ``head.prepare`` on the
     training data.  Heads that train through a wrapper
     (``head.training_model``, e.g. the sampled head's trainer) compile it

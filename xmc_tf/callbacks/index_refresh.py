@@ -69,7 +69,7 @@ class RefreshIndex(keras.callbacks.Callback):
 
     >>> import keras, xmc_tf
     >>> from xmc_tf.data import make_synthetic, make_tf_dataset
-    >>> from xmc_tf.heads.sampled import SampledTrainer
+    >>> from xmc_tf.models import SampledTrainer
     >>> from xmc_tf.losses import SampledSquaredHinge
     >>> from xmc_tf.samplers import AnnNegativeSampler
     >>> train = make_synthetic(256, 100, 50, seed=0)
@@ -227,7 +227,7 @@ class Rehash(keras.callbacks.Callback):
 
     >>> import keras, xmc_tf
     >>> from xmc_tf.data import make_synthetic, make_tf_dataset
-    >>> from xmc_tf.heads.sampled import SampledTrainer
+    >>> from xmc_tf.models import SampledTrainer
     >>> from xmc_tf.losses import SampledSoftmax
     >>> from xmc_tf.samplers import LshNegativeSampler
     >>> train = make_synthetic(256, 100, 50, labels_per_instance=1, seed=0)

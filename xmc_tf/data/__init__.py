@@ -10,6 +10,8 @@
   (:func:`load_bundled`) and :func:`load_dataset` (string specs for the CLI).
 * :mod:`xmc_tf.data.embeddings` -- dense ``.npy``/``.npz`` embeddings plus
   an XC labels file (:func:`read_embeddings`).
+* :mod:`xmc_tf.data.labels` -- label matrices as padded label ids
+  (:func:`padded_label_ids`) and back (:func:`label_matrix`).
 * :mod:`xmc_tf.data.synthetic` -- power-law synthetic data with a planted,
   linearly learnable signal (:func:`make_synthetic`).
 * :mod:`xmc_tf.data.pipeline` -- :func:`normalize_features` (l2 / tf-idf),
@@ -25,6 +27,7 @@ Example:
 """
 
 from xmc_tf.data.embeddings import load_embedding_array, read_embeddings
+from xmc_tf.data.labels import label_matrix, padded_label_ids
 from xmc_tf.data.pipeline import (distribute_tf_dataset, fit_idf,
                                   make_tf_dataset, normalize_features,
                                   resolve_normalization)
@@ -39,12 +42,14 @@ __all__ = [
     "XCDataset",
     "distribute_tf_dataset",
     "fit_idf",
+    "label_matrix",
     "load_bundled",
     "load_dataset",
     "load_embedding_array",
     "make_synthetic",
     "make_tf_dataset",
     "normalize_features",
+    "padded_label_ids",
     "read_embeddings",
     "read_xc",
     "read_xc_labels",

@@ -15,7 +15,7 @@
   num_instances - 1``), for losses that keep per-instance state such as
   SCENT's dual variables (:class:`xmc_tf.losses.ScentLoss`).  Keras' default
   ``train_step`` would take a third element for sample weights: use it with
-  a trainer that reads ids (:class:`xmc_tf.heads.scent.ScentTrainer`).
+  a trainer that reads ids (:class:`xmc_tf.models.ScentTrainer`).
 
 The data set stays in NumPy (or memory-mapped ``.npy`` files,
 :mod:`xmc_tf.data.cache`): each batch is a slice of a (shuffled)

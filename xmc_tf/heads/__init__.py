@@ -9,16 +9,16 @@ classes); the last two share :mod:`xmc_tf.heads.candidates`.
 from xmc_tf.heads.base import (OUTPUT_LAYER, Head, get_head, head_for_model,
                                inference_model, names, output_layer, register,
                                wide_fan_in)
-from xmc_tf.heads.candidates import CandidateHead, CandidateTrainer
+from xmc_tf.heads.candidates import CandidateHead
 from xmc_tf.heads.dense import DenseHead
 from xmc_tf.heads.mach import MachOutputHead
-from xmc_tf.heads.sampled import SampledHead, SampledTrainer
-from xmc_tf.heads.scent import ScentHead, ScentTrainer
+from xmc_tf.heads.sampled import SampledHead
+from xmc_tf.heads.scent import ScentHead
 from xmc_tf.heads.uniform_sparse import UniformSparseHead
 
 __all__ = ["OUTPUT_LAYER", "DenseHead", "Head", "MachOutputHead",
-           "SampledHead", "SampledTrainer", "UniformSparseHead", "get_head",
+           "SampledHead", "UniformSparseHead", "get_head",
            "head_for_model", "inference_model", "names", "output_layer",
            "register", "wide_fan_in"]
-__all__ += ["ScentHead", "ScentTrainer"]
-__all__ += ["CandidateHead", "CandidateTrainer"]
+__all__ += ["ScentHead"]
+__all__ += ["CandidateHead"]

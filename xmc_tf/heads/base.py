@@ -348,7 +348,7 @@ class Head:
 
     def make_optimizer(self):
         """The head's own optimizer, or None (default) for the job's
-        (:func:`xmc_tf.models.build_optimizer`)."""
+        (:func:`xmc_tf.job.build.build_optimizer`)."""
         return None
 
     def training_model(self, model: keras.Model, layer) -> keras.Model:

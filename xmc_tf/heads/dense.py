@@ -128,7 +128,7 @@ class LabelWiseHead(Head):
         if self._wide_connections is not None and model is not None and any(
                 l.name == WIDE_LAYER for l in model.layers):
             # (a linear model, no hidden layer, is built without the wide
-            # path: xmc_tf.models.build_model)
+            # path: xmc_tf.job.build.build_model)
             wide = model.get_layer(WIDE_LAYER)
             indices, weights = self._wide_connections
             wide.indices.assign(indices)

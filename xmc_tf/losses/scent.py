@@ -41,7 +41,7 @@ minimiser of its batch objective (LibAUC's ``EntLossClassification``
 initialises on the first visit the same way); a visit counter per instance
 records which ones have been seen.  ``nu`` (float32 ``[num_examples]``) and
 ``visits`` (int32 ``[num_examples]``) are non-trainable variables of this
-layer: a model that tracks the loss (:class:`xmc_tf.heads.scent.ScentTrainer`)
+layer: a model that tracks the loss (:class:`xmc_tf.models.ScentTrainer`)
 saves and restores them with its weights, so a resumed run continues with
 the same duals.  Like LibAUC, they are placed on the CPU.
 
