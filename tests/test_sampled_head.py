@@ -102,7 +102,7 @@ def test_all_negatives_equal_the_full_loss_and_gradient(layer, loss, full_loss,
     x, y = xdata.make_tf_dataset(_data(), 64).get_single_element()
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
-        sampled, fraction = trainer._loss(x, y, training=False)
+        sampled, fraction, _ = trainer._loss(x, y, training=False)
     got = tape.gradient(sampled, variables)
     with tf.GradientTape() as tape:
         full = full_loss()(y, model(x, training=False))
@@ -234,7 +234,7 @@ def test_lsh_label_query_gradients_are_finite(shared):
     x, y = xdata.make_tf_dataset(_data(), 64).get_single_element()
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
-        loss, _ = trainer._loss(x, y, training=True)
+        loss, _, _ = trainer._loss(x, y, training=True)
     grads = tape.gradient(loss, variables)
     assert np.isfinite(float(loss))
     for v, g in zip(variables, grads):

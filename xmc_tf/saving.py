@@ -40,6 +40,7 @@ from xmc_tf import variable_io
 # The layers, losses, metrics and optimizers register their Keras classes
 # (and the ops' gradients) when imported: load_model needs them.
 from xmc_tf import layers, losses, metrics, optimizers  # noqa: F401
+from xmc_tf.models import candidates as _candidates
 from xmc_tf.errors import (IncompleteWorkdir, OpLibraryError,
                            OpNotRegisteredError)
 from xmc_tf.ops import _loader, stock
@@ -82,7 +83,10 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
     twice and a loader restores two copies: Keras issue #23553).
 
     Args:
-      model: a model built by :func:`xmc_tf.job.build.build_model`.
+      model: a Keras model whose output layer a registered head decodes
+        (xmc_tf's label-scoring layers, ``keras.layers.Dense``, MACH's
+        training model -- not its serving model), or a trainer
+        (:mod:`xmc_tf.models`: its wrapped model is exported).
       path: output directory (created or replaced; not atomic -- see
         :func:`export_model`).
       k: labels per instance of ``serve``.
@@ -99,6 +103,7 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
         range, or ``portable=True`` for a model that needs an ``Xmc>`` op
         (the message names them).
     """
+    model = xheads.inference_model(model)
     stock_only = portable is None or portable
     if stock_only:
         with stock.stock_ops():
@@ -118,6 +123,9 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
     with stock.stock_ops() if stock_only else contextlib.nullcontext():
         archive.write_out(path, verbose=False)
     return stock_only
+
+
+_candidates.register_saved_model_writer(export_saved_model)
 
 
 def _serving_archive(model: keras.Model, k: int):

@@ -306,6 +306,59 @@ class ScentLoss(keras.layers.Layer):
                 trainable=False)
         self.built = True
 
+    #: The settings :meth:`from_labels` uses: those of the CLI's ``scent``
+    #: config, measured on ManNextWord (docs/scent.md, docs/defaults.md;
+    #: xmc_tf.config.HEAD_DEFAULTS["scent"] holds the same values, checked
+    #: by a test).
+    MEASURED_DEFAULTS = {"alpha": 1000.0, "variant": "scent",
+                         "negatives": "multiset", "correction": "log_q",
+                         "own_term": True}
+
+    @classmethod
+    def from_labels(cls, labels, num_labels=None, **overrides):
+        """The SCENT loss for a training set, with the measured settings.
+
+        ``num_examples`` is the number of rows of ``labels``, and the
+        ``log_q`` correction reads each class's training count; the other
+        settings are :attr:`MEASURED_DEFAULTS` (dual step 1000, the own
+        class in the inner mean: without it the paper's estimator diverged
+        on ManNextWord's 400k instances), each replaceable by a keyword.
+
+        Args:
+          labels: the training labels, one class per row: int ``[n]`` class
+            ids, ``[n, w]`` ids padded with -1, a scipy CSR ``[n, K]``
+            matrix or lists of ids (rows without a label are allowed).
+          num_labels: K (default: the matrix width, else the largest id + 1).
+          **overrides: any :class:`ScentLoss` argument.
+
+        Returns:
+          A :class:`ScentLoss`.
+
+        Raises:
+          ValueError: a row with more than one label (its index is named),
+            an id ``>= num_labels``, or an invalid override.
+
+        >>> loss = ScentLoss.from_labels(np.array([0, 2, 2, 1]))
+        >>> loss.num_examples, loss.num_labels, loss.alpha, loss.own_term
+        (4, 3, 1000.0, True)
+        """
+        from xmc_tf.data.labels import label_matrix
+        y = label_matrix(labels, num_labels)
+        per_row = np.diff(y.indptr)
+        multi = np.flatnonzero(per_row > 1)
+        if multi.size:
+            raise ValueError(
+                f"SCENT is multi-class but {multi.size} of {y.shape[0]} "
+                f"training rows have more than one label (first: row "
+                f"{int(multi[0])}); use a multi-label trainer "
+                "(xmc_tf.models.SampledTrainer)")
+        settings = dict(cls.MEASURED_DEFAULTS)
+        settings.update(overrides)
+        if settings["correction"] == "log_q":
+            settings.setdefault("label_counts",
+                                np.bincount(y.indices, minlength=y.shape[1]))
+        return cls(y.shape[0], num_labels=y.shape[1], **settings)
+
     # -- the batch estimator ---------------------------------------------------
 
     def log_inner(self, scores, labels, column_labels, training=True):

@@ -1,15 +1,65 @@
-"""Base of the training models that score chosen labels only."""
+"""Base of the training models that score chosen labels only.
+
+A Keras user wraps their own model -- any functional or ``Sequential``
+model whose output layer is a :class:`~xmc_tf.layers.scorer.LabelScorer`
+(:class:`~xmc_tf.layers.LabelDense`, :class:`~xmc_tf.layers.UniformSparseDense`)
+-- in a trainer (:class:`~xmc_tf.models.SampledTrainer`,
+:class:`~xmc_tf.models.ScentTrainer`) and calls ``compile`` / ``fit`` /
+``evaluate`` / ``save`` / ``export`` on the trainer as on any Keras model:
+
+* each training step runs the model up to the head layer's input
+  (``queries [b, e]``) and scores only a few labels per row (the subclass
+  chooses them and gives the loss: Keras passes a loss only ``(y_true,
+  y_pred)``, which cannot express per-instance candidates);
+* ``call`` / ``predict`` / ``evaluate`` use the wrapped model's full scores,
+  so held-out metrics given to ``compile(metrics=[...])``
+  (:class:`xmc_tf.metrics.PrecisionAtK` ...) are exact; on training
+  batches they are computed from the head layer's full scores only where
+  that is cheap (``train_metrics``);
+* ``fit`` / ``evaluate`` take features as a scipy CSR matrix, a dense array
+  or a ``tf.data`` set, and labels as a scipy CSR / dense multi-hot matrix,
+  label-id lists or ``-1``-padded id arrays (see :func:`label_ids`);
+* ``save("m.keras")`` / ``keras.models.load_model`` round trip (the wrapped
+  model, the loss and the sampler's configuration); ``export(path)`` writes
+  the wrapped model's SavedModel with xmc_tf's named signatures
+  (:func:`xmc_tf.saving.export_saved_model`).
+
+Source: ASTRA (Mehta et al.), Algorithm 1 (score only positives and
+candidates); ``scent-extreme-multiclass``, Algorithm 26 (score only the
+batch's classes).
+"""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
 import keras
+import numpy as np
+import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf.data.labels import padded_label_ids
 from xmc_tf.layers.scorer import SCORER_MEMBERS, LabelScorer
 
-__all__ = ["CandidateTrainer", "find_label_scorer"]
+__all__ = ["CandidateTrainer", "find_label_scorer", "label_ids",
+           "TRAIN_METRICS_MAX_LABELS"]
+
+#: ``train_metrics=None``: compiled metrics are computed on training batches
+#: (from the head layer's full scores) up to this many labels.
+TRAIN_METRICS_MAX_LABELS = 16384
+
+# The SavedModel writer of CandidateTrainer.export: xmc_tf.saving registers
+# export_saved_model here when imported (``import xmc_tf`` does).  The
+# library's saving module imports the heads, which build these trainers, so
+# this module cannot import it back.
+_SAVED_MODEL_WRITER = []
+
+
+def register_saved_model_writer(writer) -> None:
+    """Sets the function behind :meth:`CandidateTrainer.export`
+    (``writer(model, path, k=..., portable=...)``; called by
+    :mod:`xmc_tf.saving` on import)."""
+    _SAVED_MODEL_WRITER[:] = [writer]
 
 
 def find_label_scorer(model, head=None, needed_by: str = "candidate training"):
@@ -55,60 +105,297 @@ def find_label_scorer(model, head=None, needed_by: str = "candidate training"):
         f"({', '.join(layer.name for layer in found)}): pass head=NAME")
 
 
+def label_ids(y, num_labels) -> tf.Tensor:
+    """A batch's labels as int32 ids ``[b, n]`` padded with -1 (in-graph).
+
+    Args:
+      y: int ids ``[b, n]`` (negative = padding) or ``[b]``; the same ids
+        as floats (a ``tf.distribute`` strategy's cast), rounded; a
+        ``tf.SparseTensor`` ``[b, num_labels]`` (what Keras makes of a scipy
+        CSR ``y``; entries ``!= 0`` are labels); or a dense float/bool
+        multi-hot ``[b, num_labels]`` (entries ``> 0``).
+      num_labels: int m: a float ``y`` exactly ``m`` wide is multi-hot,
+        narrower ids.
+
+    Returns:
+      int32 ``[b, n]``, each row's ids ascending for the matrix forms.
+
+    >>> label_ids(tf.constant([[0., 1., 1.], [1., 0., 0.]]), 3).numpy()
+    array([[ 1,  2],
+           [ 0, -1]], dtype=int32)
+    """
+    if isinstance(y, tf.SparseTensor):
+        y = tf.sparse.reorder(y)
+        keep = tf.not_equal(y.values, tf.zeros([], y.values.dtype))
+        rows = tf.boolean_mask(y.indices[:, 0], keep)
+        cols = tf.boolean_mask(y.indices[:, 1], keep)
+        return _ragged_ids(cols, rows, y.dense_shape[0])
+    y = tf.convert_to_tensor(y)
+    if y.dtype.is_integer:
+        return tf.cast(y if y.shape.rank != 1 else y[:, None], tf.int32)
+    if y.dtype != tf.bool and (y.shape.rank != 2 or
+                               y.shape[-1] != int(num_labels)):
+        ids = tf.cast(tf.round(y), tf.int32)  # float-cast ids
+        return ids if ids.shape.rank != 1 else ids[:, None]
+    where = tf.where(y > 0 if y.dtype != tf.bool else y)
+    return _ragged_ids(where[:, 1], where[:, 0], tf.shape(y, tf.int64)[0])
+
+
+def _ragged_ids(cols, rows, nrows):
+    ragged = tf.RaggedTensor.from_value_rowids(
+        tf.cast(cols, tf.int32), rows, nrows=tf.cast(nrows, tf.int64))
+    ids = ragged.to_tensor(default_value=-1)
+    # At least one column, as the pipeline's padded ids.
+    return tf.pad(ids, [[0, 0], [0, tf.maximum(1 - tf.shape(ids)[1], 0)]],
+                  constant_values=-1)
+
+
+def _num_rows(x):
+    if isinstance(x, dict):
+        x = next(iter(x.values()))
+    if isinstance(x, (tuple, list)) and x and not np.isscalar(x[0]):
+        x = x[0]
+    shape = getattr(x, "shape", None)
+    return int(shape[0]) if shape is not None else len(x)
+
+
+def _features(x):
+    """Float32 features: a scipy matrix as CSR, an array as float32."""
+    if sp.issparse(x):
+        x = sp.csr_matrix(x, dtype=np.float32)
+        x.sort_indices()  # Keras' SparseTensor batches are then in order
+        return x
+    if isinstance(x, np.ndarray) and x.dtype.kind in "fiub":
+        return x.astype(np.float32, copy=False)
+    return x
+
+
+@keras.saving.register_keras_serializable(package="xmc_tf")
 class CandidateTrainer(keras.Model):
     """Base of the training models that score chosen labels only.
 
-    ``call`` is the wrapped model (full scores: prediction and evaluation
-    are exact).  ``train_step`` / ``test_step`` read ``(features,
-    label_ids[, example_ids])`` batches, run the model up to the head
-    layer's input (``queries [b, e]``) and ask :meth:`candidate_loss` for
-    the loss and the fraction of labels scored per row; the gradient step
-    adds the model's regularization losses.  Logged: ``loss`` and
-    ``sampled_fraction``.
+    See the module docstring for the Keras behaviour.  ``train_step``
+    reads ``(features, labels[, example_ids])`` batches, runs the body
+    (``model`` up to the head layer's input, ``queries [b, e]``) and asks
+    :meth:`candidate_loss` for the loss and the fraction of labels scored
+    per row; the gradient step adds the model's regularization losses.
+    Logged: ``loss``, ``sampled_fraction`` and the compiled metrics.
 
     Args:
-      model: functional ``keras.Model`` whose head layer (named
-        ``"output"``) is a :class:`~xmc_tf.layers.scorer.LabelScorer`.
+      model: a built functional or ``Sequential`` ``keras.Model`` with one
+        :class:`~xmc_tf.layers.scorer.LabelScorer` layer (the head).
+      head: None (the model's one LabelScorer layer), or its name or the
+        layer itself when the model has several.
+      train_metrics: whether compiled metrics are also computed on training
+        batches, from the head layer's full scores ``[b, m]`` (validation
+        batches always use the model's full scores).  None: when the head
+        is the model's last layer and ``m <= TRAIN_METRICS_MAX_LABELS``.
       **kwargs: ``keras.Model`` arguments (``name``).
 
     Attributes:
       inference_model: ``model``.
       head_layer: its head layer.
       body: ``model`` up to the head layer's input.
+      num_labels: m.
 
     Raises:
-      ValueError: the head layer is not a LabelScorer (the message names
-        what it lacks).
+      ValueError: no (or no single) LabelScorer layer; the message names
+        what is missing.
     """
 
     #: Whether the logged ``loss`` includes the model's regularization
     #: losses (the sampled trainer's) or only the candidate loss (SCENT's:
     #: the dual objective).
     logs_regularization: ClassVar[bool] = True
+    #: Whether training batches need instance ids (SCENT's duals): ``fit``
+    #: on arrays adds them.
+    needs_example_ids: ClassVar[bool] = False
+    #: LazyAdam's learning rate for ``compile()`` without an optimizer (the
+    #: CLI's ``astra`` / ``lsh`` configs' on multi-label data).
+    LEARNING_RATE: ClassVar[float] = 1e-3
 
-    def __init__(self, model, head=None, **kwargs):
+    def __init__(self, model, head=None, train_metrics=None, **kwargs):
         super().__init__(**kwargs)
+        if not getattr(model, "inputs", None):
+            raise ValueError(
+                f"{type(self).__name__} needs a built model with inputs: "
+                "start it with keras.Input(...) (functional or Sequential)")
         self.inference_model = model
-        self.head_layer = find_label_scorer(model, head,
-                                            type(self).__name__)
+        self.head_layer = find_label_scorer(model, head, type(self).__name__)
+        self.num_labels = int(self.head_layer.num_labels)
         self.body = keras.Model(model.inputs, self.head_layer.input,
                                 name=f"{model.name}_body")
         self.loss_tracker = keras.metrics.Mean(name="loss")
         self.fraction_tracker = keras.metrics.Mean(name="sampled_fraction")
+        self._train_metrics_arg = train_metrics
+        last = model.layers[-1] is self.head_layer
+        if train_metrics is None:
+            train_metrics = last and self.num_labels <= TRAIN_METRICS_MAX_LABELS
+        elif train_metrics and not last:
+            raise ValueError("train_metrics=True needs the head layer "
+                             f"{self.head_layer.name!r} to be the model's last "
+                             "layer")
+        self.train_metrics = bool(train_metrics)
+
+    # -- Keras model API ------------------------------------------------------
 
     @property
     def metrics(self):
-        return [self.loss_tracker, self.fraction_tracker]
+        metrics = [self.loss_tracker, self.fraction_tracker]
+        if getattr(self, "_compile_metrics", None) is not None:
+            metrics.append(self._compile_metrics)
+        return metrics
 
     def call(self, inputs, training=False):
         return self.inference_model(inputs, training=training)
+
+    def compile(self, optimizer=None, loss=None, metrics=None,
+                jit_compile=False, **kwargs):
+        """``keras.Model.compile`` with the trainer's own loss.
+
+        Args:
+          optimizer: as Keras; None: :class:`xmc_tf.optimizers.LazyAdam` at
+            :attr:`LEARNING_RATE` (row-sparse: only the scored labels' rows
+            and their moments move).
+          loss: must be None: the trainer's loss is its constructor
+            argument.
+          metrics: label metrics on full scores, e.g.
+            ``[xmc_tf.metrics.PrecisionAtK(1)]`` (see ``train_metrics``).
+          jit_compile: False by default (XLA cannot compile the custom ops).
+          **kwargs: other ``keras.Model.compile`` arguments.
+
+        Raises:
+          ValueError: a ``loss`` is given.
+        """
+        if loss is not None:
+            raise ValueError(
+                f"{type(self).__name__}.compile takes no loss: pass it as "
+                f"{type(self).__name__}(model, ..., loss=...)")
+        if isinstance(metrics, dict):
+            raise ValueError("metrics must be a list (the trainer has one "
+                             "output)")
+        if optimizer is None:
+            from xmc_tf.optimizers import LazyAdam
+            optimizer = LazyAdam(learning_rate=self.LEARNING_RATE)
+        super().compile(optimizer=optimizer, metrics=metrics,
+                        jit_compile=jit_compile, **kwargs)
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, **kwargs):
+        """``keras.Model.fit`` on any XMC data form.
+
+        ``x``: scipy sparse or dense ``[n, num_features]`` features, or a
+        ``tf.data`` set / generator of ``(features, label_ids[,
+        example_ids])`` batches (``y`` then None).  ``y``: a scipy CSR /
+        dense multi-hot ``[n, num_labels]`` label matrix, label-id lists or
+        ``-1``-padded int ids ``[n, w]`` (turned into padded ids once,
+        :func:`xmc_tf.data.padded_label_ids`; no dense ``[n, num_labels]``
+        array is made).  ``validation_data`` takes the same forms;
+        ``validation_split`` holds out the last rows, as Keras does.
+
+        Raises:
+          ValueError: features and labels with different row counts, a
+            label id ``>= num_labels``, a label matrix of another width
+            (each naming both sizes), before any step runs.
+        """
+        kwargs = dict(kwargs)
+        split = float(kwargs.pop("validation_split", 0.0) or 0.0)
+        if y is not None:  # arrays (Keras takes y only with arrays)
+            x, y = self._arrays(x, y)
+            if split:
+                if kwargs.get("validation_data") is not None:
+                    raise ValueError("pass validation_data or "
+                                     "validation_split, not both")
+                cut = int(round(_num_rows(x) * (1.0 - split)))
+                kwargs["validation_data"] = (x[cut:], y[cut:])
+                x, y = x[:cut], y[:cut]
+            self.prepare(y)
+            if self.needs_example_ids:
+                y = (y, np.arange(_num_rows(x), dtype=np.int64))
+        elif split:
+            raise ValueError("validation_split needs array inputs")
+        else:
+            self.prepare(None, dataset=x)
+        val = kwargs.get("validation_data")
+        if isinstance(val, (tuple, list)) and len(val) >= 2:
+            kwargs["validation_data"] = self._arrays(val[0], val[1])
+        return super().fit(x, y, batch_size=batch_size, epochs=epochs,
+                           **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        """``keras.Model.evaluate`` on the forms :meth:`fit` takes."""
+        if y is not None:
+            x, y = self._arrays(x, y)
+        return super().evaluate(x, y, *args, **kwargs)
+
+    def prepare(self, labels, dataset=None) -> None:
+        """Called by :meth:`fit` before training with the training labels
+        (int32 padded ids ``[n, w]``, or None and the ``tf.data`` set):
+        subclasses resolve their data-dependent defaults here."""
+        del labels, dataset
+
+    def _arrays(self, x, y):
+        """Checked float32 features and int32 padded ids."""
+        x = _features(x)
+        n = _num_rows(x)
+        ids = padded_label_ids(y, self.num_labels)
+        if ids.shape[0] != n:
+            raise ValueError(f"features have {n} rows but labels have "
+                             f"{ids.shape[0]}")
+        return x, ids
+
+    def get_config(self):
+        return {"name": self.name,
+                "model": keras.saving.serialize_keras_object(
+                    self.inference_model),
+                "head": self.head_layer.name,
+                "train_metrics": self._train_metrics_arg}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        config["model"] = keras.saving.deserialize_keras_object(
+            config["model"], custom_objects=custom_objects)
+        return cls(**config)
+
+    def export(self, filepath, format="tf_saved_model", verbose=None, k=5,
+               portable=None, **kwargs):
+        """Writes the wrapped model as a SavedModel with xmc_tf's named
+        signatures (``serve``: top ``k``; ``score_all_labels``), as
+        :func:`xmc_tf.saving.export_saved_model` does.
+
+        Args:
+          filepath: output directory.
+          format: ``"tf_saved_model"``; other Keras formats export the
+            wrapped model with ``keras.Model.export``.
+          verbose: unused (Keras' argument).
+          k: labels per instance of ``serve``.
+          portable: see :func:`xmc_tf.saving.export_saved_model`.
+
+        Returns:
+          True when the SavedModel needs no xmc_tf op.
+
+        Raises:
+          ValueError: as :func:`xmc_tf.saving.export_saved_model`.
+        """
+        del verbose
+        if format != "tf_saved_model":
+            return self.inference_model.export(filepath, format=format,
+                                               **kwargs)
+        if kwargs:
+            raise ValueError(f"unexpected arguments {sorted(kwargs)}")
+        if not _SAVED_MODEL_WRITER:
+            raise RuntimeError("import xmc_tf.saving to export")
+        return _SAVED_MODEL_WRITER[0](self.inference_model, filepath, k=k,
+                                      portable=portable)
+
+    # -- the training step ----------------------------------------------------
 
     def candidate_loss(self, queries, labels, example_ids, training):
         """The loss of a batch and the fraction of labels it scored.
 
         Args:
           queries: float ``[b, e]``, the head layer's input.
-          labels: int ``[b, n]`` label ids padded with -1 (or ``[b]``).
+          labels: int32 ``[b, n]`` label ids padded with -1.
           example_ids: int ``[b]`` instance ids, or None (batches without).
           training: whether this is a training step.
 
@@ -118,47 +405,71 @@ class CandidateTrainer(keras.Model):
         """
         raise NotImplementedError
 
-    def check_batch(self, data, training: bool) -> None:
+    def check_batch(self, labels, example_ids, training: bool) -> None:
         """Rejects batches the trainer cannot use (default: none).
 
         Raises:
           ValueError: in subclasses, a batch without what they need.
         """
-        del data, training
+        del labels, example_ids, training
+
+    def _batch(self, data, training):
+        """``(x, int32 label ids [b, n], example ids or None)`` of a batch:
+        ``(x, y)``, ``(x, (y, ids))`` (what :meth:`fit` makes of arrays) or
+        ``(x, y, ids)`` (``make_tf_dataset(..., with_example_ids=True)``)."""
+        x, y, ids = keras.utils.unpack_x_y_sample_weight(data)
+        if isinstance(y, (tuple, list)):
+            y, ids = y
+        self.check_batch(y, ids, training)
+        return x, label_ids(y, self.num_labels), ids
 
     def _loss(self, x, y, ids=None, training=False):
-        """``(loss, fraction)`` of a batch: :meth:`candidate_loss` on the
-        body's output, plus the model's regularization losses when
+        """``(loss, fraction, queries)`` of a batch: :meth:`candidate_loss`
+        on the body's output, plus the model's regularization losses when
         :attr:`logs_regularization`."""
         queries = self.body(x, training=training)
         loss, fraction = self.candidate_loss(queries, y, ids, training)
         if self.logs_regularization and self.losses:
             loss = loss + tf.add_n(self.losses)
-        return loss, fraction
-
-    def _batch(self, data, training):
-        self.check_batch(data, training)
-        ids = data[2] if len(data) > 2 else None
-        return data[0], data[1], ids
+        return loss, fraction, queries
 
     def train_step(self, data):
         x, y, ids = self._batch(data, training=True)
         with tf.GradientTape() as tape:
-            loss, fraction = self._loss(x, y, ids, training=True)
+            loss, fraction, queries = self._loss(x, y, ids, training=True)
             total = loss
             if self.losses and not self.logs_regularization:
                 total = loss + tf.add_n(self.losses)
+            scaled = (self.optimizer.scale_loss(total)
+                      if hasattr(self.optimizer, "scale_loss") else total)
         variables = self.trainable_variables
-        grads = tape.gradient(total, variables)
+        grads = tape.gradient(scaled, variables)
         self.optimizer.apply(grads, variables)
+        if self.train_metrics and self._compile_metrics is not None:
+            scores = self.head_layer(tf.stop_gradient(queries))
+            self._compile_metrics.update_state(y, scores)
         return self._log(loss, fraction)
 
     def test_step(self, data):
         x, y, ids = self._batch(data, training=False)
-        loss, fraction = self._loss(x, y, ids, training=False)
+        loss, fraction, _ = self._loss(x, y, ids, training=False)
+        if self._compile_metrics is not None:
+            self._compile_metrics.update_state(
+                y, self.inference_model(x, training=False))
         return self._log(loss, fraction)
 
     def _log(self, loss, fraction):
         self.loss_tracker.update_state(loss)
         self.fraction_tracker.update_state(fraction)
-        return {m.name: m.result() for m in self.metrics}
+        return self.get_metrics_result()
+
+    # -- state of the candidate source (checkpoints) ---------------------------
+
+    def get_state(self) -> dict:
+        """Mutable state outside the Keras variables (e.g. a sampler's
+        index) as NumPy arrays, for an exact resume (default: none)."""
+        return {}
+
+    def set_state(self, state: dict) -> None:
+        """Restores :meth:`get_state`'s result."""
+        del state
