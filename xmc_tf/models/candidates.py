@@ -236,6 +236,7 @@ class CandidateTrainer(keras.Model):
                              f"{self.head_layer.name!r} to be the model's last "
                              "layer")
         self.train_metrics = bool(train_metrics)
+        self.built = True  # the wrapped model is built
 
     # -- Keras model API ------------------------------------------------------
 
@@ -280,6 +281,23 @@ class CandidateTrainer(keras.Model):
         super().compile(optimizer=optimizer, metrics=metrics,
                         jit_compile=jit_compile, **kwargs)
 
+    def compile_from_config(self, config):
+        """Compiles from ``get_compile_config()`` (``keras.models.load_model``
+        of a compiled trainer)."""
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if getattr(self, "optimizer", None) is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    def _build_metrics(self):
+        """Builds the compiled metrics before a run (they may see no
+        training batch: ``train_metrics`` False)."""
+        metrics = getattr(self, "_compile_metrics", None)
+        if metrics is not None and not metrics.built:
+            out = self.inference_model.outputs[0]
+            metrics.build(keras.KerasTensor((None, None), "int32"),
+                          keras.KerasTensor(out.shape, out.dtype))
+
     def fit(self, x=None, y=None, batch_size=None, epochs=1, **kwargs):
         """``keras.Model.fit`` on any XMC data form.
 
@@ -318,6 +336,7 @@ class CandidateTrainer(keras.Model):
         val = kwargs.get("validation_data")
         if isinstance(val, (tuple, list)) and len(val) >= 2:
             kwargs["validation_data"] = self._arrays(val[0], val[1])
+        self._build_metrics()
         return super().fit(x, y, batch_size=batch_size, epochs=epochs,
                            **kwargs)
 
@@ -325,6 +344,7 @@ class CandidateTrainer(keras.Model):
         """``keras.Model.evaluate`` on the forms :meth:`fit` takes."""
         if y is not None:
             x, y = self._arrays(x, y)
+        self._build_metrics()
         return super().evaluate(x, y, *args, **kwargs)
 
     def prepare(self, labels, dataset=None) -> None:
@@ -448,7 +468,7 @@ class CandidateTrainer(keras.Model):
         if self.train_metrics and self._compile_metrics is not None:
             scores = self.head_layer(tf.stop_gradient(queries))
             self._compile_metrics.update_state(y, scores)
-        return self._log(loss, fraction)
+        return self._log(loss, fraction, metrics=self.train_metrics)
 
     def test_step(self, data):
         x, y, ids = self._batch(data, training=False)
@@ -458,10 +478,13 @@ class CandidateTrainer(keras.Model):
                 y, self.inference_model(x, training=False))
         return self._log(loss, fraction)
 
-    def _log(self, loss, fraction):
+    def _log(self, loss, fraction, metrics=True):
         self.loss_tracker.update_state(loss)
         self.fraction_tracker.update_state(fraction)
-        return self.get_metrics_result()
+        if metrics:
+            return self.get_metrics_result()
+        return {m.name: m.result() for m in (self.loss_tracker,
+                                             self.fraction_tracker)}
 
     # -- state of the candidate source (checkpoints) ---------------------------
 
