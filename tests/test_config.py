@@ -75,7 +75,7 @@ def test_packaged_configs_override_only_what_they_say():
     assert (lsh.loss, lsh.sampler.kind, lsh.sampler.K,
             lsh.train.learning_rate) == ("softmax", "lsh", 0, None)
     assert xconfig.resolve_regime(lsh, False).train.learning_rate == 2e-3
-    assert xconfig.get_config("astra").sampler.K == 9
+    assert xconfig.get_config("astra").sampler.K == 0  # lsh_auto_K
     quick = _flat(xconfig.get_config("quickstart"))
     base = _flat(xconfig.base())
     assert {k for k in base if base[k] != quick[k]} == {"train.epochs",

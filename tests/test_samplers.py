@@ -731,9 +731,11 @@ def test_ann_search_runs_with_one_blas_thread_and_restores_the_pools():
 
 def test_refresh_index_epoch_schedule_and_logs():
     model, head, x, y = small_model()
-    sampler = AnnNegativeSampler(40, 3, index="flat")
+    # A mixture samples uniform negatives before its first refresh.
+    sampler = MixtureSampler(AnnNegativeSampler(40, 3, index="flat"),
+                             UniformNegativeSampler(40, 3))
     sampler.bind(head)
-    cb = RefreshIndex(sampler, start_epoch=1, every_epochs=2)
+    cb = RefreshIndex(sampler, start_epoch=1, every_n_epochs=2)
     hist = model.fit(x, y, batch_size=8, epochs=6, callbacks=[cb], verbose=0)
     # refreshes at the beginning of epochs 1, 3, 5
     assert hist.history["index_refreshes"] == [0, 1, 1, 2, 2, 3]
@@ -741,24 +743,37 @@ def test_refresh_index_epoch_schedule_and_logs():
     assert secs[0] == 0 and secs[2] == 0 and secs[4] == 0
     assert secs[1] > 0 and secs[3] > 0 and secs[5] > 0
     # the index holds the weights of the beginning of epoch 5
-    assert sampler.refresh_count == 3
+    assert sampler.hard.refresh_count == 3
+
+
+def test_refresh_index_defaults_build_an_ann_index_at_epoch_0():
+    """``RefreshIndex(sampler)``: tau_s = 1, but an ANN sampler alone cannot
+    sample without an index, so it gets one at the start of epoch 0; then
+    one per epoch from epoch 1."""
+    model, head, x, y = small_model()
+    sampler = AnnNegativeSampler(40, 3, index="flat")
+    sampler.bind(head)
+    cb = RefreshIndex(sampler)
+    hist = model.fit(x, y, batch_size=8, epochs=3, callbacks=[cb], verbose=0)
+    assert hist.history["index_refreshes"] == [1, 2, 3]
 
 
 def test_refresh_index_resumed_fit_rebuilds_missing_index():
     model, head, x, y = small_model()
     sampler = AnnNegativeSampler(40, 3, index="flat")
     sampler.bind(head)
-    cb = RefreshIndex(sampler, start_epoch=0, every_epochs=5)
+    cb = RefreshIndex(sampler, start_epoch=0, every_n_epochs=5)
     model.fit(x, y, batch_size=8, epochs=4, initial_epoch=2, callbacks=[cb],
               verbose=0)
     assert cb.refreshes == 1  # epoch 2 is not on the schedule, but no index
 
 
-def test_refresh_index_every_steps_and_after_rewire():
+def test_refresh_index_every_n_steps_and_after_rewire():
     model, head, x, y = small_model()
     sampler = AnnNegativeSampler(40, 3, index="flat")
     sampler.bind(head)
-    cb = RefreshIndex(sampler, every_epochs=None, every_steps=3)
+    cb = RefreshIndex(sampler, start_epoch=0, every_n_epochs=None,
+                      every_n_steps=3)
     model.fit(x, y, batch_size=8, epochs=3, callbacks=[cb], verbose=0)
     # 12 steps: first-epoch build (no index) + steps 3, 6, 9, 12
     assert cb.refreshes == 5
@@ -767,7 +782,8 @@ def test_refresh_index_every_steps_and_after_rewire():
     sampler = AnnNegativeSampler(40, 3, index="flat")
     sampler.bind(head)
     set_cb = SetRewiring(every_n_steps=2, fraction=0.5, seed=0)
-    cb = RefreshIndex(sampler, every_epochs=None, after_rewire=set_cb)
+    cb = RefreshIndex(sampler, start_epoch=0, every_n_epochs=None,
+                      after_rewire=set_cb)
     model.fit(x, y, batch_size=8, epochs=1, callbacks=[set_cb, cb], verbose=0)
     assert set_cb.rewires == 2 and cb.refreshes == 1 + 2
     # the index reflects the rewired connections
@@ -788,6 +804,6 @@ def test_refresh_index_argument_checks():
     with pytest.raises(ValueError):
         RefreshIndex(None, start_epoch=-1)
     with pytest.raises(ValueError):
-        RefreshIndex(None, every_steps=0)
+        RefreshIndex(None, every_n_steps=0)
     with pytest.raises(ValueError):
         RefreshIndex(None, after_rewire=object())

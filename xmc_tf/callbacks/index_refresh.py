@@ -15,21 +15,34 @@ from xmc_tf.callbacks.rewiring import SetRewiring
 __all__ = ["RefreshIndex", "Rehash"]
 
 
+def _log_candidate_yield(sampler, logs) -> None:
+    """Epoch end: the sampler's mean candidates per row into ``logs``
+    (``candidates_per_row``), with its once-only warning when short
+    (:meth:`xmc_tf.samplers.NegativeSampler.check_candidate_yield`)."""
+    check = getattr(sampler, "check_candidate_yield", None)
+    result = check() if check is not None else None
+    if result is not None and logs is not None:
+        logs["candidates_per_row"] = result[0]
+
+
 class RefreshIndex(keras.callbacks.Callback):
     """Rebuilds a negative sampler's index on a schedule (ASTRA's stale index).
 
     ASTRA (Mehta et al.), Algorithm 1 lines 10-13: from epoch ``tau_s``
     (``start_epoch``) on, rebuild the ANN index over the classifier weights
-    every ``tau_r`` epochs (``every_epochs``; the paper uses 5 and 5,
+    every ``tau_r`` epochs (``every_n_epochs``; the paper uses 5 and 5,
     Appendix B.2), and sample hard negatives from the stale index in
     between.  Calls ``sampler.refresh()``:
 
     * at the beginning of every epoch ``e >= start_epoch`` with
-      ``(e - start_epoch) % every_epochs == 0``, and at the first epoch
+      ``(e - start_epoch) % every_n_epochs == 0``, and at the first epoch
       ``>= start_epoch`` of a ``fit`` whenever the sampler has no index yet
       (so a resumed run rebuilds it before its first step: this is the "at
       train begin" refresh);
-    * additionally every ``every_steps`` optimizer steps (counted with
+    * before ``start_epoch`` too when the sampler has no index and cannot
+      sample without one (``samples_before_refresh`` False: an ANN or LSH
+      sampler alone);
+    * additionally every ``every_n_steps`` optimizer steps (counted with
       ``optimizer.iterations``, exact with ``steps_per_execution``), once
       ``start_epoch`` is reached;
     * after a SET rewire (``after_rewire``) and after
@@ -38,10 +51,22 @@ class RefreshIndex(keras.callbacks.Callback):
     Before ``start_epoch`` a :class:`~xmc_tf.samplers.MixtureSampler` draws
     only uniform negatives (Algorithm 1 lines 6-8).
 
+    The defaults are the CLI's (``config.sampler.refresh_*``,
+    :data:`xmc_tf.config.HEAD_DEFAULTS`): a first epoch of uniform
+    negatives, then a refresh at the start of every epoch (``tau_s = 1``,
+    ``tau_r = 1``; with a projected uniform-sparse head the first epoch also
+    records the head inputs that the projection basis is fitted to, see
+    :mod:`xmc_tf.samplers.ann`).
+
     Epoch logs get ``index_refresh_seconds`` (seconds spent refreshing
     during the epoch, 0 if none) and ``index_refreshes`` (refreshes so far),
     always present so CSVLogger/TensorBoard callbacks placed after this one
-    see them.
+    see them, and ``candidates_per_row`` (the sampler's
+    :meth:`~xmc_tf.samplers.NegativeSampler.candidate_yield`: mean
+    candidates drawn per row in the epoch, or of a mixture's hard part;
+    absent when nothing was counted).  At each epoch end the sampler's
+    :meth:`~xmc_tf.samplers.NegativeSampler.check_candidate_yield` warns
+    once if that fell below half of what was asked.
 
     SET cooperation: :class:`SetRewiring` moves connections of a
     uniform-sparse head, which changes those labels' vectors; the index
@@ -55,8 +80,9 @@ class RefreshIndex(keras.callbacks.Callback):
       sampler: a bound :class:`~xmc_tf.samplers.NegativeSampler` (``bind``
         done by the trainer).
       start_epoch: tau_s, first epoch (0-based) with an index.
-      every_epochs: tau_r, refresh period in epochs (None: no epoch schedule).
-      every_steps: refresh period in optimizer steps (None: off).
+      every_n_epochs: tau_r, refresh period in epochs (None: no epoch
+        schedule).
+      every_n_steps: refresh period in optimizer steps (None: off).
       after_rewire: a :class:`SetRewiring` instance, or None.
       verbose: print a line per refresh.
 
@@ -79,20 +105,20 @@ class RefreshIndex(keras.callbacks.Callback):
     >>> sampler = AnnNegativeSampler(50, 4)
     >>> trainer = SampledTrainer(model, sampler, SampledSquaredHinge())
     >>> trainer.compile(optimizer="adam", jit_compile=False)
-    >>> cb = RefreshIndex(sampler, start_epoch=0, every_epochs=2)
+    >>> cb = RefreshIndex(sampler, start_epoch=0, every_n_epochs=2)
     >>> history = trainer.fit(make_tf_dataset(train, 64), epochs=4, verbose=0,
     ...                       callbacks=[cb])
     >>> history.history["index_refreshes"]  # at the start of epochs 0 and 2
     [1, 1, 2, 2]
     """
 
-    def __init__(self, sampler, start_epoch=0, every_epochs=1, every_steps=None,
-                 after_rewire=None, verbose=0):
+    def __init__(self, sampler, start_epoch=1, every_n_epochs=1,
+                 every_n_steps=None, after_rewire=None, verbose=0):
         super().__init__()
         if int(start_epoch) < 0:
             raise ValueError(f"start_epoch must be >= 0, got {start_epoch}")
-        for name, value in [("every_epochs", every_epochs),
-                            ("every_steps", every_steps)]:
+        for name, value in [("every_n_epochs", every_n_epochs),
+                            ("every_n_steps", every_n_steps)]:
             if value is not None and int(value) < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
         if after_rewire is not None and not isinstance(after_rewire, SetRewiring):
@@ -100,8 +126,10 @@ class RefreshIndex(keras.callbacks.Callback):
                              f"{type(after_rewire).__name__}")
         self.sampler = sampler
         self.start_epoch = int(start_epoch)
-        self.every_epochs = None if every_epochs is None else int(every_epochs)
-        self.every_steps = None if every_steps is None else int(every_steps)
+        self.every_n_epochs = (None if every_n_epochs is None
+                               else int(every_n_epochs))
+        self.every_n_steps = (None if every_n_steps is None
+                              else int(every_n_steps))
         self.after_rewire = after_rewire
         self.verbose = verbose
         self.refreshes = 0
@@ -138,9 +166,9 @@ class RefreshIndex(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._epoch = None
-        if self.every_steps is not None:
+        if self.every_n_steps is not None:
             self._periods_done = (optimizer_step(self.model)
-                                  // self.every_steps)
+                                  // self.every_n_steps)
         if self.after_rewire is not None:
             self._rewires_seen = self.after_rewire.rewires
 
@@ -148,16 +176,19 @@ class RefreshIndex(keras.callbacks.Callback):
         self._epoch = int(epoch)
         self._epoch_seconds = 0.0
         if not self._started():
+            if not self._has_index() and not getattr(
+                    self.sampler, "samples_before_refresh", True):
+                self.refresh_now()
             return
-        scheduled = (self.every_epochs is not None and
-                     (self._epoch - self.start_epoch) % self.every_epochs == 0)
+        scheduled = (self.every_n_epochs is not None and
+                     (self._epoch - self.start_epoch) % self.every_n_epochs == 0)
         if scheduled or not self._has_index():
             self.refresh_now()
 
     def on_train_batch_end(self, batch, logs=None):
         due = self._requested
-        if self.every_steps is not None:
-            periods = optimizer_step(self.model) // self.every_steps
+        if self.every_n_steps is not None:
+            periods = optimizer_step(self.model) // self.every_n_steps
             if periods > self._periods_done:
                 self._periods_done = periods
                 due = due or self._started()
@@ -173,6 +204,7 @@ class RefreshIndex(keras.callbacks.Callback):
         if logs is not None:
             logs.update({"index_refresh_seconds": self._epoch_seconds,
                          "index_refreshes": self.refreshes})
+        _log_candidate_yield(self.sampler, logs)
 
 
 class Rehash(keras.callbacks.Callback):
@@ -203,7 +235,13 @@ class Rehash(keras.callbacks.Callback):
     epoch), ``lsh_rows_rehashed`` (labels re-hashed during the epoch),
     ``lsh_rehashes`` (re-hashes so far) and ``lsh_rehash_period`` (current
     period in steps), always present so that CSVLogger / TensorBoard
-    callbacks placed after this one see them.  ``get_state``/``set_state``
+    callbacks placed after this one see them, and ``candidates_per_row``
+    (the sampler's :meth:`~xmc_tf.samplers.NegativeSampler.candidate_yield`
+    over the epoch; absent when nothing was counted); the sampler's
+    :meth:`~xmc_tf.samplers.NegativeSampler.check_candidate_yield` warns
+    once when it fell below half of ``k``.  The defaults (period 50 steps,
+    decay 0.95) are the CLI's (``config.sampler.rehash_every_steps``,
+    ``rehash_decay``): LNS' initial period; the decay was not measured.  ``get_state``/``set_state``
     carry the schedule (and the threshold snapshot) across a resume
     (:mod:`xmc_tf.checkpoint`).
 
@@ -386,3 +424,4 @@ class Rehash(keras.callbacks.Callback):
                          "lsh_rows_rehashed": self._epoch_rows,
                          "lsh_rehashes": self.rehashes,
                          "lsh_rehash_period": float(self.period)})
+        _log_candidate_yield(self.sampler, logs)

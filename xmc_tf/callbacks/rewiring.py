@@ -40,13 +40,24 @@ REGROWTH = ("random", "gradient")
 _BLOCK_BYTES = 256 << 20
 
 
+def _inner_optimizer(optimizer):
+    """The optimizer that holds the per-weight state: the one inside a
+    ``keras.optimizers.LossScaleOptimizer`` (which ``compile`` wraps around
+    the optimizer under the ``"mixed_float16"`` policy), else itself."""
+    while isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
 def _slot_names(optimizer):
-    """Names of the optimizer's per-variable state lists.
+    """Names of the optimizer's per-variable state lists (of the inner
+    optimizer of a ``LossScaleOptimizer``).
 
     Raises:
       ValueError: an optimizer whose state layout SetRewiring does not know
         (see :func:`xmc_tf.optimizers.slot_names`).
     """
+    optimizer = _inner_optimizer(optimizer)
     try:
         return slot_names(optimizer)
     except ValueError as e:
@@ -61,7 +72,7 @@ def _optimizer_slots(optimizer, variable):
       ValueError: as :func:`_slot_names`.
     """
     _slot_names(optimizer)
-    return slot_variables(optimizer, variable)
+    return slot_variables(_inner_optimizer(optimizer), variable)
 
 
 def _dtype_name(x) -> str:
@@ -391,11 +402,20 @@ class SetRewiring(keras.callbacks.Callback):
         keeps a resumed run exact).  The model's compiled loss is
         differentiated on it (see :func:`layer_gradient_sample`).
 
+    Mixed precision: the kernel variables stay float32 under
+    ``keras.mixed_precision`` policies, and the optimizer state is found
+    inside the ``keras.optimizers.LossScaleOptimizer`` that ``compile``
+    wraps around the optimizer under ``"mixed_float16"``.
+
+    The defaults (every 1000 steps, 10 %) are the paper's (Sec. 4.1) and
+    the CLI's (``config.set``, :data:`xmc_tf.config.BASE`).
+
     Raises:
       ValueError: bad arguments; at train begin, an optimizer other than
         Adam, AdamW or SGD or a subclass of them (e.g.
-        :class:`xmc_tf.optimizers.LazyAdam`, ``LazySGD``), or a model without
-        UniformSparseDense layer.
+        :class:`xmc_tf.optimizers.LazyAdam`, ``LazySGD``; also inside a
+        ``LossScaleOptimizer``), or a model without UniformSparseDense
+        layer.
 
     >>> cb = SetRewiring(every_n_steps=1000, fraction=0.1)
     """

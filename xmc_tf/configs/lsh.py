@@ -22,5 +22,4 @@ def get_config():
     c = packaged("astra")
     c.loss = "softmax"  # the paper's loss; the weighted hinge diverged
     c.sampler.kind = "lsh"
-    c.sampler.K = 0  # floor(log2(L m / k)) in [1, 16]: K=9 left buckets empty
     return c

@@ -70,6 +70,11 @@ class LabelDense(keras.layers.Layer):
     Input shape: ``[..., input_dim]`` float (rank >= 2).
     Output shape: ``[..., units]``.
 
+    Mixed precision (``"mixed_float16"``, ``"mixed_bfloat16"`` policies):
+    the variables stay float32 and are cast to the compute dtype
+    (:meth:`score_candidates` / :meth:`score_shared` cast only the gathered
+    rows), so the outputs are float16 / bfloat16 (tests/test_mixed_precision.py).
+
     Raises:
       ValueError: ``units`` < 1; at build, an unknown last input dimension.
 

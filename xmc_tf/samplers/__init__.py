@@ -10,9 +10,9 @@ from xmc_tf.samplers.vectors import label_vectors
 __all__ = ["Candidates", "NegativeSampler", "mask_accidental_hits"]
 __all__ += ["AnnNegativeSampler", "InBatchSampler", "MixtureSampler",
             "UniformNegativeSampler", "label_vectors"]
-from xmc_tf.samplers.lsh import LshNegativeSampler  # noqa: E402
+from xmc_tf.samplers.lsh import LshNegativeSampler, lsh_auto_K  # noqa: E402
 
-__all__ += ["LshNegativeSampler"]
+__all__ += ["LshNegativeSampler", "lsh_auto_K"]
 from xmc_tf.samplers.registry import (kinds, make_sampler,  # noqa: E402
                                       register_sampler, sampler_kind)
 

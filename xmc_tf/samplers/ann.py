@@ -198,6 +198,9 @@ class AnnNegativeSampler(NegativeSampler):
     """
 
     needs_refresh = True
+    samples_before_refresh = False
+    _short_yield_hint = ("Search more of the index (a larger nprobe) or "
+                         "use index='flat'.")
 
     def __init__(self, num_labels, num_candidates, index="auto", nlist=None,
                  nprobe=16, hnsw_m=32, ef_search=128, ef_construction=64,
@@ -433,6 +436,11 @@ class AnnNegativeSampler(NegativeSampler):
             ids = np.pad(ids, [(0, 0), (0, pad)])
             mask = np.pad(mask, [(0, 0), (0, pad)])
         ids = np.where(mask, ids, 0).astype(np.int32)
+        # Positives the index returned were drawn too (the yield measures
+        # the index, not the data).
+        drawn = np.minimum(mask.sum(axis=1) + (bad & (found >= 0)).sum(
+            axis=1), k)
+        self._count_candidates_numpy(np.arange(k)[None, :] < drawn[:, None])
         return ids, mask, np.bool_(True)
 
     def sample_with_status(self, queries, positives, num_candidates=None,

@@ -51,6 +51,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import warnings
+
 import numpy as np
 import tensorflow as tf
 
@@ -58,8 +60,12 @@ import tensorflow as tf
 # importing the samplers); part of this module's interface.
 from xmc_tf.ops.sampled import mask_accidental_hits
 
-__all__ = ["Candidates", "NegativeSampler", "mask_accidental_hits",
+__all__ = ["Candidates", "NegativeSampler", "SHORT_YIELD", "mask_accidental_hits",
            "shared_candidates"]
+
+#: :meth:`NegativeSampler.check_candidate_yield` warns when a sampler drew
+#: fewer than this fraction of the candidates asked for, on average.
+SHORT_YIELD = 0.5
 
 
 class Candidates(NamedTuple):
@@ -111,6 +117,10 @@ class NegativeSampler:
     needs_refresh = False
     #: Whether :meth:`sample_shared` is implemented.
     supports_shared = False
+    #: Whether :meth:`sample` works before the first :meth:`refresh` (a
+    #: :class:`~xmc_tf.samplers.MixtureSampler` then draws uniform
+    #: negatives only; an ANN or LSH sampler alone raises).
+    samples_before_refresh = True
 
     def __init__(self, num_labels: int, num_candidates: int, seed: int = 0):
         if int(num_labels) < 1:
@@ -122,6 +132,9 @@ class NegativeSampler:
         self.num_candidates = int(num_candidates)
         self.seed = int(seed)
         self.head = None
+        self._yield_vars = None  # tf.Variables drawn, asked, rows (bind)
+        self._yield_numpy = np.zeros(3, np.float64)  # numpy_function paths
+        self._warned_short = False
 
     def bind(self, head_layer) -> None:
         """Gives the sampler the head layer whose label vectors it indexes.
@@ -139,6 +152,110 @@ class NegativeSampler:
             raise ValueError(f"{type(self).__name__}: head has {units} labels, "
                              f"sampler was made for {self.num_labels}")
         self.head = head_layer
+        if self._yield_vars is None:
+            # Summed over replicas under a tf.distribute strategy.
+            with tf.device("/CPU:0"):
+                self._yield_vars = [
+                    tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                                name=f"candidates_{name}",
+                                aggregation=tf.VariableAggregation.SUM)
+                    for name in ("drawn", "asked", "rows")]
+
+    # ------------------------------------------------------- candidate yield
+    def _count_candidates(self, drawn_mask):
+        """Adds a batch's drawn candidates to the yield counters.
+
+        Called by samplers that can come up short (LSH, ANN) inside
+        :meth:`sample` (graph-compatible; a no-op before :meth:`bind`).
+
+        Args:
+          drawn_mask: bool ``[b, k]``, True for each candidate actually
+            drawn (accidental hits included: they were drawn).
+        """
+        if self._yield_vars is None:
+            return
+        drawn_mask = tf.convert_to_tensor(drawn_mask)
+        with tf.device("/CPU:0"):
+            counts = [tf.reduce_sum(tf.cast(drawn_mask, tf.float64)),
+                      tf.cast(tf.size(drawn_mask), tf.float64),
+                      tf.cast(tf.shape(drawn_mask)[0], tf.float64)]
+            for variable, count in zip(self._yield_vars, counts):
+                variable.assign_add(count)
+
+    def _count_candidates_numpy(self, drawn_mask: np.ndarray) -> None:
+        """:meth:`_count_candidates` for code running in NumPy (inside a
+        ``tf.numpy_function``): bool ``[b, k]``."""
+        drawn_mask = np.asarray(drawn_mask)
+        self._yield_numpy += (float(np.count_nonzero(drawn_mask)),
+                              float(drawn_mask.size),
+                              float(drawn_mask.shape[0]))
+
+    def _yield_counts(self, reset: bool):
+        """``(drawn, asked, rows)`` since the last reset."""
+        counts = self._yield_numpy.copy()
+        if self._yield_vars is not None:
+            counts += [float(v.numpy()) for v in self._yield_vars]
+        if reset:
+            self._yield_numpy[:] = 0.0
+            if self._yield_vars is not None:
+                for v in self._yield_vars:
+                    v.assign(0.0)
+        return counts
+
+    def candidate_yield(self, reset: bool = True):
+        """Mean candidates drawn per row since the last reset.
+
+        Counts every :meth:`sample` (of an LSH or ANN sampler, also through
+        a :class:`~xmc_tf.samplers.MixtureSampler`) since the last reset.
+        An LSH sampler comes up short when its probed buckets hold fewer
+        than ``k`` labels (too many buckets for the label space); an ANN
+        sampler when its index returns fewer than ``k`` labels besides the
+        positives.  Accidental hits count as drawn.
+
+        Args:
+          reset: start counting afresh after reading.
+
+        Returns:
+          ``(mean drawn per row, mean asked per row)`` as floats (the second
+          is ``k``, or the mixture's ``k_h``), or None when nothing was
+          counted (before :meth:`bind`, or a sampler that always fills its
+          ``k``: uniform, in-batch).
+        """
+        drawn, asked, rows = self._yield_counts(reset)
+        return None if rows == 0 else (drawn / rows, asked / rows)
+
+    def check_candidate_yield(self, reset: bool = True):
+        """:meth:`candidate_yield`, with a warning when it comes up short.
+
+        Warns (``UserWarning``, once per sampler) when the mean candidates
+        drawn per row fall below :data:`SHORT_YIELD` (half) of those asked:
+        the loss then sees few negatives (an LSH sampler: fewer hash
+        functions per table, e.g. the automatic ``K``; an ANN sampler: a
+        larger ``nprobe``).  :class:`~xmc_tf.callbacks.RefreshIndex` and
+        :class:`~xmc_tf.callbacks.Rehash` call it at every epoch end; a
+        training loop of one's own can call it once an epoch.
+
+        Args:
+          reset: as :meth:`candidate_yield`.
+
+        Returns:
+          :meth:`candidate_yield`'s value.
+        """
+        result = self.candidate_yield(reset=reset)
+        if result is None or self._warned_short:
+            return result
+        drawn, asked = result
+        if drawn < SHORT_YIELD * asked:
+            self._warned_short = True
+            warnings.warn(
+                f"{type(self).__name__} drew {drawn:.3g} candidates per row "
+                f"on average of the {asked:.3g} asked for; the sampled loss "
+                "sees few negatives. " + self._short_yield_hint,
+                stacklevel=2)
+        return result
+
+    #: What to change when :meth:`check_candidate_yield` warns.
+    _short_yield_hint = ""
 
     def sample(self, queries, positives, step) -> Candidates:
         """Draws ``num_candidates`` negatives per row (graph-compatible).

@@ -110,8 +110,12 @@ class LshNegativeSampler(NegativeSampler):
       num_labels: m.
       num_candidates: k, candidates per instance (the width of the output).
       hash: ``"simhash"`` or ``"dwta"``.
-      K: hash functions per table (SimHash: bits per table).  LNS uses
-        SimHash K=9, L=50 (Text8) and DWTA K=6, L=400 / K=5, L=350.
+      K: hash functions per table (SimHash: bits per table; DWTA:
+        ``log2(bin_size)`` bits per function).  None (the default):
+        :func:`lsh_auto_K` for this ``hash``, ``bin_size`` and
+        ``bucket_bits``, so that the ``L`` probed buckets hold about ``k``
+        labels.  LNS uses SimHash K=9, L=50 (Text8, 250k labels) and DWTA
+        K=6, L=400 / K=5, L=350.
       L: number of tables.
       query: ``"embedding"`` (hash the head input) or ``"label"`` (probe with
         the positives' codes).
@@ -133,7 +137,8 @@ class LshNegativeSampler(NegativeSampler):
     -1, step int64)`` returns :class:`~xmc_tf.samplers.Candidates` ``[b,
     k]`` (``ids`` int32, ``mask`` bool, ``log_q``/``weights`` float32).
     ``sample`` before :meth:`refresh` (or :meth:`set_state`) raises
-    RuntimeError; a query of the wrong width or a positive id ``>= m``
+    RuntimeError; the candidates it draws are counted for
+    :meth:`~xmc_tf.samplers.NegativeSampler.candidate_yield`; a query of the wrong width or a positive id ``>= m``
     raises ``tf.errors.InvalidArgumentError``.
 
     >>> import keras, xmc_tf
@@ -147,8 +152,12 @@ class LshNegativeSampler(NegativeSampler):
     """
 
     needs_refresh = True
+    samples_before_refresh = False
+    _short_yield_hint = ("The probed buckets hold fewer labels than asked "
+                         "for: use fewer hash functions per table (K=None "
+                         "picks them from the label space) or more tables.")
 
-    def __init__(self, num_labels, num_candidates, hash="simhash", K=9, L=50,
+    def __init__(self, num_labels, num_candidates, hash="simhash", K=None, L=50,
                  query="embedding", seed=0, bin_size=8, bucket_bits=16,
                  inclusion="auto", weighting="inverse_probability",
                  min_probability=None):
@@ -167,10 +176,13 @@ class LshNegativeSampler(NegativeSampler):
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got "
                              f"{weighting!r}")
-        if int(K) < 1 or int(L) < 1:
-            raise ValueError(f"K and L must be >= 1, got {K} and {L}")
         if not 1 <= int(bucket_bits) <= 24:
             raise ValueError(f"bucket_bits must be in [1, 24], got {bucket_bits}")
+        if K is None:
+            K = lsh_auto_K(num_labels, num_candidates, L, hash=hash,  # noqa: N806
+                           bin_size=bin_size, bucket_bits=bucket_bits)
+        if int(K) < 1 or int(L) < 1:
+            raise ValueError(f"K and L must be >= 1, got {K} and {L}")
         if min_probability is not None and not 0.0 < min_probability <= 1.0:
             raise ValueError(f"min_probability must be in (0, 1], got "
                              f"{min_probability}")
@@ -400,6 +412,7 @@ class LshNegativeSampler(NegativeSampler):
                             self.num_candidates,
                             step=step, seed=self.seed,
                             count_collisions=mode == "collisions")
+        self._count_candidates(res.valid)
         mask = tf.logical_and(res.valid,
                               mask_accidental_hits(res.ids, positives))
         if mode == "cosine":
@@ -577,31 +590,60 @@ class LshNegativeSampler(NegativeSampler):
         return cls(**config)
 
 
-def lsh_auto_K(num_labels: int, num_candidates: int, L: int) -> int:  # noqa: N802,N803
-    """Hash functions per LSH table for ``config.sampler.K = 0``.
+def lsh_auto_K(num_labels: int, num_candidates: int, L: int,  # noqa: N802,N803
+               hash: str = "simhash", bin_size: int = 8,  # pylint: disable=redefined-builtin
+               bucket_bits: int = 16) -> int:
+    """Hash functions per LSH table for a label space (``K=None``, and
+    ``config.sampler.K = 0``).
 
-    ``K = clip(floor(log2(L m / k)), 1, 16)``: with ``2^K`` buckets per table
-    a bucket holds ``m / 2^K`` labels on average, so the ``L`` probed
-    buckets hold about ``L m / 2^K >= k`` labels -- enough to fill the ``k``
-    candidates, and no more buckets than needed (a larger ``K`` leaves most
-    probes empty on a small label space: Bibtex, m = 159, with ``K = 9``
-    gave about 13 candidates per row of the 256 asked for; a smaller one
-    dilutes the near labels among random ones).  16 is the default
-    ``bucket_bits`` of :class:`LshNegativeSampler`.
+    A table of ``K`` functions of ``b`` bits each has ``2^(K b)`` buckets
+    (SimHash: ``b = 1``; DWTA: ``b = log2(bin_size)``), so a bucket holds
+    ``m / 2^(K b)`` labels on average and the ``L`` probed buckets about
+    ``L m / 2^(K b)``.  The bits per table are ``n = clip(floor(log2(L m /
+    k)), 1, bucket_bits)`` (then the probed buckets hold at least ``k``
+    labels: enough to fill the ``k`` candidates, and no more buckets than
+    needed), and ``K = max(1, floor(n / b))`` functions give them (``K b
+    <= n``: at least ``k`` labels, unless one function alone has more bits
+    than ``n``).  A larger ``K`` leaves most probes empty on a small label
+    space: Bibtex, m = 159, with SimHash ``K = 9`` gave about 13
+    candidates per row of the 256 asked for; DWTA with ``K = 7`` (21 bits,
+    folded to 16: 65k buckets for 159 labels) drew almost none.
 
     Args:
-      num_labels: m.
+      num_labels: m (>= 1).
       num_candidates: k.
       L: tables.
+      hash: ``"simhash"`` or ``"dwta"``.
+      bin_size: DWTA window w (a power of two: ``log2 w`` bits per
+        function); ignored for SimHash.
+      bucket_bits: cap on the bits of a bucket id (as
+        :class:`LshNegativeSampler`'s).
 
     Returns:
-      int K in [1, 16].
+      int K >= 1.
+
+    Raises:
+      ValueError: an unknown ``hash``, or a ``bin_size`` that is not a power
+        of two >= 2.
 
     >>> lsh_auto_K(159, 39, 50), lsh_auto_K(50_000, 256, 50)
     (7, 13)
+    >>> lsh_auto_K(159, 39, 50, hash="dwta", bin_size=8)  # 2 x 3 bits
+    2
     """
+    if hash not in HASHES:
+        raise ValueError(f"hash must be one of {HASHES}, got {hash!r}")
+    bits_per_hash = 1
+    if hash == "dwta":
+        w = int(bin_size)
+        if w < 2 or w & (w - 1):
+            raise ValueError(f"bin_size must be a power of two >= 2, got "
+                             f"{bin_size}")
+        bits_per_hash = w.bit_length() - 1
     ratio = int(L) * int(num_labels) / max(int(num_candidates), 1)
-    return int(min(16, max(1, math.floor(math.log2(max(ratio, 2.0))))))
+    bits = min(int(bucket_bits),
+               max(1, math.floor(math.log2(max(ratio, 2.0)))))
+    return max(1, bits // bits_per_hash)
 
 
 def _rehash_callbacks(sampler, sampler_config, set_callback=None):
@@ -610,10 +652,11 @@ def _rehash_callbacks(sampler, sampler_config, set_callback=None):
     LSH sampler (the hard part of a shared mixture)."""
     del set_callback  # Rehash finds rewired rows itself (label_rows)
     from xmc_tf.callbacks import Rehash
-    sc = sampler_config
-    return [Rehash(getattr(sampler, "hard", sampler),
-                   every_n_steps=sc.get("rehash_every_steps", 50),
-                   frequency_decay=sc.get("rehash_decay", 0.95))]
+    # A field the config lacks: Rehash's own default.
+    kwargs = {arg: sampler_config[field] for field, arg in (
+        ("rehash_every_steps", "every_n_steps"),
+        ("rehash_decay", "frequency_decay")) if field in sampler_config}
+    return [Rehash(getattr(sampler, "hard", sampler), **kwargs)]
 
 
 @register_sampler("lsh", shared=True, refresh_callbacks=_rehash_callbacks)
@@ -626,9 +669,9 @@ def _make_lsh(sampler_config, num_labels, seed, shared):
     sc = sampler_config
     sizes = sampler_sizes(sc, num_labels)
     k = max(sizes["num_hard"], 1) if shared else sizes["num_negatives"]
-    K = int(sc.K) or lsh_auto_K(num_labels, k, int(sc.L))  # noqa: N806
     lsh = LshNegativeSampler(
-        num_labels, k, hash=sc.hash, K=K, L=sc.L, query=sc.query, seed=seed,
+        num_labels, k, hash=sc.hash, K=int(sc.K) or None, L=sc.L,
+        query=sc.query, seed=seed,
         weighting=sc.get("weighting", "inverse_probability"),
         min_probability=sc.get("min_probability", None) or None)
     if not shared:

@@ -154,6 +154,18 @@ class MixtureSampler(NegativeSampler):
         """Whether the hard part is active (its index exists)."""
         return bool(getattr(self.hard, "ready", True))
 
+    def candidate_yield(self, reset: bool = True):
+        """The hard sampler's :meth:`~NegativeSampler.candidate_yield` (the
+        uniform part always fills its ``k_r``): mean hard candidates drawn
+        and asked (``k_h``) per row, or None."""
+        return self.hard.candidate_yield(reset=reset)
+
+    def check_candidate_yield(self, reset: bool = True):
+        """The hard sampler's
+        :meth:`~NegativeSampler.check_candidate_yield` (warns once when it
+        draws under half of ``k_h`` per row)."""
+        return self.hard.check_candidate_yield(reset=reset)
+
     def _hard(self, queries, positives, step):
         if self.k_h == 0:
             batch = tf.shape(positives)[0]

@@ -158,8 +158,8 @@ def index_refresh_callbacks(sampler, sampler_config, set_callback=None):
     from xmc_tf.callbacks import RefreshIndex
     sc = sampler_config
     return [RefreshIndex(sampler, start_epoch=sc.refresh_start_epoch,
-                         every_epochs=sc.refresh_every_epochs or None,
-                         every_steps=sc.refresh_every_steps or None,
+                         every_n_epochs=sc.refresh_every_epochs or None,
+                         every_n_steps=sc.refresh_every_steps or None,
                          after_rewire=set_callback)]
 
 
