@@ -143,16 +143,10 @@ def sampled_losses(kind, policy, shared):
     return np.array(trainer.fit(data, epochs=4, verbose=0).history["loss"])
 
 
-@pytest.mark.parametrize("policy", [
-    "mixed_bfloat16",
-    # CandidateTrainer.train_step takes the gradient of the unscaled loss
-    # and LossScaleOptimizer.apply divides it by the loss scale (2^15), so
-    # Adam's steps shrink (final loss 2.11 vs 1.38 in float32).  The fix
-    # (optimizer.scale_loss) is xmc_tf/models' (work in progress there);
-    # strict: this fails once it lands, to drop the mark.
-    pytest.param("mixed_float16", marks=pytest.mark.xfail(
-        strict=True, reason="SampledTrainer does not scale the loss for "
-        "LossScaleOptimizer (xmc_tf/models/candidates.py)"))])
+# mixed_float16: CandidateTrainer.train_step scales the loss for Keras'
+# LossScaleOptimizer (optimizer.scale_loss), whose apply() unscales the
+# gradients; without it Adam's steps shrank 2^15-fold (loss 2.11 vs 1.38).
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 @pytest.mark.parametrize("kind", ["uniform_sparse", "label_dense"])
 @pytest.mark.parametrize("shared", [False, True])
 def test_sampled_trainer_under_mixed_policy(kind, policy, shared):
