@@ -40,7 +40,7 @@ import pytest
 import tensorflow as tf
 
 from local_cluster import free_ports
-from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge, dense_targets
+from xmc_tf.losses import BinaryCrossentropy, SquaredHinge, dense_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,7 +60,7 @@ def test_float_ids_are_ids_and_float_multi_hot_stays_multi_hot():
     ids = rng.integers(-1, 40, size=(6, 3)).astype(np.int32)
     scores = rng.normal(size=(6, 40)).astype(np.float32)
     want = _np_dense(ids, 40)
-    for loss in (SquaredHinge(), BinaryCrossEntropy()):
+    for loss in (SquaredHinge(), BinaryCrossentropy()):
         ref = float(loss(tf.constant(ids), tf.constant(scores)))
         # The replica-mean of int ids (e.g. 2.0000002) rounds back to ids.
         noisy = tf.constant(ids.astype(np.float32) + 1e-6)
