@@ -17,7 +17,7 @@ The log-uniform sampler assumes class ids sorted by decreasing frequency
 (``P(c) = log((c + 2) / (c + 1)) / log(num_classes + 1)``); word-rank ids
 (ManNextWord) roughly are.  Multi-label rows are expanded into one softmax
 term per (instance, positive) pair, each weighted ``1 / |P_i|`` (the
-normalisation of :class:`xmc_tf.losses.SoftmaxCrossEntropy`); the row's
+normalisation of :class:`xmc_tf.losses.SoftmaxCrossentropy`); the row's
 other positives may then be drawn as negatives of a pair (TensorFlow removes
 only the pair's own class).
 

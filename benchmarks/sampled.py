@@ -8,7 +8,7 @@ that the peak RSS is the method's own:
 
 * ``full_softmax``: ``configs/dense.py`` with ``loss="softmax"`` (a
   ``keras.layers.Dense`` head scoring all m labels per row,
-  :class:`xmc_tf.losses.SoftmaxCrossEntropy`);
+  :class:`xmc_tf.losses.SoftmaxCrossentropy`);
 * ``full_squared_hinge``: ``configs/dense.py`` (one-vs-all squared hinge over
   all m labels);
 * ``tf_sampled_softmax``: ``tf.nn.sampled_softmax_loss`` with its

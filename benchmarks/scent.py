@@ -15,7 +15,7 @@ number of epochs, on the same shuffled batches (``make_tf_dataset``, seed
 
 * ``full_softmax``: ``configs/uniform_sparse.py`` with ``model.head="dense"``
   and ``loss="softmax"`` (``keras.layers.Dense`` head, all 50k logits per
-  row, :class:`xmc_tf.losses.SoftmaxCrossEntropy`), LazyAdam ``--lr``.
+  row, :class:`xmc_tf.losses.SoftmaxCrossentropy`), LazyAdam ``--lr``.
 * ``sampled_softmax``: ``tf.nn.sampled_softmax_loss`` with its log-uniform
   sampler, ``--num-sampled`` classes per step (default: the batch size, as
   many as SCENT scores at most), in a custom train step over a label-major

@@ -19,8 +19,8 @@
   ``xmc_tf/losses/hinge.py``).
 
 Keras 3.15 needs two work-arounds under ``MultiWorkerMirroredStrategy``
-(both in :func:`xmc_tf.distribute.multi_worker_fixes`, which
-:data:`_WORKER` applies as ``xmc-tf train --strategy`` does; documented in
+(both in :class:`xmc_tf.models.DistributedModel`, which :data:`_WORKER`
+fits as ``xmc-tf train --strategy`` does; documented in
 ``docs/scaling.md``): its symbolic build reduces the whole ``(x, y)`` tuple
 of the first batch with ``strategy.reduce``, which that strategy does not
 support for nested values (nor for a ``SparseTensor``), and it reduces the
@@ -40,7 +40,7 @@ import pytest
 import tensorflow as tf
 
 from local_cluster import free_ports
-from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge, dense_targets
+from xmc_tf.losses import BinaryCrossentropy, SquaredHinge, dense_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,7 +60,7 @@ def test_float_ids_are_ids_and_float_multi_hot_stays_multi_hot():
     ids = rng.integers(-1, 40, size=(6, 3)).astype(np.int32)
     scores = rng.normal(size=(6, 40)).astype(np.float32)
     want = _np_dense(ids, 40)
-    for loss in (SquaredHinge(), BinaryCrossEntropy()):
+    for loss in (SquaredHinge(), BinaryCrossentropy()):
         ref = float(loss(tf.constant(ids), tf.constant(scores)))
         # The replica-mean of int ids (e.g. 2.0000002) rounds back to ids.
         noisy = tf.constant(ids.astype(np.float32) + 1e-6)
@@ -94,7 +94,7 @@ _WORKER = _COMMON + textwrap.dedent(r"""
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
     import keras
-    from xmc_tf.distribute import multi_worker_fixes  # Keras 3.15 work-arounds
+    from xmc_tf.models import DistributedModel  # Keras 3.15 work-arounds
     from xmc_tf import config as xconfig
     from xmc_tf import data as xdata
     from xmc_tf import heads as xheads
@@ -121,9 +121,9 @@ _WORKER = _COMMON + textwrap.dedent(r"""
     head = xheads.get_head(config)
     with strategy.scope():
         model = build_model(config, ds.num_features, ds.num_labels, True, head)
+        model = DistributedModel(model.inputs, model.outputs)
         layer = xheads.output_layer(model)
         head.compile(model, layer, build_optimizer(config))
-    multi_worker_fixes(model, strategy)
     initial_indices = layer.indices.numpy().copy()
 
     class LoggedSet(SetRewiring):

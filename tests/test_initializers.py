@@ -16,7 +16,7 @@ import pytest
 import xmc_tf
 from xmc_tf.initializers import PriorBias
 from xmc_tf.layers import LabelDense, UniformSparseDense
-from xmc_tf.losses import (BinaryCrossEntropy, SoftmaxCrossEntropy,
+from xmc_tf.losses import (BinaryCrossentropy, SoftmaxCrossentropy,
                            SquaredHinge)
 from xmc_tf.metrics import PrecisionAtK
 
@@ -51,9 +51,9 @@ def test_loss_methods_and_the_registered_name():
     assert repr(SquaredHinge(margin=2.0).bias_initializer()) == (
         "PriorBias(loss='squared_hinge', labels_per_instance=None, "
         "margin=2.0)")
-    assert BinaryCrossEntropy().bias_initializer(3).get_config() == {
+    assert BinaryCrossentropy().bias_initializer(3).get_config() == {
         "loss": "bce", "labels_per_instance": 3.0, "margin": 1.0}
-    assert SoftmaxCrossEntropy().bias_initializer(1).loss == "softmax"
+    assert SoftmaxCrossentropy().bias_initializer(1).loss == "softmax"
     init = keras.initializers.get("hinge_prior")
     assert isinstance(init, PriorBias)
     np.testing.assert_array_equal(_values(init, (4,)), -1.0)
@@ -144,10 +144,10 @@ def test_label_dense_learns_with_the_default_bias():
 
 
 def test_bce_learns_from_its_own_prior():
-    """BinaryCrossEntropy with ``bias_initializer(labels_per_instance)``
+    """BinaryCrossentropy with ``bias_initializer(labels_per_instance)``
     (-5.8 for 3 labels of 1000): train P@1 0.99 after 10 epochs (measured;
     0.25 with a zero bias, 0.45 with the layer's default -1; on the
     README's toy both of those stay near 0.001)."""
-    loss = BinaryCrossEntropy()
+    loss = BinaryCrossentropy()
     out = LabelDense(1000, bias_initializer=loss.bias_initializer(3))
     assert _train_p1(out, loss, 10, _toy()) >= 0.9

@@ -1,4 +1,4 @@
-"""Tests of xmc_tf.losses (SquaredHinge, BinaryCrossEntropy, dense_targets).
+"""Tests of xmc_tf.losses (SquaredHinge, BinaryCrossentropy, dense_targets).
 
 References are NumPy float64 formulas (paper Sec. 2 eq. 2, Sec. 3.3):
 squared hinge sum_j max(0, margin - t_j s_j)**2 with t = 2y - 1, and binary
@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import xmc_tf
-from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge, dense_targets
+from xmc_tf.losses import BinaryCrossentropy, SquaredHinge, dense_targets
 
 BIG = 2 ** 24
 
@@ -45,7 +45,7 @@ def make_ids(rng, b=7, n=5, m=13):
 
 
 @pytest.mark.parametrize("loss_cls,ref", [(SquaredHinge, np_sqh),
-                                          (BinaryCrossEntropy, np_bce)])
+                                          (BinaryCrossentropy, np_bce)])
 @pytest.mark.parametrize("id_dtype", [np.int32, np.int64])
 def test_losses_match_numpy_both_encodings(loss_cls, ref, id_dtype):
     rng = np.random.default_rng(0)
@@ -80,12 +80,12 @@ def test_squared_hinge_margin_and_docstring_values():
     # Worked examples: max(0, 1-2)^2 + max(0, 1-0.5)^2 = 0.25
     assert float(SquaredHinge()(tf.constant([[0]]), tf.constant([[2.0, -0.5]]))) == 0.25
     np.testing.assert_allclose(
-        float(BinaryCrossEntropy()(tf.constant([[1]]), tf.constant([[0.0, 0.0]]))),
+        float(BinaryCrossentropy()(tf.constant([[1]]), tf.constant([[0.0, 0.0]]))),
         2 * np.log(2.0), rtol=1e-6)
 
 
 @pytest.mark.parametrize("loss_cls,ref", [(SquaredHinge, np_sqh),
-                                          (BinaryCrossEntropy, np_bce)])
+                                          (BinaryCrossentropy, np_bce)])
 def test_sample_weight(loss_cls, ref):
     rng = np.random.default_rng(2)
     ids = make_ids(rng)
@@ -166,7 +166,7 @@ def test_ids_above_2_pow_24_are_exact():
     logits = np.full((1, m), -1e4, np.float32)
     logits[0, [5, BIG + 1]] = 1e4
     logits[0, BIG + 3] = 0.0
-    bce = BinaryCrossEntropy(reduction=None)(tf.constant(ids), tf.constant(logits))
+    bce = BinaryCrossentropy(reduction=None)(tf.constant(ids), tf.constant(logits))
     np.testing.assert_allclose(bce.numpy(), [np.log(2.0)], rtol=1e-6)
 
 
@@ -216,7 +216,7 @@ def test_bce_gradient_dense():
     ids = make_ids(rng, b=5, m=9)
     y = np_dense(ids, 9)
     s = rng.normal(size=y.shape).astype(np.float32) * 3
-    g = _grad(BinaryCrossEntropy(), tf.constant(ids), s)
+    g = _grad(BinaryCrossentropy(), tf.constant(ids), s)
     expected = (1 / (1 + np.exp(-s.astype(np.float64))) - y) / 5
     np.testing.assert_allclose(g, expected, rtol=1e-5, atol=1e-7)
     assert np.all(g != 0.0)  # BCE never gives exact zeros: no negative mining
@@ -224,7 +224,7 @@ def test_bce_gradient_dense():
 
 @pytest.mark.parametrize("loss", [
     SquaredHinge(margin=0.7, reduction="sum", name="sqh"),
-    BinaryCrossEntropy(reduction=None, name="bce")])
+    BinaryCrossentropy(reduction=None, name="bce")])
 def test_serialization_round_trip(loss):
     rng = np.random.default_rng(7)
     ids = make_ids(rng)
@@ -238,7 +238,7 @@ def test_serialization_round_trip(loss):
         assert clone.get_config() == config
         np.testing.assert_array_equal(clone(ids, s).numpy(), loss(ids, s).numpy())
     assert keras.saving.serialize_keras_object(loss)["registered_name"] in (
-        "xmc_tf>SquaredHinge", "xmc_tf>BinaryCrossEntropy")
+        "xmc_tf>SquaredHinge", "xmc_tf>BinaryCrossentropy")
     if isinstance(loss, SquaredHinge):
         assert config["margin"] == 0.7
 
@@ -267,27 +267,27 @@ def test_compiled_model_with_ids_and_dense_targets(tmp_path):
 
 def test_package_exports():
     assert xmc_tf.losses.SquaredHinge is SquaredHinge
-    assert xmc_tf.losses.BinaryCrossEntropy is BinaryCrossEntropy
+    assert xmc_tf.losses.BinaryCrossentropy is BinaryCrossentropy
     assert xmc_tf.losses.dense_targets is dense_targets
 
 
 def test_softmax_cross_entropy_against_numpy():
-    from xmc_tf.losses import SoftmaxCrossEntropy
+    from xmc_tf.losses import SoftmaxCrossentropy
     rng = np.random.default_rng(7)
     scores = rng.normal(size=(4, 6)).astype(np.float32) * 3
     ids = np.array([[1, 3, -1], [0, -1, -1], [-1, -1, -1], [5, 5, 2]])
-    got = SoftmaxCrossEntropy(reduction=None)(tf.constant(ids),
+    got = SoftmaxCrossentropy(reduction=None)(tf.constant(ids),
                                               tf.constant(scores)).numpy()
     log_p = scores - np.log(np.exp(scores.astype(np.float64)).sum(1,
                                                                    keepdims=True))
     want = [-(log_p[0, 1] + log_p[0, 3]) / 2, -log_p[1, 0], 0.0,
             -(log_p[3, 5] + log_p[3, 2]) / 2]  # a repeated id counts once
     np.testing.assert_allclose(got, want, rtol=1e-5)
-    mean = SoftmaxCrossEntropy()(tf.constant(ids), tf.constant(scores))
+    mean = SoftmaxCrossentropy()(tf.constant(ids), tf.constant(scores))
     np.testing.assert_allclose(float(mean), np.mean(want), rtol=1e-5)
 
 
-@pytest.mark.parametrize("loss_cls", [SquaredHinge, BinaryCrossEntropy])
+@pytest.mark.parametrize("loss_cls", [SquaredHinge, BinaryCrossentropy])
 @pytest.mark.parametrize("p", [0.0005, 0.03, 0.25, 0.5, 0.9])
 def test_prior_scores_minimise_the_loss_of_a_constant(loss_cls, p):
     # Independent reference: the expected loss of a constant score c under a
@@ -305,14 +305,14 @@ def test_prior_scores_minimise_the_loss_of_a_constant(loss_cls, p):
 
 
 def test_softmax_prior_scores_are_the_label_distribution():
-    from xmc_tf.losses import SoftmaxCrossEntropy
+    from xmc_tf.losses import SoftmaxCrossentropy
     freq = np.array([0.5, 0.3, 0.15, 0.05])
-    logits = SoftmaxCrossEntropy().prior_scores(freq)
+    logits = SoftmaxCrossentropy().prior_scores(freq)
     np.testing.assert_allclose(tf.nn.softmax(logits).numpy(), freq, rtol=1e-6)
     # and it is the best constant: the expected loss of any other is higher
     rng = np.random.default_rng(0)
     ids = rng.choice(4, size=4000, p=freq)[:, None]
-    loss = SoftmaxCrossEntropy()
+    loss = SoftmaxCrossentropy()
     at_prior = float(loss(tf.constant(ids), tf.tile(logits[None], [4000, 1])))
     for _ in range(5):
         other = logits + rng.normal(0, 0.3, 4).astype(np.float32)

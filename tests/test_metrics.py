@@ -477,9 +477,15 @@ def test_keras_errors():
         M.PSPAtK(1)
     with pytest.raises(ValueError):  # k > L
         M.PrecisionAtK(4).update_state(np.array([[0]]), np.zeros((1, 3)))
-    with pytest.raises(ValueError):  # multi-hot shape mismatch
-        M.PrecisionAtK(1).update_state(np.zeros((1, 2), np.float32),
-                                       np.zeros((1, 3), np.float32))
+    # A float [b, n] narrower than L is float ids (a strategy's cast), so
+    # the width check applies to SparseTensor targets, whose width is L.
+    with pytest.raises(ValueError, match="SparseTensor with 2 columns"):
+        M.PrecisionAtK(1).update_state(
+            tf.sparse.from_dense(np.ones((1, 2), np.float32)),
+            np.zeros((1, 3), np.float32))
+    with pytest.raises(ValueError, match="y_pred must be"):
+        M.PrecisionAtK(1).update_state(np.array([[0]]),
+                                       np.zeros((1, 3, 1), np.float32))
 
 
 def test_keras_model_evaluate():

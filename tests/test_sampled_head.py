@@ -3,7 +3,7 @@
 With a sampler that returns every negative with weight 1, the sampled
 squared hinge / BCE equal the full losses, so the trainer's loss and
 gradients must equal those of the full model with SquaredHinge /
-BinaryCrossEntropy (independent reference: the full op and Keras' own
+BinaryCrossentropy (independent reference: the full op and Keras' own
 gradient).  With a real sampler only the scored label rows receive a
 gradient, and LazyAdam leaves every other row (and its slots) untouched.
 """
@@ -19,8 +19,8 @@ from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads
 from xmc_tf.models import SampledTrainer
-from xmc_tf.losses import BinaryCrossEntropy, SquaredHinge
-from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy,
+from xmc_tf.losses import BinaryCrossentropy, SquaredHinge
+from xmc_tf.losses.sampled import (SampledBinaryCrossentropy,
                                    SampledSquaredHinge)
 from xmc_tf.job.build import build_model
 from op_requirements import needs_ops
@@ -92,7 +92,7 @@ needs_op = needs_ops("xmc_uniform_sparse_sampled_matmul")
 @pytest.mark.parametrize("layer", ["uniform_sparse", "dense"])
 @pytest.mark.parametrize("loss,full_loss,sampled_loss", [
     ("squared_hinge", SquaredHinge, SampledSquaredHinge),
-    ("bce", BinaryCrossEntropy, SampledBinaryCrossEntropy)])
+    ("bce", BinaryCrossentropy, SampledBinaryCrossentropy)])
 def test_all_negatives_equal_the_full_loss_and_gradient(layer, loss, full_loss,
                                                         sampled_loss, shared):
     _, _, model = _model(layer, loss)

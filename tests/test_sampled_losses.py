@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import xmc_tf
-from xmc_tf.losses import (BinaryCrossEntropy, SampledBinaryCrossEntropy,
+from xmc_tf.losses import (BinaryCrossentropy, SampledBinaryCrossentropy,
                            SampledSoftmax, SampledSquaredHinge, SquaredHinge)
 from xmc_tf.samplers import (AnnNegativeSampler, Candidates, MixtureSampler,
                              UniformNegativeSampler)
@@ -43,7 +43,7 @@ def random_problem(rng, b=6, n=4, k=9):
 
 
 @pytest.mark.parametrize("loss_cls,terms", [
-    (SampledSquaredHinge, np_sqh_terms), (SampledBinaryCrossEntropy, np_bce_terms)])
+    (SampledSquaredHinge, np_sqh_terms), (SampledBinaryCrossentropy, np_bce_terms)])
 def test_one_vs_all_losses_match_numpy(loss_cls, terms):
     rng = np.random.default_rng(0)
     ps, pm, ns, c = random_problem(rng)
@@ -65,13 +65,13 @@ def test_masked_candidates_ignore_their_weights_and_scores():
     garbage = Candidates(c.ids, c.mask, c.log_q,
                          tf.where(c.mask, c.weights, 1e6))
     ns2 = np.where(c.mask.numpy(), ns, 1e4).astype(np.float32)
-    for loss in (SampledSquaredHinge(), SampledBinaryCrossEntropy(), SampledSoftmax()):
+    for loss in (SampledSquaredHinge(), SampledBinaryCrossentropy(), SampledSoftmax()):
         np.testing.assert_allclose(loss(ps, pm, ns2, garbage).numpy(),
                                    loss(ps, pm, ns, c).numpy(), rtol=1e-6)
 
 
 @pytest.mark.parametrize("sampled_cls,full_cls", [
-    (SampledSquaredHinge, SquaredHinge), (SampledBinaryCrossEntropy, BinaryCrossEntropy)])
+    (SampledSquaredHinge, SquaredHinge), (SampledBinaryCrossentropy, BinaryCrossentropy)])
 def test_all_labels_as_candidates_equal_the_full_loss(sampled_cls, full_cls):
     """Every negative label a candidate, weights 1 -> the full-score loss."""
     rng = np.random.default_rng(2)
@@ -183,7 +183,7 @@ def test_gradients_are_finite_without_any_valid_candidate():
     ns = tf.Variable([[1.0, 2.0]])
     c = Candidates(tf.constant([[1, 2]]), tf.constant([[False, False]]),
                    tf.zeros((1, 2)), tf.zeros((1, 2)))
-    for loss in (SampledSquaredHinge(), SampledBinaryCrossEntropy(), SampledSoftmax()):
+    for loss in (SampledSquaredHinge(), SampledBinaryCrossentropy(), SampledSoftmax()):
         with tf.GradientTape() as tape:
             value = loss(ps, tf.constant([[True, False]]), ns, c)
         grads = tape.gradient(value, [ps, ns])
@@ -246,7 +246,7 @@ def monte_carlo(sampler_fn, loss, scores, positives, reps, steps):
 
 
 @pytest.mark.parametrize("loss_cls,terms", [
-    (SampledSquaredHinge, np_sqh_terms), (SampledBinaryCrossEntropy, np_bce_terms)])
+    (SampledSquaredHinge, np_sqh_terms), (SampledBinaryCrossentropy, np_bce_terms)])
 def test_uniform_weights_give_unbiased_one_vs_all_loss(loss_cls, terms):
     rng = np.random.default_rng(6)
     b, m = 4, 60
@@ -281,7 +281,7 @@ class FixedHead(keras.layers.Layer):
 
 
 @pytest.mark.parametrize("loss_cls,terms", [
-    (SampledSquaredHinge, np_sqh_terms), (SampledBinaryCrossEntropy, np_bce_terms)])
+    (SampledSquaredHinge, np_sqh_terms), (SampledBinaryCrossentropy, np_bce_terms)])
 def test_mixture_eq2_weights_give_unbiased_one_vs_all_loss(loss_cls, terms):
     pytest.importorskip("faiss")
     rng = np.random.default_rng(7)
@@ -314,7 +314,7 @@ def test_mixture_eq2_weights_give_unbiased_one_vs_all_loss(loss_cls, terms):
 
 def test_config_round_trip_and_argument_checks():
     for loss in (SampledSquaredHinge(margin=0.5, reduction="sum"),
-                 SampledBinaryCrossEntropy(reduction=None),
+                 SampledBinaryCrossentropy(reduction=None),
                  SampledSoftmax(name="s")):
         config = loss.get_config()
         clone = type(loss).from_config(config)

@@ -240,7 +240,7 @@ def make_model(optimizer, seed=0, extra_sparse=False):
                              kernel_initializer=keras.initializers.GlorotUniform(seed),
                              bias_initializer="zeros")(h)
     model = keras.Model(inp, out)
-    model.compile(optimizer=optimizer, loss=xmc_tf.losses.BinaryCrossEntropy(),
+    model.compile(optimizer=optimizer, loss=xmc_tf.losses.BinaryCrossentropy(),
                   jit_compile=False)
     return model
 
@@ -425,7 +425,7 @@ def test_every_n_steps_counts_batches_with_steps_per_execution():
     # batches (with batch = index of the last one).
     model = make_model(keras.optimizers.Adam(0.01))
     model.compile(optimizer=keras.optimizers.Adam(0.01),
-                  loss=xmc_tf.losses.BinaryCrossEntropy(), jit_compile=False,
+                  loss=xmc_tf.losses.BinaryCrossentropy(), jit_compile=False,
                   steps_per_execution=2)
     x, ids = make_data(8)
     cb = SetRewiring(every_n_steps=2, fraction=0.5, seed=0)

@@ -1,6 +1,7 @@
 """Data-parallel training with ``tf.distribute``: the strategies of ``xmc-tf
-train --strategy``, the Keras work-arounds they need, and the chief-to-worker
-broadcasts that keep the workers in step.
+train --strategy`` and the chief-to-worker broadcasts that keep the workers
+in step.  (The model classes that Keras 3.15 needs under these strategies
+are :mod:`xmc_tf.models.distributed`.)
 
 ``--strategy=mirrored`` is ``tf.distribute.MirroredStrategy`` over this
 machine's GPUs (or its logical CPUs when it has none); ``multi_worker`` is
@@ -36,7 +37,7 @@ import os
 import re
 
 __all__ = ["STRATEGIES", "TF_CONFIG_EXAMPLE", "parse_tf_config",
-           "make_strategy", "Cluster", "multi_worker_fixes"]
+           "make_strategy", "Cluster"]
 
 #: Values of ``xmc-tf train --strategy``.
 STRATEGIES = ("none", "mirrored", "multi_worker")
@@ -394,54 +395,3 @@ class Cluster:
                     if not self.is_chief:
                         f.write(block)
         return [name for name, _ in sizes]
-
-
-def multi_worker_fixes(model, strategy) -> None:
-    """Patches ``model`` (compiled under ``strategy.scope()``) for two bugs
-    of Keras 3.15's TensorFlow trainer under ``tf.distribute``.
-
-    1. ``fit``/``evaluate`` build the model symbolically from the first
-       batch reduced with ``strategy.reduce("MEAN", batch)``
-       (``keras/src/backend/tensorflow/trainer.py``,
-       ``_maybe_symbolic_build``).  ``MultiWorkerMirroredStrategy`` cannot
-       reduce a nest, a ``SparseTensor``, or label-id matrices of different
-       widths on different workers, and ``MirroredStrategy`` turns the
-       label ids into floats.  Only shapes and dtypes are needed: the model
-       is built from this worker's first replica's batch instead.
-    2. In multi-worker mode the step logs are reduced with
-       ``strategy.reduce("MEAN", v, axis=0)`` (``reduce_per_replica``), which
-       fails on scalars such as the loss: the train and test steps return
-       their logs as ``[1]`` vectors, whose cross-worker mean is what Keras
-       logs.  At the end of an epoch Keras reads the metrics themselves
-       (scalars, summed over every replica).
-
-    Both patch private Keras methods of this one model
-    (``_maybe_symbolic_build``, ``train_step``, ``test_step``); nothing
-    global changes.  Harmless without multiple workers.  Documented in
-    ``docs/scaling.md`` (several machines) and exercised by
-    ``tests/test_distributed.py`` and ``tests/test_cli_distributed.py``.
-
-    Args:
-      model: a compiled ``keras.Model``.
-      strategy: the ``tf.distribute.Strategy`` it was compiled under.
-    """
-    import tensorflow as tf
-    build = model._maybe_symbolic_build  # pylint: disable=protected-access
-
-    def local_build(iterator=None, data_batch=None):
-        if iterator is not None:
-            for _, _, it in iterator:
-                batch = next(it)
-                break
-            data_batch = tf.nest.map_structure(
-                lambda v: strategy.experimental_local_results(v)[0], batch)
-        return build(data_batch=data_batch)
-
-    model._maybe_symbolic_build = local_build  # pylint: disable=protected-access
-    for name in ("train_step", "test_step"):
-        step = getattr(model, name)
-
-        def vector_logs(data, step=step):
-            return {k: tf.reshape(v, [1]) for k, v in step(data).items()}
-
-        setattr(model, name, vector_logs)

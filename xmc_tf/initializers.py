@@ -19,7 +19,7 @@ initializer of :class:`xmc_tf.layers.UniformSparseDense` and
 with the other losses: a softmax is unchanged by a constant shift of all
 its logits, and for the binary cross-entropy ``-1`` is no worse than ``0``
 (neither learns the toy above; its own prior, ``log(p / (1 - p))``, does:
-pass ``BinaryCrossEntropy().bias_initializer(labels_per_instance)``).
+pass ``BinaryCrossentropy().bias_initializer(labels_per_instance)``).
 
 The training job (``xmc-tf train``) goes further and sets each label's
 bias from its own training frequency (``config.model.output_bias_init=
@@ -40,8 +40,8 @@ PRIOR_LOSSES = ("squared_hinge", "bce", "softmax")
 #: (looked up in Keras' registry: the losses build their own PriorBias,
 #: so importing them here would be an import cycle).
 _LOSS_CLASSES = {"squared_hinge": "xmc_tf>SquaredHinge",
-                 "bce": "xmc_tf>BinaryCrossEntropy",
-                 "softmax": "xmc_tf>SoftmaxCrossEntropy"}
+                 "bce": "xmc_tf>BinaryCrossentropy",
+                 "softmax": "xmc_tf>SoftmaxCrossentropy"}
 
 
 def _loss(name, margin):
@@ -94,7 +94,7 @@ class PriorBias(keras.initializers.Initializer):
     PriorBias(loss='squared_hinge', labels_per_instance=None, margin=1.0)
     >>> keras.ops.convert_to_numpy(init((3,)))
     array([-1., -1., -1.], dtype=float32)
-    >>> bce = xmc_tf.losses.BinaryCrossEntropy().bias_initializer(3)
+    >>> bce = xmc_tf.losses.BinaryCrossentropy().bias_initializer(3)
     >>> round(float(bce((5000,))[0]), 3)  # log(p / (1 - p)), p = 3 / 5000
     -7.418
     """

@@ -77,6 +77,7 @@ from xmc_tf import saving as xsaving
 from xmc_tf.errors import (CheckpointError, ConfigError, DataError,
                            DistributeError, TrainingDiverged)
 from xmc_tf.evaluation import format_table
+from xmc_tf.models.distributed import DistributedModel, DistributedTrainerMixin
 from xmc_tf.job.build import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
                             build_model, build_optimizer)
 from xmc_tf.layers.label_tree import LabelTreeScores, fuse_with_tree
@@ -545,7 +546,7 @@ def prepare_splits(config, train: xdata.XCDataset, workdir: str):
 
 
 def build_and_compile(config, head, num_features: int, num_labels: int,
-                      sparse_input: bool):
+                      sparse_input: bool, distributed: bool = False):
     """Builds the model and compiles the model that ``fit`` runs.
 
     The optimizer is the head's own (``head.make_optimizer()``, e.g.
@@ -555,7 +556,11 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     (``head.training_model``, e.g. the sampled head's trainer) compile it
     with ``head.compile``.  The checkpoint saves the variables of
     ``fit_model`` (which include ``model``'s) and its ``get_state()`` if it
-    has one.
+    has one.  With ``distributed`` (a ``tf.distribute`` strategy: call it
+    under ``strategy.scope()``) a plain model is fitted as an
+    :class:`xmc_tf.models.DistributedModel` of the same layers (Keras 3.15
+    cannot build a plain model from a distributed sparse batch: see
+    :mod:`xmc_tf.models.distributed`).
 
     Returns:
       ``(model, layer, fit_model)``: the inference model (exported), its
@@ -576,6 +581,16 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     except ValueError as e:
         raise ConfigError(" ".join(str(e).split())) from e
     fit_model = head.training_model(model, layer)
+    if distributed and not isinstance(fit_model, DistributedTrainerMixin):
+        if fit_model is not model:
+            raise ConfigError(
+                f"{type(fit_model).__name__} cannot train under a "
+                "tf.distribute strategy: its class does not list "
+                "xmc_tf.models.DistributedTrainerMixin among its bases")
+        # The same layers (and variables) in a model class whose fit works
+        # on distributed sparse batches.
+        fit_model = DistributedModel(model.inputs, model.outputs,
+                                     name=model.name)
     head.compile(fit_model, layer, optimizer)  # jit_compile=False
     return model, layer, fit_model
 
@@ -1117,9 +1132,7 @@ def fit_and_export(config, wd: Workdir, head, ckpt, extra_callbacks,
     with scope():
         model, layer, fit_model = build_and_compile(
             config, head, fit_data.num_features, fit_data.num_labels,
-            train_is_sparse)
-    if strategy is not None:
-        xdist.multi_worker_fixes(fit_model, strategy)
+            train_is_sparse, distributed=strategy is not None)
     model.summary(print_fn=logging.info)
     cbs = make_callbacks(config, wd.path, head, layer, val_data, cluster)
     cbs += extra_callbacks

@@ -26,15 +26,15 @@ from xmc_tf.heads.base import (OUTPUT_LAYER, WIDE_LAYER, Head, register,
                                wide_fan_in)
 from xmc_tf.layers import (LabelDense, SparseEmbeddingBag,
                             label_feature_connections)
-from xmc_tf.losses import (BinaryCrossEntropy, SoftmaxCrossEntropy, SquaredHinge,
+from xmc_tf.losses import (BinaryCrossentropy, SoftmaxCrossentropy, SquaredHinge,
                             smoothed_label_frequency)
 
 __all__ = ["DenseHead", "LABEL_WISE_LOSSES", "LabelWiseHead", "OUTPUT_BIAS_INITS",
            "WIDE_INITS"]
 
 #: ``config.loss`` -> loss class of the heads that score every label.
-LABEL_WISE_LOSSES = {"squared_hinge": SquaredHinge, "bce": BinaryCrossEntropy,
-                     "softmax": SoftmaxCrossEntropy}
+LABEL_WISE_LOSSES = {"squared_hinge": SquaredHinge, "bce": BinaryCrossentropy,
+                     "softmax": SoftmaxCrossentropy}
 
 
 #: ``config.model.output_bias_init`` values of the label-wise heads.

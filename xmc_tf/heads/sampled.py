@@ -67,7 +67,7 @@ from xmc_tf import config as xconfig
 from xmc_tf.heads.base import register
 from xmc_tf.heads.candidates import CandidateHead
 from xmc_tf.models.sampled import SampledTrainer
-from xmc_tf.losses.sampled import (SampledBinaryCrossEntropy,
+from xmc_tf.losses.sampled import (SampledBinaryCrossentropy,
                                    SampledSoftmax, SampledSquaredHinge)
 from xmc_tf.samplers.lsh import lsh_auto_K
 from xmc_tf.samplers.registry import (AUTO, make_sampler, sampler_kind,
@@ -81,7 +81,7 @@ __all__ = ["SampledHead", "SAMPLED_LOSSES", "make_sampler",
 
 #: ``config.loss`` -> sampled loss class.
 SAMPLED_LOSSES = {"squared_hinge": SampledSquaredHinge,
-                  "bce": SampledBinaryCrossEntropy,
+                  "bce": SampledBinaryCrossentropy,
                   "softmax": SampledSoftmax}
 
 

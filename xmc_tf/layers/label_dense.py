@@ -61,7 +61,7 @@ class LabelDense(keras.layers.Layer):
         the box (a zero bias puts every label inside its margin: see
         :class:`~xmc_tf.layers.UniformSparseDense`).  Harmless for a
         softmax; for the binary cross-entropy pass
-        ``BinaryCrossEntropy().bias_initializer(labels_per_instance)``.
+        ``BinaryCrossentropy().bias_initializer(labels_per_instance)``.
         Saved models reload with the initializer they were saved with.
       kernel_initializer, kernel_regularizer,
       bias_regularizer, activity_regularizer, kernel_constraint,

@@ -170,7 +170,7 @@ class UniformSparseDense(keras.layers.Layer):
         and the README's toy model stays at train P@1 0.002 after 20
         epochs; with -1 it reaches 1.0).  Harmless for a softmax (a shift
         of all logits); for the binary cross-entropy pass
-        ``BinaryCrossEntropy().bias_initializer(labels_per_instance)``.
+        ``BinaryCrossentropy().bias_initializer(labels_per_instance)``.
         Models saved with an explicit initializer (e.g. ``"zeros"``, the
         default before) reload with it.
       kernel_initializer, kernel_regularizer,

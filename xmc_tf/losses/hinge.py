@@ -21,89 +21,8 @@ import tensorflow as tf
 # Keras' jit_compile), which cannot compile the custom op.
 from tensorflow.python.ops import control_flow_util
 
+from xmc_tf.losses.targets import _dispatch_targets, dense_targets
 from xmc_tf.ops.hinge import squared_hinge_loss, squared_hinge_loss_supported
-
-
-def _ids_to_dense(ids, num_labels, dtype):
-    """Multi-hot ``[batch, num_labels]`` from int64 ids ``[batch, n]``."""
-    positions = tf.where(ids >= 0)  # [nnz, 2] (row, column of ids)
-    label_ids = tf.gather_nd(ids, positions)
-    coords = tf.stack([positions[:, 0], label_ids], axis=1)
-    shape = tf.stack([tf.shape(ids, out_type=tf.int64)[0],
-                      tf.cast(num_labels, tf.int64)])
-    counts = tf.scatter_nd(coords, tf.ones_like(label_ids, dtype), shape)
-    return tf.minimum(counts, tf.ones([], dtype))
-
-
-def dense_targets(y_true, num_labels, dtype=tf.float32):
-    """Multi-hot ``[batch, num_labels]`` targets for one batch.
-
-    Which targets are ids: integer ``y_true`` always.  A float ``y_true`` of
-    rank 2 whose width differs from ``num_labels`` holds label ids too
-    (rounded to the nearest integer; padding stays negative): Keras builds a
-    model under a ``tf.distribute`` strategy from the replica-*mean* of the
-    first batch (``TensorFlowTrainer._maybe_symbolic_build``), which turns
-    the int32 ``[batch, n]`` ids of :func:`xmc_tf.data.make_tf_dataset`
-    into floats.  A float or bool ``y_true`` of width ``num_labels`` is a
-    multi-hot tensor and is returned cast (when the width is only known at
-    run time the choice is made then, with ``tf.cond``).  Float ids are
-    exact below ``2**24`` (float32) / ``2**53`` (float64); pass integer ids
-    for larger label spaces.  A float id matrix exactly ``num_labels`` wide
-    is read as multi-hot: pass ids as integers.
-
-    Args:
-      y_true: integer ``[batch, n]`` label ids padded with negative values;
-        a float ``[batch, n]`` (``n != num_labels``) of such ids; or a
-        float/bool ``[batch, num_labels]`` multi-hot tensor.
-      num_labels: int or scalar tensor, the number of labels m.
-      dtype: output dtype.
-
-    Returns:
-      ``[batch, num_labels]`` tensor of 0/1 (a repeated id counts once).
-
-    Raises:
-      tf.errors.InvalidArgumentError: an id is >= num_labels (from
-        ``tf.scatter_nd``'s bounds check).
-
-    >>> dense_targets(tf.constant([[2, -1], [0, 1]]), 3).numpy()
-    array([[0., 0., 1.],
-           [1., 1., 0.]], dtype=float32)
-    >>> dense_targets(tf.constant([[2., -1.], [0., 1.]]), 3).numpy()  # ids
-    array([[0., 0., 1.],
-           [1., 1., 0.]], dtype=float32)
-    """
-    return _dispatch_targets(
-        y_true, num_labels,
-        on_ids=lambda ids: _ids_to_dense(ids, num_labels, dtype),
-        on_dense=lambda y: tf.cast(y, dtype))
-
-
-def _dispatch_targets(y_true, num_labels, on_ids, on_dense):
-    """``on_ids(int64 ids)`` or ``on_dense(y_true)``, by what ``y_true`` holds.
-
-    The rules of :func:`dense_targets`: integer ``y_true`` are ids; float
-    ids narrower than ``num_labels`` are rounded; a float/bool ``y_true`` of
-    width ``num_labels`` (or not of rank 2) is dense.  When the width is
-    only known at run time, both are traced and ``tf.cond`` picks one (their
-    results must agree in dtype and shape).
-    """
-    y_true = tf.convert_to_tensor(y_true)
-    if y_true.dtype.is_integer:
-        return on_ids(tf.cast(y_true, tf.int64))
-    if y_true.dtype == tf.bool or y_true.shape.rank != 2:
-        return on_dense(y_true)
-
-    def float_ids():
-        return on_ids(tf.cast(tf.round(y_true), tf.int64))
-
-    width = y_true.shape[-1]
-    static_m = tf.get_static_value(num_labels)
-    if width is not None and static_m is not None:
-        return on_dense(y_true) if width == int(static_m) else float_ids()
-    return tf.cond(
-        tf.equal(tf.shape(y_true, out_type=tf.int64)[-1],
-                 tf.cast(num_labels, tf.int64)),
-        lambda: on_dense(y_true), float_ids)
 
 
 class _MultiLabelLoss(keras.losses.Loss):
@@ -275,7 +194,7 @@ class SquaredHinge(_MultiLabelLoss):
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
-class BinaryCrossEntropy(_MultiLabelLoss):
+class BinaryCrossentropy(_MultiLabelLoss):
     """Binary cross-entropy from logits, summed over labels (Sec. 2, eq. 2).
 
     Every label gets a non-zero gradient, so the backward kernels cannot skip
@@ -283,14 +202,14 @@ class BinaryCrossEntropy(_MultiLabelLoss):
 
     Shapes as for :class:`SquaredHinge`; ``y_pred`` are logits.
 
-    >>> float(BinaryCrossEntropy()(tf.constant([[1]]), tf.constant([[0.0, 0.0]])))
+    >>> float(BinaryCrossentropy()(tf.constant([[1]]), tf.constant([[0.0, 0.0]])))
     1.3862943649291992
     """
 
     _prior_loss = "bce"
 
     def __init__(self, reduction="sum_over_batch_size",
-                 name="binary_cross_entropy", dtype=None):
+                 name="binary_crossentropy", dtype=None):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
 
     def call(self, y_true, y_pred):
@@ -304,7 +223,7 @@ class BinaryCrossEntropy(_MultiLabelLoss):
         Lin et al. 2017, Sec. 4.1).  ``p`` is clipped to ``[1e-7, 1 - 1e-7]``
         (pass smoothed frequencies for finite, meaningful logits).
 
-        >>> BinaryCrossEntropy().prior_scores([0.5, 0.1]).round(4)
+        >>> BinaryCrossentropy().prior_scores([0.5, 0.1]).round(4)
         array([ 0.    , -2.1972], dtype=float32)
         """
         p = np.clip(np.asarray(label_frequency, np.float64), 1e-7, 1 - 1e-7)

@@ -16,6 +16,11 @@ instead of softmax cross-entropy).
 Both losses take the hash family from the head (``Loss(head)``), a
 :class:`xmc_tf.ops.mach.MachHashing` or its config dict, and store it in
 their config, so a compiled model survives ``.keras`` save/load.
+
+Argument order: a MACH loss takes the hash family first
+(``MachSoftmaxCrossentropy(hashing)``); the MACH metric takes ``k`` first,
+like every P@k metric, and the hash family second
+(``MachPrecisionAtK(k, hashing)``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from xmc_tf.losses.targets import target_label_ids
 from xmc_tf.ops.mach import MachHashing
 
 __all__ = ["MachSoftmaxCrossentropy", "MachBinaryCrossentropy",
@@ -89,8 +95,10 @@ class _MachLoss(keras.losses.Loss):
 
     Keras' ``Loss.__call__`` casts targets to the loss dtype, which would
     corrupt label ids above 2^24; this override hashes the ids first.
-    Targets of rank <= 2 are label ids (float ids are rounded); targets of
-    rank 3 ``[batch, R, B]`` are taken as ready-made bucket targets.
+    Targets of rank <= 2 (ids, float ids, a ``[batch, num_labels]``
+    multi-hot or ``tf.SparseTensor``: :func:`xmc_tf.losses.target_label_ids`)
+    are hashed; targets of rank 3 ``[batch, R, B]`` are taken as ready-made
+    bucket targets.
     """
 
     _normalize = False
@@ -102,12 +110,11 @@ class _MachLoss(keras.losses.Loss):
 
     def __call__(self, y_true, y_pred, sample_weight=None):
         y_pred = tf.convert_to_tensor(y_pred)
-        y_true = tf.convert_to_tensor(y_true)
-        if y_true.shape.rank is not None and y_true.shape.rank <= 2:
-            if not y_true.dtype.is_integer:
-                # Float ids: under a tf.distribute strategy, Keras' symbolic
-                # build feeds the replica-MEAN of the first batch as targets.
-                y_true = tf.cast(tf.round(y_true), tf.int64)
+        if isinstance(y_true, tf.SparseTensor) or (
+                tf.convert_to_tensor(y_true).shape.rank or 0) <= 2:
+            # Ids, float ids (a strategy's cast), multi-hot or SparseTensor
+            # [batch, num_labels]: the one rule of xmc_tf.losses.targets.
+            y_true = target_label_ids(y_true, self.hashing.num_labels)
             y_true = mach_bucket_targets(y_true, self.hashing,
                                          normalize=self._normalize,
                                          dtype=y_pred.dtype)
@@ -136,8 +143,10 @@ class MachSoftmaxCrossentropy(_MachLoss):
       reduction, name, dtype: as for ``keras.losses.Loss``.
 
     Call arguments:
-      y_true: int ``[batch, n]`` label ids padded with -1 (or ``[batch]``),
-        or float ``[batch, R, B]`` bucket distributions.
+      y_true: int ``[batch, n]`` label ids padded with -1 (or ``[batch]``;
+        float ids as a strategy casts them), a ``[batch, num_labels]``
+        multi-hot or ``tf.SparseTensor``, or float ``[batch, R, B]`` bucket
+        distributions.
       y_pred: logits ``[batch, R, B]``.
 
     Returns:
@@ -180,8 +189,10 @@ class MachBinaryCrossentropy(_MachLoss):
       reduction, name, dtype: as for ``keras.losses.Loss``.
 
     Call arguments:
-      y_true: int ``[batch, n]`` label ids padded with -1, or float
-        ``[batch, R, B]`` 0/1 bucket indicators.
+      y_true: int ``[batch, n]`` label ids padded with -1 (float ids as a
+        strategy casts them), a ``[batch, num_labels]`` multi-hot or
+        ``tf.SparseTensor``, or float ``[batch, R, B]`` 0/1 bucket
+        indicators.
       y_pred: logits ``[batch, R, B]``.
 
     Example:

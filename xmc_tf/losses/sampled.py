@@ -6,7 +6,7 @@ A sampled head scores, per instance ``i``, its positives (``pos_scores``
 for ``candidates.ids``).  The losses here turn those scores into
 
 * a one-vs-all estimate (:class:`SampledSquaredHinge`,
-  :class:`SampledBinaryCrossEntropy`):
+  :class:`SampledBinaryCrossentropy`):
   ``sum_{p valid} l(+1, s_p) + sum_{j: mask_j} weights_j l(-1, s_j)``,
   unbiased for the full loss ``sum_l l(y_l, s_l)`` of
   :mod:`xmc_tf.losses.hinge` when the sampler's importance weights are
@@ -40,13 +40,17 @@ import tensorflow as tf
 
 from xmc_tf.ops.sampled import mask_accidental_hits
 
-__all__ = ["SampledBinaryCrossEntropy", "SampledLoss", "SampledSoftmax",
+__all__ = ["SampledBinaryCrossentropy", "SampledLoss", "SampledSoftmax",
            "SampledSquaredHinge"]
 
 # Logit given to masked candidates: exp underflows to exactly 0 in float32,
 # without the NaN gradients of -inf when a row has no valid candidate.
 _MASKED_LOGIT = -1e9
 _REDUCTIONS = ("sum_over_batch_size", "sum", "none", None)
+# The full loss that each sampled loss estimates (for the error message).
+_FULL_LOSS = {"SampledSquaredHinge": "SquaredHinge",
+              "SampledBinaryCrossentropy": "BinaryCrossentropy",
+              "SampledSoftmax": "SoftmaxCrossentropy"}
 
 
 class SampledLoss:
@@ -72,9 +76,14 @@ class SampledLoss:
         """float32 ``[b]`` loss of every instance (before reduction)."""
         raise NotImplementedError
 
-    def __call__(self, pos_scores, pos_mask, neg_scores, candidates,
+    def __call__(self, pos_scores, pos_mask, neg_scores=None, candidates=None,
                  sample_weight=None, **kwargs):
         """Reduced loss; see the module docstring for the arguments.
+
+        ``neg_scores`` and ``candidates`` are required: called as a Keras
+        loss, ``loss(y_true, y_pred)`` (what ``model.compile(loss=...)``
+        does), it raises the ValueError below instead of a missing-argument
+        TypeError.
 
         Args:
           pos_scores: float ``[b, n]`` scores of the positives.
@@ -88,8 +97,21 @@ class SampledLoss:
           float32 scalar, or ``[b]`` with ``reduction=None``.
 
         Raises:
-          ValueError / tf.errors.InvalidArgumentError: mismatched shapes.
+          ValueError: called without ``neg_scores`` and ``candidates`` (as
+            ``model.compile(loss=...)`` does: a sampled loss needs
+            :class:`xmc_tf.models.SampledTrainer`), or mismatched static
+            shapes.
+          tf.errors.InvalidArgumentError: mismatched shapes at run time.
         """
+        if neg_scores is None or candidates is None:
+            raise ValueError(
+                f"{type(self).__name__} scores the candidates a sampler draws "
+                "and cannot be the loss of model.compile (which passes only "
+                "y_true and y_pred): train with xmc_tf.models.SampledTrainer("
+                f"model, sampler, loss={type(self).__name__}()) and compile "
+                "the trainer, or use the full loss "
+                f"xmc_tf.losses.{_FULL_LOSS.get(type(self).__name__, 'SquaredHinge')}"
+                "() in model.compile")
         pos_scores = tf.cast(tf.convert_to_tensor(pos_scores), tf.float32)
         neg_scores = tf.cast(tf.convert_to_tensor(neg_scores), tf.float32)
         pos_mask = tf.cast(tf.convert_to_tensor(pos_mask), tf.bool)
@@ -168,13 +190,13 @@ class SampledSquaredHinge(SampledLoss):
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
-class SampledBinaryCrossEntropy(SampledLoss):
+class SampledBinaryCrossentropy(SampledLoss):
     """Importance-weighted binary cross-entropy from logits (ASTRA Eq. 2).
 
     ``sum_p log(1 + exp(-s_p)) + sum_j w_j log(1 + exp(s_j))`` per instance:
     ASTRA's ``L_+ + L_-(H) + 1/(p k_r) L_-(R)`` when the candidates come from
     :class:`~xmc_tf.samplers.MixtureSampler`; the sampled form of
-    :class:`xmc_tf.losses.BinaryCrossEntropy`.
+    :class:`xmc_tf.losses.BinaryCrossentropy`.
 
     Args:
       reduction, name: see :class:`SampledLoss`.
@@ -182,13 +204,13 @@ class SampledBinaryCrossEntropy(SampledLoss):
     >>> from xmc_tf.samplers import Candidates
     >>> c = Candidates(tf.constant([[5]]), tf.constant([[True]]),
     ...                tf.constant([[0.0]]), tf.constant([[2.0]]))
-    >>> round(float(SampledBinaryCrossEntropy()(
+    >>> round(float(SampledBinaryCrossentropy()(
     ...     tf.constant([[0.0]]), tf.constant([[True]]), tf.constant([[0.0]]), c)), 4)
     2.0794
     """
 
     def __init__(self, reduction="sum_over_batch_size",
-                 name="sampled_binary_cross_entropy"):
+                 name="sampled_binary_crossentropy"):
         super().__init__(reduction, name)
 
     def per_instance(self, pos_scores, pos_mask, neg_scores, candidates):

@@ -473,8 +473,23 @@ class ScentLoss(keras.layers.Layer):
                   tf.math.softplus(log_g))
         return tf.where(first_visit, log_s, nu)
 
-    def __call__(self, scores, labels, column_labels, example_ids=None,
+    def __call__(self, scores, labels, column_labels=None, example_ids=None,
                  training=False):
+        """The loss; arguments as in the class docstring.
+
+        Raises:
+          ValueError: called without ``column_labels``, as
+            ``model.compile(loss=ScentLoss(...))`` calls a loss
+            (``loss(y_true, y_pred)``): SCENT trains through
+            :class:`xmc_tf.models.ScentTrainer`.
+        """
+        if column_labels is None:
+            raise ValueError(
+                "ScentLoss updates per-instance duals from the batch's classes "
+                "and cannot be the loss of model.compile (which passes only "
+                "y_true and y_pred): train with xmc_tf.models.ScentTrainer("
+                "model, loss=ScentLoss(...)) (or ScentTrainer(model) to size "
+                "it from the data) and compile the trainer")
         # Keras layers take only tensors positionally: convert Python lists.
         scores, labels, column_labels = (
             tf.convert_to_tensor(t) for t in (scores, labels, column_labels))

@@ -24,11 +24,11 @@ import tensorflow as tf
 
 from xmc_tf.losses.hinge import _MultiLabelLoss
 
-__all__ = ["SoftmaxCrossEntropy"]
+__all__ = ["SoftmaxCrossentropy"]
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
-class SoftmaxCrossEntropy(_MultiLabelLoss):
+class SoftmaxCrossentropy(_MultiLabelLoss):
     """Softmax cross-entropy averaged over each row's positives.
 
     Shapes: ``y_true`` int ``[batch, n]`` label ids padded with -1 (or a
@@ -37,7 +37,7 @@ class SoftmaxCrossEntropy(_MultiLabelLoss):
     with ``reduction=None``).
 
     >>> import tensorflow as tf
-    >>> round(float(SoftmaxCrossEntropy()(tf.constant([[0]]),
+    >>> round(float(SoftmaxCrossentropy()(tf.constant([[0]]),
     ...                                   tf.constant([[0.0, 0.0]]))), 4)
     0.6931
     """
@@ -45,7 +45,7 @@ class SoftmaxCrossEntropy(_MultiLabelLoss):
     _prior_loss = "softmax"
 
     def __init__(self, reduction="sum_over_batch_size",
-                 name="softmax_cross_entropy", dtype=None):
+                 name="softmax_crossentropy", dtype=None):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
 
     def call(self, y_true, y_pred):
@@ -62,7 +62,7 @@ class SoftmaxCrossEntropy(_MultiLabelLoss):
         each instance's labels by ``1 / (its number of labels)``, which
         frequencies approximate.
 
-        >>> SoftmaxCrossEntropy().prior_scores([1.0, 0.5]).round(4)
+        >>> SoftmaxCrossentropy().prior_scores([1.0, 0.5]).round(4)
         array([ 0.    , -0.6931], dtype=float32)
         """
         p = np.maximum(np.asarray(label_frequency, np.float64), 1e-12)

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from xmc_tf.losses.targets import target_label_ids
 from xmc_tf.ops.topk import top_k as _select_top_k
 from xmc_tf.metrics.evaluator import (_check_inv_propensities, _check_k,
                                       _discounts)
@@ -24,58 +25,48 @@ __all__ = ["PrecisionAtK", "NDCGAtK", "RecallAtK", "PSPAtK"]
 # ---------------------------------------------------------------------------
 
 
-def _hits_and_positives(y_true, topk):
+def _hits_and_positives(ids, topk):
     """Per-instance hit indicators at ranks 1..k and label counts.
 
     Args:
-        y_true: integer tensor ``[b, n]`` of label ids (negative = padding)
-            or ``[b]`` (one id per instance), or a float/bool multi-hot
-            tensor ``[b, L]`` (entries ``> 0`` are positives).
+        ids: int64 ``[b, n]`` label ids, negative = padding (from
+            :func:`xmc_tf.losses.target_label_ids`).
         topk: int32 tensor ``[b, k]`` of predicted ids.
 
     Returns:
-        ``(hits, num_pos, ids, valid)``: float64 ``[b, k]``, float64 ``[b]``;
-        for id input also the sorted ids ``[b, n]`` and their validity mask
-        (unique, non-negative), else ``None, None``.
+        ``(hits, num_pos, ids, valid)``: float64 ``[b, k]``, float64 ``[b]``,
+        the sorted ids ``[b, n]`` and their validity mask (unique,
+        non-negative).
     """
-    if y_true.dtype.is_integer:
-        ids = tf.cast(y_true, tf.int64)
-        if ids.shape.rank == 1:
-            ids = ids[:, None]
-        ids = tf.sort(ids, axis=-1)
-        prev = tf.concat([tf.fill([tf.shape(ids)[0], 1], tf.constant(-1, tf.int64)),
-                          ids[:, :-1]], axis=1)
-        valid = (ids >= 0) & (ids != prev)
-        masked = tf.where(valid, ids, tf.constant(-1, tf.int64))
-        eq = tf.equal(tf.cast(topk, tf.int64)[:, :, None], masked[:, None, :])
-        hits = tf.cast(tf.reduce_any(eq, axis=-1), tf.float64)
-        num_pos = tf.reduce_sum(tf.cast(valid, tf.float64), axis=-1)
-        return hits, num_pos, ids, valid
-    pos = tf.cast(y_true, tf.float32) > 0 if y_true.dtype != tf.bool else y_true
-    hits = tf.cast(tf.gather(pos, topk, batch_dims=1), tf.float64)
-    num_pos = tf.reduce_sum(tf.cast(pos, tf.float64), axis=-1)
-    return hits, num_pos, None, None
+    ids = tf.sort(ids, axis=-1)
+    prev = tf.concat([tf.fill([tf.shape(ids)[0], 1], tf.constant(-1, tf.int64)),
+                      ids[:, :-1]], axis=1)
+    valid = (ids >= 0) & (ids != prev)
+    masked = tf.where(valid, ids, tf.constant(-1, tf.int64))
+    eq = tf.equal(tf.cast(topk, tf.int64)[:, :, None], masked[:, None, :])
+    hits = tf.cast(tf.reduce_any(eq, axis=-1), tf.float64)
+    num_pos = tf.reduce_sum(tf.cast(valid, tf.float64), axis=-1)
+    return hits, num_pos, ids, valid
 
 
 def _prepare(y_true, y_pred, k):
-    """Converts inputs and checks shapes; returns (y_true, y_pred, topk)."""
+    """Checks shapes; returns (label ids int64 [b, n], y_pred, topk).
+
+    ``y_true`` may take any form of :mod:`xmc_tf.losses.targets` (ids,
+    float ids, multi-hot, ``tf.SparseTensor``).
+    """
     y_pred = tf.convert_to_tensor(y_pred)
-    y_true = tf.convert_to_tensor(y_true)
     if y_pred.shape.rank is not None and y_pred.shape.rank != 2:
         raise ValueError(f"y_pred must be [batch, num_labels], got {y_pred.shape}")
-    if not y_true.dtype.is_integer:
-        if (y_true.shape.rank is not None and y_pred.shape.rank is not None
-                and not y_true.shape.is_compatible_with(y_pred.shape)):
-            raise ValueError(
-                "multi-hot y_true must have the shape of y_pred, got "
-                f"{y_true.shape} vs {y_pred.shape}")
     num_labels = y_pred.shape[-1]
     if num_labels is not None and k > num_labels:
         raise ValueError(f"k={k} exceeds the number of labels {num_labels}")
+    ids = target_label_ids(
+        y_true, num_labels if num_labels is not None else tf.shape(y_pred)[-1])
     # Xmc>TopK where it applies (float32 on the CPU): the same ids as
     # tf.math.top_k, without its ~1 ns per score at m in the 100,000s.
     topk = _select_top_k(y_pred, k).indices
-    return y_true, y_pred, topk
+    return ids, y_pred, topk
 
 
 def _sample_weights(sample_weight, values):
@@ -105,22 +96,25 @@ class _RankingMetric(keras.metrics.Metric):
         raise NotImplementedError
 
     def _true_and_top_k(self, y_true, y_pred):
-        """(checked y_true, top-k ids int32 [b, k]) from label scores."""
-        y_true, _, topk = _prepare(y_true, y_pred, self.k)
-        return y_true, topk
+        """(label ids int64 [b, n], top-k ids int32 [b, k]) from scores."""
+        ids, _, topk = _prepare(y_true, y_pred, self.k)
+        return ids, topk
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         """Accumulates a batch.
 
         Args:
             y_true: integer ``[b, n]`` label ids padded with ``-1`` (or
-                ``[b]``: one id per instance), or float/bool multi-hot
-                ``[b, L]``; integer dtype means ids.
+                ``[b]``: one id per instance), the same ids as floats (as a
+                ``tf.distribute`` strategy casts them), a float/bool
+                multi-hot ``[b, L]``, or a ``tf.SparseTensor`` ``[b, L]``
+                (a scipy CSR ``y`` given to ``fit``); see
+                :mod:`xmc_tf.losses.targets`.
             y_pred: float scores ``[b, L]``.
             sample_weight: optional per-instance weights ``[b]``.
         """
-        y_true, topk = self._true_and_top_k(y_true, y_pred)
-        hits, num_pos, _, _ = _hits_and_positives(y_true, topk)
+        ids, topk = self._true_and_top_k(y_true, y_pred)
+        hits, num_pos, _, _ = _hits_and_positives(ids, topk)
         values = self._per_instance(hits, num_pos)
         w = _sample_weights(sample_weight, values)
         self.total.assign_add(tf.reduce_sum(w * values))
@@ -152,12 +146,16 @@ class PrecisionAtK(_RankingMetric):
         dtype: dtype of the result (accumulators are float64).
 
     ``update_state(y_true, y_pred, sample_weight=None)``: ``y_pred`` float
-    scores ``[b, L]``; ``y_true`` either integer label ids ``[b, n]`` padded
-    with ``-1`` (integer dtype) or float/bool multi-hot ``[b, L]``.
+    scores ``[b, L]``; ``y_true`` integer label ids ``[b, n]`` padded with
+    ``-1`` (or ``[b]``), the same ids cast to float by a ``tf.distribute``
+    strategy (a float ``[b, n]`` with ``n != L``), a float/bool multi-hot
+    ``[b, L]`` or a ``tf.SparseTensor`` ``[b, L]`` (entries ``!= 0``; what
+    Keras makes of a scipy CSR ``y``).
 
     Raises:
-        ValueError: If ``k < 1``, or ``k > L`` / shape mismatch when shapes
-            are known.
+        ValueError: If ``k < 1``, ``k > L``, ``y_pred`` not of rank 2, or a
+            ``SparseTensor`` ``y_true`` not ``L`` wide (when shapes are
+            known).
 
     Example:
         >>> m = PrecisionAtK(1)
@@ -318,18 +316,12 @@ class PSPAtK(keras.metrics.Metric):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         """Accumulates a batch; inputs as :meth:`PrecisionAtK.update_state`."""
-        y_true, _, topk = _prepare(y_true, y_pred, self.k)
-        hits, num_pos, ids, valid = _hits_and_positives(y_true, topk)
+        ids, _, topk = _prepare(y_true, y_pred, self.k)
+        hits, num_pos, ids, valid = _hits_and_positives(ids, topk)
         num = tf.reduce_sum(hits * tf.gather(self._inv, topk), axis=-1)
-        if ids is not None:
-            wl = tf.where(valid, tf.gather(self._inv, tf.maximum(ids, 0)),
-                          tf.constant(0.0, tf.float64))
-            kk = tf.minimum(self.k, tf.shape(wl)[1])
-        else:
-            pos = (tf.cast(y_true, tf.float32) > 0 if y_true.dtype != tf.bool
-                   else y_true)
-            wl = tf.where(pos, self._inv[None, :], tf.constant(0.0, tf.float64))
-            kk = self.k
+        wl = tf.where(valid, tf.gather(self._inv, tf.maximum(ids, 0)),
+                      tf.constant(0.0, tf.float64))
+        kk = tf.minimum(self.k, tf.shape(wl)[1])
         den = tf.reduce_sum(tf.math.top_k(wl, k=kk).values, axis=-1)
         w = _sample_weights(sample_weight, num)
         self.numerator.assign_add(tf.reduce_sum(w * num))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from xmc_tf.losses.targets import target_label_ids
 from xmc_tf.metrics.keras_metrics import PrecisionAtK
 from xmc_tf.ops.mach import (ACTIVATIONS, MachHashing, mach_top_k,
                              meta_probabilities)
@@ -36,7 +37,15 @@ class MachPrecisionAtK(PrecisionAtK):
 
     ``update_state(y_true, y_pred, sample_weight=None)``: ``y_true``
     label ids ``[b, n]`` padded with ``-1`` (float ids, as Keras passes
-    under a ``tf.distribute`` strategy, are rounded).
+    under a ``tf.distribute`` strategy, are rounded), a multi-hot or a
+    ``tf.SparseTensor`` ``[b, num_labels]`` (see
+    :mod:`xmc_tf.losses.targets`).
+
+    Argument order: ``k`` first, as for every P@k metric of
+    :mod:`xmc_tf.metrics` (``PrecisionAtK(k)``, ``PSPAtK(k,
+    inv_propensities)``), then the head's hash family, which is the first
+    argument of the MACH losses (``MachSoftmaxCrossentropy(hashing)``):
+    ``MachPrecisionAtK(k, hashing)``.
 
     Raises:
         ValueError: bad ``k``, ``activation`` or hash family; ``y_pred`` not
@@ -66,12 +75,10 @@ class MachPrecisionAtK(PrecisionAtK):
         self.activation = activation
 
     def _true_and_top_k(self, y_true, y_pred):
-        y_true = tf.convert_to_tensor(y_true)
-        if not y_true.dtype.is_integer:
-            y_true = tf.cast(tf.round(y_true), tf.int64)
+        ids = target_label_ids(y_true, self.hashing.num_labels)
         probs = meta_probabilities(y_pred, self.activation)
         topk, _ = mach_top_k(probs, self.k, self.hashing)
-        return y_true, topk
+        return ids, topk
 
     def get_config(self):
         config = super().get_config()
