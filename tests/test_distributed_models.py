@@ -297,3 +297,96 @@ def test_multi_worker_trainer_and_model_agree_across_workers(two_workers):
         assert r0[name] == r1[name], name  # cross-worker means, alike
         assert r0[name]["loss"][1] < r0[name]["loss"][0]
     assert r0["seen"] == r1["seen"] == ["int32"]
+
+
+_TRAINERS = textwrap.dedent(r"""
+    import json
+    import numpy as np
+    import scipy.sparse as sp
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import keras
+    import xmc_tf
+    from xmc_tf.models import SampledTrainer, ScentTrainer
+    from xmc_tf.samplers import NegativeSampler
+    from xmc_tf.samplers.base import Candidates, mask_accidental_hits
+
+    class AllNegatives(NegativeSampler):
+        # Every label a candidate, positives masked: deterministic, so the
+        # split batches must give the one-process step exactly.
+        def sample(self, queries, positives, step):
+            b = tf.shape(positives)[0]
+            ids = tf.tile(tf.range(self.num_labels, dtype=tf.int32)[None],
+                          [b, 1])
+            mask = mask_accidental_hits(ids, positives)
+            return Candidates(ids, mask, tf.zeros(tf.shape(ids)),
+                              tf.cast(mask, tf.float32))
+
+    n, d, m = 256, 30, 20
+    rng = np.random.default_rng(0)
+    x = sp.random(n, d, density=0.3, format="csr", random_state=0,
+                  dtype=np.float32)
+    s = x @ rng.standard_normal((d, m))
+    y_multi, y_class = np.argsort(-s, 1)[:, :2], np.argmax(s, 1)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+    def net(sparse):
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([
+            keras.Input((d,), sparse=sparse),
+            keras.layers.Dense(16, activation="relu"),
+            xmc_tf.layers.LabelDense(m)])
+
+    def run(make, y, sparse, distributed):
+        features = x if sparse else x.toarray()
+        with strategy.scope() if distributed else tf.device("/cpu:0"):
+            trainer = make(net(sparse))
+            trainer.compile(keras.optimizers.SGD(0.1),
+                            metrics=[xmc_tf.metrics.PrecisionAtK(1)])
+        hist = trainer.fit(features, y, batch_size=64, epochs=2, verbose=0,
+                           shuffle=False,
+                           validation_data=(features[:64], y[:64]))
+        return trainer, hist.history
+
+    out = {}
+    for sparse in (True, False):
+        key = "sparse" if sparse else "dense"
+        make = lambda model: SampledTrainer(
+            model, AllNegatives(m, m), loss=xmc_tf.losses.SampledSquaredHinge())
+        one, h1 = run(make, y_multi, sparse, False)
+        two, h2 = run(make, y_multi, sparse, True)
+        out[f"sampled_{key}"] = {
+            "max_diff": max(float(np.abs(a.numpy() - b.numpy()).max())
+                            for a, b in zip(one.inference_model.weights,
+                                            two.inference_model.weights)),
+            "loss": h2["loss"], "loss_one": h1["loss"],
+            "val_p1": h2["val_precision_at_1"]}
+        scent, h = run(lambda model: ScentTrainer(model), y_class, sparse,
+                       True)
+        out[f"scent_{key}"] = {
+            "visits": np.unique(scent.scent_loss.visits.numpy()).tolist(),
+            "loss": h["loss"], "val_p1": h["val_precision_at_1"]}
+    print("RESULT " + json.dumps(out), flush=True)
+""")
+
+
+def test_trainers_under_mirrored_strategy_without_fix_up_calls():
+    """SampledTrainer (deterministic candidates) equals its one-process
+    run; ScentTrainer updates every instance's dual once per epoch from
+    both replicas; both on sparse and dense features, fit on arrays."""
+    proc = subprocess.run([sys.executable, "-c", _TRAINERS], env=_env(),
+                          cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    log = proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, log
+    r = _result(proc.stdout, log)
+    for key in ("sparse", "dense"):
+        sampled, scent = r[f"sampled_{key}"], r[f"scent_{key}"]
+        assert sampled["max_diff"] < 1e-5, sampled
+        np.testing.assert_allclose(sampled["loss"], sampled["loss_one"],
+                                   rtol=1e-5)
+        assert scent["visits"] == [2], scent
+        assert scent["loss"][1] < scent["loss"][0], scent
+        assert 0.0 <= scent["val_p1"][-1] <= 1.0

@@ -529,8 +529,15 @@ class ScentLoss(keras.layers.Layer):
         nu_new = tf.stop_gradient(
             self.dual_update(tf.stop_gradient(log_s), nu_old, first))
         upd_ids = tf.boolean_mask(ids, active)
-        nu_var.scatter_update(tf.IndexedSlices(
-            tf.boolean_mask(nu_new, active), upd_ids))
+        upd_nu = tf.boolean_mask(nu_new, active)
+        ctx = tf.distribute.get_replica_context()
+        if ctx is not None and ctx.num_replicas_in_sync > 1:
+            # Under tf.distribute each replica holds a copy of the duals
+            # and sees its share of the batch: every copy takes every
+            # replica's updates (distinct instances), so the copies agree.
+            upd_ids = ctx.all_gather(upd_ids, axis=0)
+            upd_nu = ctx.all_gather(upd_nu, axis=0)
+        nu_var.scatter_update(tf.IndexedSlices(upd_nu, upd_ids))
         visits_var.scatter_add(tf.IndexedSlices(
             tf.ones_like(upd_ids, tf.int32), upd_ids))
         terms = tf.exp(log_s - nu_new) + nu_new - 1.0

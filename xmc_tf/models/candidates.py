@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from xmc_tf.data.labels import padded_label_ids
 from xmc_tf.layers.scorer import SCORER_MEMBERS, LabelScorer
+from xmc_tf.models.distributed import DistributedTrainerMixin, step_logs
 
 __all__ = ["CandidateTrainer", "find_label_scorer", "label_ids",
            "TRAIN_METRICS_MAX_LABELS"]
@@ -171,7 +172,7 @@ def _features(x):
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
-class CandidateTrainer(keras.Model):
+class CandidateTrainer(DistributedTrainerMixin, keras.Model):
     """Base of the training models that score chosen labels only.
 
     See the module docstring for the Keras behaviour.  ``train_step``
@@ -197,6 +198,11 @@ class CandidateTrainer(keras.Model):
       head_layer: its head layer.
       body: ``model`` up to the head layer's input.
       num_labels: m.
+
+    Under ``tf.distribute`` (``MirroredStrategy``,
+    ``MultiWorkerMirroredStrategy``: build and compile the trainer under
+    ``strategy.scope()``) it trains with sparse or dense features and no
+    fix-up call (:class:`~xmc_tf.models.DistributedTrainerMixin`).
 
     Raises:
       ValueError: no (or no single) LabelScorer layer; the message names
@@ -460,8 +466,13 @@ class CandidateTrainer(keras.Model):
             total = loss
             if self.losses and not self.logs_regularization:
                 total = loss + tf.add_n(self.losses)
-            scaled = (self.optimizer.scale_loss(total)
-                      if hasattr(self.optimizer, "scale_loss") else total)
+            # The replicas' gradients are summed: each takes 1/replicas of
+            # its batch mean (as Keras' compiled losses do).
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+            if replicas > 1:
+                total = total / float(replicas)
+            # LossScaleOptimizer (mixed_float16) scales; apply() unscales.
+            scaled = self.optimizer.scale_loss(total)
         variables = self.trainable_variables
         grads = tape.gradient(scaled, variables)
         self.optimizer.apply(grads, variables)
@@ -482,9 +493,9 @@ class CandidateTrainer(keras.Model):
         self.loss_tracker.update_state(loss)
         self.fraction_tracker.update_state(fraction)
         if metrics:
-            return self.get_metrics_result()
-        return {m.name: m.result() for m in (self.loss_tracker,
-                                             self.fraction_tracker)}
+            return step_logs(self, self.get_metrics_result())
+        return step_logs(self, {m.name: m.result() for m in (
+            self.loss_tracker, self.fraction_tracker)})
 
     # -- state of the candidate source (checkpoints) ---------------------------
 

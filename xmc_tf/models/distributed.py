@@ -49,6 +49,16 @@ def _vector_logs(logs):
     return {k: tf.reshape(v, [1]) for k, v in logs.items()}
 
 
+def step_logs(model, logs):
+    """A step's logs as Keras can reduce them: ``[1]`` vectors under
+    ``MultiWorkerMirroredStrategy``, else unchanged (for a model whose own
+    ``train_step`` / ``test_step`` stand before the mixin's)."""
+    if isinstance(model.distribute_strategy,
+                  tf.distribute.MultiWorkerMirroredStrategy):
+        return _vector_logs(logs)
+    return logs
+
+
 class DistributedTrainerMixin:
     """Mixin of a ``keras.Model`` subclass: ``fit`` / ``evaluate`` under
     ``tf.distribute`` with sparse features and label ids.
