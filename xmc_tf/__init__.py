@@ -2,8 +2,10 @@
 
 Import this package before loading a SavedModel or ``.keras`` file that uses
 xmc_tf: the import loads the op library, registers the ops' gradients and the
-Keras classes.  Models using xmc_tf layers must be compiled with
-``jit_compile=False`` (XLA cannot compile custom ops).
+Keras classes.  XLA cannot compile the custom ops: the layers that use them
+set ``supports_jit = False``, so Keras' default ``jit_compile="auto"`` keeps
+XLA off for their models, and the trainers of :mod:`xmc_tf.models` compile
+with ``jit_compile=False``.
 """
 
 import warnings
