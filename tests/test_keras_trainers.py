@@ -250,3 +250,19 @@ def test_user_errors_are_one_value_error():
         scent.fit(tf.data.Dataset.from_tensors((x[:4].toarray(), y[:4, 0])),
                   verbose=0)
     assert os.environ.get("XMC_TF_NEVER") is None
+
+
+def test_export_of_a_mach_serving_model_names_the_training_model(tmp_path):
+    inputs = keras.Input((10,))
+    head = xmc_tf.layers.MachHead(50, 8, 2)
+    model = keras.Model(inputs, head(keras.layers.Dense(4)(inputs)))
+    ids, scores = xmc_tf.layers.MachDecoder.from_head(head, k=3)(model.output)
+    serving = keras.Model(model.input, [ids, scores])
+    with pytest.raises(ValueError, match="takes MACH's training model"):
+        xmc_tf.saving.export_saved_model(serving, str(tmp_path / "a"))
+    xmc_tf.saving.export_saved_model(model, str(tmp_path / "b"), k=3)
+    served = tf.saved_model.load(str(tmp_path / "b"))
+    x = np.random.default_rng(0).standard_normal((4, 10)).astype(np.float32)
+    np.testing.assert_array_equal(
+        served.signatures["serve"](features=tf.constant(x))["label_ids"],
+        serving(x)[0])

@@ -99,8 +99,9 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
       True when the SavedModel uses no ``Xmc>`` op.
 
     Raises:
-      ValueError: no registered head decodes the model, ``k`` is out of
-        range, or ``portable=True`` for a model that needs an ``Xmc>`` op
+      ValueError: no registered head decodes the model (or it is a MACH
+        serving model with a ``MachDecoder``: pass the training model),
+        ``k`` is out of range, or ``portable=True`` for a model that needs an ``Xmc>`` op
         (the message names them).
     """
     model = xheads.inference_model(model)
@@ -135,6 +136,11 @@ def _serving_archive(model: keras.Model, k: int):
     ``tf.function`` objects."""
     spec = model.inputs[0]
     num_features = spec.shape[-1]
+    if any(isinstance(layer, layers.MachDecoder) for layer in model.layers):
+        raise ValueError(
+            "export_saved_model takes MACH's training model (its output the "
+            "MachHead's [b, R, B] logits), not a serving model that already "
+            "decodes: its serve signature decodes with Xmc>MachTopK")
     head = xheads.head_for_model(model)
     top_k = head.top_k_function(model, k)
     archive = keras.export.ExportArchive()
