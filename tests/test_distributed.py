@@ -29,7 +29,6 @@ because collective ops and logical devices must be configured before
 TensorFlow initialises.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -39,7 +38,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from local_cluster import free_ports
+from local_cluster import run_two_workers, script_result, worker_env
 from xmc_tf.losses import BinaryCrossentropy, SquaredHinge, dense_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -187,48 +186,18 @@ _WORKER = _COMMON + textwrap.dedent(r"""
 
 
 def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["CUDA_VISIBLE_DEVICES"] = ""  # one CPU replica per worker
-    return env
+    return worker_env(ROOT)
 
 
 def _result(stdout, log):
-    lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, log
-    return json.loads(lines[-1][len("RESULT "):])
+    return script_result(stdout, log)
 
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     """Runs the two worker processes once; returns (out_dir, results)."""
     out = tmp_path_factory.mktemp("workers")
-    ports = free_ports(2)
-    procs = []
-    for index in range(2):
-        env = _env()
-        env["TF_CONFIG"] = json.dumps({
-            "cluster": {"worker": [f"localhost:{p}" for p in ports]},
-            "task": {"type": "worker", "index": index}})
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(out), str(index)], env=env,
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True))
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=170))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    results = []
-    for p, (stdout, stderr) in zip(procs, outputs):
-        log = stdout[-3000:] + stderr[-6000:]
-        assert p.returncode == 0, log
-        results.append(_result(stdout, log))
-    return out, results
+    return out, run_two_workers(_WORKER, out, ROOT, timeout=170)
 
 
 def test_two_workers_end_identical_and_rewire_on_the_same_steps(two_workers):

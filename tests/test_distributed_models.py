@@ -22,7 +22,6 @@ collective ops must be configured before TensorFlow starts):
   one process's.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from local_cluster import free_ports
+from local_cluster import run_two_workers, script_result, worker_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -215,17 +214,11 @@ _WORKER = _MODELS + textwrap.dedent(r"""
 
 
 def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
+    return worker_env(ROOT)
 
 
 def _result(stdout, log):
-    lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, log
-    return json.loads(lines[-1][len("RESULT "):])
+    return script_result(stdout, log)
 
 
 def test_mirrored_sparse_and_dense_features_without_fix_up_calls():
@@ -256,31 +249,7 @@ def test_mirrored_sparse_and_dense_features_without_fix_up_calls():
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist_models")
-    ports = free_ports(2)
-    procs = []
-    for index in range(2):
-        env = _env()
-        env["TF_CONFIG"] = json.dumps({
-            "cluster": {"worker": [f"localhost:{p}" for p in ports]},
-            "task": {"type": "worker", "index": index}})
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(out), str(index)], env=env,
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True))
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=300))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    results = []
-    for p, (stdout, stderr) in zip(procs, outputs):
-        log = stdout[-3000:] + stderr[-6000:]
-        assert p.returncode == 0, log
-        results.append(_result(stdout, log))
-    return out, results
+    return out, run_two_workers(_WORKER, out, ROOT, timeout=300)
 
 
 def test_multi_worker_trainer_and_model_agree_across_workers(two_workers):

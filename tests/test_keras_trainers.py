@@ -266,3 +266,20 @@ def test_export_of_a_mach_serving_model_names_the_training_model(tmp_path):
     np.testing.assert_array_equal(
         served.signatures["serve"](features=tf.constant(x))["label_ids"],
         serving(x)[0])
+
+
+def test_callbacks_rebuild_from_their_config():
+    from xmc_tf.callbacks import RefreshIndex, Rehash, SetRewiring
+    from xmc_tf.models.sampled import deserialize_sampler
+    from xmc_tf.samplers import AnnNegativeSampler, LshNegativeSampler
+    callbacks = [SetRewiring(every_n_steps=7, fraction=0.2, seed=4),
+                 RefreshIndex(AnnNegativeSampler(M, 5), start_epoch=2,
+                              every_n_steps=9),
+                 Rehash(LshNegativeSampler(M, 5, hash="dwta"),
+                        every_n_steps=11, max_period=40)]
+    for cb in callbacks:
+        config = cb.get_config()
+        if "sampler" in config:
+            config["sampler"] = deserialize_sampler(config["sampler"])
+        assert type(cb)(**config).get_config() == cb.get_config()
+    assert callbacks[2].get_config()["sampler"]["config"]["hash"] == "dwta"

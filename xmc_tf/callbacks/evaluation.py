@@ -79,6 +79,11 @@ class TopKEvaluation(keras.callbacks.Callback):
         self._top_k = None
         self._top_k_model = None
 
+    def get_config(self) -> dict:
+        """Constructor arguments other than the data set and the decoder."""
+        return {"ks": list(self.ks), "prefix": self.prefix,
+                "batch_size": self.batch_size}
+
     def _decoder_for_model(self):
         """The compiled top-``max(ks)`` decoder of the current model, built
         once per model (it reads the weights when called): the decoder's

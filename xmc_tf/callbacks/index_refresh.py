@@ -140,6 +140,15 @@ class RefreshIndex(keras.callbacks.Callback):
         self._rewires_seen = 0
         self._requested = False
 
+    def get_config(self) -> dict:
+        """Constructor arguments; the sampler as ``{"class_name",
+        "config"}`` (``after_rewire`` is a callback: not included)."""
+        return {"sampler": {"class_name": type(self.sampler).__name__,
+                            "config": self.sampler.get_config()},
+                "start_epoch": self.start_epoch,
+                "every_n_epochs": self.every_n_epochs,
+                "every_n_steps": self.every_n_steps, "verbose": self.verbose}
+
     def request_refresh(self) -> None:
         """Asks for a refresh at the end of the current training batch."""
         self._requested = True
@@ -313,6 +322,16 @@ class Rehash(keras.callbacks.Callback):
         self._snapshot = None
         self._epoch_seconds = 0.0
         self._epoch_rows = 0
+
+    def get_config(self) -> dict:
+        """Constructor arguments; the sampler as ``{"class_name",
+        "config"}``."""
+        return {"sampler": {"class_name": type(self.sampler).__name__,
+                            "config": self.sampler.get_config()},
+                "schedule": self.schedule, "every_n_steps": self.every_n_steps,
+                "frequency_decay": self.frequency_decay,
+                "max_period": self.max_period, "threshold": self.threshold,
+                "verbose": self.verbose}
 
     def _ensure_tables(self):
         # The initial build is not counted as a re-hash.

@@ -439,6 +439,7 @@ class SetRewiring(keras.callbacks.Callback):
         self.fraction = float(fraction)
         self.layers = layers
         self.verbose = verbose
+        self.seed = seed
         self._rng = np.random.default_rng(seed)
         self._periods_done = 0
         self.rewires = 0
@@ -446,6 +447,15 @@ class SetRewiring(keras.callbacks.Callback):
                            "set_rewires": 0}
         if regrowth == "gradient":
             self.last_stats["set_gradient_grown"] = 0
+
+    def get_config(self) -> dict:
+        """Constructor arguments (``layers`` as layer names; without
+        ``gradient_data``, which is data)."""
+        return {"every_n_steps": self.every_n_steps, "fraction": self.fraction,
+                "layers": (None if self.layers is None else
+                           [layer.name for layer in self.layers]),
+                "seed": self.seed, "verbose": self.verbose,
+                "regrowth": self.regrowth}
 
     def _targets(self):
         if self.layers is not None:
