@@ -121,6 +121,13 @@ def test_defaults_follow_the_labels():
     trainer.fit(x, y, epochs=1, verbose=0)
     assert isinstance(trainer.sampled_loss, SampledSquaredHinge)
     assert not trainer.shared
+    # A tf.data set: read from its first batches.
+    x, y = _data(multi_label=False)
+    trainer = SampledTrainer(_model(sparse=False), UniformNegativeSampler(M, 6))
+    trainer.compile()
+    trainer.fit(tf.data.Dataset.from_tensor_slices(
+        (x.toarray(), y[:, None])).batch(32), epochs=1, verbose=0)
+    assert isinstance(trainer.sampled_loss, SampledSoftmax) and trainer.shared
 
 
 def test_scent_from_labels_holds_the_configs_settings():

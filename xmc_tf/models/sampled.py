@@ -33,7 +33,7 @@ import tensorflow as tf
 from absl import logging
 
 from xmc_tf.losses.sampled import SampledLoss, SampledSoftmax, SampledSquaredHinge
-from xmc_tf.models.candidates import CandidateTrainer
+from xmc_tf.models.candidates import CandidateTrainer, label_ids
 
 __all__ = ["SampledTrainer", "sampled_defaults", "serialize_sampler",
            "deserialize_sampler"]
@@ -189,8 +189,7 @@ class SampledTrainer(CandidateTrainer):
             if not isinstance(dataset, tf.data.Dataset):
                 labels = np.zeros((1, 2), np.int32)  # multi-label defaults
             else:
-                batches = [label_batch for label_batch in
-                           _label_batches(dataset, self.num_labels)]
+                batches = list(_label_batches(dataset, self.num_labels))
                 width = max((b.shape[1] for b in batches), default=1)
                 labels = np.concatenate(
                     [np.pad(b, [(0, 0), (0, width - b.shape[1])],
@@ -265,7 +264,6 @@ class SampledTrainer(CandidateTrainer):
 
 def _label_batches(dataset, num_labels):
     """Padded int32 ids of the first :data:`PEEK_BATCHES` batches."""
-    from xmc_tf.models.candidates import label_ids
     for batch in dataset.take(PEEK_BATCHES):
         _, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
         if isinstance(y, (tuple, list)):
