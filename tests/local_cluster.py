@@ -68,3 +68,17 @@ def run_two_workers(script: str, out_dir, root: str, timeout: float) -> list:
         assert p.returncode == 0, log
         results.append(script_result(stdout, log))
     return results
+
+
+def run_script(script: str, root: str, timeout: float) -> dict:
+    """Runs ``python -c script`` in a fresh interpreter from ``root`` (its
+    environment :func:`worker_env`); returns its :func:`script_result`
+    after it exits 0."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", script], env=worker_env(root),
+                          cwd=root, capture_output=True, text=True,
+                          timeout=timeout)
+    log = proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, log
+    return script_result(proc.stdout, log)

@@ -30,15 +30,13 @@ TensorFlow initialises.
 """
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from local_cluster import run_two_workers, script_result, worker_env
+from local_cluster import run_script, run_two_workers
 from xmc_tf.losses import BinaryCrossentropy, SquaredHinge, dense_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -185,14 +183,6 @@ _WORKER = _COMMON + textwrap.dedent(r"""
 
 
 
-def _env():
-    return worker_env(ROOT)
-
-
-def _result(stdout, log):
-    return script_result(stdout, log)
-
-
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
     """Runs the two worker processes once; returns (out_dir, results)."""
@@ -310,12 +300,7 @@ _MIRRORED = _COMMON + textwrap.dedent(r"""
 
 
 def test_mirrored_strategy_builds_squared_hinge_from_float_ids():
-    proc = subprocess.run([sys.executable, "-c", _MIRRORED], env=_env(),
-                          cwd=ROOT, capture_output=True, text=True,
-                          timeout=170)
-    log = proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert proc.returncode == 0, log
-    result = _result(proc.stdout, log)
+    result = run_script(_MIRRORED, ROOT, timeout=170)
     assert result["replicas"] == 2
     # Keras' build saw float targets (the replica mean), training int ids.
     assert any(t.startswith("float") for t in result["target_dtypes"]), result

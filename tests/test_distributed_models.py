@@ -23,14 +23,12 @@ collective ops must be configured before TensorFlow starts):
 """
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 
-from local_cluster import run_two_workers, script_result, worker_env
+from local_cluster import run_script, run_two_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -213,21 +211,8 @@ _WORKER = _MODELS + textwrap.dedent(r"""
 """)
 
 
-def _env():
-    return worker_env(ROOT)
-
-
-def _result(stdout, log):
-    return script_result(stdout, log)
-
-
 def test_mirrored_sparse_and_dense_features_without_fix_up_calls():
-    proc = subprocess.run([sys.executable, "-c", _MIRRORED], env=_env(),
-                          cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    log = proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert proc.returncode == 0, log
-    r = _result(proc.stdout, log)
+    r = run_script(_MIRRORED, ROOT, timeout=300)
     assert r["replicas"] == 2
     # The Keras bug that the mixin works around (a plain keras.Model).
     assert r["plain_error"] is not None, (
@@ -345,12 +330,7 @@ def test_trainers_under_mirrored_strategy_without_fix_up_calls():
     """SampledTrainer (deterministic candidates) equals its one-process
     run; ScentTrainer updates every instance's dual once per epoch from
     both replicas; both on sparse and dense features, fit on arrays."""
-    proc = subprocess.run([sys.executable, "-c", _TRAINERS], env=_env(),
-                          cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    log = proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert proc.returncode == 0, log
-    r = _result(proc.stdout, log)
+    r = run_script(_TRAINERS, ROOT, timeout=300)
     for key in ("sparse", "dense"):
         sampled, scent = r[f"sampled_{key}"], r[f"scent_{key}"]
         assert sampled["max_diff"] < 1e-5, sampled
