@@ -15,7 +15,8 @@ from xmc_tf import config as xconfig
 from xmc_tf.data import label_matrix, padded_label_ids
 from xmc_tf.losses import SampledSoftmax, SampledSquaredHinge, ScentLoss
 from xmc_tf.models import SampledTrainer, ScentTrainer
-from xmc_tf.models.candidates import find_label_scorer, label_ids
+from xmc_tf.losses.targets import target_label_ids
+from xmc_tf.models.candidates import find_label_scorer
 from xmc_tf.samplers import UniformNegativeSampler
 
 N, D, M = 384, 24, 20
@@ -52,8 +53,8 @@ def test_label_ids_from_every_form():
     sparse = tf.SparseTensor(np.stack([coo.row, coo.col], 1).astype(np.int64),
                              coo.data, coo.shape)
     for y in (want, want.astype(np.float32), dense, dense > 0, sparse):
-        np.testing.assert_array_equal(label_ids(y, 3).numpy(), want)
-    np.testing.assert_array_equal(label_ids(tf.constant([2, 0]), 3).numpy(),
+        np.testing.assert_array_equal(target_label_ids(y, 3).numpy(), want)
+    np.testing.assert_array_equal(target_label_ids(tf.constant([2, 0]), 3).numpy(),
                                   [[2], [0]])
 
 

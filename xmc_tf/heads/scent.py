@@ -78,8 +78,7 @@ class ScentHead(CandidateHead):
 
     def __init__(self, config):
         super().__init__(config)
-        self._num_examples = None
-        self._label_counts = None
+        self._labels = None
 
     def check_config(self):
         super().check_config()
@@ -101,8 +100,8 @@ class ScentHead(CandidateHead):
                              "(0, 1]")
 
     def prepare(self, train_data):
-        """Sizes the duals from ``train_data`` (and, for ``"log_q"``, counts
-        its labels).
+        """Keeps the training labels (the loss is sized and, for
+        ``"log_q"``, weighted from them by :meth:`ScentLoss.from_labels`).
 
         Raises:
           ValueError: a training row has more than one label.
@@ -116,9 +115,7 @@ class ScentHead(CandidateHead):
                 f"head 'scent' is multi-class but {multi} of "
                 f"{train_data.num_instances} training rows have more than one "
                 "label; use a multi-label head (dense, uniform_sparse, sampled)")
-        self._num_examples = int(train_data.num_instances)
-        if self.config.scent.correction == "log_q":
-            self._label_counts = train_data.label_counts().astype(np.float64)
+        self._labels = train_data.labels
 
     def dataset_kwargs(self):
         return {"with_example_ids": True}
@@ -135,16 +132,15 @@ class ScentHead(CandidateHead):
         Raises:
           ValueError: :meth:`prepare` was not called.
         """
-        if self._num_examples is None:
+        if self._labels is None:
             raise ValueError("head 'scent' needs the training set size: call "
                              "head.prepare(train_data) before building the "
                              "training model")
         sc = self.config.scent
-        return ScentLoss(self._num_examples, alpha=float(sc.alpha),
-                         variant=sc.variant, negatives=sc.negatives,
-                         correction=sc.correction, num_labels=layer.num_labels,
-                         label_counts=self._label_counts,
-                         own_term=bool(sc.own_term))
+        return ScentLoss.from_labels(
+            self._labels, num_labels=layer.num_labels, alpha=float(sc.alpha),
+            variant=sc.variant, negatives=sc.negatives,
+            correction=sc.correction, own_term=bool(sc.own_term))
 
     def training_model(self, model, layer):
         return ScentTrainer(model, self.make_loss(layer),

@@ -18,7 +18,8 @@ model whose output layer is a :class:`~xmc_tf.layers.scorer.LabelScorer`
   that is cheap (``train_metrics``);
 * ``fit`` / ``evaluate`` take features as a scipy CSR matrix, a dense array
   or a ``tf.data`` set, and labels as a scipy CSR / dense multi-hot matrix,
-  label-id lists or ``-1``-padded id arrays (see :func:`label_ids`);
+  label-id lists or ``-1``-padded id arrays (per batch:
+  :func:`xmc_tf.losses.targets.target_label_ids`);
 * ``save("m.keras")`` / ``keras.models.load_model`` round trip (the wrapped
   model, the loss and the sampler's configuration); ``export(path)`` writes
   the wrapped model's SavedModel with xmc_tf's named signatures
@@ -40,10 +41,10 @@ import tensorflow as tf
 
 from xmc_tf.data.labels import padded_label_ids
 from xmc_tf.layers.scorer import SCORER_MEMBERS, LabelScorer
+from xmc_tf.losses.targets import target_label_ids
 from xmc_tf.models.distributed import DistributedTrainerMixin, step_logs
 
-__all__ = ["CandidateTrainer", "find_label_scorer", "label_ids",
-           "TRAIN_METRICS_MAX_LABELS"]
+__all__ = ["CandidateTrainer", "find_label_scorer", "TRAIN_METRICS_MAX_LABELS"]
 
 #: ``train_metrics=None``: compiled metrics are computed on training batches
 #: (from the head layer's full scores) up to this many labels.
@@ -104,51 +105,6 @@ def find_label_scorer(model, head=None, needed_by: str = "candidate training"):
     raise ValueError(
         f"model {model.name!r} has {len(found)} LabelScorer layers "
         f"({', '.join(layer.name for layer in found)}): pass head=NAME")
-
-
-def label_ids(y, num_labels) -> tf.Tensor:
-    """A batch's labels as int32 ids ``[b, n]`` padded with -1 (in-graph).
-
-    Args:
-      y: int ids ``[b, n]`` (negative = padding) or ``[b]``; the same ids
-        as floats (a ``tf.distribute`` strategy's cast), rounded; a
-        ``tf.SparseTensor`` ``[b, num_labels]`` (what Keras makes of a scipy
-        CSR ``y``; entries ``!= 0`` are labels); or a dense float/bool
-        multi-hot ``[b, num_labels]`` (entries ``> 0``).
-      num_labels: int m: a float ``y`` exactly ``m`` wide is multi-hot,
-        narrower ids.
-
-    Returns:
-      int32 ``[b, n]``, each row's ids ascending for the matrix forms.
-
-    >>> label_ids(tf.constant([[0., 1., 1.], [1., 0., 0.]]), 3).numpy()
-    array([[ 1,  2],
-           [ 0, -1]], dtype=int32)
-    """
-    if isinstance(y, tf.SparseTensor):
-        y = tf.sparse.reorder(y)
-        keep = tf.not_equal(y.values, tf.zeros([], y.values.dtype))
-        rows = tf.boolean_mask(y.indices[:, 0], keep)
-        cols = tf.boolean_mask(y.indices[:, 1], keep)
-        return _ragged_ids(cols, rows, y.dense_shape[0])
-    y = tf.convert_to_tensor(y)
-    if y.dtype.is_integer:
-        return tf.cast(y if y.shape.rank != 1 else y[:, None], tf.int32)
-    if y.dtype != tf.bool and (y.shape.rank != 2 or
-                               y.shape[-1] != int(num_labels)):
-        ids = tf.cast(tf.round(y), tf.int32)  # float-cast ids
-        return ids if ids.shape.rank != 1 else ids[:, None]
-    where = tf.where(y > 0 if y.dtype != tf.bool else y)
-    return _ragged_ids(where[:, 1], where[:, 0], tf.shape(y, tf.int64)[0])
-
-
-def _ragged_ids(cols, rows, nrows):
-    ragged = tf.RaggedTensor.from_value_rowids(
-        tf.cast(cols, tf.int32), rows, nrows=tf.cast(nrows, tf.int64))
-    ids = ragged.to_tensor(default_value=-1)
-    # At least one column, as the pipeline's padded ids.
-    return tf.pad(ids, [[0, 0], [0, tf.maximum(1 - tf.shape(ids)[1], 0)]],
-                  constant_values=-1)
 
 
 def _num_rows(x):
@@ -447,7 +403,7 @@ class CandidateTrainer(DistributedTrainerMixin, keras.Model):
         if isinstance(y, (tuple, list)):
             y, ids = y
         self.check_batch(y, ids, training)
-        return x, label_ids(y, self.num_labels), ids
+        return x, tf.cast(target_label_ids(y, self.num_labels), tf.int32), ids
 
     def _loss(self, x, y, ids=None, training=False):
         """``(loss, fraction, queries)`` of a batch: :meth:`candidate_loss`

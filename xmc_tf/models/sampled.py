@@ -33,7 +33,8 @@ import tensorflow as tf
 from absl import logging
 
 from xmc_tf.losses.sampled import SampledLoss, SampledSoftmax, SampledSquaredHinge
-from xmc_tf.models.candidates import CandidateTrainer, label_ids
+from xmc_tf.losses.targets import target_label_ids
+from xmc_tf.models.candidates import CandidateTrainer
 
 __all__ = ["SampledTrainer", "sampled_defaults", "serialize_sampler",
            "deserialize_sampler"]
@@ -268,4 +269,4 @@ def _label_batches(dataset, num_labels):
         _, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
         if isinstance(y, (tuple, list)):
             y = y[0]
-        yield label_ids(y, num_labels).numpy()
+        yield target_label_ids(y, num_labels).numpy().astype(np.int32)
