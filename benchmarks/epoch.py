@@ -31,7 +31,7 @@ per 1,000 test instances.
     epoch starts with an index refresh.  The steady-state epoch is the
     second, which is what is reported (the first is in the JSON).
 
-  A callback appended to the job's own (``xmc_tf.train.make_callbacks``)
+  A callback appended to the job's own (``xmc_tf.job.fit.make_callbacks``)
   records the wall time of every epoch (``on_epoch_begin`` ->
   ``on_epoch_end``, after the head's own epoch-end callbacks) and of every
   step; the sampled head's index refresh runs in an earlier callback's
@@ -43,7 +43,7 @@ per 1,000 test instances.
   its value at 490,449 instances (extrapolated, not measured).  The
   steady-state step time (median over the epoch's steps) is also compared
   across sizes: the same step at every size is what makes the epoch linear.
-* **Evaluation**: the job's test evaluation (``xmc_tf.train.
+* **Evaluation**: the job's test evaluation (``xmc_tf.job.run.
   evaluate_model``: every label scored, top-5 per instance, P@k / nDCG /
   PSP) in seconds per 1,000 test instances.
 
@@ -138,7 +138,7 @@ def child(args) -> None:
     from xmc_tf import cli
     from xmc_tf import checkpoint as xckpt
     from xmc_tf import saving
-    from xmc_tf import train as xtrain
+    from xmc_tf.job import fit as xfit
 
     phases: dict = {}
     epochs: list = []
@@ -205,11 +205,11 @@ def child(args) -> None:
         from xmc_tf.ops import topk as xtopk
         xtopk.top_k_supported = lambda: False
 
-    make = xtrain.make_callbacks
+    make = xfit.make_callbacks
 
     def make_callbacks(*a, **k):
         return make(*a, **k) + [EpochTimer()]
-    xtrain.make_callbacks = make_callbacks
+    xfit.make_callbacks = make_callbacks
 
     argv = ["xmc-tf", "train", f"--config={args.config}",
             f"--workdir={args.workdir}", "--overwrite",

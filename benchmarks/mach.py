@@ -2,7 +2,7 @@
 
 What it measures
 ----------------
-1. ``real``: the main job (``xmc_tf.train.train_and_evaluate``, what
+1. ``real``: the main job (``xmc_tf.job.run.train_and_evaluate``, what
    ``xmc-tf train --config=configs/mach.py`` runs) on the ``xcsplit`` files
    of Bibtex and Delicious (``/work/shared/data``) for each ``--configs``
    entry ``BxR`` (B buckets, R repetitions; Medini et al., NeurIPS 2019,
@@ -89,9 +89,10 @@ def _decode_throughput(head, logits, k, activation, method, max_queries=None):
 
 
 def _train_config(config, name, train_path, test_path, args, tag):
-    """Runs ``xmc_tf.train.train_and_evaluate`` (what ``xmc-tf train``
+    """Runs ``xmc_tf.job.run.train_and_evaluate`` (what ``xmc-tf train``
     runs); returns (metrics dict, workdir)."""
-    from xmc_tf import train as xtrain
+    from xmc_tf.job import run as xrun
+    from xmc_tf import preprocessing as xpreprocessing
     config.data.train = train_path
     config.data.test = test_path
     config.seed = args.seed
@@ -100,7 +101,7 @@ def _train_config(config, name, train_path, test_path, args, tag):
         config.train.epochs = min(config.train.epochs, args.max_epochs)
     workdir = os.path.join(args.workdir, f"{name}_{tag}")
     shutil.rmtree(workdir, ignore_errors=True)  # no BackupAndRestore resume
-    return xtrain.train_and_evaluate(config, workdir), workdir
+    return xrun.train_and_evaluate(config, workdir), workdir
 
 
 def train_mach(name, train_path, test_path, B, R, loss, args,
@@ -112,7 +113,6 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
     from xmc_tf import data as xdata
     from xmc_tf import heads as xheads
     from xmc_tf import predict as xpredict
-    from xmc_tf import train as xtrain
     config = load_config("mach")
     config.model.num_buckets, config.model.num_repetitions = B, R
     config.loss = loss
@@ -126,7 +126,7 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
     model = keras.models.load_model(os.path.join(workdir, "model.keras"),
                                     compile=False)
     head = xheads.output_layer(model)  # inside the normalising model
-    test = xtrain.load_for_model(test_path, workdir)
+    test = xpreprocessing.load_for_model(test_path, workdir)
     forward = tf.function(lambda x: model(x, training=False))
     logits = np.concatenate([forward(x).numpy() for x, _ in
                              xdata.make_tf_dataset(test, 1024)])

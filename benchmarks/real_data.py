@@ -19,7 +19,7 @@ these methods, trained on the train file and tested on the test file:
 * ``xmc_tf``: ``configs/uniform_sparse.py`` (``--config``) at its defaults
   (``--set`` overrides), once per seed of ``--seeds`` (``config.seed``:
   initialisation, validation split, batch order), each run
-  :func:`xmc_tf.train.train_and_evaluate` in a fresh work directory and in
+  :func:`xmc_tf.job.run.train_and_evaluate` in a fresh work directory and in
   a process of its own (so that its peak RSS is its own).  A callback
   records after every epoch the wall-clock seconds since training began
   and the epoch's validation P@1 / P@3 (the 10 % validation split of the
@@ -345,7 +345,7 @@ class Split:
 
 def topk_metrics(topk_ids, labels, inv_propensities) -> dict:
     """P@1/3/5 and PSP@5 (percent) of ranked predictions, the way
-    :func:`xmc_tf.train.train_and_evaluate` computes ours.
+    :func:`xmc_tf.job.run.train_and_evaluate` computes ours.
 
     Args:
       topk_ids (np.ndarray): int ``[n, >=5]`` label ids, best first, -1 =
@@ -473,11 +473,14 @@ def make_curve_callback(tree=None):
                 # pylint: disable=import-outside-toplevel
                 from xmc_tf import heads as xheads
                 from xmc_tf import label_tree as xlabel_tree
-                from xmc_tf import train as xtrain
+                from xmc_tf.job import finalize as xfinalize
+                from xmc_tf.job import inputs as xinputs
+                from xmc_tf.job import plan as xplan
+                from xmc_tf.job import run as xrun
                 layer, val_data, batch = tree
                 model = xheads.inference_model(self.model)
                 weight, table = xlabel_tree.choose_fusion_weight(
-                    xtrain.tree_validation_blocks(model, layer, val_data,
+                    xfinalize.tree_validation_blocks(model, layer, val_data,
                                                   batch))
                 point["val_P@1_fused"] = table[weight][1]
                 point["tree_weight"] = weight
@@ -501,13 +504,12 @@ def fit_tree_for_curve(config):
     from xmc_tf import heads as xheads
     from xmc_tf import label_tree as xlabel_tree
     from xmc_tf import preprocessing as xprep
-    from xmc_tf import train as xtrain
     from xmc_tf.layers import LabelTreeScores
     train = xprep.load_spec(config.data.train, "config.data.train")
     with tempfile.TemporaryDirectory() as tmp:
-        fit, val, _ = xtrain.prepare_splits(config, train, tmp)
+        fit, val, _ = xinputs.prepare_splits(config, train, tmp)
     head = xheads.get_head(config)
-    on, _ = xtrain.label_tree_plan(config, head, fit.num_labels,
+    on, _ = xfinalize.label_tree_plan(config, head, fit.num_labels,
                                    train.is_sparse, val is not None,
                                    xconfig.is_multi_class(fit.labels))
     if not on:
@@ -524,20 +526,19 @@ def fit_tree_for_curve(config):
 
 def _ours_child(conn, config_name, overrides, max_epochs, train_spec,
                 test_spec, seed, workdir, fused_curve=False):
-    """One :func:`xmc_tf.train.train_and_evaluate` run in this process;
+    """One :func:`xmc_tf.job.run.train_and_evaluate` run in this process;
     sends ``{"metrics", "curve"}`` or ``{"error"}``."""
     try:
         config = build_config(config_name, overrides, max_epochs)
         config.data.train = train_spec
         config.data.test = test_spec
         config.seed = int(seed)
-        from xmc_tf import train as xtrain  # pylint: disable=import-outside-toplevel
         from xmc_tf.errors import UserError  # pylint: disable=import-outside-toplevel
         tree, tree_s = (fit_tree_for_curve(config) if fused_curve
                         else (None, 0.0))
         curve = make_curve_callback(tree)
         try:
-            metrics = xtrain.train_and_evaluate(
+            metrics = xrun.train_and_evaluate(
                 config, workdir, overwrite=True, callbacks=[curve])
         except UserError as e:
             conn.send({"error": f"{type(e).__name__}: {e}",
@@ -1032,10 +1033,9 @@ def run(args) -> int:
 
     from xmc_tf import data as xdata  # pylint: disable=import-outside-toplevel
     from xmc_tf import metrics as xmetrics  # pylint: disable=import-outside-toplevel
-    from xmc_tf import train as xtrain  # pylint: disable=import-outside-toplevel
     from xmc_tf.errors import UserError  # pylint: disable=import-outside-toplevel
     try:
-        xtrain.check_config(config)
+        xplan.check_config(config)
     except UserError as e:
         raise UsageError(f"config {args.config!r}: {e}") from None
     specs = {n: dataset_specs(n, args.shared) for n in names}

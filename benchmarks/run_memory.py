@@ -14,7 +14,7 @@ the wide path, SET, early stopping with best weights on disk).
 The child marks the job's phases by wrapping the functions that run them
 (no change to the job itself):
 
-* ``load``: reading train + test (``xmc_tf.train.load_data``);
+* ``load``: reading train + test (``xmc_tf.job.inputs.read_datasets``);
 * ``normalise``: the validation split and the feature normalisation
   (``prepare_splits``);
 * ``head.prepare``: the head's look at the training data (label
@@ -27,7 +27,7 @@ The child marks the job's phases by wrapping the functions that run them
   file of the best epoch's weights and its read-back at the end;
 * ``checkpoint``: ``Checkpointer.save`` (every epoch end, and at the end);
 * ``test evaluation``: P@k etc. on the test split
-  (``xmc_tf.train.evaluate_model``);
+  (``xmc_tf.predict.evaluate_model``);
 * ``export: model.keras`` and ``export: SavedModel``;
 * ``other``: anything outside them (start-up, imports, summaries, the
   completion marker).
@@ -269,7 +269,7 @@ def child(args) -> None:
     import keras
 
     from xmc_tf import cli, saving
-    from xmc_tf import train as xtrain
+    from xmc_tf.job import fit as xfit
     from xmc_tf.callbacks import schedules
     from xmc_tf import checkpoint as xckpt
     from xmc_tf.heads import dense as xdense
@@ -286,14 +286,14 @@ def child(args) -> None:
             (xtrain, "evaluate_model", "test evaluation"),
             (saving, "export_saved_model", "export: SavedModel")):
         tracker.wrap(owner, attr, name)
-    build = xtrain.build_and_compile
+    build = xfit.build_and_compile
 
     def build_and_compile(*a, **k):
         with tracker.phase("build"):
             out = build(*a, **k)
         sizes["model"] = out[0]
         return out
-    xtrain.build_and_compile = build_and_compile
+    xfit.build_and_compile = build_and_compile
     fit = keras.Model.fit
 
     def fit_marked(self, *a, **k):

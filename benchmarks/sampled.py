@@ -56,7 +56,7 @@ Curves (P@k against training seconds)
 -------------------------------------
 Every ``xmc-tf train`` run goes through this script's worker (the same
 ``xmc_tf.cli.main``), which adds two callbacks to the job's own
-(``xmc_tf.train.make_callbacks``): a clock first in the list and a recorder
+(``xmc_tf.job.fit.make_callbacks``): a clock first in the list and a recorder
 last (before the checkpointer).  The recorder adds the seconds since the
 previous point (the step work, the head's callbacks: index / table refreshes,
 tracing) to the run's *training seconds*, then -- off the clock -- scores
@@ -520,7 +520,7 @@ def available_gib():
 
 
 # ---------------------------------------------------------------------------
-# Worker: tf.nn.sampled_softmax_loss through xmc_tf.train.
+# Worker: tf.nn.sampled_softmax_loss through xmc_tf.job.run.
 
 
 def worker(argv):
@@ -578,7 +578,7 @@ def worker(argv):
 def install_curve(out: str, test_rows: int, budget: float,
                   every_steps: int, every_seconds: float = 0.0) -> None:
     """Adds the curve clock (first) and recorder (last) to the callbacks
-    of ``xmc_tf.train.make_callbacks`` in this process (see the module
+    of ``xmc_tf.job.fit.make_callbacks`` in this process (see the module
     docstring, "Curves").
 
     Args:
@@ -592,12 +592,13 @@ def install_curve(out: str, test_rows: int, budget: float,
     import keras
     from xmc_tf import data as xdata
     from xmc_tf import preprocessing as xprep
-    from xmc_tf import train as xtrain
+    from xmc_tf.job import fit as xfit
+    from xmc_tf.job import inputs as xinputs
     from xmc_tf.callbacks import TopKEvaluation
 
     state = {}
-    prepare_splits = xtrain.prepare_splits
-    make_callbacks = xtrain.make_callbacks
+    prepare_splits = xinputs.prepare_splits
+    make_callbacks = xfit.make_callbacks
 
     def prepare_splits_hook(config, train, workdir):
         fit, val, norm = prepare_splits(config, train, workdir)
@@ -615,7 +616,7 @@ def install_curve(out: str, test_rows: int, budget: float,
             if test.num_instances > test_rows:
                 rows = np.sort(np.random.default_rng(0).choice(
                     test.num_instances, test_rows, replace=False))
-                test = xtrain.subset(test, rows)
+                test = xinputs.subset(test, rows)
             test = xprep.normalize(test, state["norm"])
             self.eval = TopKEvaluation(test, ks=(1, 5), prefix="",
                                        batch_size=config.eval.batch_size,
@@ -664,8 +665,8 @@ def install_curve(out: str, test_rows: int, budget: float,
         cbs = make_callbacks(config, workdir, head, layer, val_data, cluster)
         return [Clock()] + cbs + [Recorder(head, config)]
 
-    xtrain.prepare_splits = prepare_splits_hook
-    xtrain.make_callbacks = make_callbacks_hook
+    xinputs.prepare_splits = prepare_splits_hook
+    xfit.make_callbacks = make_callbacks_hook
 
 
 # ---------------------------------------------------------------------------

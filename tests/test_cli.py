@@ -114,7 +114,7 @@ def test_saved_model_serves_in_new_process(trained):
     script = f"""
 import numpy as np, tensorflow as tf, keras
 import xmc_tf
-from xmc_tf.train import load_for_model
+from xmc_tf.preprocessing import load_for_model
 sm = xmc_tf.saving.load_saved_model({str(workdir / 'saved_model')!r})
 model = keras.models.load_model({str(workdir / 'model.keras')!r}, compile=False)
 data = load_for_model({str(tmp / 'test.txt')!r}, {str(workdir)!r})
@@ -240,7 +240,7 @@ def _mach_brute_force_top_k(workdir, data_path, k):
     import keras
     import tensorflow as tf
     import xmc_tf
-    from xmc_tf.train import load_for_model
+    from xmc_tf.preprocessing import load_for_model
     model = keras.models.load_model(workdir / "model.keras", compile=False)
     head = xmc_tf.heads.output_layer(model)  # inside the normalising model
     assert isinstance(head, xmc_tf.layers.MachHead)
@@ -297,7 +297,7 @@ def test_mach_predict_and_saved_model_match_brute_force(trained_mach):
     script = f"""
 import numpy as np, tensorflow as tf
 import xmc_tf
-from xmc_tf.train import load_for_model
+from xmc_tf.preprocessing import load_for_model
 sm = tf.saved_model.load({str(workdir / 'saved_model')!r})
 data = load_for_model({str(tmp / 'test.txt')!r}, {str(workdir)!r})
 x = data.features.tocoo()
@@ -572,14 +572,14 @@ def test_missing_op_library_is_one_line(tmp_path, capsys, monkeypatch):
 
 
 def test_interrupt_says_what_was_kept(tmp_path, capsys, monkeypatch):
-    from xmc_tf import train
+    from xmc_tf.job import classifier
     backup = tmp_path / "backup"
 
     def interrupted(config, workdir, **kwargs):
         backup.mkdir(exist_ok=True)
         (backup / "checkpoint.npz").write_bytes(b"")
         raise KeyboardInterrupt
-    monkeypatch.setattr(train, "train_and_evaluate", interrupted)
+    monkeypatch.setattr(classifier, "train_and_evaluate", interrupted)
     code, err = run_cli(capsys, "train", f"--workdir={tmp_path}")
     assert code == 130
     assert err.strip().splitlines() == [
@@ -608,7 +608,8 @@ def test_load_saved_model_explains_unregistered_op(trained, monkeypatch):
 def test_non_finite_loss_stops_before_the_epoch_is_checkpointed():
     import keras
     import numpy as np
-    from xmc_tf.train import StopOnNonFinite, TrainingDiverged
+    from xmc_tf.job.fit import StopOnNonFinite
+    from xmc_tf.errors import TrainingDiverged
     from xmc_tf.workdir import UserError
 
     class Recorder(keras.callbacks.Callback):  # stands in for Checkpointer

@@ -19,7 +19,7 @@ from xmc_tf import config as xconfig
 from xmc_tf import heads
 from xmc_tf.job.build import build_model, build_optimizer
 from xmc_tf.optimizers import LazyAdam
-from xmc_tf.train import config_changes
+from xmc_tf.job.resume import config_changes
 
 from repo_module import REPO, load_repo_module
 
@@ -193,7 +193,8 @@ def test_every_packaged_config_builds_on_sparse_data(name):
     (``configs/linear.py`` once crashed here: its linear model has no wide
     layer for the connections ``prepare`` had picked.)"""
     from xmc_tf import data as xdata
-    from xmc_tf import train as xtrain
+    from xmc_tf.job import fit as xfit
+    from xmc_tf.job import plan as xplan
     config = xconfig.get_config(name)
     config.data.train = config.data.train or "unused.txt"  # scent: no default
     data = xdata.make_synthetic(num_instances=200, num_features=60,
@@ -204,12 +205,12 @@ def test_every_packaged_config_builds_on_sparse_data(name):
         data = xdata.XCDataset(features=data.features, labels=sp.csr_matrix(
             (np.ones(first.size, np.float32), (np.arange(first.size), first)),
             shape=y.shape))
-    head = xtrain.check_config(config)
+    head = xplan.check_config(config)
     # the fields left to the data's regime (astra, lsh), as the job does
-    config, _ = xtrain.resolve_config(config, data)
-    head = xtrain.check_config(config)
+    config, _ = xplan.resolve_config(config, data)
+    head = xplan.check_config(config)
     head.prepare(data)
-    model, layer, fit_model = xtrain.build_and_compile(
+    model, layer, fit_model = xfit.build_and_compile(
         config, head, data.num_features, data.num_labels, True)
     assert fit_model.compiled
     x = data.features[:4].tocoo()

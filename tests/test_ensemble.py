@@ -15,8 +15,11 @@ import tensorflow as tf
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import ensemble, heads, metrics, saving
-from xmc_tf.train import (ConfigError, check_config, load_for_model,
-                          member_config, train_and_evaluate, validation_split)
+from xmc_tf.errors import ConfigError
+from xmc_tf.job.plan import check_config
+from xmc_tf.preprocessing import load_for_model
+from xmc_tf.job.run import member_config, train_and_evaluate
+from xmc_tf.job.inputs import validation_split
 from xmc_tf.workdir import Workdir
 
 

@@ -17,7 +17,6 @@ OLD_HOMES = [
     ("xmc_tf.workdir", "WorkdirFinished"),
     ("xmc_tf.workdir", "IncompleteWorkdir"),
     ("xmc_tf.checkpoint", "CheckpointError"),
-    ("xmc_tf.train", "TrainingDiverged"),
     ("xmc_tf.saving", "OpNotRegisteredError"),
     ("xmc_tf.ops", "OpLibraryError"),
     ("xmc_tf.ops._loader", "OpLibraryError"),

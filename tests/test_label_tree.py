@@ -19,8 +19,11 @@ from xmc_tf import heads, saving
 from xmc_tf import label_tree as lt
 from xmc_tf.layers import LabelTreeScores
 from xmc_tf.layers.label_tree import deep_model, fuse_with_tree
-from xmc_tf.train import (ConfigError, check_config, label_tree_plan,
-                          load_for_model, train_and_evaluate)
+from xmc_tf.errors import ConfigError
+from xmc_tf.job.plan import check_config
+from xmc_tf.job.finalize import label_tree_plan
+from xmc_tf.preprocessing import load_for_model
+from xmc_tf.job.run import train_and_evaluate
 
 SYN = "synthetic:num_instances=400,num_features=120,num_labels=24,seed=3"
 

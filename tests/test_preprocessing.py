@@ -14,7 +14,7 @@ from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import heads, metrics, preprocessing, saving
 from xmc_tf.layers import FeatureNormalization
-from xmc_tf.train import train_and_evaluate
+from xmc_tf.job.run import train_and_evaluate
 
 
 def _counts(n, d=40, m=6, seed=0):

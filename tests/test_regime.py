@@ -17,7 +17,9 @@ import pytest
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import train as xtrain
+from xmc_tf.job import plan as xplan
+from xmc_tf.job import resume as xresume
+from xmc_tf.job import run as xrun
 from xmc_tf.errors import CheckpointError
 
 FIELDS = ("data.normalize", "data.validation_fraction", "model.encoder_dims",
@@ -42,7 +44,7 @@ def test_multi_class_labels_take_scents_network(name):
     train = _toy(1)
     assert np.diff(train.labels.indptr).max() == 1  # the toy is multi-class
     config = xconfig.get_config(name)
-    run, regime = xtrain.resolve_config(config, train)
+    run, regime = xplan.resolve_config(config, train)
     scent = xconfig.get_config("scent")
     for field in FIELDS:
         assert _value(run, field) == _value(scent, field), field
@@ -59,7 +61,7 @@ def test_multi_class_labels_take_scents_network(name):
 def test_multi_label_labels_keep_the_heads_defaults(name):
     train = _toy(3)
     assert np.diff(train.labels.indptr).max() > 1
-    run, regime = xtrain.resolve_config(xconfig.get_config(name), train)
+    run, regime = xplan.resolve_config(xconfig.get_config(name), train)
     schema = xconfig.base("sampled")
     for field in FIELDS:
         assert _value(run, field) == _value(schema, field), field
@@ -86,7 +88,7 @@ def test_explicit_values_are_kept_from_the_command_line():
         f for f in FIELDS if f not in ("model.encoder_dims",
                                        "train.batch_size",
                                        "model.sampled_layer"))
-    run, regime = xtrain.resolve_config(config, _toy(1))
+    run, regime = xplan.resolve_config(config, _toy(1))
     assert (run.model.encoder_dims, run.train.batch_size,
             run.model.sampled_layer) == ((64,), 32, "uniform_sparse")
     assert run.model.intermediate_dim == 0 and run.train.learning_rate == 1e-2
@@ -95,21 +97,21 @@ def test_explicit_values_are_kept_from_the_command_line():
 
 def test_a_config_without_regime_fields_is_returned_as_is():
     config = xconfig.get_config("scent")
-    run, regime = xtrain.resolve_config(config, _toy(1))
+    run, regime = xplan.resolve_config(config, _toy(1))
     assert run is config and regime == {}
 
 
 def test_check_config_checks_both_regimes_and_the_json_is_plain():
     config = xconfig.get_config("astra")
     config.data.train = "unused"
-    head = xtrain.check_config(config)  # None fields pass
+    head = xplan.check_config(config)  # None fields pass
     assert head.name == "sampled"
     saved = json.loads(config.to_json_best_effort())
     assert saved["model"]["encoder_dims"] is None
-    assert xtrain.config_changes(saved, config) == []
+    assert xresume.config_changes(saved, config) == []
     config.model.dropout = 1.5  # an explicit bad value is still refused
     with pytest.raises(Exception, match="config.model.dropout=1.5"):
-        xtrain.check_config(config)
+        xplan.check_config(config)
     with pytest.raises(ValueError, match="cannot be chosen by regime"):
         xconfig.by_regime(xconfig.base("sampled"), ("model.head",))
 
@@ -145,7 +147,7 @@ def _interrupted_run(tmp_path):
     _write(path, _toy(1))
     workdir = str(tmp_path / "wd")
     with pytest.raises(KeyboardInterrupt):
-        xtrain.train_and_evaluate(_run_config(path), workdir,
+        xrun.train_and_evaluate(_run_config(path), workdir,
                                   callbacks=[_StopAfterFirstEpoch()])
     keras.backend.clear_session()
     return path, workdir
@@ -153,7 +155,7 @@ def _interrupted_run(tmp_path):
 
 def test_resume_resolves_the_same_values(tmp_path):
     path, workdir = _interrupted_run(tmp_path)
-    metrics = xtrain.train_and_evaluate(_run_config(path), workdir)
+    metrics = xrun.train_and_evaluate(_run_config(path), workdir)
     assert metrics["run"]["resumes"] == 1
     assert metrics["epochs"] == 3
     assert metrics["regime"]["labels"] == "multi-class"
@@ -170,4 +172,4 @@ def test_resume_refuses_a_backup_whose_labels_resolved_otherwise(tmp_path):
     _write(path, _toy(3))  # same file name, multi-label labels now
     with pytest.raises(CheckpointError, match="chosen from its training "
                                               "labels"):
-        xtrain.train_and_evaluate(_run_config(path), workdir)
+        xrun.train_and_evaluate(_run_config(path), workdir)

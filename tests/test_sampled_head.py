@@ -249,7 +249,8 @@ def test_missing_faiss_is_a_config_error_before_training(monkeypatch, kind,
     CLI's one-line error, exit 2), not an epoch in at the first refresh."""
     import importlib.util
 
-    from xmc_tf.train import ConfigError, check_config
+    from xmc_tf.errors import ConfigError
+    from xmc_tf.job.plan import check_config
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "faiss"

@@ -559,7 +559,7 @@ def test_log_q_head_counts_training_labels():
 
 
 # ---------------------------------------------------------------------------
-# The job (xmc_tf.train.train_and_evaluate, what `xmc-tf train` runs).
+# The job (xmc_tf.job.run.train_and_evaluate, what `xmc-tf train` runs).
 
 # One label per row (labels_per_instance=1: k_i = 1 + Poisson(0)); 200 rows,
 # 10 % validation: 180 / 32 -> 6 steps per epoch.
@@ -619,7 +619,7 @@ def test_job_trains_exports_and_resumes_with_the_saved_duals(tmp_path):
     exports; every instance was visited once per epoch over both processes
     (duals not restored would give 1 visit).  ~2 x 10 s."""
     from xmc_tf import checkpoint as xckpt
-    from xmc_tf.train import train_and_evaluate
+    from xmc_tf.job.run import train_and_evaluate
     from xmc_tf.workdir import Workdir
 
     config = _job_config()

@@ -16,7 +16,7 @@ import pytest
 
 import xmc_tf  # noqa: F401  (registers the ops and Keras classes)
 from xmc_tf import saving, variable_io
-from xmc_tf import train as xtrain
+from xmc_tf.job import fit as xfit
 from xmc_tf.ops.sampled import label_variable
 from xmc_tf.optimizers import LazyAdam
 
@@ -45,12 +45,12 @@ def test_release_optimizer_frees_the_slots_and_keeps_the_model(tmp_path):
     before = model.predict(data, verbose=0)
     del optimizer
 
-    assert xtrain.release_optimizer(model) == want_bytes
+    assert xfit.release_optimizer(model) == want_bytes
     assert opt_ref() is None
     assert all(ref() is None for ref in slots)
     assert model.optimizer is None and not model.compiled
     np.testing.assert_array_equal(model.predict(data, verbose=0), before)
-    assert xtrain.release_optimizer(model) == 0  # nothing left
+    assert xfit.release_optimizer(model) == 0  # nothing left
 
     # model.keras of the model nested as the job exports it (behind the
     # normalisation) holds the model's variables only, and loading it
@@ -76,9 +76,9 @@ def test_release_optimizer_frees_the_slots_and_keeps_the_model(tmp_path):
 def test_release_optimizer_without_optimizer():
     x = keras.Input((2,))
     model = keras.Model(x, keras.layers.Dense(1)(x))
-    assert xtrain.release_optimizer(model) == 0
+    assert xfit.release_optimizer(model) == 0
     model.compile(LazyAdam(1e-2), loss="mse")  # not built: no variables yet
-    assert xtrain.release_optimizer(model) == 0
+    assert xfit.release_optimizer(model) == 0
     assert model.optimizer is None
 
 
@@ -98,7 +98,7 @@ def test_save_keras_file_writes_the_archive_model_save_writes(
     # memory, on this machine): the same entries, the same config, the
     # same arrays; and it loads to the same model.
     model, data = _fitted_model()
-    xtrain.release_optimizer(model)
+    xfit.release_optimizer(model)
     ours, keras_own = (os.path.join(tmp_path, n) for n in ("a.keras",
                                                            "b.keras"))
     written = []
@@ -167,7 +167,7 @@ def test_validation_batch_size(labels, eval_batch, train_batch, want):
     row = 4 * labels
     budget = min(256 << 20, max(64 << 20, row * train_batch))
     assert want == min(eval_batch, budget // row)
-    assert xtrain.validation_batch_size(eval_batch, train_batch,
+    assert xfit.validation_batch_size(eval_batch, train_batch,
                                         model) == want
 
 

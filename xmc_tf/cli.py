@@ -474,21 +474,24 @@ def _import_xmc_tf():
 
 
 def _train(fv, config_path):
+    """``xmc-tf train``: the config's files through
+    :class:`xmc_tf.ExtremeClassifier` (:meth:`~xmc_tf.ExtremeClassifier.fit_files`)."""
     _import_xmc_tf()
     from xmc_tf import distribute
     # First, before TensorFlow runs any op (MultiWorkerMirroredStrategy
     # configures the collective ops; it waits here for every worker).
     strategy = distribute.make_strategy(fv.strategy)
-    from xmc_tf import train
+    from xmc_tf import ExtremeClassifier
     from xmc_tf.errors import ConfigError
+    from xmc_tf.evaluation import format_table
     config = _load_config(fv, config_path)
     try:
-        results = train.train_and_evaluate(config, fv.workdir,
-                                           overwrite=fv.overwrite,
-                                           force=fv.force, strategy=strategy)
+        results = ExtremeClassifier(
+            config, workdir=fv.workdir, overwrite=fv.overwrite,
+            force=fv.force, strategy=strategy).fit_files().metrics_
     except ConfigError as e:
         raise ConfigError(f"{_shown(config_path)}: {e}") from e
-    print("\n" + train.format_table(results))
+    print("\n" + format_table(results))
     cluster = distribute.Cluster(strategy)
     if cluster.is_chief:
         print(f"\nwrote {os.path.join(fv.workdir, 'metrics.json')}")

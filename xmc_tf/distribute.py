@@ -22,7 +22,7 @@ others (:meth:`Cluster.broadcast_json`, :meth:`Cluster.broadcast_files`)
 over the strategy's own all-reduce: the chief contributes its bytes, the
 others zeros, and integer sums are exact.  That is how the other workers
 restore the chief's backup (they need not see its disk) and agree on its
-epoch logs (:class:`xmc_tf.train.ChiefLogs`).
+epoch logs (:class:`xmc_tf.job.fit.ChiefLogs`).
 
 This module imports only the standard library at its top, so that the
 ``xmc-tf`` command checks ``TF_CONFIG`` (:func:`parse_tf_config`) before it

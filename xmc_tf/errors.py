@@ -28,7 +28,7 @@ and line, the workdir and how to discard it).
 This module imports nothing from xmc_tf, so every module can raise these
 errors without import cycles.  The classes are also importable from the
 modules that raise them (``xmc_tf.workdir``, ``xmc_tf.checkpoint``,
-``xmc_tf.train``, ``xmc_tf.saving``, ``xmc_tf.ops``).
+``xmc_tf.job``, ``xmc_tf.saving``, ``xmc_tf.ops``).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class UserError(Exception):
 class ConfigError(UserError, ValueError):
     """A config value is invalid (the message names the field).
 
-    Raised by :func:`xmc_tf.train.check_config` and while building the model
+    Raised by :func:`xmc_tf.job.plan.check_config` and while building the model
     and optimizer from a config; the ``xmc-tf train`` command prefixes the
     config file.
     """
@@ -61,7 +61,7 @@ class ConfigError(UserError, ValueError):
 class DataError(UserError, ValueError):
     """A data file or spec is invalid (names the file, and line if known).
 
-    Raised by :mod:`xmc_tf.train` when it loads the training, validation or
+    Raised by :mod:`xmc_tf.job.run` when it loads the training, validation or
     test data (wrapping the readers' ``ValueError``/``OSError``), or when a
     data set does not fit the trained model.
     """
@@ -96,7 +96,7 @@ class CheckpointError(WorkdirError):
 
 class TrainingDiverged(UserError):
     """The training loss became NaN or infinite (raised by
-    :class:`xmc_tf.train.StopOnNonFinite`, naming the epoch)."""
+    :class:`xmc_tf.job.fit.StopOnNonFinite`, naming the epoch)."""
 
 
 class DistributeError(UserError):
@@ -104,7 +104,7 @@ class DistributeError(UserError):
     missing or malformed ``TF_CONFIG``, a worker that cannot start, the
     chief stopping with an error the other workers report, or a worker
     losing contact with the others (:mod:`xmc_tf.distribute`,
-    :mod:`xmc_tf.train`).  Rerunning the same command on every worker
+    :mod:`xmc_tf.job.run`).  Rerunning the same command on every worker
     resumes from the chief's backup."""
 
 

@@ -22,7 +22,7 @@ defaults (C = 1, tolerance 0.1, leaves of 100 labels).
 In xmc_tf it is the second stage of shortlist-and-rerank (Dahiya et al.,
 DeepXML/Astec, WSDM 2021): its log-scores are added to the deep model's
 scores with a weight read on the validation split
-(:func:`choose_fusion_weight`, used by ``xmc_tf.train``), and the tree is
+(:func:`choose_fusion_weight`, used by ``xmc_tf.job``), and the tree is
 a non-trainable layer of the exported model
 (:class:`xmc_tf.layers.LabelTreeScores`).
 """

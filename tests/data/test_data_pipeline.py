@@ -174,7 +174,7 @@ def test_resolve_normalization_auto_by_value_kind():
 
 def test_load_data_resolves_auto_on_train_and_records_it(tmp_path):
     from xmc_tf import preprocessing as xpreprocessing  # pylint: disable=import-outside-toplevel
-    from xmc_tf import train as xtrain  # pylint: disable=import-outside-toplevel
+    from xmc_tf.job import inputs as xinputs
     ds = data.make_synthetic(60, 30, 8, seed=1)  # token counts
     weighted = data.XCDataset(data.normalize_features(ds.features, "tfidf")[0],
                               ds.labels)
@@ -187,10 +187,10 @@ def test_load_data_resolves_auto_on_train_and_records_it(tmp_path):
         config.data.validation_fraction = 0.0  # fit on every row here
         workdir = tmp_path / f"wd_{name}"
         workdir.mkdir()
-        train, test, _ = xtrain.load_data(config, str(workdir))
+        train, test = xinputs.read_datasets(config)
         np.testing.assert_array_equal(train.features.toarray(),  # raw
                                       data.read_xc(path).features.toarray())
-        fit, val, norm = xtrain.prepare_splits(config, train, str(workdir))
+        fit, val, norm = xinputs.prepare_splits(config, train, str(workdir))
         assert val is None
         saved = np.load(workdir / "preprocessing.npz")
         assert str(saved["method"]) == want == norm.method

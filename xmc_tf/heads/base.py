@@ -6,7 +6,7 @@ with, the metrics computed on training batches, the callbacks it needs
 (SET rewiring, index refresh, held-out P@k), how top-k labels are decoded
 from a trained model (full scores + :func:`xmc_tf.ops.topk.top_k`, or MACH's exact
 decoder), and what the trained model reports in ``metrics.json``.
-``xmc_tf.train``, ``xmc_tf.predict`` and the ``xmc-tf`` command never branch
+``xmc_tf.job``, ``xmc_tf.predict`` and the ``xmc-tf`` command never branch
 on the head's name: they ask the registry (:func:`get_head` for a config,
 :func:`head_for_model` for a loaded model).  Adding a head means adding one
 module to ``xmc_tf/heads/`` that subclasses :class:`Head` and decorates it

@@ -38,7 +38,7 @@ Config (``config.model.head = "scent"``, ``config.loss = "scent"``; see
 * ``config.train.optimizer``: ``"scent_momentum"`` (the paper's update),
   or any optimizer the job builds (``"lazy_adam"``...).
 
-What the training job must do (``xmc_tf/train.py``), for any head::
+What the training job must do (``xmc_tf/job/run.py``), for any head::
 
     head.prepare(fit_data)                   # before build_and_compile
     optimizer = head.make_optimizer() or build_optimizer(config)

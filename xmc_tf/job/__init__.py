@@ -1,3 +1,42 @@
-"""The main job, built on the library: :mod:`xmc_tf.job.build` (the Keras
-model and optimizer a config describes).  The library half (layers, losses,
-samplers, callbacks, :mod:`xmc_tf.models`) never imports this package."""
+"""The main job, built on the library: files or scipy matrices -> a trained,
+evaluated and exported extreme classifier.
+
+Phases, one module each, run in this order by :mod:`xmc_tf.job.run`:
+
+* :mod:`xmc_tf.job.plan` -- the config checked and resolved from a
+  summary of the training data;
+* :mod:`xmc_tf.job.inputs` -- user arrays checked, files read, the
+  validation split and the feature normalisation;
+* :mod:`xmc_tf.job.build` -- the Keras model and optimizer a config
+  describes;
+* :mod:`xmc_tf.job.fit` -- compile, callbacks, data streams, ``fit``;
+* :mod:`xmc_tf.job.resume` -- whether a backup belongs to the run, and
+  restoring it;
+* :mod:`xmc_tf.job.finalize` -- the label tree and the normalisation
+  added to the trained network;
+* :mod:`xmc_tf.job.report` -- the ``metrics.json`` dict.
+
+:class:`xmc_tf.job.classifier.ExtremeClassifier` is the Python entry
+(also ``xmc_tf.ExtremeClassifier``); ``xmc-tf train`` reads files and calls
+it.  The library half (layers, losses, samplers, callbacks,
+:mod:`xmc_tf.models`) never imports this package.  Names are loaded on
+first use, so importing one phase does not import the others.
+"""
+
+import importlib
+
+_NAMES = {
+    "ExtremeClassifier": "classifier",
+    "load_config": "classifier",
+    "train_and_evaluate": "run",
+    "JobData": "run",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        module = importlib.import_module(f"xmc_tf.job.{_NAMES[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'xmc_tf.job' has no attribute {name!r}")

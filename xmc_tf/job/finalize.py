@@ -1,0 +1,205 @@
+"""Finalize phase of the main job: what is added to the trained network
+before it is evaluated and exported -- the label tree fused with its scores
+(:mod:`xmc_tf.label_tree`) and the feature normalisation in front
+(:mod:`xmc_tf.preprocessing`), so the exported model takes raw features.
+
+Source: the label tree is a one-vs-rest tree of linear classifiers in the
+manner of Parabel / Bonsai (Prabhu et al., WWW 2018; Khandagale et al.,
+2019), fused with the network's scores by a weight read on validation.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from absl import logging
+
+from xmc_tf import config as xconfig
+from xmc_tf import data as xdata
+from xmc_tf import evaluation as xevaluation
+from xmc_tf import label_tree as xlabel_tree
+from xmc_tf import preprocessing as xprep
+from xmc_tf.job.inputs import subset
+from xmc_tf.job.plan import tree_enabled, tree_weight
+from xmc_tf.layers.label_tree import LabelTreeScores, fuse_with_tree
+from xmc_tf.workdir import Workdir, atomic_path
+
+__all__ = ["LABEL_TREE_FILE", "label_tree_plan", "tree_validation_blocks",
+           "attach_label_tree", "finalize"]
+
+#: The fitted tree, kept in the backup directory until the export is done.
+LABEL_TREE_FILE = "label_tree.npz"
+
+
+def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
+                    has_validation: bool,
+                    multi_class: bool = False) -> tuple[bool, str]:
+    """Whether the run fits a label tree (:mod:`xmc_tf.label_tree`), and why.
+
+    ``config.tree.enabled="auto"`` turns it on for sparse input, a head that
+    scores every label, a validation split to read its weight on,
+    multi-label training data and at most ``config.tree.max_labels`` labels
+    (time and memory grow with m).  Multi-class data stays off: on the
+    ManNextWord 40k subset (50k classes) the fit had not finished after 8
+    minutes, against 12 s of SCENT training, and no gain was measured there.
+
+    Returns:
+      ``(enabled, reason)``; ``reason`` is one line for the log.
+    """
+    tc = config.get("tree")
+    enabled = tree_enabled(tc.enabled) if tc is not None else False
+    if enabled is False:
+        return False, "config.tree.enabled=False"
+    if not sparse_input:
+        return False, "dense input features"
+    if not head.scores_every_label:
+        return False, f"head {head.name!r} does not score every label"
+    if enabled is True:
+        return True, "config.tree.enabled=True"
+    if not has_validation and tree_weight(tc.weight) is None:
+        return False, "no validation split to read its weight on"
+    if multi_class:
+        return False, ("multi-class training data (config.tree.enabled=True "
+                       "fits it anyway)")
+    if num_labels > tc.max_labels:
+        return False, (f"{num_labels} labels > config.tree.max_labels="
+                       f"{tc.max_labels}")
+    return True, (f"sparse input, {num_labels} labels <= "
+                  f"config.tree.max_labels={tc.max_labels}")
+
+
+def tree_validation_blocks(model, tree_layer, val_data, batch_size: int):
+    """Yields ``(deep scores, tree log-scores, labels)`` per block of
+    ``val_data`` (normalised): NumPy ``[b, m]`` float32 twice and the
+    ``scipy.sparse`` labels, as
+    :func:`xmc_tf.label_tree.choose_fusion_weight` takes them; ``b`` is
+    ``batch_size`` capped by :func:`xmc_tf.evaluation.score_batch_size`."""
+    batch = xevaluation.score_batch_size(batch_size, model)
+    for start in range(0, val_data.num_instances, batch):
+        part = subset(val_data, np.arange(
+            start, min(start + batch, val_data.num_instances)))
+        x = next(iter(xdata.make_tf_dataset(part, part.num_instances)))[0]
+        yield (model(x, training=False).numpy(), tree_layer(x).numpy(),
+               part.labels)
+
+
+def _load_tree(path: str, fit_data):
+    """The tree saved at ``path`` and its fit seconds, or ``(None, None)``
+    when there is none or it was fit on data of another shape."""
+    if not os.path.exists(path):
+        return None, None
+    with np.load(path) as saved:
+        tree = xlabel_tree.LabelTree.from_arrays(saved)
+        fit_seconds = float(saved["fit_seconds"])
+    if (tree.num_features, tree.num_labels) != (fit_data.num_features,
+                                                fit_data.num_labels):
+        return None, None
+    logging.info("label tree: reloaded %s (fit in %.1f s)", path, fit_seconds)
+    return tree, fit_seconds
+
+
+def _fit_tree(config, path: str, fit_data):
+    """Fits the tree on the (normalised) fit split, saves it at ``path``
+    and returns it with its fit seconds (progress logged every 10 s)."""
+    tc = config.tree
+    start = time.time()
+    last = [start]
+
+    def progress(line):
+        if time.time() - last[0] >= 10:
+            last[0] = time.time()
+            logging.info(line)
+    tree = xlabel_tree.fit_label_tree(
+        fit_data.features, fit_data.labels, leaf_size=tc.leaf_size,
+        c=float(tc.c), tol=float(tc.tol), threshold=float(tc.threshold),
+        seed=config.seed, progress=progress)
+    fit_seconds = time.time() - start
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, fit_seconds=fit_seconds, **tree.to_arrays())
+    return tree, fit_seconds
+
+
+def _fusion_weight(config, model, layer, val_data, info: dict) -> float:
+    """``config.tree.weight``, or (``"auto"``) the weight whose fused
+    scores give the best validation P@k
+    (:func:`xmc_tf.label_tree.choose_fusion_weight`), its table recorded
+    in ``info["validation"]``."""
+    weight = tree_weight(config.tree.weight)
+    if weight is not None:
+        return weight
+    weight, table = xlabel_tree.choose_fusion_weight(
+        tree_validation_blocks(model, layer, val_data, config.eval.batch_size),
+        ks=tuple(config.eval.ks))
+    info["validation"] = {str(a): {f"P@{k}": round(v, 2)
+                                   for k, v in row.items()}
+                          for a, row in table.items()}
+    logging.info("label tree: weight %s (validation P@k by weight: %s)",
+                 weight, "; ".join(
+                     f"{a}: " + "/".join(f"{v:.2f}" for v in row.values())
+                     for a, row in table.items()))
+    return weight
+
+
+def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
+                      sparse_input: bool):
+    """Fits (or reloads) the label tree and fuses it with ``model``.
+
+    The tree is fit on the (normalised) fit split and saved in the backup
+    directory, so a run killed during evaluation or export reloads it; its
+    weight is read on the validation split (``config.tree.weight="auto"``:
+    :func:`xmc_tf.label_tree.choose_fusion_weight`).
+
+    Returns:
+      ``(model_to_export, info, seconds)``: ``model`` itself when the tree
+      is off or its weight is 0, else
+      :func:`xmc_tf.layers.label_tree.fuse_with_tree` of it; ``info`` is the
+      dict for ``metrics.json`` (``{}`` when off; ``fit_seconds``: the fit's,
+      also after a reload); ``seconds``: the fit's plus this call's weight
+      choice, for ``train_seconds``.
+    """
+    enabled, why = label_tree_plan(
+        config, head, fit_data.num_labels, sparse_input, val_data is not None,
+        xconfig.is_multi_class(fit_data.labels))
+    if enabled and val_data is None and tree_weight(config.tree.weight) is None:
+        enabled, why = False, ("config.tree.weight='auto' and the validation "
+                               "split is empty")
+    logging.info("label tree: %s (%s)", "on" if enabled else "off", why)
+    if not enabled:
+        return model, {}, 0.0
+    path = os.path.join(wd.backup_dir, LABEL_TREE_FILE)
+    tree, fit_seconds = _load_tree(path, fit_data)
+    if tree is None:
+        tree, fit_seconds = _fit_tree(config, path, fit_data)
+    choose_start = time.time()
+    layer = LabelTreeScores.from_tree(tree, name="label_tree")
+    info = {"columns": tree.num_columns, "weights": int(tree.weights.nnz),
+            "depth": int(tree.paths.shape[1]),
+            "bytes": xlabel_tree.label_tree_bytes(tree),
+            "fit_seconds": round(fit_seconds, 2)}
+    weight = _fusion_weight(config, model, layer, val_data, info)
+    info["weight"] = float(weight)
+    logging.info("label tree: %d classifiers, %d weights (%.1f MiB), depth "
+                 "%d, %.1f s", info["columns"], info["weights"],
+                 info["bytes"] / 2**20, info["depth"], fit_seconds)
+    seconds = fit_seconds + (time.time() - choose_start)
+    if not weight:
+        return model, info, seconds
+    return fuse_with_tree(model, layer, float(weight)), info, seconds
+
+
+def finalize(config, wd: Workdir, head, model, fit_data, val_data,
+             sparse_input: bool, norm):
+    """The model to evaluate and export: ``model`` fused with the label
+    tree (:func:`attach_label_tree`) behind the feature normalisation
+    ``norm`` (:func:`xmc_tf.preprocessing.with_normalization`).
+
+    Returns:
+      ``(exported_model, tree_info, tree_seconds)``.
+    """
+    scorer, tree_info, tree_seconds = attach_label_tree(
+        config, wd, head, model, fit_data, val_data, sparse_input)
+    return xprep.with_normalization(scorer, norm), tree_info, tree_seconds

@@ -1,0 +1,335 @@
+"""Build and fit phases of the main job: the compiled model, its callbacks,
+the training and validation streams, and ``fit``.
+
+Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
+Extremely Large Output Spaces", Sec. 4.1 (learning rate halved on a
+validation plateau, then early stopping).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+
+import keras
+import numpy as np
+
+from xmc_tf import callbacks as xcallbacks
+from xmc_tf import data as xdata
+from xmc_tf import distribute as xdist
+from xmc_tf import evaluation as xevaluation
+from xmc_tf import heads as xheads
+from xmc_tf.errors import ConfigError, TrainingDiverged
+from xmc_tf.job.build import build_model, build_optimizer
+from xmc_tf.models.distributed import DistributedModel, DistributedTrainerMixin
+from xmc_tf.workdir import Workdir
+
+__all__ = ["build_and_compile", "validation_batch_size", "release_optimizer",
+           "StopOnNonFinite", "ChiefLogs", "make_callbacks", "make_datasets",
+           "fit_model", "VALIDATION_FREE_BYTES"]
+
+
+def _variable_bytes(variables) -> int:
+    return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
+                   for v in variables))
+
+
+def build_and_compile(config, head, num_features: int, num_labels: int,
+                      sparse_input: bool, distributed: bool = False):
+    """Builds the model and compiles the model that ``fit`` runs.
+
+    The optimizer is the head's own (``head.make_optimizer()``, e.g.
+    SCENT's row-sparse momentum) or :func:`xmc_tf.job.build.build_optimizer`
+    (``config.train.optimizer``); the caller has run ``head.prepare`` on the
+    training data.  Heads that train through a wrapper
+    (``head.training_model``, e.g. the sampled head's trainer) compile it
+    with ``head.compile``.  The checkpoint saves the variables of
+    ``fit_model`` (which include ``model``'s) and its ``get_state()`` if it
+    has one.  With ``distributed`` (a ``tf.distribute`` strategy: call it
+    under ``strategy.scope()``) a plain model is fitted as an
+    :class:`xmc_tf.models.DistributedModel` of the same layers (Keras 3.15
+    cannot build a plain model from a distributed sparse batch: see
+    :mod:`xmc_tf.models.distributed`).
+
+    Returns:
+      ``(model, layer, fit_model)``: the inference model (exported), its
+      head layer, and the compiled model to ``fit``.
+
+    Raises:
+      ConfigError: the model cannot be built from the config.
+    """
+    try:
+        model = build_model(config, num_features, num_labels, sparse_input,
+                            head)
+    except ValueError as e:
+        raise ConfigError(" ".join(str(e).split())) from e
+    layer = xheads.output_layer(model)
+    head.initialize(layer, model)  # e.g. the prior bias; a resume restores over it
+    try:
+        optimizer = head.make_optimizer() or build_optimizer(config)
+    except ValueError as e:
+        raise ConfigError(" ".join(str(e).split())) from e
+    fit_model = head.training_model(model, layer)
+    if distributed and not isinstance(fit_model, DistributedTrainerMixin):
+        if fit_model is not model:
+            raise ConfigError(
+                f"{type(fit_model).__name__} cannot train under a "
+                "tf.distribute strategy: its class does not list "
+                "xmc_tf.models.DistributedTrainerMixin among its bases")
+        # The same layers (and variables) in a model class whose fit works
+        # on distributed sparse batches.
+        fit_model = DistributedModel(model.inputs, model.outputs,
+                                     name=model.name)
+    head.compile(fit_model, layer, optimizer)  # jit_compile=False
+    return model, layer, fit_model
+
+
+#: Score blocks of validation up to this size are not limited by the
+#: training batch (label spaces of up to 16,384 labels keep batches of 1024).
+VALIDATION_FREE_BYTES = 64 << 20
+
+
+def validation_batch_size(eval_batch_size: int, train_batch_size: int,
+                          model) -> int:
+    """Instances per batch of the validation pass inside ``fit``.
+
+    Validation runs while the optimizer's state is held, so its float32
+    score blocks ``[batch, m]`` are kept within a training batch's
+    (``4 m train_batch_size`` bytes) once they pass
+    :data:`VALIDATION_FREE_BYTES`, and always within
+    :data:`xmc_tf.evaluation.SCORE_BLOCK_BYTES`: at 670k labels 64 rows
+    (the default training batch) instead of 100, so that validation holds
+    no more than a training step.
+
+    Args:
+      eval_batch_size: ``config.eval.batch_size`` (>= 1).
+      train_batch_size: ``config.train.batch_size`` (>= 1).
+      model: the model whose output is scored (as for
+        :func:`xmc_tf.evaluation.score_batch_size`).
+
+    Returns:
+      int in ``[1, eval_batch_size]``.
+    """
+    model = getattr(model, "inference_model", None) or model
+    try:
+        width = int(np.prod([int(d) for d in model.outputs[0].shape[1:]]))
+    except (AttributeError, IndexError, TypeError, ValueError):
+        width = 0
+    budget = min(xevaluation.SCORE_BLOCK_BYTES,
+                 max(VALIDATION_FREE_BYTES, 4 * width * int(train_batch_size)))
+    return xevaluation.score_batch_size(eval_batch_size, model, budget)
+
+
+def release_optimizer(model) -> int:
+    """Drops the optimizer state of a model whose training is over.
+
+    After the last checkpoint (which keeps the optimizer's variables for a
+    resume) nothing the job does reads them: evaluation and export use the
+    model's weights only.  Dropping them before evaluation and export frees
+    the Adam moments, twice the trainable variables (1.2 GiB at 670k labels
+    with the default encoder), and keeps them out of ``model.keras``, which
+    saved a compiled model's optimizer with it.
+
+    The model is left uncompiled (``model.compiled`` False): it cannot
+    ``fit`` or ``evaluate`` again, and ``model.keras`` no longer carries a
+    compile config, whose loading compiled the nested model and built a
+    new optimizer (the moments' memory again) in every process that loaded
+    the file.
+
+    Args:
+      model: a compiled ``keras.Model`` (the one ``fit`` ran), or any
+        model without an optimizer (nothing happens).
+
+    Returns:
+      Bytes of the optimizer variables released (0 if none).
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return 0
+    released = (_variable_bytes(optimizer.variables)
+                if getattr(optimizer, "built", False) else 0)
+    compile_config = getattr(model, "_compile_config", None)  # Keras 3
+    config = getattr(compile_config, "config", None)
+    if isinstance(config, dict) and config.get("optimizer") is optimizer:
+        config["optimizer"] = keras.saving.serialize_keras_object(optimizer)
+    # The traced train step captures the optimizer's variables.
+    model.train_function = None
+    # Deleting the attribute also drops TensorFlow's checkpoint dependency
+    # on it (assigning None alone keeps that reference).
+    del model.optimizer
+    model.optimizer = None
+    model.compiled = False
+    del optimizer, compile_config, config
+    gc.collect()
+    return released
+
+
+class StopOnNonFinite(keras.callbacks.Callback):
+    """Stops a run whose training loss is NaN or +-inf, with a clear error.
+
+    Keras' ``TerminateOnNaN`` stops quietly, after which the job would export
+    and evaluate a broken model.  This raises :class:`TrainingDiverged`
+    instead, before the epoch's checkpoint is written (the job's
+    :class:`~xmc_tf.checkpoint.Checkpointer` runs after it), so the workdir
+    keeps the last finite epoch and ``xmc-tf`` prints one line.  The loss is
+    read every ``every_n_batches`` batches and at every epoch end (reading
+    it waits for the step, so not every batch).
+
+    Args:
+      every_n_batches: batches between checks (>= 1).
+
+    Raises:
+      TrainingDiverged: from ``on_train_batch_end`` / ``on_epoch_end``.
+    """
+
+    def __init__(self, every_n_batches: int = 50):
+        super().__init__()
+        self.every_n_batches = max(1, int(every_n_batches))
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def _check(self, logs, where):
+        loss = (logs or {}).get("loss")
+        if loss is None:
+            return
+        # (a [1] vector per batch under a multi-worker strategy)
+        value = float(np.ravel(keras.ops.convert_to_numpy(loss))[0])
+        if not math.isfinite(value):
+            raise TrainingDiverged(
+                f"training diverged: loss {value} at epoch {self._epoch + 1}"
+                f"{where}; the workdir keeps the last finished epoch's "
+                "backup; lower config.train.learning_rate (or check the "
+                "loss options) and rerun with --overwrite")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.every_n_batches == 0:
+            self._check(logs, f", batch {batch + 1}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._check(logs, "")
+
+
+class ChiefLogs(keras.callbacks.Callback):
+    """Replaces every worker's epoch logs with the chief's (multi-worker).
+
+    Keras all-reduces the loss and the compiled metrics, so those agree on
+    every worker; values that callbacks compute on their own (held-out P@k
+    of :class:`xmc_tf.callbacks.TopKEvaluation`, SET statistics) could
+    differ in the last bits between machines, and a learning-rate schedule
+    or early stopping that decided differently on two workers would make
+    them diverge or wait for each other forever.  Placed after the
+    callbacks that write logs and before those that read them
+    (:func:`make_callbacks`), this gives every worker the chief's numbers:
+    one small broadcast per epoch (:meth:`xmc_tf.distribute.Cluster.broadcast_json`),
+    made by every worker.
+
+    Args:
+      cluster: this process's :class:`xmc_tf.distribute.Cluster`.
+    """
+
+    def __init__(self, cluster: xdist.Cluster):
+        super().__init__()
+        self.cluster = cluster
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or not self.cluster.multi_worker:
+            return
+        mine = {}
+        for key, value in logs.items():
+            try:  # a Python int or float (a [1] vector's element)
+                mine[key] = np.ravel(keras.ops.convert_to_numpy(value))[0] \
+                    .item()
+            except (TypeError, ValueError, IndexError, AttributeError):
+                continue
+        logs.update(self.cluster.broadcast_json(
+            mine if self.cluster.is_chief else None))
+
+
+def make_callbacks(config, workdir: str, head, layer, val_data,
+                   cluster: xdist.Cluster | None = None) -> list:
+    """:class:`StopOnNonFinite`, then the head's own callbacks (SET,
+    held-out P@k, ...), so their epoch logs reach the rest (in a
+    multi-worker ``cluster``, replaced by the chief's: :class:`ChiefLogs`); then LR halving
+    and early stopping on the head's monitor (val P@3 when a validation split exists), both with
+    state that survives a resume (:mod:`xmc_tf.checkpoint`; the best
+    weights on disk in ``workdir/backup``, not in memory), and
+    TensorBoard.  The :class:`~xmc_tf.checkpoint.Checkpointer` (which also
+    writes ``history.csv``) is appended by the caller, last."""
+    tc = config.train
+    monitor, mode = head.monitor(val_data is not None)
+    # An epoch counts as progress only if the monitor moves by
+    # config.train.min_delta, so a run whose metric creeps ends by itself
+    # (None: Keras' defaults, 1e-4 for the schedule and 0 for stopping).
+    deltas = ({"lr": 1e-4, "stop": 0.0} if tc.min_delta is None else
+              {"lr": float(tc.min_delta), "stop": float(tc.min_delta)})
+    cbs = [StopOnNonFinite()] + head.callbacks(layer, val_data)
+    if cluster is not None and cluster.multi_worker:
+        cbs.append(ChiefLogs(cluster))
+    cbs += [
+        xcallbacks.ReduceLROnPlateau(
+            monitor=monitor, mode=mode, factor=0.5, patience=tc.lr_patience,
+            min_lr=tc.min_learning_rate, min_delta=deltas["lr"], verbose=1),
+        xcallbacks.EarlyStopping(
+            monitor=monitor, mode=mode, patience=tc.early_stopping_patience,
+            min_delta=deltas["stop"], restore_best_weights=True, verbose=1,
+            best_weights_dir=Workdir(workdir).backup_dir),
+    ]
+    if tc.tensorboard:
+        cbs.append(keras.callbacks.TensorBoard(os.path.join(workdir,
+                                                            "tensorboard")))
+    return cbs
+
+
+def make_datasets(config, head, fit_data, val_data, model,
+                  cluster: xdist.Cluster, initial_epoch: int):
+    """The training and validation streams of ``fit``.
+
+    One stream of epochs keyed by ``(config.seed, epoch)``, so a resumed
+    run sees the batches an uninterrupted one sees; under a strategy the
+    batches are split over the replicas
+    (:func:`xmc_tf.data.distribute_tf_dataset`).  Validation batches are
+    no wider than a training batch's scores (:func:`validation_batch_size`,
+    per replica).
+
+    Returns:
+      ``(train_ds, val_ds_or_None)``.
+    """
+    tc = config.train
+    train_kwargs = dict(shuffle=True, seed=config.seed, repeat=True,
+                        first_epoch=initial_epoch, **head.dataset_kwargs())
+    val_batch = validation_batch_size(config.eval.batch_size, tc.batch_size,
+                                      model)
+    strategy = cluster.strategy
+    if strategy is None:
+        train_ds = xdata.make_tf_dataset(fit_data, tc.batch_size,
+                                         **train_kwargs)
+        val_ds = (xdata.make_tf_dataset(val_data, val_batch)
+                  if val_data is not None else None)
+        return train_ds, val_ds
+    train_ds = xdata.distribute_tf_dataset(strategy, fit_data, tc.batch_size,
+                                           **train_kwargs)
+    val_ds = (xdata.distribute_tf_dataset(strategy, val_data,
+                                          val_batch * cluster.num_replicas)
+              if val_data is not None else None)
+    return train_ds, val_ds
+
+
+def fit_model(fit_model, config, head, fit_data, val_data, model,
+              cluster: xdist.Cluster, callbacks: list, initial_epoch: int,
+              last_epoch: int) -> None:
+    """Runs ``fit_model.fit`` from ``initial_epoch`` to ``last_epoch`` on
+    the streams of :func:`make_datasets` (``config.train.batch_size``,
+    ``ceil(n / batch_size)`` steps per epoch) with ``callbacks``."""
+    tc = config.train
+    train_ds, val_ds = make_datasets(config, head, fit_data, val_data, model,
+                                     cluster, initial_epoch)
+    fit_model.fit(train_ds, validation_data=val_ds,
+                  steps_per_epoch=math.ceil(fit_data.num_instances
+                                            / tc.batch_size),
+                  initial_epoch=initial_epoch,
+                  epochs=max(last_epoch, initial_epoch),
+                  shuffle=False,  # make_tf_dataset shuffles per epoch
+                  callbacks=callbacks, verbose=tc.verbose)

@@ -1,0 +1,297 @@
+"""Plan phase of the main job: check the config, summarise the training
+data, and resolve every field the config leaves to the data.
+
+The job (:mod:`xmc_tf.job.run`) runs the phases
+plan -> build -> fit -> finalize -> export; this module is the first: what
+it returns is a config with concrete values that the later phases read
+(:func:`resolve_config`), and a :class:`DataSummary` of the training data
+that the resume check and ``metrics.json`` keep.
+
+Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
+Extremely Large Output Spaces", Sec. 4.1 (the schedule the configs use).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+
+import numpy as np
+from absl import logging
+
+from xmc_tf import config as xconfig
+from xmc_tf import data as xdata
+from xmc_tf import distribute as xdist
+from xmc_tf import heads as xheads
+from xmc_tf.errors import ConfigError
+from xmc_tf.job.build import ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS
+from xmc_tf.samplers.registry import auto_bool
+
+__all__ = ["AUTO", "DataSummary", "summarize", "check_config",
+           "check_strategy", "resolve_config", "tree_enabled", "tree_weight"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSummary:
+    """What the plan reads from the training data (no arrays).
+
+    Attributes:
+      num_instances: training instances (rows), int.
+      num_features: feature columns (sparse) or embedding width (dense).
+      num_labels: label columns, m.
+      sparse: True for sparse (CSR) features, False for dense embeddings.
+      multi_class: every instance has at most one label
+        (:func:`xmc_tf.config.is_multi_class`).
+      feature_nnz: stored feature values (``n * d`` for dense features).
+      label_nnz: stored labels (positives).
+    """
+
+    num_instances: int
+    num_features: int
+    num_labels: int
+    sparse: bool
+    multi_class: bool
+    feature_nnz: int
+    label_nnz: int
+
+    def to_json(self) -> dict:
+        """The summary as a JSON-able dict (``metrics.json`` ``"data"``)."""
+        return dataclasses.asdict(self)
+
+
+def summarize(train: xdata.XCDataset) -> DataSummary:
+    """The :class:`DataSummary` of a raw training set."""
+    features = train.features
+    nnz = (int(features.nnz) if train.is_sparse
+           else int(np.prod(features.shape)))
+    return DataSummary(
+        num_instances=int(train.num_instances),
+        num_features=int(train.num_features),
+        num_labels=int(train.num_labels), sparse=bool(train.is_sparse),
+        multi_class=bool(xconfig.is_multi_class(train.labels)),
+        feature_nnz=nnz, label_nnz=int(train.labels.nnz))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_int(field: str, value, low: int) -> None:
+    """Raises ValueError unless ``value`` is an int (not a bool) >= low."""
+    if not (isinstance(value, int) and not isinstance(value, bool)
+            and value >= low):
+        raise ValueError(f"config.{field}={value!r} must be an int >= {low}")
+
+
+def _check_nonnegative(field: str, value) -> None:
+    """Raises ValueError unless ``value`` is a number >= 0."""
+    if not (_is_number(value) and value >= 0):
+        raise ValueError(f"config.{field}={value!r} must be a number >= 0")
+
+
+#: The "decide from the data" value of config fields.
+AUTO = "auto"
+
+
+def tree_enabled(value):
+    """``config.tree.enabled`` as True, False or None (``"auto"``), command
+    line strings read (:func:`xmc_tf.samplers.registry.auto_bool`).
+
+    Raises:
+      ValueError: any other value.
+
+    >>> tree_enabled("auto"), tree_enabled("False"), tree_enabled(True)
+    (None, False, True)
+    """
+    return auto_bool(value, "config.tree.enabled")
+
+
+def tree_weight(value):
+    """``config.tree.weight`` as a float >= 0, or None (``"auto"``); strings
+    from the command line are read as numbers.
+
+    Raises:
+      ValueError: anything else.
+
+    >>> tree_weight("auto"), tree_weight("0.3"), tree_weight(1)
+    (None, 0.3, 1.0)
+    """
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return None
+    try:
+        weight = float(value)
+    except (TypeError, ValueError):
+        weight = float("nan")
+    if isinstance(value, bool) or not weight >= 0:
+        raise ValueError(f"config.tree.weight={value!r} must be 'auto' or a "
+                         "number >= 0")
+    return weight
+
+
+def _check_tree(config, head) -> None:
+    """Validates ``config.tree`` (ValueError naming the field)."""
+    tc = config.get("tree")
+    if tc is None:
+        return
+    enabled, weight = tree_enabled(tc.enabled), tree_weight(tc.weight)
+    _check_int("tree.leaf_size", tc.leaf_size, 2)
+    _check_int("tree.max_labels", tc.max_labels, 1)
+    for name in ("c", "tol"):
+        if not (_is_number(tc[name]) and tc[name] > 0):
+            raise ValueError(f"config.tree.{name}={tc[name]!r} must be a "
+                             "number > 0")
+    _check_nonnegative("tree.threshold", tc.threshold)
+    if enabled is True and not head.scores_every_label:
+        raise ValueError(f"config.tree.enabled=True needs a head that scores "
+                         f"every label; head {head.name!r} does not")
+    if (enabled is True and weight is None
+            and not config.data.validation_fraction):
+        raise ValueError("config.tree.weight='auto' is read on the validation "
+                         "split: set config.data.validation_fraction > 0 or a "
+                         "number for config.tree.weight")
+
+
+def check_config(config) -> xheads.Head:
+    """Validates the config before anything is read or written.
+
+    A config that leaves fields to the data's label regime
+    (:func:`xmc_tf.config.by_regime`, value None) is checked as it would be
+    resolved for multi-label and for multi-class training labels
+    (:func:`resolve_config` fills them in once the labels are read).
+
+    Returns:
+      The :class:`xmc_tf.heads.Head` that ``config.model.head`` names
+      (bound to ``config`` as given).
+
+    Raises:
+      ConfigError: a bad value (the message names the field), or
+        ``train.tensorboard`` without the tensorboard package.
+    """
+    if not xconfig.unresolved_fields(config):
+        return _check_resolved(config)
+    for multi_class in (False, True):
+        _check_resolved(xconfig.resolve_regime(config, multi_class))
+    try:
+        return xheads.get_head(config)
+    except (ValueError, KeyError, AttributeError, TypeError) as e:
+        raise ConfigError(" ".join(str(e).split()).strip("'\"")) from e
+
+
+def _check_resolved(config) -> xheads.Head:
+    try:
+        head = xheads.get_head(config)
+        tc = config.train
+        for name in ("batch_size", "epochs"):
+            if int(tc[name]) < 1:
+                raise ValueError(f"config.train.{name}={tc[name]!r} must be "
+                                 ">= 1")
+        for field, value, allowed in (
+                ("train.optimizer", tc.optimizer, OPTIMIZERS),
+                ("model.encoder", config.model.encoder, ENCODERS),
+                ("model.intermediate_activation",
+                 config.model.intermediate_activation,
+                 INTERMEDIATE_ACTIVATIONS)):
+            if value not in allowed:
+                raise ValueError(f"config.{field}={value!r}; expected one of "
+                                 f"{allowed}")
+        _check_int("model.ensemble_size", config.model.ensemble_size, 1)
+        size = config.model.ensemble_size
+        if size > 1 and not head.scores_every_label:
+            raise ValueError(
+                f"config.model.ensemble_size={size} needs a head that scores "
+                f"every label; head {head.name!r} does not (use 1)")
+        _check_int("model.wide_connections", config.model.wide_connections, 0)
+        if config.model.wide_max_mib is not None:
+            _check_int("model.wide_max_mib", config.model.wide_max_mib, 0)
+        for name in ("input_dropout", "dropout", "intermediate_dropout"):
+            rate = config.model[name]
+            if not (_is_number(rate) and 0.0 <= rate < 1.0):
+                raise ValueError(f"config.model.{name}={rate!r} must be in "
+                                 "[0, 1)")
+        if tc.optimizer == "lazy_adamw":
+            _check_nonnegative("train.weight_decay", tc.weight_decay)
+        if tc.min_delta is not None:
+            _check_nonnegative("train.min_delta", tc.min_delta)
+        _check_tree(config, head)
+        frac = config.data.validation_fraction
+        if not 0.0 <= frac < 1.0:
+            raise ValueError(f"config.data.validation_fraction={frac!r} must "
+                             "be in [0, 1)")
+    except (ValueError, KeyError, AttributeError, TypeError) as e:
+        raise ConfigError(" ".join(str(e).split()).strip("'\"")) from e
+    if tc.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError("config.train.tensorboard=True needs the tensorboard "
+                          "package: pip install 'tensorboard~=2.21.0'")
+    return head
+
+
+def check_strategy(config, head, cluster: xdist.Cluster) -> None:
+    """Checks that ``config`` can be trained data parallel.
+
+    Args:
+      config: the job config (checked by :func:`check_config`).
+      head: its :class:`xmc_tf.heads.Head`.
+      cluster: the :class:`xmc_tf.distribute.Cluster` of the strategy
+        (``num_replicas`` is read).
+
+    Raises:
+      ConfigError: ``config.model.ensemble_size > 1`` (members are trained
+        one process at a time), a head that cannot be trained data parallel
+        (:attr:`xmc_tf.heads.Head.data_parallel`), or
+        ``config.train.batch_size`` not a multiple of the replicas (the
+        global batch is split evenly over them).
+    """
+    replicas = cluster.num_replicas
+    batch_size = config.train.batch_size  # None: by regime, checked later
+    if config.model.ensemble_size > 1:
+        raise ConfigError(
+            f"config.model.ensemble_size={config.model.ensemble_size}: "
+            "ensembles are trained without a strategy (--strategy=none); "
+            "train the members as separate runs to spread them over machines")
+    if not head.data_parallel:
+        raise ConfigError(
+            f"config.model.head={head.name!r} cannot be trained under a "
+            "tf.distribute strategy (its trainer keeps per-process sampler "
+            "or per-instance state); use --strategy=none")
+    if batch_size is not None and batch_size % replicas:
+        raise ConfigError(
+            f"config.train.batch_size={batch_size} must be a "
+            f"multiple of the {replicas} replicas of the strategy (the global "
+            "batch is split evenly over them)")
+
+
+def resolve_config(config, train: xdata.XCDataset):
+    """Fills in the fields that ``config`` leaves to the data's label
+    regime (:func:`xmc_tf.config.by_regime`; the astra / lsh configs'
+    network and schedule) from the raw training labels, logging one line
+    per field.
+
+    Multi-class labels (every instance at most one label,
+    :func:`xmc_tf.config.is_multi_class`) take
+    :data:`xmc_tf.config.MULTI_CLASS_DEFAULTS`, multi-label ones the head's
+    schema defaults; values the config sets are kept.
+
+    Args:
+      config: the job config (checked by :func:`check_config`).
+      train: the raw training set (:func:`load_data`).
+
+    Returns:
+      ``(run_config, regime)``: the config the run trains with (``config``
+      itself when nothing is left to the data) and ``{"labels":
+      "multi-class" | "multi-label", "fields": {field: value}}`` (JSON
+      values; ``{}`` when nothing is left to the data), which the
+      checkpoint and ``metrics.json`` keep.
+    """
+    if not xconfig.unresolved_fields(config):
+        return config, {}
+    multi_class = xconfig.is_multi_class(train.labels)
+    labels = "multi-class" if multi_class else "multi-label"
+    values = xconfig.regime_values(config, multi_class)
+    for field, value in values.items():
+        logging.info("config.%s=%r: chosen for %s training labels (left to "
+                     "the data's regime; docs/defaults.md)", field, value,
+                     labels)
+    regime = {"labels": labels,
+              "fields": json.loads(json.dumps(values, sort_keys=True))}
+    return xconfig.resolve_regime(config, multi_class), regime

@@ -1,0 +1,553 @@
+"""The main job: plan -> build -> fit -> finalize -> export, in a work
+directory that keeps its promises.
+
+``train_and_evaluate(config, workdir)`` trains the model of
+:func:`xmc_tf.job.build.build_model` on the data of ``config.data`` (or
+in-memory data sets: :class:`JobData`, what
+:class:`xmc_tf.ExtremeClassifier` passes), evaluates it on the test set
+and writes ``model.keras``, ``saved_model/`` and, last, ``metrics.json``.
+The phases are the methods of :class:`Run`, each in its module:
+
+* plan (:mod:`xmc_tf.job.plan`): the config checked and resolved from a
+  summary of the training data;
+* build (:mod:`xmc_tf.job.fit`): validation split and normalisation
+  (:mod:`xmc_tf.job.inputs`), the model, its optimizer and callbacks;
+* fit (:mod:`xmc_tf.job.fit`, :mod:`xmc_tf.job.resume`): restore a backup
+  or start fresh, ``model.fit``;
+* finalize (:mod:`xmc_tf.job.finalize`): the label tree and the
+  normalisation added to the trained network;
+* export: test metrics (:mod:`xmc_tf.job.report`), the model files, the
+  completion marker.
+
+The work directory keeps its promises (:mod:`xmc_tf.workdir`,
+:mod:`xmc_tf.checkpoint`): one run at a time (a lock), a finished run is
+not retrained unless ``overwrite``, a killed run resumes exactly from
+``workdir/backup`` (kept until the export is complete), and every file is
+renamed into place when complete.  Under a ``tf.distribute`` strategy
+(:mod:`xmc_tf.distribute`) every worker runs the same phases; the chief
+writes the workdir, the others a temporary directory, and only the chief
+finalizes and exports.  Nothing here branches on the head's name: see
+:mod:`xmc_tf.heads`.
+
+Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
+Extremely Large Output Spaces", Sec. 3.4 and 4.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+
+import keras
+from absl import logging
+
+from xmc_tf import checkpoint as xckpt
+from xmc_tf import data as xdata
+from xmc_tf import distribute as xdist
+from xmc_tf import ensemble as xensemble
+from xmc_tf import saving as xsaving
+from xmc_tf.errors import ConfigError, DataError, DistributeError
+from xmc_tf.job import finalize as xfinalize
+from xmc_tf.job import fit as xfit
+from xmc_tf.job import inputs as xinputs
+from xmc_tf.job import plan as xplan
+from xmc_tf.job import report as xreport
+from xmc_tf.job import resume as xresume
+from xmc_tf.predict import evaluate_model
+from xmc_tf.saving import export_model
+from xmc_tf.workdir import Workdir, atomic_path, write_bytes_atomic
+
+__all__ = ["JobData", "Run", "train_and_evaluate", "member_config",
+           "MEMBERS_DIR"]
+
+
+@dataclasses.dataclass
+class JobData:
+    """The data of a run, raw feature values (the job fits the
+    normalisation).
+
+    Attributes:
+      train: :class:`xmc_tf.data.XCDataset` to train on.
+      test: data set evaluated into ``metrics.json``, or None.
+      validation: data set for the schedule, early stopping and the label
+        tree's weight; None takes ``config.data.validation_fraction`` of
+        ``train`` (:func:`xmc_tf.job.inputs.validation_split`).
+    """
+
+    train: xdata.XCDataset
+    test: xdata.XCDataset | None = None
+    validation: xdata.XCDataset | None = None
+
+    def check(self) -> None:
+        """Raises ValueError when test or validation differ from train in
+        their numbers of features or labels."""
+        xinputs.check_compatible(self.train, self.test, "the training data",
+                                 "the test data")
+        xinputs.check_compatible(self.train, self.validation,
+                                 "the training data", "the validation data")
+
+
+class Run:
+    """One run of the main job in one process (the chief's or another
+    worker's), its phases as methods called in order by
+    :func:`train_and_evaluate`.
+
+    Args:
+      config: the job config as given (checked by
+        :func:`xmc_tf.job.plan.check_config`).
+      wd: the :class:`~xmc_tf.workdir.Workdir` this process writes.
+      head: the config's :class:`xmc_tf.heads.Head`.
+      cluster: the :class:`xmc_tf.distribute.Cluster`.
+      data: the :class:`JobData`, or None to read ``config.data``.
+      ckpt: the :class:`xmc_tf.checkpoint.Checkpoint` to resume, or None.
+      callbacks: the caller's Keras callbacks (run before the checkpointer).
+    """
+
+    def __init__(self, config, wd: Workdir, head, cluster: xdist.Cluster,
+                 data: JobData | None, ckpt, callbacks):
+        self.given, self.config, self.wd, self.head = config, config, wd, head
+        self.cluster, self.data, self.ckpt = cluster, data, ckpt
+        self.extra_callbacks = list(callbacks)
+
+    def scope(self):
+        """The strategy's scope (entered once per use), or a null one."""
+        strategy = self.cluster.strategy
+        return (strategy.scope() if strategy is not None
+                else contextlib.nullcontext())
+
+    def plan(self) -> None:
+        """Seeds, reads the data, writes ``config.json`` and the PSP
+        weights, and resolves the config from the training data."""
+        keras.utils.set_random_seed(self.given.seed)
+        if self.data is None:
+            self.data = JobData(*xinputs.read_datasets(self.given))
+        train, test = self.data.train, self.data.test
+        logging.info("train: %s; test: %s", train, test)
+        self.inv_prop = xinputs.save_inv_propensities(self.given, train,
+                                                      self.wd.path)
+        self.summary = xplan.summarize(train)
+        self.cluster.check_same("data", {
+            "train": self.summary.to_json(),
+            "test": [test.num_instances, test.num_features, test.num_labels]
+            if test is not None else None})
+        # config.json and the checkpoint's config are the config as given (a
+        # resume and an ensemble's members are checked against it); the
+        # values the data chose are kept beside it ("regime").
+        write_bytes_atomic(self.wd.file(Workdir.CONFIG),
+                           self.given.to_json_best_effort(indent=2).encode())
+        self.config, self.regime = xplan.resolve_config(self.given, train)
+        if self.regime:
+            self.head = xplan.check_config(self.config)
+            if self.cluster.strategy is not None:
+                xplan.check_strategy(self.config, self.head, self.cluster)
+        xresume.check_same_data(self.ckpt, self.regime,
+                                self.summary.to_json())
+
+    def build(self) -> None:
+        """Splits and normalises the data, builds and compiles the model,
+        and makes the callbacks and the checkpointer."""
+        self.fit_data, self.val_data, self.norm = xinputs.prepare_splits(
+            self.config, self.data.train, self.wd.path, self.data.validation)
+        try:
+            self.head.prepare(self.fit_data)  # e.g. SCENT's per-instance duals
+        except ValueError as e:
+            raise DataError(" ".join(str(e).split())) from e
+        with self.scope():
+            self.model, self.layer, self.fit_model = xfit.build_and_compile(
+                self.config, self.head, self.fit_data.num_features,
+                self.fit_data.num_labels, self.summary.sparse,
+                distributed=self.cluster.strategy is not None)
+        self.model.summary(print_fn=logging.info)
+        cbs = xfit.make_callbacks(self.config, self.wd.path, self.head,
+                                  self.layer, self.val_data, self.cluster)
+        self.callbacks = cbs + self.extra_callbacks
+        self.stateful = xckpt.stateful_objects(self.callbacks, self.fit_model)
+        meta = xresume.start_meta(self.given, self.regime,
+                                  self.summary.to_json(), self.ckpt)
+        self.checkpointer = xckpt.Checkpointer(
+            self.wd.backup_dir, self.stateful, self.wd.file(Workdir.HISTORY),
+            meta)
+
+    def fit(self) -> None:
+        """Restores the backup (if any) and trains the remaining epochs."""
+        with self.scope():  # the optimizer's variables, if it builds them
+            first, last = xresume.restore_run(
+                self.ckpt, self.fit_model, self.stateful, self.checkpointer,
+                self.wd.file(Workdir.HISTORY), self.config.train.epochs)
+        if self.ckpt is not None and self.ckpt.meta["phase"] == "trained":
+            return
+        xfit.fit_model(self.fit_model, self.config, self.head, self.fit_data,
+                       self.val_data, self.model, self.cluster,
+                       self.callbacks + [self.checkpointer], first, last)
+
+    def export(self) -> dict:
+        """Finalizes the model, evaluates it on the test set, exports it
+        and marks the workdir complete (the chief only).
+
+        Returns:
+          The ``metrics.json`` dict.
+        """
+        # Training is over and checkpointed: the optimizer's moments are
+        # not needed for evaluation and export (nor wanted in model.keras).
+        released = xfit.release_optimizer(self.fit_model)
+        if released:
+            logging.info("released the optimizer state (%.2f GiB) before "
+                         "evaluation and export", released / 2**30)
+        exported, tree_info, tree_seconds = xfinalize.finalize(
+            self.config, self.wd, self.head, self.model, self.fit_data,
+            self.val_data, self.summary.sparse, self.norm)
+        test, config = self.data.test, self.config
+        metrics = (evaluate_model(exported, test, self.inv_prop,
+                                  tuple(config.eval.ks),
+                                  config.eval.batch_size)
+                   if test is not None else {})
+        extra = dict(self.head.results(self.layer))
+        if self.cluster.strategy is not None:
+            extra.update(strategy=self.cluster.kind,
+                         num_workers=self.cluster.num_workers,
+                         num_replicas=self.cluster.num_replicas)
+        if tree_info:
+            extra["label_tree"] = tree_info
+        results = xreport.run_report(
+            config, self.summary, test.num_instances if test else 0,
+            self.model, metrics=metrics,
+            # the label tree's fit and weight choice included
+            train_seconds=self.checkpointer.train_seconds + tree_seconds,
+            epochs=len(self.checkpointer.history),
+            head_bytes=xreport.output_layer_bytes(self.model),
+            regime=self.regime, **extra)
+        export_model(exported, self.wd.path, k=max(config.eval.ks))
+        results["peak_memory_bytes"] = self.checkpointer.peak_memory_bytes
+        meta = self.checkpointer.meta
+        done = self.wd.mark_complete(results, meta["run_id"],
+                                     resumes=meta["resumes"])
+        # The backup goes only now that the export is complete.
+        shutil.rmtree(self.wd.backup_dir, ignore_errors=True)
+        return done
+
+    def train(self) -> None:
+        """The phases every worker runs: plan, build, fit."""
+        self.plan()
+        self.build()
+        self.fit()
+
+
+def train_and_evaluate(config, workdir: str, *, data: JobData | None = None,
+                       overwrite: bool = False, force: bool = False,
+                       callbacks=(), strategy=None) -> dict:
+    """Runs the main job; see the module docstring.
+
+    Holds the workdir lock throughout.  If ``workdir/backup`` holds a
+    checkpoint of an unfinished run with the same config and data, the run
+    resumes from it exactly (weights, optimizer, callback states, epoch,
+    seconds, history); a finished workdir is refused unless ``overwrite``.
+
+    Under a ``tf.distribute`` ``strategy`` (:func:`xmc_tf.distribute.make_strategy`)
+    the model is trained data parallel; only the chief
+    (:class:`xmc_tf.distribute.Cluster`) locks and writes ``workdir``.
+    The other workers of a multi-worker run write nothing there: they
+    receive the chief's backup (so a resumed run restores the same state
+    everywhere), keep their own checkpoints in a temporary directory that
+    is deleted when they return, and wait until the chief has evaluated and
+    exported the model.
+
+    Args:
+      config: ml_collections ConfigDict (see ``configs/uniform_sparse.py``).
+      workdir: output directory (created; on the chief only).
+      data: the :class:`JobData` to train on (raw feature values); None
+        reads ``config.data.train`` / ``config.data.test``.
+      overwrite: retrain into a workdir that holds a finished run (its
+        results, history and backup are deleted first).
+      force: take over a stale workdir lock
+        (:class:`xmc_tf.workdir.WorkdirLock`).
+      callbacks: extra Keras callbacks, run after the job's own and before
+        the checkpointer (their ``get_state``/``set_state`` are
+        checkpointed too).
+      strategy: None (one process, one device) or the
+        ``tf.distribute.Strategy`` to train under, created before TensorFlow
+        ran any op.
+
+    Returns:
+      The metrics dict also written to ``workdir/metrics.json``: ``P@k``,
+      ``nDCG@k``, ``PSP@k``, ``R@k`` (percent), ``train_seconds`` and
+      ``epochs`` (summed over all processes of a resumed run),
+      ``num_labels``, ``peak_memory_bytes`` (peak RSS, bytes, the largest
+      of the run's processes), ``output_layer_bytes`` and ``model_bytes``
+      (variables of the head / of the whole model, bytes), the data set
+      sizes, for MACH ``num_buckets`` and ``num_repetitions``, under a
+      strategy ``strategy`` / ``num_workers`` / ``num_replicas``, and
+      ``run`` (the completion marker: run id, finish time, resumes,
+      fingerprints of the model files).  A non-chief worker returns the
+      chief's dict (it wrote no file).
+
+    Raises:
+      ConfigError: a bad config value, or one that the strategy cannot
+        train (:func:`xmc_tf.job.plan.check_strategy`).
+      DataError: unreadable or inconsistent data files.
+      WorkdirBusy: another process holds the workdir lock.
+      WorkdirFinished: the workdir holds a finished run (no ``overwrite``).
+      CheckpointError: an unreadable backup, or one of another config or
+        other data.
+      DistributeError: (multi-worker) the chief stopped with an error,
+        workers run with different configs or data, or a worker lost
+        contact with the others.
+    """
+    head = xplan.check_config(config)
+    cluster = xdist.Cluster(strategy)
+    if strategy is not None:
+        xplan.check_strategy(config, head, cluster)
+    try:
+        if not cluster.is_chief:
+            return _worker_job(config, head, data, list(callbacks), cluster)
+        return _chief_job(config, workdir, head, data, list(callbacks),
+                          cluster, overwrite=overwrite, force=force)
+    except Exception as e:
+        lost = _lost_contact(e) if cluster.multi_worker else None
+        if lost is None:
+            raise
+        raise DistributeError(
+            f"{cluster.name} lost contact with the other workers ({lost}); "
+            "rerun the same command on every worker: the run resumes from "
+            "the chief's backup") from e
+
+
+def _lost_contact(error) -> str | None:
+    """The gist of a collective-op error from a worker that went away
+    (TensorFlow's health check aborts the pending all-reduce), else None."""
+    import tensorflow as tf
+    if not isinstance(error, (tf.errors.UnavailableError,
+                              tf.errors.DeadlineExceededError,
+                              tf.errors.CancelledError)):
+        return None
+    # TensorFlow's message: "Graph execution error:", "Detected at node
+    # ... defined at", indented stack lines, then the cause ("Socket
+    # closed", "... is down"), then gRPC details.
+    skip = ("Graph execution error", "Detected at node", "Additional GRPC",
+            ":UNKNOWN:", "The error could be", "[[")
+    lines = [line.strip() for line in
+             str(getattr(error, "message", error)).splitlines()
+             if line.strip() and not line[:1].isspace()
+             and not line.strip().startswith(skip)]
+    text = " ".join((lines[0] if lines else type(error).__name__).split())
+    return text[:200]
+
+
+def _open_workdir(config, wd: Workdir, stack, *, overwrite: bool,
+                  force: bool):
+    """Locks and prepares the chief's workdir; returns the backup to
+    resume (checked against ``config``) or None."""
+    lock = stack.enter_context(wd.lock(force=force))
+    if lock.previous_owner:
+        logging.warning("workdir %s: the previous run (pid %s) ended "
+                        "without releasing its lock", wd.path,
+                        lock.previous_owner.get("pid"))
+    wd.prepare_training(overwrite)
+    if config.model.ensemble_size > 1:
+        return None
+    ckpt = xckpt.load(wd.backup_dir)
+    if ckpt is not None:
+        xresume.check_resumable(ckpt, config)
+    return ckpt
+
+
+def _chief_job(config, workdir, head, data, callbacks, cluster, *, overwrite,
+               force) -> dict:
+    """The job of the chief (or the only process): lock and prepare the
+    workdir, tell the other workers whether and from what to resume, train,
+    evaluate and export, and tell them the outcome."""
+    wd = Workdir(workdir)
+    with contextlib.ExitStack() as stack:
+        try:
+            ckpt = _open_workdir(config, wd, stack, overwrite=overwrite,
+                                 force=force)
+            if config.model.ensemble_size > 1:
+                return _run_ensemble(config, wd, data, overwrite=overwrite,
+                                     force=force, callbacks=callbacks)
+        except BaseException as e:
+            cluster.broadcast_json({"error": _one_line(e)})
+            raise
+        names = (sorted(n for n in os.listdir(wd.backup_dir)
+                        if not n.startswith(".") and
+                        os.path.isfile(os.path.join(wd.backup_dir, n)))
+                 if ckpt is not None else [])
+        cluster.broadcast_json({"error": None})
+        cluster.check_same("config", _config_dict(config))
+        cluster.broadcast_files(wd.backup_dir, names)
+        run = Run(config, wd, head, cluster, data, ckpt, callbacks)
+        run.train()
+        try:
+            metrics = run.export()
+        except BaseException as e:
+            cluster.broadcast_json({"error": _one_line(e)})
+            raise
+        cluster.broadcast_json({"metrics": metrics})
+        return metrics
+
+
+def _worker_job(config, head, data, callbacks, cluster) -> dict:
+    """The job of a non-chief worker: train beside the chief from the
+    chief's backup, in a temporary directory (nothing in the workdir), then
+    wait for the chief's evaluation and export."""
+    with tempfile.TemporaryDirectory(
+            prefix=f"xmc-tf-worker{cluster.index}-") as tmp:
+        wd = Workdir(tmp)
+        start = cluster.broadcast_json()
+        if start["error"] is not None:
+            raise DistributeError(f"the chief (worker 0) stopped: "
+                                  f"{start['error']}")
+        cluster.check_same("config", _config_dict(config))
+        names = cluster.broadcast_files(wd.backup_dir)
+        ckpt = xckpt.load(wd.backup_dir) if names else None
+        Run(config, wd, head, cluster, data, ckpt, callbacks).train()
+        logging.info("%s: trained; waiting for the chief (worker 0) to "
+                     "evaluate and export the model", cluster.name)
+        done = cluster.broadcast_json()
+        if "error" in done:
+            raise DistributeError(f"the chief (worker 0) stopped after "
+                                  f"training: {done['error']}")
+        return done["metrics"]
+
+
+def _config_dict(config) -> dict:
+    """Every field of ``config`` (workers must agree on all of them:
+    ``train.epochs`` too, which a resume may change)."""
+    return json.loads(config.to_json_best_effort(sort_keys=True))
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
+
+
+# ---------------------------------------------------------------------------
+# Ensembles.
+
+#: Sub-directory of an ensemble's workdir holding one workdir per member.
+MEMBERS_DIR = "members"
+
+
+def member_config(config, index: int):
+    """The config of ensemble member ``index`` (0-based): ``config`` with
+    ``seed = config.seed + index``, the ensemble's validation split
+    (``data.split_seed``, default ``config.seed``) and ``ensemble_size 1``.
+
+    Members differ only in their random streams (initial weights, SET
+    draws, batch order), as in deep ensembles (Lakshminarayanan et al.,
+    NeurIPS 2017); sharing the split keeps the ensemble's validation
+    metrics clean."""
+    member = copy.deepcopy(config)
+    split_seed = config.data.split_seed
+    member.seed = int(config.seed) + int(index)
+    member.data.split_seed = int(config.seed if split_seed is None
+                                 else split_seed)
+    member.model.ensemble_size = 1
+    return member
+
+
+def _check_member(member_wd: Workdir, config) -> dict:
+    """The metrics of a finished member workdir, after checking that it
+    was trained with ``config`` (fields of
+    :data:`xmc_tf.job.resume.RESUME_MAY_CHANGE` aside).
+
+    Raises:
+      ConfigError: the member was trained with another config.
+      IncompleteWorkdir: its model files do not match its metrics.json.
+    """
+    metrics = member_wd.check_complete()
+    try:
+        with open(member_wd.file(Workdir.CONFIG)) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        saved = None
+    if saved is None or xresume.config_changes(saved, config):
+        raise ConfigError(
+            f"ensemble member {member_wd.path} was trained with another "
+            "config; rerun with that config, or pass --overwrite to retrain "
+            "every member")
+    return metrics
+
+
+def _train_members(config, wd: Workdir, data, *, overwrite: bool,
+                   force: bool, callbacks: list):
+    """Trains (or finds finished) every member in ``WORKDIR/members/<i>``;
+    returns their metrics and workdirs."""
+    n = int(config.model.ensemble_size)
+    members_dir = wd.file(MEMBERS_DIR)
+    if overwrite:
+        shutil.rmtree(members_dir, ignore_errors=True)
+    member_metrics, member_dirs = [], []
+    for i in range(n):
+        mc = member_config(config, i)
+        mdir = os.path.join(members_dir, str(i))
+        mwd = Workdir(mdir)
+        if mwd.completion() is not None:
+            metrics = _check_member(mwd, mc)
+            logging.info("ensemble member %d/%d (seed %d) already trained in "
+                         "%s", i + 1, n, mc.seed, mdir)
+        else:
+            logging.info("ensemble member %d/%d (seed %d): training in %s",
+                         i + 1, n, mc.seed, mdir)
+            metrics = train_and_evaluate(mc, mdir, data=data, force=force,
+                                         callbacks=callbacks)
+        member_metrics.append(metrics)
+        member_dirs.append(mdir)
+        keras.backend.clear_session()  # the member's graphs and variables
+    return member_metrics, member_dirs
+
+
+def _run_ensemble(config, wd: Workdir, data, *, overwrite: bool, force: bool,
+                  callbacks: list) -> dict:
+    """Trains ``config.model.ensemble_size`` members one after the other,
+    each a complete run of its own in ``WORKDIR/members/<i>`` (so a killed
+    ensemble resumes inside the member it was training, and finished
+    members are not retrained), then exports the model that averages their
+    scores (:func:`xmc_tf.ensemble.average_scores`) with its validation
+    and test metrics; ``metrics.json`` also lists each member's."""
+    member_metrics, member_dirs = _train_members(
+        config, wd, data, overwrite=overwrite, force=force,
+        callbacks=callbacks)
+    keras.utils.set_random_seed(config.seed)
+    data = data or JobData(*xinputs.read_datasets(config))
+    train, test = data.train, data.test
+    inv_prop = xinputs.save_inv_propensities(config, train, wd.path)
+    write_bytes_atomic(wd.file(Workdir.CONFIG),
+                       config.to_json_best_effort(indent=2).encode())
+    config, regime = xplan.resolve_config(config, train)  # as each member did
+    # Members share the split (and so the normalisation, inside each
+    # member's model): the raw validation rows are theirs too.
+    val_data = data.validation
+    if val_data is None:
+        _, val_data = xinputs.validation_split(train,
+                                               member_config(config, 0))
+    with atomic_path(wd.file(Workdir.PREPROCESSING)) as tmp:
+        shutil.copyfile(os.path.join(member_dirs[0], Workdir.PREPROCESSING),
+                        tmp)
+    model = xensemble.average_scores(
+        [xsaving.load_model(d) for d in member_dirs])
+    ks, batch = tuple(config.eval.ks), config.eval.batch_size
+    metrics = {}
+    if val_data is not None:
+        val = evaluate_model(model, val_data, None, ks, batch)
+        metrics.update({f"val_{k}": v for k, v in val.items() if "@" in k})
+    if test is not None:
+        metrics.update(evaluate_model(model, test, inv_prop, ks, batch))
+    results = xreport.run_report(
+        config, xplan.summarize(train), test.num_instances if test else 0,
+        model, metrics=metrics,
+        train_seconds=sum(m["train_seconds"] for m in member_metrics),
+        epochs=sum(m["epochs"] for m in member_metrics),
+        head_bytes=sum(m["output_layer_bytes"] for m in member_metrics),
+        regime=regime, ensemble_size=len(member_dirs),
+        members={str(i): {k: v for k, v in m.items()
+                          if k in xreport.MEMBER_KEYS}
+                 for i, m in enumerate(member_metrics)})
+    export_model(model, wd.path, k=max(ks))
+    results["peak_memory_bytes"] = max(
+        [xreport.peak_memory_bytes()] + [m.get("peak_memory_bytes", 0)
+                                         for m in member_metrics])
+    return wd.mark_complete(results, Workdir.new_run_id(), resumes=0)
