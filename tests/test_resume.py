@@ -35,7 +35,8 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.experimental.enable_op_determinism()
 import keras
-from xmc_tf import cli, saving, train
+from xmc_tf import cli, saving
+from xmc_tf.job import fit
 
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
@@ -46,8 +47,8 @@ if kill_at:
         def on_train_batch_end(self, batch, logs=None):
             if int(self.model.optimizer.iterations) == kill_at:
                 die()
-    make = train.make_callbacks
-    train.make_callbacks = lambda *a, **k: make(*a, **k) + [Kill()]
+    make = fit.make_callbacks
+    fit.make_callbacks = lambda *a, **k: make(*a, **k) + [Kill()]
 if os.environ.get("KILL_IN_EXPORT"):  # after model.keras is in place
     saving.export_saved_model = die
 sys.exit(cli.main(["xmc-tf"] + sys.argv[1:]))
