@@ -110,8 +110,8 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
     import keras
     import tensorflow as tf
     from xmc_tf import data as xdata
-    from xmc_tf import heads as xheads
-    from xmc_tf import predict as xpredict
+    from xmc_tf.job import heads as xheads
+    from xmc_tf.job import scoring as xpredict
     from xmc_tf import train as xtrain
     config = load_config("mach")
     config.model.num_buckets, config.model.num_repetitions = B, R

@@ -268,11 +268,12 @@ def child(args) -> None:
     tracker = PhaseTracker(args.phases_out)
     import keras
 
-    from xmc_tf import cli, saving
+    from xmc_tf import saving
+    from xmc_tf.job import cli
     from xmc_tf import train as xtrain
     from xmc_tf.callbacks import schedules
-    from xmc_tf import checkpoint as xckpt
-    from xmc_tf.heads import dense as xdense
+    from xmc_tf.job import checkpoint as xckpt
+    from xmc_tf.job.heads import dense as xdense
 
     sizes = {}
     for owner, attr, name in (

@@ -43,7 +43,7 @@ def xmc_tf_main(*args):
     stdout."""
     import contextlib
     import io
-    from xmc_tf import cli
+    from xmc_tf.job import cli
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(["xmc-tf", *args])
@@ -242,7 +242,7 @@ def _mach_brute_force_top_k(workdir, data_path, k):
     import xmc_tf
     from xmc_tf.train import load_for_model
     model = keras.models.load_model(workdir / "model.keras", compile=False)
-    head = xmc_tf.heads.output_layer(model)  # inside the normalising model
+    head = xmc_tf.job.heads.output_layer(model)  # inside the normalising model
     assert isinstance(head, xmc_tf.layers.MachHead)
     data = load_for_model(str(data_path), str(workdir))
     x = data.features.tocoo()
@@ -328,7 +328,7 @@ def test_mach_head_rejects_label_wise_loss(tmp_path, capsys):
 
 def run_cli(capsys, *args):
     """Runs `xmc-tf ARGS` in this process; returns (exit status, stderr)."""
-    from xmc_tf import cli
+    from xmc_tf.job import cli
     capsys.readouterr()
     code = cli.main(["xmc-tf", *args])
     return code, capsys.readouterr().err
@@ -465,7 +465,7 @@ def test_tf_startup_lines_below_the_log_level_are_dropped(capfd, monkeypatch,
     """Lines written to file descriptor 2 inside ``_quiet_tf_startup``: absl's
     preamble and INFO lines go at level 1, WARNING lines too at level 2;
     anything else comes back, also when the block raises."""
-    from xmc_tf import cli
+    from xmc_tf.job import cli
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", level)
     lines = [cli._ABSL_PREAMBLE + "\n",
              "I0000 00:00:1.2 9 port.cc:153] oneDNN custom operations are on\n",
@@ -487,7 +487,7 @@ def test_tf_startup_lines_below_the_log_level_are_dropped(capfd, monkeypatch,
 
 
 def test_workdir_locked_by_a_live_run(tmp_path, capsys):
-    from xmc_tf.workdir import WorkdirLock
+    from xmc_tf.job.workdir import WorkdirLock
     with WorkdirLock(str(tmp_path)):
         code, err = run_cli(capsys, "train", f"--workdir={tmp_path}")
     assert_one_line_error(code, err, f"pid {os.getpid()}", str(tmp_path))
@@ -609,7 +609,7 @@ def test_non_finite_loss_stops_before_the_epoch_is_checkpointed():
     import keras
     import numpy as np
     from xmc_tf.train import StopOnNonFinite, TrainingDiverged
-    from xmc_tf.workdir import UserError
+    from xmc_tf.job.workdir import UserError
 
     class Recorder(keras.callbacks.Callback):  # stands in for Checkpointer
         epochs = []

@@ -9,14 +9,14 @@ from xmc_tf import errors
 # (module, name) pairs users may import from today; each must be the class
 # defined in xmc_tf.errors, not a copy (``except`` clauses must match).
 OLD_HOMES = [
-    ("xmc_tf.workdir", "UserError"),
-    ("xmc_tf.workdir", "ConfigError"),
-    ("xmc_tf.workdir", "DataError"),
-    ("xmc_tf.workdir", "WorkdirError"),
-    ("xmc_tf.workdir", "WorkdirBusy"),
-    ("xmc_tf.workdir", "WorkdirFinished"),
-    ("xmc_tf.workdir", "IncompleteWorkdir"),
-    ("xmc_tf.checkpoint", "CheckpointError"),
+    ("xmc_tf.job.workdir", "UserError"),
+    ("xmc_tf.job.workdir", "ConfigError"),
+    ("xmc_tf.job.workdir", "DataError"),
+    ("xmc_tf.job.workdir", "WorkdirError"),
+    ("xmc_tf.job.workdir", "WorkdirBusy"),
+    ("xmc_tf.job.workdir", "WorkdirFinished"),
+    ("xmc_tf.job.workdir", "IncompleteWorkdir"),
+    ("xmc_tf.job.checkpoint", "CheckpointError"),
     ("xmc_tf.train", "TrainingDiverged"),
     ("xmc_tf.saving", "OpNotRegisteredError"),
     ("xmc_tf.ops", "OpLibraryError"),
@@ -53,7 +53,7 @@ def test_hierarchy():
 
 def test_cli_prints_every_error_as_one_line(capsys, monkeypatch):
     # An error raised by a command is one line on stderr, exit status 2.
-    from xmc_tf import cli
+    from xmc_tf.job import cli
     for name in errors.__all__:
         cls = getattr(errors, name)
 

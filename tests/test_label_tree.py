@@ -1,4 +1,4 @@
-"""The label tree second stage (:mod:`xmc_tf.label_tree`,
+"""The label tree second stage (:mod:`xmc_tf.job.tree`,
 :class:`xmc_tf.layers.LabelTreeScores`, ``config.tree``): the tree's
 structure, its classifiers against scikit-learn's LinearSVC fit directly,
 its scores against a per-label loop over dense weights, the layer against
@@ -15,8 +15,9 @@ import tensorflow as tf
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import heads, saving
-from xmc_tf import label_tree as lt
+from xmc_tf import saving
+from xmc_tf.job import heads
+from xmc_tf.job import tree as lt
 from xmc_tf.layers import LabelTreeScores
 from xmc_tf.layers.label_tree import deep_model, fuse_with_tree
 from xmc_tf.train import (ConfigError, check_config, label_tree_plan,

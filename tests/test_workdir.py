@@ -1,4 +1,5 @@
-"""The work directory keeps its promises (xmc_tf.workdir, xmc_tf.checkpoint).
+"""The work directory keeps its promises (xmc_tf.job.workdir,
+xmc_tf.job.checkpoint).
 
 In-process tests: a kill is simulated by raising an exception that is not an
 ``Exception`` at a chosen step while the cleanup a dying process could not
@@ -19,11 +20,12 @@ import numpy as np
 import pytest
 
 import xmc_tf
-from xmc_tf import checkpoint as ckpt
-from xmc_tf import saving, variable_io, workdir
+from xmc_tf.job import checkpoint as ckpt
+from xmc_tf import saving, variable_io
+from xmc_tf.job import workdir
 from xmc_tf.callbacks import SetRewiring
-from xmc_tf.workdir import (IncompleteWorkdir, Workdir, WorkdirBusy,
-                            WorkdirFinished, WorkdirLock)
+from xmc_tf.job.workdir import (IncompleteWorkdir, Workdir, WorkdirBusy,
+                                WorkdirFinished, WorkdirLock)
 
 
 class Killed(BaseException):

@@ -64,39 +64,37 @@ from absl import logging
 
 from xmc_tf import callbacks as xcallbacks
 from xmc_tf import config as xconfig
-from xmc_tf import checkpoint as xckpt
+from xmc_tf.job import checkpoint as xckpt
 from xmc_tf import data as xdata
-from xmc_tf import distribute as xdist
-from xmc_tf import ensemble as xensemble
-from xmc_tf import evaluation as xevaluation
-from xmc_tf import heads as xheads
-from xmc_tf import label_tree as xlabel_tree
+from xmc_tf.job import cluster as xdist
+from xmc_tf.job import ensemble as xensemble
+from xmc_tf.metrics import evaluator as xevaluation
+from xmc_tf.job import heads as xheads
+from xmc_tf.job import tree as xlabel_tree
 from xmc_tf import metrics as xmetrics
-from xmc_tf import preprocessing as xprep
+from xmc_tf.job import preprocessing as xprep
 from xmc_tf import saving as xsaving
 from xmc_tf.errors import (CheckpointError, ConfigError, DataError,
                            DistributeError, TrainingDiverged)
-from xmc_tf.evaluation import format_table
+from xmc_tf.job.scoring import format_table
 from xmc_tf.models.distributed import DistributedModel, DistributedTrainerMixin
 from xmc_tf.job.build import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
-                            build_model, build_optimizer)
+                              build_model, build_optimizer)
 from xmc_tf.layers.label_tree import LabelTreeScores, fuse_with_tree
-from xmc_tf.predict import evaluate_model
+from xmc_tf.job.scoring import evaluate_model
 from xmc_tf.samplers.registry import auto_bool
 from xmc_tf.saving import export_model, export_saved_model
-from xmc_tf.workdir import (Workdir, atomic_path, discard_hint,
-                            write_bytes_atomic)
+from xmc_tf.job.workdir import (Workdir, atomic_path, discard_hint,
+                                write_bytes_atomic)
 
 __all__ = ["train_and_evaluate", "build_model", "export_saved_model",
-           "load_for_model", "format_table", "check_config", "load_data",
+           "format_table", "check_config", "load_data",
            "resolve_config", "prepare_splits", "build_and_compile", "make_callbacks",
            "check_strategy", "fit_and_export", "release_optimizer",
            "validation_batch_size", "StopOnNonFinite", "ChiefLogs",
            "TrainingDiverged"]
 
 PREPROCESSING_FILE = Workdir.PREPROCESSING
-#: Kept here for callers of ``xmc_tf.train.load_for_model``.
-load_for_model = xprep.load_for_model
 INV_PROPENSITIES_FILE = Workdir.INV_PROPENSITIES
 
 #: Config fields that may change between a run and its resume (they do not

@@ -1,115 +1,34 @@
-"""Top-k decoding of a data set in batches, and its P@k, nDCG@k, PSP@k, R@k.
+"""Scoring a model: top-k prediction and P@k, nDCG@k, PSP@k, R@k.
 
-The loop shared by :mod:`xmc_tf.predict` (which finds a model's decoder
-through its head) and :class:`xmc_tf.callbacks.TopKEvaluation` (which is
-given one).  It takes the decoder -- a function from a feature batch to its
-top-k labels -- as an argument, so it depends on neither the heads nor
-:mod:`xmc_tf.predict`: callbacks that evaluate can be imported by the heads
-that create them without an import cycle.
+The decoder of any xmc_tf model (:func:`top_k_function`,
+:func:`predict_top_k`, :func:`evaluate_model`) and the metrics table
+(:func:`format_table`).  The head of a (loaded) model is found by
+:func:`xmc_tf.job.heads.head_for_model` and decodes its outputs: heads that
+score every label (``UniformSparseDense``, ``Dense``) keep the
+``tf.math.top_k`` of the scores; a :class:`~xmc_tf.layers.MachHead` is
+decoded exactly by the op ``Xmc>MachTopK`` (Medini et al., NeurIPS 2019,
+Eq. 2) without a ``[batch, num_labels]`` tensor.  Used by training (test metrics),
+``xmc-tf evaluate``/``predict`` and the benchmarks.  The batch loops, which
+take the decoder as an argument, are the library's
+(:func:`xmc_tf.metrics.evaluator.evaluate_top_k`,
+:func:`~xmc_tf.metrics.evaluator.decode_batches`,
+:func:`~xmc_tf.metrics.evaluator.score_batch_size`), so that
+:class:`xmc_tf.callbacks.TopKEvaluation` uses them without the job.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import weakref
 
-from xmc_tf.data.pipeline import make_tf_dataset
-from xmc_tf.metrics.evaluator import XMCEvaluator
+import keras
+import tensorflow as tf
 
-__all__ = ["decode_batches", "evaluate_top_k", "format_table",
-           "score_batch_size", "SCORE_BLOCK_BYTES"]
+from xmc_tf.job import heads
+from xmc_tf.metrics.evaluator import (decode_batches, evaluate_top_k,
+                                      score_batch_size)
 
-#: Largest float32 score block ``[batch, num_labels]`` (bytes) that
-#: evaluation asks a model for: 256 MiB, 100 rows at 670k labels (a
-#: ``[1024, 670k]`` block was 2.7 GB, more than a training step holds).
-SCORE_BLOCK_BYTES = 256 << 20
-
-
-def score_batch_size(batch_size: int, model,
-                     max_bytes: int = SCORE_BLOCK_BYTES) -> int:
-    """``batch_size`` capped so that the model's float32 output block
-    ``[batch, *output_shape]`` stays within ``max_bytes``.
-
-    Args:
-      batch_size: the requested instances per batch (>= 1).
-      model: a Keras model (or a training wrapper with ``inference_model``)
-        whose first output has a known shape past the batch axis; other
-        models leave ``batch_size`` as it is.
-      max_bytes: the block budget, bytes.
-
-    Returns:
-      int in ``[1, batch_size]``.
-
-    >>> import keras
-    >>> x = keras.Input((4,))
-    >>> model = keras.Model(x, keras.layers.Dense(1_000_000)(x))
-    >>> score_batch_size(1024, model)   # 256 MiB / 4 MB per row
-    67
-    >>> score_batch_size(16, model)
-    16
-    """
-    batch_size = max(1, int(batch_size))
-    model = getattr(model, "inference_model", None) or model
-    try:
-        width = int(np.prod([int(d) for d in model.outputs[0].shape[1:]]))
-    except (AttributeError, IndexError, TypeError, ValueError):
-        return batch_size
-    return max(1, min(batch_size, int(max_bytes) // max(1, 4 * width)))
-
-
-def decode_batches(top_k, dataset, batch_size: int = 1024):
-    """Top-k labels of every instance of ``dataset``, one batch at a time.
-
-    Args:
-      top_k: the decoder, ``x -> (ids [b, k], scores [b, k])`` best first,
-        where ``x`` is a batch of features as
-        :func:`xmc_tf.data.make_tf_dataset` yields them (a
-        ``tf.SparseTensor``, or a dense float32 ``[b, D]`` tensor); e.g.
-        :func:`xmc_tf.predict.top_k_function` of a model.
-      dataset: an :class:`xmc_tf.data.XCDataset` (features already
-        normalised as the model expects; labels unused).
-      batch_size: instances per batch (memory is ``O(batch_size * m)`` for a
-        decoder that scores every label).
-
-    Yields:
-      ``(ids int32 [b, k], scores float32 [b, k])`` NumPy arrays per batch,
-      in row order.
-    """
-    for features, _ in make_tf_dataset(dataset, batch_size):
-        ids, scores = top_k(features)
-        yield np.asarray(ids), np.asarray(scores)
-
-
-def evaluate_top_k(top_k, dataset, inv_propensities=None, ks=(1, 3, 5),
-                   batch_size: int = 1024) -> dict:
-    """P@k, nDCG@k, PSP@k and recall@k (percent) of a decoder on ``dataset``.
-
-    No ``[num_instances, num_labels]`` array is held: each batch's top
-    labels (:func:`decode_batches`) are scored as they come.
-
-    Args:
-      top_k: the decoder, as for :func:`decode_batches`, returning at least
-        ``max(ks)`` labels per row.
-      dataset: :class:`xmc_tf.data.XCDataset` with labels.
-      inv_propensities: float ``[m]`` inverse propensities for PSP@k
-        (:func:`xmc_tf.metrics.inverse_propensities`); ``None`` omits PSP@k.
-      ks: cut-offs.
-      batch_size: instances per batch.
-
-    Returns:
-      The dict of :meth:`xmc_tf.metrics.XMCEvaluator.result` (keys ``P@k``,
-      ``nDCG@k``, ``PSP@k``, ``R@k``, ``num_instances``).
-
-    Raises:
-      ValueError: bad ``ks`` or ``inv_propensities``
-        (:class:`~xmc_tf.metrics.XMCEvaluator`).
-    """
-    evaluator = XMCEvaluator(ks=ks, inv_propensities=inv_propensities)
-    start = 0
-    for ids, _ in decode_batches(top_k, dataset, batch_size):
-        stop = start + ids.shape[0]
-        evaluator.update(ids, dataset.labels[start:stop])
-        start = stop
-    return evaluator.result()
+__all__ = ["format_table", "top_k_function", "predict_top_k",
+           "evaluate_model"]
 
 
 def format_table(results: dict) -> str:
@@ -124,3 +43,101 @@ def format_table(results: dict) -> str:
         lines.append(f"{k:<{width}}  {v:.2f}" if isinstance(v, float)
                      else f"{k:<{width}}  {v}")
     return "\n".join(lines)
+
+#: model -> {k: tf.function}; weak keys, and the functions reach the model
+#: only through a weak reference, so a cached entry never keeps a model alive.
+_TOP_K_FUNCTIONS = weakref.WeakKeyDictionary()
+
+
+def top_k_function(model: keras.Model, k: int):
+    """A ``tf.function`` mapping a feature batch to its top-k labels.
+
+    One function per ``(model, k)``, made on the first call and returned
+    again by later ones, with ``reduce_retracing=True``: evaluating once
+    per epoch (:class:`xmc_tf.callbacks.TopKEvaluation`) traces it at most
+    twice in a whole run (the first batch's shape, then a shape with an
+    unknown batch size that also serves a shorter last batch), instead of
+    a new function, traced again, on every call.
+
+    Args:
+      model: a Keras model built by xmc_tf (or any model whose last layer
+        is one a registered head recognises).
+      k: labels per row (``1 <= k <= m``).
+
+    Returns:
+      A function ``x -> (ids int32 [b, k], scores float32 [b, k])``, best
+      first (ties: lower label id); ``x`` is what the model takes (a
+      ``tf.SparseTensor`` or a dense ``[b, D]`` tensor).
+
+    Raises:
+      ValueError: ``k`` out of range; no head recognises the model.
+    """
+    k = int(k)
+    cached = _TOP_K_FUNCTIONS.get(model, {}).get(k)
+    if cached is not None:
+        return cached
+    head = heads.head_for_model(model)
+    head.top_k_function(model, k)  # checks k now, not at the first trace
+    model_ref = weakref.ref(model)
+
+    def top_k(x):
+        # Built at trace time from the live model (held weakly).
+        return head.top_k_function(model_ref(), k)(x)
+
+    function = tf.function(top_k, reduce_retracing=True)
+    _TOP_K_FUNCTIONS.setdefault(model, {})[k] = function
+    return function
+
+
+def predict_top_k(model, dataset, k=5, batch_size=1024):
+    """Top-k labels of every instance of an :class:`xmc_tf.data.XCDataset`.
+
+    Scores are computed one batch of ``batch_size`` instances at a time
+    (:func:`top_k_function`, :func:`xmc_tf.metrics.evaluator.decode_batches`), so
+    memory is ``O(batch_size * m)`` for a label-wise head and
+    ``O(batch_size * (R B + k))`` for MACH; ``batch_size`` is capped so
+    that the score block stays within 256 MiB
+    (:func:`xmc_tf.metrics.evaluator.score_batch_size`).
+
+    Yields:
+      ``(ids int32 [b, k], scores float32 [b, k])`` NumPy arrays per batch,
+      in row order.
+
+    Raises:
+      ValueError: as :func:`top_k_function` (at the first batch).
+    """
+    yield from decode_batches(top_k_function(model, k), dataset,
+                              score_batch_size(batch_size, model))
+
+
+def evaluate_model(model, dataset, inv_propensities=None, ks=(1, 3, 5),
+                   batch_size=1024) -> dict:
+    """P@k, nDCG@k, PSP@k and recall@k (percent) of ``model`` on ``dataset``.
+
+    The model's decoder (:func:`top_k_function`, top ``max(ks)`` labels)
+    run by :func:`xmc_tf.metrics.evaluator.evaluate_top_k`, so no
+    ``[num_instances, num_labels]`` array is held.
+
+    Args:
+      model: as for :func:`top_k_function`.
+      dataset: :class:`xmc_tf.data.XCDataset` with labels.
+      inv_propensities: float ``[m]`` inverse propensities for PSP@k
+        (:func:`xmc_tf.metrics.inverse_propensities`); ``None`` omits PSP@k.
+      ks: cut-offs.
+      batch_size: instances per prediction batch (capped by
+        :func:`xmc_tf.metrics.evaluator.score_batch_size`).
+
+    Returns:
+      The dict of :meth:`xmc_tf.metrics.XMCEvaluator.result` (keys ``P@k``,
+      ``nDCG@k``, ``PSP@k``, ``R@k``, ``num_instances``).
+
+    Raises:
+      ValueError: bad ``ks`` (empty, or a ``k`` out of ``[1, m]``) or
+        ``inv_propensities``; no head recognises the model.
+    """
+    ks = tuple(ks)
+    if not ks:
+        raise ValueError("ks must not be empty")
+    return evaluate_top_k(top_k_function(model, max(ks)), dataset,
+                          inv_propensities, ks,
+                          score_batch_size(batch_size, model))

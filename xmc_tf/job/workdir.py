@@ -8,7 +8,7 @@ Layout of ``WORKDIR`` (``xmc-tf train --workdir=WORKDIR``)::
     preprocessing.npz     feature normalisation fitted on the training set
     inv_propensities.npy  PSP@k weights of the training labels
     history.csv           one row per finished epoch (rewritten from backup/)
-    backup/checkpoint.npz the whole training state (xmc_tf.checkpoint);
+    backup/checkpoint.npz the whole training state (xmc_tf.job.checkpoint);
                           kept until the export is complete
     model.keras           the trained model  } renamed into place
     saved_model/          TF SavedModel      } when complete
