@@ -114,7 +114,7 @@ def test_saved_model_serves_in_new_process(trained):
     script = f"""
 import numpy as np, tensorflow as tf, keras
 import xmc_tf
-from xmc_tf.train import load_for_model
+from xmc_tf.job.preprocessing import load_for_model
 sm = xmc_tf.saving.load_saved_model({str(workdir / 'saved_model')!r})
 model = keras.models.load_model({str(workdir / 'model.keras')!r}, compile=False)
 data = load_for_model({str(tmp / 'test.txt')!r}, {str(workdir)!r})
@@ -240,7 +240,7 @@ def _mach_brute_force_top_k(workdir, data_path, k):
     import keras
     import tensorflow as tf
     import xmc_tf
-    from xmc_tf.train import load_for_model
+    from xmc_tf.job.preprocessing import load_for_model
     model = keras.models.load_model(workdir / "model.keras", compile=False)
     head = xmc_tf.job.heads.output_layer(model)  # inside the normalising model
     assert isinstance(head, xmc_tf.layers.MachHead)
@@ -297,7 +297,7 @@ def test_mach_predict_and_saved_model_match_brute_force(trained_mach):
     script = f"""
 import numpy as np, tensorflow as tf
 import xmc_tf
-from xmc_tf.train import load_for_model
+from xmc_tf.job.preprocessing import load_for_model
 sm = tf.saved_model.load({str(workdir / 'saved_model')!r})
 data = load_for_model({str(tmp / 'test.txt')!r}, {str(workdir)!r})
 x = data.features.tocoo()
@@ -559,10 +559,11 @@ def test_evaluate_incomplete_workdir_and_corrupt_backup(trained, tmp_path,
 
 
 def test_missing_op_library_is_one_line(tmp_path, capsys, monkeypatch):
+    from xmc_tf.errors import OpLibraryError
     from xmc_tf.ops import _loader
 
     def load():
-        raise _loader.OpLibraryError(
+        raise OpLibraryError(
             "/x/_xmc_ops.so was built for TensorFlow 2.0.0 but TensorFlow "
             "2.21.0 is running; reinstall xmc_tf")
     monkeypatch.setattr(_loader, "load", load)
@@ -590,6 +591,7 @@ def test_interrupt_says_what_was_kept(tmp_path, capsys, monkeypatch):
 def test_load_saved_model_explains_unregistered_op(trained, monkeypatch):
     import tensorflow as tf
     from xmc_tf import saving
+    from xmc_tf.errors import OpNotRegisteredError
 
     def unregistered(path):
         raise tf.errors.NotFoundError(
@@ -598,7 +600,7 @@ def test_load_saved_model_explains_unregistered_op(trained, monkeypatch):
             "registered in the binary running in this process. ... "
             "tf.contrib ...")
     monkeypatch.setattr(tf.saved_model, "load", unregistered)
-    with pytest.raises(saving.OpNotRegisteredError) as e:
+    with pytest.raises(OpNotRegisteredError) as e:
         saving.load_saved_model(str(trained[1] / "saved_model"))
     msg = str(e.value)
     assert "XmcUniformSparseMatmul" in msg and "import xmc_tf" in msg
@@ -608,8 +610,8 @@ def test_load_saved_model_explains_unregistered_op(trained, monkeypatch):
 def test_non_finite_loss_stops_before_the_epoch_is_checkpointed():
     import keras
     import numpy as np
-    from xmc_tf.train import StopOnNonFinite, TrainingDiverged
-    from xmc_tf.job.workdir import UserError
+    from xmc_tf.errors import TrainingDiverged, UserError
+    from xmc_tf.train import StopOnNonFinite
 
     class Recorder(keras.callbacks.Callback):  # stands in for Checkpointer
         epochs = []

@@ -16,9 +16,11 @@ from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import metrics, saving
 from xmc_tf.job import ensemble, heads
-from xmc_tf.train import (ConfigError, check_config, load_for_model,
-                          member_config, train_and_evaluate, validation_split)
+from xmc_tf.errors import ConfigError
+from xmc_tf.job.preprocessing import load_for_model
 from xmc_tf.job.workdir import Workdir
+from xmc_tf.train import (check_config, member_config, train_and_evaluate,
+                          validation_split)
 
 
 SYN = "synthetic:num_instances=300,num_features=80,num_labels=20,seed=1"

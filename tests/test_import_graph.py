@@ -274,33 +274,10 @@ def test_graph_analysis_on_made_up_packages(tmp_path, case):
 # xmc_tf.
 
 
-#: Names that moved to another module, by the module users imported them
-#: from: ``(old module, name, new module)``.  The old path must give the
-#: very same object.
-MOVED = [
-    ("xmc_tf.job.checkpoint", "EarlyStopping", "xmc_tf.callbacks.schedules"),
-    ("xmc_tf.job.checkpoint", "ReduceLROnPlateau", "xmc_tf.callbacks.schedules"),
-    ("xmc_tf.job.checkpoint", "discard_hint", "xmc_tf.job.workdir"),
-    ("xmc_tf.job.checkpoint", "CHUNK_BYTES", "xmc_tf.variable_io"),
-    ("xmc_tf.data.xc_format", "read_xc", "xmc_tf.data.xc_reader"),
-    ("xmc_tf.data.xc_format", "read_xc_xy", "xmc_tf.data.xc_reader"),
-    ("xmc_tf.data.xc_format", "read_xc_labels", "xmc_tf.data.xc_reader"),
-    ("xmc_tf.data.xc_format", "PROGRESS_MIN_INSTANCES",
-     "xmc_tf.data.xc_reader"),
-    ("xmc_tf.data.xc_format", "write_xc", "xmc_tf.data.xc_writer"),
-    ("xmc_tf.data.xc_format", "write_xc_labels", "xmc_tf.data.xc_writer"),
-]
 #: What ``xmc_tf.callbacks`` exported as one module (and the two resumable
 #: schedules it exports since it is a package).
 CALLBACKS = ["EarlyStopping", "ReduceLROnPlateau", "RefreshIndex", "Rehash",
              "SetRewiring", "TopKEvaluation", "rewire"]
-
-
-@pytest.mark.parametrize("old,name,new", MOVED)
-def test_moved_names_keep_their_old_import_path(old, name, new):
-    import importlib
-    assert getattr(importlib.import_module(old), name) is getattr(
-        importlib.import_module(new), name)
 
 
 def test_callbacks_package_exports():

@@ -20,8 +20,9 @@ from xmc_tf.job import heads
 from xmc_tf.job import tree as lt
 from xmc_tf.layers import LabelTreeScores
 from xmc_tf.layers.label_tree import deep_model, fuse_with_tree
-from xmc_tf.train import (ConfigError, check_config, label_tree_plan,
-                          load_for_model, train_and_evaluate)
+from xmc_tf.errors import ConfigError
+from xmc_tf.job.preprocessing import load_for_model
+from xmc_tf.train import check_config, label_tree_plan, train_and_evaluate
 
 SYN = "synthetic:num_instances=400,num_features=120,num_labels=24,seed=3"
 

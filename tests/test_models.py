@@ -116,7 +116,7 @@ def test_unknown_encoder_and_optimizer():
 
 def test_check_config_rejects_bad_weight_decay():
     from xmc_tf.train import check_config
-    from xmc_tf.job.workdir import ConfigError
+    from xmc_tf.errors import ConfigError
     c = xconfig.get_config("uniform_sparse")
     c.train.optimizer = "lazy_adamw"
     check_config(c)

@@ -175,7 +175,7 @@ def test_config_errors():
 
 
 def test_sampler_sizes_cap_relative_to_num_labels():
-    from xmc_tf.job.heads.sampled import sampler_sizes
+    from xmc_tf.samplers.registry import sampler_sizes
     sc = _config("dense").sampler
     sc.num_negatives, sc.num_hard, sc.num_uniform = 256, 32, 256
     # No cap: the sizes as given.
@@ -197,7 +197,7 @@ def test_sampler_sizes_cap_relative_to_num_labels():
 
 
 def test_make_sampler_applies_cap_and_lsh_options():
-    from xmc_tf.job.heads.sampled import lsh_auto_K, make_sampler
+    from xmc_tf.samplers import lsh_auto_K, make_sampler
     sc = _config("dense", kind="uniform").sampler
     sc.num_negatives = 256
     sc.max_fraction = 0.25
@@ -249,7 +249,8 @@ def test_missing_faiss_is_a_config_error_before_training(monkeypatch, kind,
     CLI's one-line error, exit 2), not an epoch in at the first refresh."""
     import importlib.util
 
-    from xmc_tf.train import ConfigError, check_config
+    from xmc_tf.errors import ConfigError
+    from xmc_tf.train import check_config
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "faiss"

@@ -17,7 +17,8 @@ from xmc_tf.callbacks import SetRewiring
 from xmc_tf.layers import (SparseDropout, UniformSparseDense,
                            label_feature_connections)
 from xmc_tf.job.build import build_model
-from xmc_tf.train import ConfigError, check_config, make_callbacks
+from xmc_tf.errors import ConfigError
+from xmc_tf.train import check_config, make_callbacks
 
 
 def _data(n=40, d=30, m=6, seed=0):

@@ -26,9 +26,8 @@ keeps its traceback.  Messages name what to fix (the config field, the file
 and line, the workdir and how to discard it).
 
 This module imports nothing from xmc_tf, so every module can raise these
-errors without import cycles.  The classes are also importable from the
-modules that raise them (``xmc_tf.job.workdir``, ``xmc_tf.job.checkpoint``,
-``xmc_tf.train``, ``xmc_tf.saving``, ``xmc_tf.ops``).
+errors without import cycles.  Import the classes from here (the modules
+that raise them do not re-export them).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from xmc_tf.ops import _loader, stock
 from xmc_tf.job.workdir import Workdir, atomic_path
 
 __all__ = ["export_saved_model", "export_model", "save_keras_file",
-           "load_saved_model", "load_model", "OpNotRegisteredError"]
+           "load_saved_model", "load_model"]
 
 
 def export_saved_model(model: keras.Model, path: str, k: int = 5,

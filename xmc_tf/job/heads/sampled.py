@@ -69,15 +69,11 @@ from xmc_tf.job.heads.candidates import CandidateHead
 from xmc_tf.models.sampled import SampledTrainer
 from xmc_tf.losses.sampled import (SampledBinaryCrossentropy,
                                    SampledSoftmax, SampledSquaredHinge)
-from xmc_tf.samplers.lsh import lsh_auto_K
 from xmc_tf.samplers.registry import (AUTO, make_sampler, sampler_kind,
-                                      sampler_sizes, shared_kinds)
+                                      shared_kinds)
 from xmc_tf.samplers.registry import shared_setting as _shared_setting
 
-# make_sampler, sampler_sizes and lsh_auto_K moved to xmc_tf.samplers; they
-# stay importable from here.
-__all__ = ["SampledHead", "SAMPLED_LOSSES", "make_sampler",
-           "sampler_sizes", "lsh_auto_K", "regime_choices"]
+__all__ = ["SampledHead", "SAMPLED_LOSSES", "regime_choices"]
 
 #: ``config.loss`` -> sampled loss class.
 SAMPLED_LOSSES = {"squared_hinge": SampledSquaredHinge,
