@@ -66,7 +66,7 @@ class TFSampledSoftmaxTrainer(keras.Model):
     def __init__(self, model, num_sampled, remove_accidental_hits=True,
                  seed=None, **kwargs):
         super().__init__(**kwargs)
-        from xmc_tf.heads import output_layer
+        from xmc_tf.job.heads import output_layer
         from xmc_tf.layers import LabelDense
         self.inference_model = model
         self.head_layer = output_layer(model)

@@ -135,8 +135,8 @@ def child(args) -> None:
     import keras
     import numpy as np
 
-    from xmc_tf import cli
-    from xmc_tf import checkpoint as xckpt
+    from xmc_tf.job import cli
+    from xmc_tf.job import checkpoint as xckpt
     from xmc_tf import saving
     from xmc_tf.job import fit as xfit
 

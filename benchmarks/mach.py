@@ -92,7 +92,6 @@ def _train_config(config, name, train_path, test_path, args, tag):
     """Runs ``xmc_tf.job.run.train_and_evaluate`` (what ``xmc-tf train``
     runs); returns (metrics dict, workdir)."""
     from xmc_tf.job import run as xrun
-    from xmc_tf import preprocessing as xpreprocessing
     config.data.train = train_path
     config.data.test = test_path
     config.seed = args.seed
@@ -111,8 +110,9 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
     import keras
     import tensorflow as tf
     from xmc_tf import data as xdata
-    from xmc_tf import heads as xheads
-    from xmc_tf import predict as xpredict
+    from xmc_tf.job import heads as xheads
+    from xmc_tf.job import scoring as xscoring
+    from xmc_tf.job import preprocessing as xprep
     config = load_config("mach")
     config.model.num_buckets, config.model.num_repetitions = B, R
     config.loss = loss
@@ -126,7 +126,7 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
     model = keras.models.load_model(os.path.join(workdir, "model.keras"),
                                     compile=False)
     head = xheads.output_layer(model)  # inside the normalising model
-    test = xpreprocessing.load_for_model(test_path, workdir)
+    test = xprep.load_for_model(test_path, workdir)
     forward = tf.function(lambda x: model(x, training=False))
     logits = np.concatenate([forward(x).numpy() for x, _ in
                              xdata.make_tf_dataset(test, 1024)])
@@ -137,7 +137,7 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
     if not np.array_equal(ids, bf_ids):
         raise AssertionError("threshold and brute-force decoders disagree")
     # End to end: forward + decode, per batch of 256 (the serving path).
-    serve = xpredict.top_k_function(model, 5)
+    serve = xscoring.top_k_function(model, 5)
     batches = [x for x, _ in xdata.make_tf_dataset(test, 256)]
     serve(batches[0])
     start = timer()

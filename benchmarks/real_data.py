@@ -428,7 +428,7 @@ def make_curve_callback(tree=None):
         job's fit split and the job's normalised validation split; then
         every epoch also records ``val_P@1_fused``: the validation P@1 of
         ``deep + weight * tree`` at the weight the job would choose after
-        that epoch (:func:`xmc_tf.label_tree.choose_fusion_weight`), i.e.
+        that epoch (:func:`xmc_tf.job.tree.choose_fusion_weight`), i.e.
         of the model a run stopped there would export.  Its evaluation
         time is left out of ``wall_s``.
 
@@ -471,8 +471,8 @@ def make_curve_callback(tree=None):
                          else float(logs["loss"]))}
             if tree is not None:
                 # pylint: disable=import-outside-toplevel
-                from xmc_tf import heads as xheads
-                from xmc_tf import label_tree as xlabel_tree
+                from xmc_tf.job import heads as xheads
+                from xmc_tf.job import tree as xlabel_tree
                 from xmc_tf.job import finalize as xfinalize
                 from xmc_tf.job import inputs as xinputs
                 from xmc_tf.job import plan as xplan
@@ -501,9 +501,9 @@ def fit_tree_for_curve(config):
     """
     # pylint: disable=import-outside-toplevel
     from xmc_tf import config as xconfig
-    from xmc_tf import heads as xheads
-    from xmc_tf import label_tree as xlabel_tree
-    from xmc_tf import preprocessing as xprep
+    from xmc_tf.job import heads as xheads
+    from xmc_tf.job import tree as xlabel_tree
+    from xmc_tf.job import preprocessing as xprep
     from xmc_tf.layers import LabelTreeScores
     train = xprep.load_spec(config.data.train, "config.data.train")
     with tempfile.TemporaryDirectory() as tmp:

@@ -83,7 +83,7 @@ eval_topk_tf        ``r m`` (compares)         ``4 r m``                   -
   rewires every 1,000 steps: the step counts 1/1000 of it.
 * ``eval_topk``: the evaluation's top 5 (``xmc_tf.ops.topk.top_k``:
   ``Xmc>TopK``'s partial selection) on one evaluation block of ``r`` rows
-  (``xmc_tf.evaluation.SCORE_BLOCK_BYTES`` / ``4 m``: 100 rows at 670k),
+  (``xmc_tf.metrics.evaluator.SCORE_BLOCK_BYTES`` / ``4 m``: 100 rows at 670k),
   the scores already computed (standard normal: a trained model's rows
   are no harder, the op is ``O(m)`` per row on any input).
   ``eval_topk_tf``: ``tf.math.top_k(scores, 5)`` on the same block (what
@@ -414,10 +414,10 @@ def score_rows(m):
       m: labels.
 
     Returns:
-      int: ``xmc_tf.evaluation.score_batch_size`` of a 1,024-row request
+      int: ``xmc_tf.metrics.evaluator.score_batch_size`` of a 1,024-row request
       (``SCORE_BLOCK_BYTES / (4 m)`` float32 rows, in ``[1, 1024]``).
     """
-    from xmc_tf.evaluation import SCORE_BLOCK_BYTES
+    from xmc_tf.metrics.evaluator import SCORE_BLOCK_BYTES
     return max(1, min(1024, SCORE_BLOCK_BYTES // (4 * m)))
 
 

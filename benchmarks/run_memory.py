@@ -27,7 +27,7 @@ The child marks the job's phases by wrapping the functions that run them
   file of the best epoch's weights and its read-back at the end;
 * ``checkpoint``: ``Checkpointer.save`` (every epoch end, and at the end);
 * ``test evaluation``: P@k etc. on the test split
-  (``xmc_tf.predict.evaluate_model``);
+  (``xmc_tf.job.scoring.evaluate_model``);
 * ``export: model.keras`` and ``export: SavedModel``;
 * ``other``: anything outside them (start-up, imports, summaries, the
   completion marker).
@@ -268,11 +268,12 @@ def child(args) -> None:
     tracker = PhaseTracker(args.phases_out)
     import keras
 
-    from xmc_tf import cli, saving
+    from xmc_tf import saving
+    from xmc_tf.job import cli
     from xmc_tf.job import fit as xfit
     from xmc_tf.callbacks import schedules
-    from xmc_tf import checkpoint as xckpt
-    from xmc_tf.heads import dense as xdense
+    from xmc_tf.job import checkpoint as xckpt
+    from xmc_tf.job.heads import dense as xdense
 
     sizes = {}
     for owner, attr, name in (

@@ -158,7 +158,7 @@ def worker(method, args):
     import tensorflow as tf
 
     from xmc_tf import data as xdata
-    from xmc_tf import heads as xheads
+    from xmc_tf.job import heads as xheads
     from xmc_tf.job.build import build_model
     from xmc_tf.optimizers import LazyAdam
 

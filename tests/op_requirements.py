@@ -45,10 +45,11 @@ def missing_ops(*op_names: str) -> str | None:
     Returns:
       None, or one line: the loader's error, or the missing ops.
     """
+    from xmc_tf.errors import OpLibraryError
     from xmc_tf.ops import _loader
     try:
         library = _loader.load()
-    except _loader.OpLibraryError as e:
+    except OpLibraryError as e:
         return f"xmc_tf op library not available: {e}"
     missing = [name for name in op_names if not hasattr(library, name)]
     if missing:

@@ -43,7 +43,7 @@ def xmc_tf_main(*args):
     stdout."""
     import contextlib
     import io
-    from xmc_tf import cli
+    from xmc_tf.job import cli
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(["xmc-tf", *args])
@@ -114,7 +114,7 @@ def test_saved_model_serves_in_new_process(trained):
     script = f"""
 import numpy as np, tensorflow as tf, keras
 import xmc_tf
-from xmc_tf.preprocessing import load_for_model
+from xmc_tf.job.preprocessing import load_for_model
 sm = xmc_tf.saving.load_saved_model({str(workdir / 'saved_model')!r})
 model = keras.models.load_model({str(workdir / 'model.keras')!r}, compile=False)
 data = load_for_model({str(tmp / 'test.txt')!r}, {str(workdir)!r})
@@ -240,9 +240,9 @@ def _mach_brute_force_top_k(workdir, data_path, k):
     import keras
     import tensorflow as tf
     import xmc_tf
-    from xmc_tf.preprocessing import load_for_model
+    from xmc_tf.job.preprocessing import load_for_model
     model = keras.models.load_model(workdir / "model.keras", compile=False)
-    head = xmc_tf.heads.output_layer(model)  # inside the normalising model
+    head = xmc_tf.job.heads.output_layer(model)  # inside the normalising model
     assert isinstance(head, xmc_tf.layers.MachHead)
     data = load_for_model(str(data_path), str(workdir))
     x = data.features.tocoo()
@@ -297,7 +297,7 @@ def test_mach_predict_and_saved_model_match_brute_force(trained_mach):
     script = f"""
 import numpy as np, tensorflow as tf
 import xmc_tf
-from xmc_tf.preprocessing import load_for_model
+from xmc_tf.job.preprocessing import load_for_model
 sm = tf.saved_model.load({str(workdir / 'saved_model')!r})
 data = load_for_model({str(tmp / 'test.txt')!r}, {str(workdir)!r})
 x = data.features.tocoo()
@@ -328,7 +328,7 @@ def test_mach_head_rejects_label_wise_loss(tmp_path, capsys):
 
 def run_cli(capsys, *args):
     """Runs `xmc-tf ARGS` in this process; returns (exit status, stderr)."""
-    from xmc_tf import cli
+    from xmc_tf.job import cli
     capsys.readouterr()
     code = cli.main(["xmc-tf", *args])
     return code, capsys.readouterr().err
@@ -465,7 +465,7 @@ def test_tf_startup_lines_below_the_log_level_are_dropped(capfd, monkeypatch,
     """Lines written to file descriptor 2 inside ``_quiet_tf_startup``: absl's
     preamble and INFO lines go at level 1, WARNING lines too at level 2;
     anything else comes back, also when the block raises."""
-    from xmc_tf import cli
+    from xmc_tf.job import cli
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", level)
     lines = [cli._ABSL_PREAMBLE + "\n",
              "I0000 00:00:1.2 9 port.cc:153] oneDNN custom operations are on\n",
@@ -487,7 +487,7 @@ def test_tf_startup_lines_below_the_log_level_are_dropped(capfd, monkeypatch,
 
 
 def test_workdir_locked_by_a_live_run(tmp_path, capsys):
-    from xmc_tf.workdir import WorkdirLock
+    from xmc_tf.job.workdir import WorkdirLock
     with WorkdirLock(str(tmp_path)):
         code, err = run_cli(capsys, "train", f"--workdir={tmp_path}")
     assert_one_line_error(code, err, f"pid {os.getpid()}", str(tmp_path))
@@ -559,10 +559,11 @@ def test_evaluate_incomplete_workdir_and_corrupt_backup(trained, tmp_path,
 
 
 def test_missing_op_library_is_one_line(tmp_path, capsys, monkeypatch):
+    from xmc_tf.errors import OpLibraryError
     from xmc_tf.ops import _loader
 
     def load():
-        raise _loader.OpLibraryError(
+        raise OpLibraryError(
             "/x/_xmc_ops.so was built for TensorFlow 2.0.0 but TensorFlow "
             "2.21.0 is running; reinstall xmc_tf")
     monkeypatch.setattr(_loader, "load", load)
@@ -590,6 +591,7 @@ def test_interrupt_says_what_was_kept(tmp_path, capsys, monkeypatch):
 def test_load_saved_model_explains_unregistered_op(trained, monkeypatch):
     import tensorflow as tf
     from xmc_tf import saving
+    from xmc_tf.errors import OpNotRegisteredError
 
     def unregistered(path):
         raise tf.errors.NotFoundError(
@@ -598,7 +600,7 @@ def test_load_saved_model_explains_unregistered_op(trained, monkeypatch):
             "registered in the binary running in this process. ... "
             "tf.contrib ...")
     monkeypatch.setattr(tf.saved_model, "load", unregistered)
-    with pytest.raises(saving.OpNotRegisteredError) as e:
+    with pytest.raises(OpNotRegisteredError) as e:
         saving.load_saved_model(str(trained[1] / "saved_model"))
     msg = str(e.value)
     assert "XmcUniformSparseMatmul" in msg and "import xmc_tf" in msg
@@ -608,9 +610,8 @@ def test_load_saved_model_explains_unregistered_op(trained, monkeypatch):
 def test_non_finite_loss_stops_before_the_epoch_is_checkpointed():
     import keras
     import numpy as np
+    from xmc_tf.errors import TrainingDiverged, UserError
     from xmc_tf.job.fit import StopOnNonFinite
-    from xmc_tf.errors import TrainingDiverged
-    from xmc_tf.workdir import UserError
 
     class Recorder(keras.callbacks.Callback):  # stands in for Checkpointer
         epochs = []

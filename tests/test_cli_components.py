@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 from xmc_tf import data as xdata
-from xmc_tf import heads
+from xmc_tf.job import heads
 from xmc_tf.config import get_config as packaged_config
 from xmc_tf.job.build import build_model
 from xmc_tf.losses import SampledSoftmax, SampledSquaredHinge, ScentLoss

@@ -39,7 +39,7 @@ import pytest
 
 from local_cluster import free_ports
 from xmc_tf import data as xdata
-from xmc_tf.workdir import Workdir
+from xmc_tf.job.workdir import Workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 3
@@ -150,7 +150,7 @@ def _history(workdir):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, files):
     """The same config in this process, without a strategy."""
-    from xmc_tf import cli
+    from xmc_tf.job import cli
     workdir = tmp_path_factory.mktemp("one") / "run"
     assert cli.main(["xmc-tf", *_args(files, workdir)]) == 0
     return workdir
@@ -247,7 +247,7 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from xmc_tf import cli
+from xmc_tf.job import cli
 sys.exit(cli.main(["xmc-tf"] + sys.argv[1:]))
 """
 
@@ -274,13 +274,13 @@ def test_mirrored_on_two_cpus_matches_two_workers_and_one_process(
 
 
 class _FakeCluster:
-    """A :class:`xmc_tf.distribute.Cluster` of two workers whose collective
+    """A :class:`xmc_tf.job.cluster.Cluster` of two workers whose collective
     steps are given: the chief's broadcast value and how many workers
     differ (the real ones run in every two-worker run above, where the
     workers agree)."""
 
     def __init__(self, is_chief, chief_value, bad):
-        from xmc_tf.distribute import Cluster
+        from xmc_tf.job.cluster import Cluster
         self.cluster = Cluster()
         c = self.cluster
         c.multi_worker, c.num_workers = True, 2
@@ -371,7 +371,7 @@ def test_check_strategy_refuses_heads_with_per_process_state(name):
     from xmc_tf import config as xconfig
     from xmc_tf.job import plan
     from xmc_tf.errors import ConfigError
-    from xmc_tf import heads
+    from xmc_tf.job import heads
     config = xconfig.get_config(name)
     with pytest.raises(ConfigError, match="cannot be trained under a "
                                           "tf.distribute strategy"):
@@ -379,7 +379,7 @@ def test_check_strategy_refuses_heads_with_per_process_state(name):
 
 
 def test_parse_tf_config_with_a_chief_task():
-    from xmc_tf.distribute import parse_tf_config
+    from xmc_tf.job.cluster import parse_tf_config
     cluster = {"chief": ["c:1"], "worker": ["a:1", "b:2"]}
     infos = [parse_tf_config(json.dumps({"cluster": cluster, "task": task}))
              for task in ({"type": "chief", "index": 0},

@@ -14,9 +14,9 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
-from xmc_tf import cli
+from xmc_tf.job import cli
 from xmc_tf import config as xconfig
-from xmc_tf import heads
+from xmc_tf.job import heads
 from xmc_tf.job.build import build_model, build_optimizer
 from xmc_tf.optimizers import LazyAdam
 from xmc_tf.job.resume import config_changes

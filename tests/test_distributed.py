@@ -94,7 +94,7 @@ _WORKER = _COMMON + textwrap.dedent(r"""
     from xmc_tf.models import DistributedModel  # Keras 3.15 work-arounds
     from xmc_tf import config as xconfig
     from xmc_tf import data as xdata
-    from xmc_tf import heads as xheads
+    from xmc_tf.job import heads as xheads
     from xmc_tf.callbacks import SetRewiring
     from xmc_tf.layers import SparseEmbeddingBag
     from xmc_tf.layers.mach import MachHead

@@ -83,7 +83,7 @@ def test_every_doc_with_python_has_blocks_found():
         fences += sum(line.strip() == "```python"
                       for line in text.splitlines())
     # Every fence is a block (6 when multi_worker_fixes.py moved from
-    # docs/scaling.md into xmc_tf.distribute).
+    # docs/scaling.md into xmc_tf.job.cluster).
     assert len(BLOCKS) == fences >= 6
     assert set(SCRIPT_RUNS) <= set(SCRIPTS), (
         f"SCRIPT_RUNS names scripts no doc has: {set(SCRIPT_RUNS) - set(SCRIPTS)}")
@@ -94,7 +94,7 @@ def quickstart_dir(tmp_path_factory):
     """A directory holding ``workdir/quickstart``: the quick start trained
     for one epoch, with a narrower encoder and intermediate layer (4 s
     instead of 10; the example reads any such run)."""
-    from xmc_tf import cli
+    from xmc_tf.job import cli
     base = tmp_path_factory.mktemp("quickstart")
     code = cli.main([
         "xmc-tf", "train",

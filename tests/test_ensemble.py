@@ -1,4 +1,4 @@
-"""Ensembles (``config.model.ensemble_size``, :mod:`xmc_tf.ensemble`): the
+"""Ensembles (``config.model.ensemble_size``, :mod:`xmc_tf.job.ensemble`): the
 averaged model against a NumPy mean of its members' scores, its reload and
 SavedModel export, the job's members (seeds, shared validation split,
 reuse on rerun, config checks)."""
@@ -14,13 +14,14 @@ import tensorflow as tf
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import ensemble, heads, metrics, saving
+from xmc_tf import metrics, saving
+from xmc_tf.job import ensemble, heads
 from xmc_tf.errors import ConfigError
+from xmc_tf.job.preprocessing import load_for_model
+from xmc_tf.job.workdir import Workdir
 from xmc_tf.job.plan import check_config
-from xmc_tf.preprocessing import load_for_model
 from xmc_tf.job.run import member_config, train_and_evaluate
 from xmc_tf.job.inputs import validation_split
-from xmc_tf.workdir import Workdir
 
 
 SYN = "synthetic:num_instances=300,num_features=80,num_labels=20,seed=1"

@@ -1,4 +1,4 @@
-"""xmc_tf.errors: the hierarchy, and the old import paths of every error."""
+"""xmc_tf.errors: the hierarchy, and its one import path."""
 
 import importlib
 
@@ -6,28 +6,21 @@ import pytest
 
 from xmc_tf import errors
 
-# (module, name) pairs users may import from today; each must be the class
-# defined in xmc_tf.errors, not a copy (``except`` clauses must match).
-OLD_HOMES = [
-    ("xmc_tf.workdir", "UserError"),
-    ("xmc_tf.workdir", "ConfigError"),
-    ("xmc_tf.workdir", "DataError"),
-    ("xmc_tf.workdir", "WorkdirError"),
-    ("xmc_tf.workdir", "WorkdirBusy"),
-    ("xmc_tf.workdir", "WorkdirFinished"),
-    ("xmc_tf.workdir", "IncompleteWorkdir"),
-    ("xmc_tf.checkpoint", "CheckpointError"),
-    ("xmc_tf.saving", "OpNotRegisteredError"),
-    ("xmc_tf.ops", "OpLibraryError"),
-    ("xmc_tf.ops._loader", "OpLibraryError"),
-]
+# Modules that raise these errors; none re-exports them (one import path:
+# xmc_tf.errors).
+RAISERS = ["xmc_tf.job.workdir", "xmc_tf.job.checkpoint", "xmc_tf.saving",
+           "xmc_tf.ops", "xmc_tf.ops._loader", "xmc_tf.job.cluster"]
 
 
-@pytest.mark.parametrize("module,name", OLD_HOMES)
-def test_old_import_paths_give_the_same_class(module, name):
-    assert getattr(importlib.import_module(module), name) is getattr(
-        errors, name)
-    assert name in errors.__all__
+def test_errors_are_defined_in_xmc_tf_errors():
+    for name in errors.__all__:
+        assert getattr(errors, name).__module__ == "xmc_tf.errors", name
+
+
+@pytest.mark.parametrize("module", RAISERS)
+def test_raisers_do_not_re_export_the_errors(module):
+    exported = set(getattr(importlib.import_module(module), "__all__", ()))
+    assert not exported & set(errors.__all__)
 
 
 def test_hierarchy():
@@ -52,7 +45,7 @@ def test_hierarchy():
 
 def test_cli_prints_every_error_as_one_line(capsys, monkeypatch):
     # An error raised by a command is one line on stderr, exit status 2.
-    from xmc_tf import cli
+    from xmc_tf.job import cli
     for name in errors.__all__:
         cls = getattr(errors, name)
 

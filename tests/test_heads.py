@@ -9,10 +9,10 @@ import scipy.sparse as sp
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import heads
+from xmc_tf.job import heads
 from xmc_tf.layers import MachHead, UniformSparseDense
 from xmc_tf.job.build import build_model
-from xmc_tf.predict import predict_top_k
+from xmc_tf.job.scoring import predict_top_k
 
 
 def _config(head, loss="squared_hinge"):
@@ -138,7 +138,7 @@ def test_a_new_head_is_one_module_and_its_registration(monkeypatch):
     its own config field through ``@heads.register``: the schema builds its
     configs, the field has the declared default, the head reads it, and
     the job's config check and model builder take it -- no other edit."""
-    from xmc_tf.heads.dense import DenseHead
+    from xmc_tf.job.heads.dense import DenseHead
     from xmc_tf.losses import SquaredHinge
     from xmc_tf.job.plan import check_config
 

@@ -15,8 +15,8 @@ any function in it) executes an import that needs module ``B``:
 The packages *enclosing* ``A`` are left out of the implicit "packages on the
 way": Python has started them before ``A`` runs, and a package ``__init__``
 importing its submodules while those reach their siblings through the
-package path (``from xmc_tf.heads.base import Head`` inside
-``xmc_tf/heads/dense.py``) is not a cycle.  An explicit import of an
+package path (``from xmc_tf.job.heads.base import Head`` inside
+``xmc_tf/job/heads/dense.py``) is not a cycle.  An explicit import of an
 enclosing package for one of its names (``import xmc_tf`` in a submodule, to
 use its attributes) is an edge, and a cycle if that ``__init__`` imports
 ``A`` back.  Imports under ``if TYPE_CHECKING:`` never run and are skipped.
@@ -274,33 +274,10 @@ def test_graph_analysis_on_made_up_packages(tmp_path, case):
 # xmc_tf.
 
 
-#: Names that moved to another module, by the module users imported them
-#: from: ``(old module, name, new module)``.  The old path must give the
-#: very same object.
-MOVED = [
-    ("xmc_tf.checkpoint", "EarlyStopping", "xmc_tf.callbacks.schedules"),
-    ("xmc_tf.checkpoint", "ReduceLROnPlateau", "xmc_tf.callbacks.schedules"),
-    ("xmc_tf.checkpoint", "discard_hint", "xmc_tf.workdir"),
-    ("xmc_tf.checkpoint", "CHUNK_BYTES", "xmc_tf.variable_io"),
-    ("xmc_tf.data.xc_format", "read_xc", "xmc_tf.data.xc_reader"),
-    ("xmc_tf.data.xc_format", "read_xc_xy", "xmc_tf.data.xc_reader"),
-    ("xmc_tf.data.xc_format", "read_xc_labels", "xmc_tf.data.xc_reader"),
-    ("xmc_tf.data.xc_format", "PROGRESS_MIN_INSTANCES",
-     "xmc_tf.data.xc_reader"),
-    ("xmc_tf.data.xc_format", "write_xc", "xmc_tf.data.xc_writer"),
-    ("xmc_tf.data.xc_format", "write_xc_labels", "xmc_tf.data.xc_writer"),
-]
 #: What ``xmc_tf.callbacks`` exported as one module (and the two resumable
 #: schedules it exports since it is a package).
 CALLBACKS = ["EarlyStopping", "ReduceLROnPlateau", "RefreshIndex", "Rehash",
              "SetRewiring", "TopKEvaluation", "rewire"]
-
-
-@pytest.mark.parametrize("old,name,new", MOVED)
-def test_moved_names_keep_their_old_import_path(old, name, new):
-    import importlib
-    assert getattr(importlib.import_module(old), name) is getattr(
-        importlib.import_module(new), name)
 
 
 def test_callbacks_package_exports():
@@ -313,7 +290,7 @@ def test_callbacks_package_exports():
 
 def test_xmc_tf_import_graph_has_no_cycle():
     graph = import_graph()
-    assert "xmc_tf.workdir" in graph and "xmc_tf.heads.base" in graph
+    assert "xmc_tf.job.workdir" in graph and "xmc_tf.job.heads.base" in graph
     # A function-level import is an edge (load_cached imports specs lazily).
     assert "xmc_tf.data.specs" in graph["xmc_tf.data.cache"]
     cycles = find_cycles(graph)

@@ -1,4 +1,4 @@
-"""The label tree second stage (:mod:`xmc_tf.label_tree`,
+"""The label tree second stage (:mod:`xmc_tf.job.tree`,
 :class:`xmc_tf.layers.LabelTreeScores`, ``config.tree``): the tree's
 structure, its classifiers against scikit-learn's LinearSVC fit directly,
 its scores against a per-label loop over dense weights, the layer against
@@ -15,14 +15,15 @@ import tensorflow as tf
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import heads, saving
-from xmc_tf import label_tree as lt
+from xmc_tf import saving
+from xmc_tf.job import heads
+from xmc_tf.job import tree as lt
 from xmc_tf.layers import LabelTreeScores
 from xmc_tf.layers.label_tree import deep_model, fuse_with_tree
 from xmc_tf.errors import ConfigError
+from xmc_tf.job.preprocessing import load_for_model
 from xmc_tf.job.plan import check_config
 from xmc_tf.job.finalize import label_tree_plan
-from xmc_tf.preprocessing import load_for_model
 from xmc_tf.job.run import train_and_evaluate
 
 SYN = "synthetic:num_instances=400,num_features=120,num_labels=24,seed=3"

@@ -27,6 +27,7 @@ _SCRIPT = textwrap.dedent(r"""
     import numpy as np
     from xmc_tf.layers.mach import MachHead
     from xmc_tf.losses.mach import MachBinaryCrossentropy
+    from xmc_tf.errors import OpLibraryError
     from xmc_tf.ops import _loader
 
     keras.utils.set_random_seed(0)
@@ -54,7 +55,7 @@ _SCRIPT = textwrap.dedent(r"""
            "kernel_shape": list(head.kernel.shape)}
     try:
         has_op = hasattr(_loader.load(), "xmc_mach_top_k")
-    except _loader.OpLibraryError:
+    except OpLibraryError:
         has_op = False
     if not has_op:
         out["p1"] = None

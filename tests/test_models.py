@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import heads
+from xmc_tf.job import heads
 from xmc_tf.layers import SparseEmbeddingBag, UniformSparseDense
 from xmc_tf.job.build import build_model, build_optimizer
 from xmc_tf.optimizers import LazyAdam, LazyAdamW
@@ -116,7 +116,7 @@ def test_unknown_encoder_and_optimizer():
 
 def test_check_config_rejects_bad_weight_decay():
     from xmc_tf.job.plan import check_config
-    from xmc_tf.workdir import ConfigError
+    from xmc_tf.errors import ConfigError
     c = xconfig.get_config("uniform_sparse")
     c.train.optimizer = "lazy_adamw"
     check_config(c)

@@ -1,4 +1,4 @@
-"""Normalisation inside the model (issue 30 item 3, xmc_tf.preprocessing):
+"""Normalisation inside the model (issue 30 item 3, xmc_tf.job.preprocessing):
 the idf is fitted on the fit split only, the exported model.keras and
 SavedModel take raw feature values, and older work directories (whose
 normalisation is outside the model) still evaluate."""
@@ -12,7 +12,8 @@ import tensorflow as tf
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import heads, metrics, preprocessing, saving
+from xmc_tf import metrics, saving
+from xmc_tf.job import heads, preprocessing
 from xmc_tf.layers import FeatureNormalization
 from xmc_tf.job.run import train_and_evaluate
 

@@ -1,4 +1,4 @@
-"""A killed ``xmc-tf train`` resumes exactly (xmc_tf.checkpoint).
+"""A killed ``xmc-tf train`` resumes exactly (xmc_tf.job.checkpoint).
 
 One run goes uninterrupted; another is SIGKILLed mid-epoch (SET rewiring
 every 3 steps), then killed again while exporting, then rerun to the end.
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import xmc_tf  # noqa: F401  (Keras classes for loading the models)
-from xmc_tf import checkpoint as ckpt
-from xmc_tf.workdir import IncompleteWorkdir, Workdir
+from xmc_tf.job import checkpoint as ckpt
+from xmc_tf.job.workdir import IncompleteWorkdir, Workdir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,8 +35,8 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.experimental.enable_op_determinism()
 import keras
-from xmc_tf import cli, saving
-from xmc_tf.job import fit
+from xmc_tf import saving
+from xmc_tf.job import cli, fit
 
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)

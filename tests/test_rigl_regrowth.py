@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import tensorflow as tf
 
 from xmc_tf import config as xconfig
-from xmc_tf import heads as xheads
+from xmc_tf.job import heads as xheads
 from xmc_tf.callbacks import SetRewiring, rewire
 from xmc_tf.callbacks.rewiring import gradient_candidates, layer_gradient_sample
 from xmc_tf.layers import UniformSparseDense, random_connections

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import heads
+from xmc_tf.job import heads
 from xmc_tf.models import SampledTrainer
 from xmc_tf.losses import BinaryCrossentropy, SquaredHinge
 from xmc_tf.losses.sampled import (SampledBinaryCrossentropy,
@@ -157,7 +157,7 @@ def test_fit_improves_and_evaluates_exactly(layer, kind):
     assert "val_precision_at_1" in history.history
     # Evaluation goes through the full-scoring layer: top-k of model(x).
     assert heads.head_for_model(trainer) is heads.head_for_model(model)
-    from xmc_tf.predict import predict_top_k
+    from xmc_tf.job.scoring import predict_top_k
     ids = np.concatenate([i for i, _ in predict_top_k(trainer, data, 3, 50)])
     scores = model(xdata.make_tf_dataset(data, 1000).get_single_element()[0])
     expected = np.argsort(-np.asarray(scores), axis=1, kind="stable")[:, :3]
@@ -175,7 +175,7 @@ def test_config_errors():
 
 
 def test_sampler_sizes_cap_relative_to_num_labels():
-    from xmc_tf.heads.sampled import sampler_sizes
+    from xmc_tf.samplers.registry import sampler_sizes
     sc = _config("dense").sampler
     sc.num_negatives, sc.num_hard, sc.num_uniform = 256, 32, 256
     # No cap: the sizes as given.
@@ -197,7 +197,7 @@ def test_sampler_sizes_cap_relative_to_num_labels():
 
 
 def test_make_sampler_applies_cap_and_lsh_options():
-    from xmc_tf.heads.sampled import lsh_auto_K, make_sampler
+    from xmc_tf.samplers import lsh_auto_K, make_sampler
     sc = _config("dense", kind="uniform").sampler
     sc.num_negatives = 256
     sc.max_fraction = 0.25

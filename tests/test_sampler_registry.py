@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import heads
+from xmc_tf.job import heads
 from xmc_tf.layers import LabelDense, UniformSparseDense
 from xmc_tf.layers.scorer import LabelScorer, check_label_scorer, label_layout
 from xmc_tf.job.build import build_model

@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import heads
-from xmc_tf.heads.scent import ScentHead
+from xmc_tf.job import heads
+from xmc_tf.job.heads.scent import ScentHead
 from xmc_tf.models import ScentTrainer, scent_optimizer
 from xmc_tf.layers import LabelDense, UniformSparseDense
 from xmc_tf.losses import ScentLoss, multiclass_labels
@@ -618,9 +618,9 @@ def test_job_trains_exports_and_resumes_with_the_saved_duals(tmp_path):
     end of its first epoch (and in the checkpoint), then finishes and
     exports; every instance was visited once per epoch over both processes
     (duals not restored would give 1 visit).  ~2 x 10 s."""
-    from xmc_tf import checkpoint as xckpt
+    from xmc_tf.job import checkpoint as xckpt
     from xmc_tf.job.run import train_and_evaluate
-    from xmc_tf.workdir import Workdir
+    from xmc_tf.job.workdir import Workdir
 
     config = _job_config()
     run_dir = str(tmp_path / "killed")

@@ -159,7 +159,7 @@ def test_mixture_shared_pool_exact_uniform_rest_unbiased(pool_positives):
 def test_shared_config_trains_through_the_head(kind):
     if kind == "mixture":
         pytest.importorskip("faiss")
-    from xmc_tf import heads
+    from xmc_tf.job import heads
     from test_sampled_head import _config
     from xmc_tf.job.build import build_model
     config = _config("dense", "softmax", kind)
@@ -183,7 +183,7 @@ def test_shared_config_trains_through_the_head(kind):
 
 
 def test_shared_config_rejects_other_kinds():
-    from xmc_tf import heads
+    from xmc_tf.job import heads
     from test_sampled_head import _config
     config = _config("dense", "softmax", "in_batch")
     config.sampler.shared = True

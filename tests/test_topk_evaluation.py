@@ -1,4 +1,5 @@
-"""TopKEvaluation and xmc_tf.predict against NumPy top-k of dense scores."""
+"""TopKEvaluation and xmc_tf.job.scoring against NumPy top-k of dense
+scores."""
 
 import keras
 import numpy as np
@@ -8,8 +9,8 @@ import scipy.sparse as sp
 from xmc_tf import data as xdata
 from xmc_tf.callbacks import TopKEvaluation
 from xmc_tf.layers import MachHead
-from xmc_tf import heads
-from xmc_tf.predict import predict_top_k, top_k_function
+from xmc_tf.job import heads
+from xmc_tf.job.scoring import predict_top_k, top_k_function
 from op_requirements import needs_ops
 
 
@@ -141,7 +142,7 @@ def test_top_k_function_is_traced_once_per_shape_across_epochs():
     TF's retracing warning from the fifth epoch on; TF counts the traces
     of all functions with the same Python code, so a process evaluating
     many models, like this test session, can still see it)."""
-    from xmc_tf import predict
+    from xmc_tf.job import scoring as predict
     from xmc_tf.losses import SquaredHinge
 
     data, _ = _data(seed=3, n=110)  # batches of 50, 50, 10
@@ -171,7 +172,7 @@ def test_top_k_function_checks_k_and_keeps_no_model_alive():
     import gc
     import weakref
 
-    from xmc_tf import predict
+    from xmc_tf.job import scoring as predict
 
     inputs = keras.Input((20,))
     model = keras.Model(inputs, keras.layers.Dense(30)(inputs))
@@ -191,17 +192,18 @@ def test_score_blocks_stay_within_the_budget(monkeypatch):
     batch (the batch is cut, the results stay those of NumPy's top-k)."""
     import functools
 
-    from xmc_tf import evaluation, predict
+    from xmc_tf.job import scoring
+    from xmc_tf.metrics.evaluator import score_batch_size
 
     data, _ = _data(seed=4, n=100)
     inputs = keras.Input((20,), sparse=True)
     model = keras.Model(inputs, keras.layers.Dense(30)(inputs))
-    assert evaluation.score_batch_size(1024, model, max_bytes=30 * 4 * 7) == 7
-    assert evaluation.score_batch_size(5, model, max_bytes=30 * 4 * 7) == 5
-    assert evaluation.score_batch_size(9, model, max_bytes=1) == 1
-    monkeypatch.setattr(predict, "score_batch_size", functools.partial(
-        evaluation.score_batch_size, max_bytes=30 * 4 * 16))
-    batches = list(predict.predict_top_k(model, data, k=3, batch_size=1024))
+    assert score_batch_size(1024, model, max_bytes=30 * 4 * 7) == 7
+    assert score_batch_size(5, model, max_bytes=30 * 4 * 7) == 5
+    assert score_batch_size(9, model, max_bytes=1) == 1
+    monkeypatch.setattr(scoring, "score_batch_size", functools.partial(
+        score_batch_size, max_bytes=30 * 4 * 16))
+    batches = list(scoring.predict_top_k(model, data, k=3, batch_size=1024))
     assert [ids.shape[0] for ids, _ in batches] == [16] * 6 + [4]
     scores = np.asarray(model(xdata.make_tf_dataset(
         data, 1000).get_single_element()[0]))

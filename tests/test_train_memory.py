@@ -130,7 +130,8 @@ def test_head_keeps_no_copy_of_the_wide_connections():
     # After initialize the connections live in the wide layer only; the
     # layer holds what label_feature_connections picks (the reference).
     import scipy.sparse as sp
-    from xmc_tf import config as xconfig, data as xdata, heads
+    from xmc_tf import config as xconfig, data as xdata
+    from xmc_tf.job import heads
     from xmc_tf.layers import label_feature_connections
     from xmc_tf.job.build import build_model
     rng = np.random.default_rng(3)

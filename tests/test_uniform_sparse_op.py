@@ -285,7 +285,7 @@ def test_missing_library_error(tmp_path):
         import xmc_tf
         try:
             xmc_tf.ops.uniform_sparse_matmul([[1.0]], [[0]], [[1.0]])
-        except xmc_tf.ops.OpLibraryError as e:
+        except xmc_tf.errors.OpLibraryError as e:
             print("ERR:", e)
         """)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",

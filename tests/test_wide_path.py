@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import heads
+from xmc_tf.job import heads
 from xmc_tf.callbacks import SetRewiring
 from xmc_tf.layers import (SparseDropout, UniformSparseDense,
                            label_feature_connections)

@@ -1,4 +1,5 @@
-"""The work directory keeps its promises (xmc_tf.workdir, xmc_tf.checkpoint).
+"""The work directory keeps its promises (xmc_tf.job.workdir,
+xmc_tf.job.checkpoint).
 
 In-process tests: a kill is simulated by raising an exception that is not an
 ``Exception`` at a chosen step while the cleanup a dying process could not
@@ -19,11 +20,13 @@ import numpy as np
 import pytest
 
 import xmc_tf
-from xmc_tf import checkpoint as ckpt
-from xmc_tf import saving, variable_io, workdir
-from xmc_tf.callbacks import SetRewiring
-from xmc_tf.workdir import (IncompleteWorkdir, Workdir, WorkdirBusy,
-                            WorkdirFinished, WorkdirLock)
+from xmc_tf.job import checkpoint as ckpt
+from xmc_tf import saving, variable_io
+from xmc_tf.job import workdir
+from xmc_tf.callbacks import EarlyStopping, ReduceLROnPlateau, SetRewiring
+from xmc_tf.errors import CheckpointError
+from xmc_tf.job.workdir import (IncompleteWorkdir, Workdir, WorkdirBusy,
+                                WorkdirFinished, WorkdirLock)
 
 
 class Killed(BaseException):
@@ -320,28 +323,28 @@ def test_restore_checks_objects_and_corrupt_backup_is_named(tmp_path):
     path = os.path.join(tmp_path, ckpt.CHECKPOINT_FILE)
     ckpt.Checkpoint.write(path, {}, model.variables, model.optimizer.variables,
                           {"callback/0/X": {"n": 1}})
-    with pytest.raises(ckpt.CheckpointError, match="other callbacks"):
+    with pytest.raises(CheckpointError, match="other callbacks"):
         ckpt.restore(ckpt.load(str(tmp_path)), _compiled_model(), {})
     other = keras.Model(*(lambda i: (i, keras.layers.Dense(2)(i)))(
         keras.Input((6,))))
     other.compile("adam", "mse")
-    with pytest.raises(ckpt.CheckpointError, match="another model"):
+    with pytest.raises(CheckpointError, match="another model"):
         ckpt.restore(ckpt.load(str(tmp_path)), other, {})
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         f.truncate(size // 2)
-    with pytest.raises(ckpt.CheckpointError) as e:
+    with pytest.raises(CheckpointError) as e:
         ckpt.load(str(tmp_path))
     assert path in str(e.value) and f"rm -r {tmp_path}" in str(e.value)
     os.remove(path)
     (tmp_path / "latest.weights.h5").write_bytes(b"old keras backup")
-    with pytest.raises(ckpt.CheckpointError, match="older xmc_tf"):
+    with pytest.raises(CheckpointError, match="older xmc_tf"):
         ckpt.load(str(tmp_path))
 
 
 def test_callback_states_survive_on_train_begin():
     """set_state before fit; Keras' on_train_begin resets must not undo it."""
-    es = ckpt.EarlyStopping(monitor="loss", patience=3,
+    es = EarlyStopping(monitor="loss", patience=3,
                             restore_best_weights=True)
     es.set_state({"wait": 2, "stopped_epoch": 0, "best": 0.25,
                   "best_epoch": 4, "best_weights": [np.ones(2)]})
@@ -349,7 +352,7 @@ def test_callback_states_survive_on_train_begin():
     s = es.get_state()
     assert (s["wait"], s["best"], s["best_epoch"]) == (2, 0.25, 4)
     np.testing.assert_array_equal(s["best_weights"][0], np.ones(2))
-    lr = ckpt.ReduceLROnPlateau(monitor="loss", patience=2)
+    lr = ReduceLROnPlateau(monitor="loss", patience=2)
     lr.set_state({"wait": 1, "cooldown_counter": 0, "best": 0.5})
     lr.on_train_begin()
     assert lr.get_state() == {"wait": 1, "cooldown_counter": 0, "best": 0.5}
@@ -498,7 +501,7 @@ def test_restore_reads_variables_in_blocks(tmp_path, monkeypatch):
         last = f.read(1)
         f.seek(start + info.file_size - 1)
         f.write(bytes([last[0] ^ 0xFF]))
-    with pytest.raises(ckpt.CheckpointError, match="unreadable.*rm -r"):
+    with pytest.raises(CheckpointError, match="unreadable.*rm -r"):
         ckpt.restore(ckpt.load(str(tmp_path)), _compiled_model(), {})
 
 
@@ -535,7 +538,7 @@ def test_early_stopping_best_weights_on_disk_match_keras(tmp_path, losses):
     ref_model, disk_model = model(), model()
     ref = keras.callbacks.EarlyStopping(monitor="loss", patience=2,
                                         restore_best_weights=True)
-    disk = ckpt.EarlyStopping(monitor="loss", patience=2,
+    disk = EarlyStopping(monitor="loss", patience=2,
                               restore_best_weights=True,
                               best_weights_dir=str(tmp_path))
     assert _monitored_run(ref, ref_model, losses) == _monitored_run(
@@ -559,7 +562,7 @@ def test_early_stopping_disk_state_resume_and_missing_file(tmp_path):
     (tmp_path / "best-000005.npz").write_bytes(b"killed epoch's file")
     state = {"wait": 1, "stopped_epoch": 0, "best": 0.5, "best_epoch": 2,
              "best_weights": None, "best_weights_file": "best-000002.npz"}
-    es = ckpt.EarlyStopping(monitor="loss", restore_best_weights=True,
+    es = EarlyStopping(monitor="loss", restore_best_weights=True,
                             best_weights_dir=str(tmp_path))
     es.set_state(state)
     es.on_train_begin()
@@ -567,10 +570,10 @@ def test_early_stopping_disk_state_resume_and_missing_file(tmp_path):
     assert es.get_state() == state
     assert ckpt.load(str(tmp_path)) is None
     os.remove(tmp_path / "best-000002.npz")
-    es = ckpt.EarlyStopping(monitor="loss", restore_best_weights=True,
+    es = EarlyStopping(monitor="loss", restore_best_weights=True,
                             best_weights_dir=str(tmp_path))
     es.set_state(state)
-    with pytest.raises(ckpt.CheckpointError, match="best-000002.npz are "
+    with pytest.raises(CheckpointError, match="best-000002.npz are "
                        "missing"):
         es.on_train_begin()
 
@@ -582,7 +585,7 @@ def test_early_stopping_moves_an_in_memory_state_to_disk(tmp_path):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.stop_training = False
     arrays = [np.full(w.shape, 7.0, w.dtype) for w in model.get_weights()]
-    es = ckpt.EarlyStopping(monitor="loss", restore_best_weights=True,
+    es = EarlyStopping(monitor="loss", restore_best_weights=True,
                             best_weights_dir=str(tmp_path))
     es.set_model(model)
     es.set_state({"wait": 0, "stopped_epoch": 0, "best": 0.5,

@@ -2,7 +2,7 @@
 
 :func:`base` builds the schema for one head: the fields every job reads
 (:data:`BASE`) with the fields and defaults that head declares
-(:data:`HEAD_DEFAULTS`; each :class:`xmc_tf.heads.Head` subclass carries
+(:data:`HEAD_DEFAULTS`; each :class:`xmc_tf.job.heads.Head` subclass carries
 its entry as ``config_defaults``), locked, so that a config or a command
 line can set a field but not invent one (``--config.model.dropuot=0.1`` is
 an error).  The code reads fields directly (``config.model.encoder``).
@@ -14,7 +14,7 @@ differs and why; :func:`get_config` loads one by name, and ``xmc-tf train
 measurements behind the defaults are in ``docs/defaults.md``.
 
 This module imports neither TensorFlow nor keras (``xmc-tf train --help``
-loads it without them; see :mod:`xmc_tf.cli`).
+loads it without them; see :mod:`xmc_tf.job.cli`).
 
 Example:
     >>> from xmc_tf import config as xconfig
@@ -57,7 +57,7 @@ def _base() -> dict:
     return dict(
         seed=0,  # initialisation, batch order, SET draws, the validation split
         # "squared_hinge" (Sec. 3.3) or "bce"; heads may take others
-        # (xmc_tf.heads: "softmax", "auto", "scent")
+        # (xmc_tf.job.heads: "softmax", "auto", "scent")
         loss="squared_hinge",
         data=dict(
             # xmc_tf.data.load_dataset spec or XC file; bundled Bibtex
@@ -71,7 +71,7 @@ def _base() -> dict:
             split_seed=config_dict.placeholder(int),
         ),
         model=dict(
-            head=DEFAULT_HEAD,  # xmc_tf.heads.names(); see HEAD_DEFAULTS
+            head=DEFAULT_HEAD,  # xmc_tf.job.heads.names(); see HEAD_DEFAULTS
             # first encoder layer on sparse input: "sparse_embedding"
             # (row-sparse gradient) or "dense" (keras Dense)
             encoder="sparse_embedding",
@@ -127,7 +127,7 @@ def _base() -> dict:
             wide=False,  # also rewire the wide path's layer
         ),
         # Second scorer: a label tree of L2-regularised linear rankers
-        # (xmc_tf.label_tree, Parabel), fit after training on the fit split
+        # (xmc_tf.job.tree, Parabel), fit after training on the fit split
         # and added to the model's scores as deep + weight * tree.
         tree=ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
             # "auto": on for sparse multi-label input with a validation

@@ -26,9 +26,8 @@ keeps its traceback.  Messages name what to fix (the config field, the file
 and line, the workdir and how to discard it).
 
 This module imports nothing from xmc_tf, so every module can raise these
-errors without import cycles.  The classes are also importable from the
-modules that raise them (``xmc_tf.workdir``, ``xmc_tf.checkpoint``,
-``xmc_tf.job``, ``xmc_tf.saving``, ``xmc_tf.ops``).
+errors without import cycles.  Import the classes from here (the modules
+that raise them do not re-export them).
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ class DataError(UserError, ValueError):
 
 class WorkdirError(UserError):
     """The work directory is in a state that forbids the command
-    (:mod:`xmc_tf.workdir`)."""
+    (:mod:`xmc_tf.job.workdir`)."""
 
 
 class WorkdirBusy(WorkdirError):
@@ -90,7 +89,7 @@ class IncompleteWorkdir(WorkdirError):
 class CheckpointError(WorkdirError):
     """The backup cannot be used: unreadable, or written for another
     model/config.  The message names the file and how to discard it
-    (:mod:`xmc_tf.checkpoint`, the best-weights files of
+    (:mod:`xmc_tf.job.checkpoint`, the best-weights files of
     :class:`xmc_tf.callbacks.EarlyStopping`)."""
 
 
@@ -103,7 +102,7 @@ class DistributeError(UserError):
     """A data-parallel run (``xmc-tf train --strategy``) cannot go on: a
     missing or malformed ``TF_CONFIG``, a worker that cannot start, the
     chief stopping with an error the other workers report, or a worker
-    losing contact with the others (:mod:`xmc_tf.distribute`,
+    losing contact with the others (:mod:`xmc_tf.job.cluster`,
     :mod:`xmc_tf.job.run`).  Rerunning the same command on every worker
     resumes from the chief's backup."""
 

@@ -23,7 +23,7 @@ pass ``BinaryCrossentropy().bias_initializer(labels_per_instance)``).
 
 The training job (``xmc-tf train``) goes further and sets each label's
 bias from its own training frequency (``config.model.output_bias_init=
-"prior"``, :class:`xmc_tf.heads.dense.LabelWiseHead`).
+"prior"``, :class:`xmc_tf.job.heads.dense.LabelWiseHead`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from xmc_tf import heads as xheads
+from xmc_tf.job import heads as xheads
 from xmc_tf import variable_io
 # The layers, losses, metrics and optimizers register their Keras classes
 # (and the ops' gradients) when imported: load_model needs them.
@@ -44,10 +44,10 @@ from xmc_tf.models import candidates as _candidates
 from xmc_tf.errors import (IncompleteWorkdir, OpLibraryError,
                            OpNotRegisteredError)
 from xmc_tf.ops import _loader, stock
-from xmc_tf.workdir import Workdir, atomic_path
+from xmc_tf.job.workdir import Workdir, atomic_path
 
 __all__ = ["export_saved_model", "export_model", "save_keras_file",
-           "load_saved_model", "load_model", "OpNotRegisteredError"]
+           "load_saved_model", "load_model"]
 
 
 def export_saved_model(model: keras.Model, path: str, k: int = 5,
@@ -280,9 +280,9 @@ def save_keras_file(model: keras.Model, path: str,
 def export_model(model: keras.Model, workdir: str, k: int = 5) -> None:
     """Writes ``WORKDIR/model.keras`` and ``WORKDIR/saved_model/``, each to a
     temporary sibling renamed into place (see
-    :func:`xmc_tf.workdir.atomic_path`): a kill leaves the old or the new
+    :func:`xmc_tf.job.workdir.atomic_path`): a kill leaves the old or the new
     version of each, never a torn one.  Write ``metrics.json`` (the
-    completion marker, :meth:`xmc_tf.workdir.Workdir.mark_complete`) after
+    completion marker, :meth:`xmc_tf.job.workdir.Workdir.mark_complete`) after
     this returns.
 
     Args:

@@ -1,6 +1,6 @@
 """Keras variables to and from ``.npy`` data in blocks of rows.
 
-Used by the training checkpoint (:mod:`xmc_tf.checkpoint`), by the
+Used by the training checkpoint (:mod:`xmc_tf.job.checkpoint`), by the
 best-weights files of :class:`xmc_tf.callbacks.EarlyStopping` and by the
 weights file of ``model.keras`` (:func:`xmc_tf.saving.save_keras_file`,
 :func:`write_h5_dataset`): a large

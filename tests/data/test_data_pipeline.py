@@ -173,7 +173,7 @@ def test_resolve_normalization_auto_by_value_kind():
 
 
 def test_load_data_resolves_auto_on_train_and_records_it(tmp_path):
-    from xmc_tf import preprocessing as xpreprocessing  # pylint: disable=import-outside-toplevel
+    from xmc_tf.job import preprocessing as xpreprocessing  # pylint: disable=import-outside-toplevel
     from xmc_tf.job import inputs as xinputs
     ds = data.make_synthetic(60, 30, 8, seed=1)  # token counts
     weighted = data.XCDataset(data.normalize_features(ds.features, "tfidf")[0],

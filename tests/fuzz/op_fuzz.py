@@ -70,10 +70,11 @@ def _settings(max_examples):
 
 
 def _library(op_name):
+    from xmc_tf.errors import OpLibraryError
     from xmc_tf.ops import _loader
     try:
         lib = _loader.load()
-    except _loader.OpLibraryError as e:
+    except OpLibraryError as e:
         skip(f"op library not available: {e}")
     if not hasattr(lib, op_name):
         skip(f"op library built without {op_name}")

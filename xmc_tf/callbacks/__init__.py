@@ -11,8 +11,8 @@
   :class:`ReduceLROnPlateau` with state that survives a resume.
 
 The callbacks with state have ``get_state()``/``set_state(state)``, which
-:mod:`xmc_tf.checkpoint` saves and restores.  No module here imports the
-heads or :mod:`xmc_tf.predict`: the heads create these callbacks.
+:mod:`xmc_tf.job.checkpoint` saves and restores.  No module here imports the
+heads or :mod:`xmc_tf.job.scoring`: the heads create these callbacks.
 """
 
 from xmc_tf.callbacks.evaluation import TopKEvaluation

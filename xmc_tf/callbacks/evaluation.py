@@ -6,7 +6,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from xmc_tf.evaluation import evaluate_top_k, score_batch_size
+from xmc_tf.metrics.evaluator import evaluate_top_k, score_batch_size
 
 __all__ = ["TopKEvaluation"]
 
@@ -20,7 +20,7 @@ class TopKEvaluation(keras.callbacks.Callback):
     the meta-probabilities are still flat (early training), so an in-graph
     metric would slow every training batch.  This callback decodes only the
     held-out set, once per epoch, with the ``decoder`` it is given
-    (:func:`xmc_tf.evaluation.evaluate_top_k`); the decoder is built for the
+    (:func:`xmc_tf.metrics.evaluator.evaluate_top_k`); the decoder is built for the
     callback's model once (compiled with ``tf.function`` unless it is
     already), and reads the model's current weights at every epoch.
 
@@ -37,9 +37,9 @@ class TopKEvaluation(keras.callbacks.Callback):
       batch_size: instances per prediction batch.
       decoder: ``(model, k) -> top_k`` where ``top_k`` maps a feature batch
         to ``(ids int32 [b, k], scores float32 [b, k])``, best first: for
-        any xmc_tf model :func:`xmc_tf.predict.top_k_function` (the model's
+        any xmc_tf model :func:`xmc_tf.job.scoring.top_k_function` (the model's
         head decodes it), or a head's ``top_k_function`` (what
-        :meth:`xmc_tf.heads.Head.callbacks` passes).
+        :meth:`xmc_tf.job.heads.Head.callbacks` passes).
 
     Raises:
       ValueError: empty ``ks``, a ``k < 1``, or a ``decoder`` that is not
@@ -48,7 +48,7 @@ class TopKEvaluation(keras.callbacks.Callback):
     Example:
       >>> import keras, xmc_tf
       >>> from xmc_tf.data import make_synthetic, make_tf_dataset
-      >>> from xmc_tf.predict import top_k_function
+      >>> from xmc_tf.job.scoring import top_k_function
       >>> train = make_synthetic(256, 100, 50, seed=0)
       >>> val_data = make_synthetic(64, 100, 50, seed=1)
       >>> inputs = keras.Input((100,), sparse=True)

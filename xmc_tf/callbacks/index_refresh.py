@@ -252,7 +252,7 @@ class Rehash(keras.callbacks.Callback):
     decay 0.95) are the CLI's (``config.sampler.rehash_every_steps``,
     ``rehash_decay``): LNS' initial period; the decay was not measured.  ``get_state``/``set_state``
     carry the schedule (and the threshold snapshot) across a resume
-    (:mod:`xmc_tf.checkpoint`).
+    (:mod:`xmc_tf.job.checkpoint`).
 
     Args:
       sampler: a bound :class:`xmc_tf.samplers.LshNegativeSampler` (or any
@@ -416,8 +416,8 @@ class Rehash(keras.callbacks.Callback):
         self._next_step = step + max(1, int(round(self.period)))
 
     def get_state(self) -> dict:
-        """The schedule's state for an exact resume (:mod:`xmc_tf.checkpoint`):
-        current period, next re-hash step, re-hashes so far and, for the
+        """The schedule's state for an exact resume
+        (:mod:`xmc_tf.job.checkpoint`): current period, next re-hash step, re-hashes so far and, for the
         threshold schedule, the label weights last hashed (NumPy arrays).
         The sampler's own tables are in ``sampler.get_state()``."""
         state = {"period": float(self.period), "rehashes": int(self.rehashes),

@@ -376,7 +376,7 @@ class SetRewiring(keras.callbacks.Callback):
     ``set_moved`` (connections moved per rewire), ``set_mean_abs_pruned``
     (mean |w| of the pruned connections) and ``set_rewires`` (count so far).
     ``get_state``/``set_state`` carry the counters and the RNG across a
-    resume (:mod:`xmc_tf.checkpoint`).
+    resume (:mod:`xmc_tf.job.checkpoint`).
 
     With ``regrowth="gradient"`` (RigL, Evci et al. 2020) a label regrows
     at the sources of largest dense-gradient magnitude over a sample of
@@ -563,7 +563,7 @@ class SetRewiring(keras.callbacks.Callback):
     def get_state(self) -> dict:
         """The state an exact resume needs (JSON-serialisable): rewires done,
         periods counted, the last statistics and the regrowth RNG state
-        (used by :mod:`xmc_tf.checkpoint`)."""
+        (used by :mod:`xmc_tf.job.checkpoint`)."""
         return {"periods_done": int(self._periods_done),
                 "rewires": int(self.rewires),
                 "last_stats": dict(self.last_stats),

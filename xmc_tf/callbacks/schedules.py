@@ -1,6 +1,6 @@
 """Keras' ``EarlyStopping`` and ``ReduceLROnPlateau`` with state that
 survives a resume (``get_state``/``set_state``, checkpointed by
-:mod:`xmc_tf.checkpoint`), and best weights kept on disk.
+:mod:`xmc_tf.job.checkpoint`), and best weights kept on disk.
 
 The learning rate that ``ReduceLROnPlateau`` changes is an optimizer
 variable, checkpointed with the optimizer; what these classes add is their
@@ -20,13 +20,13 @@ from absl import logging
 
 from xmc_tf.errors import CheckpointError
 from xmc_tf.variable_io import put_npy, read_variable
-from xmc_tf.workdir import atomic_path, discard_hint
+from xmc_tf.job.workdir import atomic_path, discard_hint
 
 __all__ = ["EarlyStopping", "ReduceLROnPlateau", "BEST_WEIGHTS_PATTERN"]
 
 #: Names of the best-weights files :class:`EarlyStopping` writes into its
 #: ``best_weights_dir`` (``best-EPOCH.npz``; for ``xmc-tf train`` the backup
-#: directory, whose other files :func:`xmc_tf.checkpoint.load` checks).
+#: directory, whose other files :func:`xmc_tf.job.checkpoint.load` checks).
 BEST_WEIGHTS_PATTERN = re.compile(r"best-(\d{6})\.npz$")
 
 

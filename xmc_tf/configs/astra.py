@@ -23,7 +23,7 @@ intermediate 4096 -> uniform-sparse head, batch 64, lr 2e-3), measured on
 Bibtex / Delicious.  A value set in a config file or on the command line
 (``--config.model.encoder_dims="(1024,)"``) is kept.  ``loss`` and
 ``sampler.shared`` are read from the labels too (``"auto"``:
-:func:`xmc_tf.heads.sampled.regime_choices`).
+:func:`xmc_tf.job.heads.sampled.regime_choices`).
 
     xmc-tf train --config=astra \\
         --config.data.train=TRAIN.txt.gz --config.data.test=TEST.txt.gz \\

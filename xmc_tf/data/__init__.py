@@ -2,10 +2,10 @@
 
 * :mod:`xmc_tf.data.dataset` -- the :class:`XCDataset` container.
 * :mod:`xmc_tf.data.xc_format` -- the Extreme Classification Repository
-  (XC repo) sparse text formats: their grammar, and the readers
+  (XC repo) sparse text formats: their grammar; the readers
   (:mod:`~xmc_tf.data.xc_reader`: :func:`read_xc`, :func:`read_xc_xy`,
   :func:`read_xc_labels`) and writers (:mod:`~xmc_tf.data.xc_writer`:
-  :func:`write_xc`, :func:`write_xc_labels`) it re-exports.
+  :func:`write_xc`, :func:`write_xc_labels`).
 * :mod:`xmc_tf.data.specs` -- the bundled Bibtex data
   (:func:`load_bundled`) and :func:`load_dataset` (string specs for the CLI).
 * :mod:`xmc_tf.data.embeddings` -- dense ``.npy``/``.npz`` embeddings plus

@@ -84,13 +84,14 @@ Semantics and errors:
   first bad line located and checked line by line for the message
   (:mod:`xmc_tf.data.xc_diagnostics`).  The writers are in
   :mod:`xmc_tf.data.xc_writer`; the terminals, bounds and message forms
-  both parsers share in :mod:`xmc_tf.data.xc_grammar`.  This module
-  re-exports the readers and writers.
+  both parsers share in :mod:`xmc_tf.data.xc_grammar`.  This module holds
+  no code: import the readers and writers from :mod:`xmc_tf.data` (or
+  their modules).
 
 Example:
     >>> import os, tempfile
     >>> import numpy as np, scipy.sparse as sp
-    >>> from xmc_tf.data import XCDataset
+    >>> from xmc_tf.data import XCDataset, read_xc, write_xc
     >>> ds = XCDataset(
     ...     features=sp.csr_matrix(np.array([[0, 2.5], [1, 0]], np.float32)),
     ...     labels=sp.csr_matrix(np.array([[1, 0, 1], [0, 0, 0]], np.float32)))
@@ -103,15 +104,4 @@ Example:
     ([0, 2], [2.5, 1.0])
 """
 
-from xmc_tf.data.xc_reader import (PROGRESS_MIN_INSTANCES, read_xc,
-                                   read_xc_labels, read_xc_xy)
-from xmc_tf.data.xc_writer import write_xc, write_xc_labels
-
-__all__ = [
-    "read_xc",
-    "write_xc",
-    "read_xc_xy",
-    "read_xc_labels",
-    "write_xc_labels",
-    "PROGRESS_MIN_INSTANCES",
-]
+__all__ = []  # the grammar only; code: xc_reader, xc_writer

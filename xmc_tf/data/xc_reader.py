@@ -2,7 +2,7 @@
 :func:`read_xc_labels`, :func:`read_xc_xy`.
 
 The grammar, semantics and errors are documented in
-:mod:`xmc_tf.data.xc_format` (which re-exports these readers).  Files are
+:mod:`xmc_tf.data.xc_format`.  Files are
 read in chunks of ~16 MiB of whole lines, each parsed with NumPy array
 operations (byte classes, tokens, ids and values); a chunk that fails is
 handed to :mod:`xmc_tf.data.xc_diagnostics`, which finds its first bad line

@@ -2,7 +2,7 @@
 :func:`write_xc_labels` (labels file).
 
 They write what the readers (:mod:`xmc_tf.data.xc_reader`) accept, in the
-grammar of :mod:`xmc_tf.data.xc_format` (which re-exports them): ``\\n``
+grammar of :mod:`xmc_tf.data.xc_format`: ``\\n``
 line endings, single spaces, sorted ids, and values that read back to the
 same float32.
 """

@@ -16,10 +16,19 @@ Phases, one module each, run in this order by :mod:`xmc_tf.job.run`:
   added to the trained network;
 * :mod:`xmc_tf.job.report` -- the ``metrics.json`` dict.
 
+Beside them: the ``xmc-tf`` command (:mod:`xmc_tf.job.cli`), the output
+heads a config names (:mod:`xmc_tf.job.heads`), the work directory and its
+backups (:mod:`xmc_tf.job.workdir`, :mod:`xmc_tf.job.checkpoint`), the
+label tree's fit (:mod:`xmc_tf.job.tree`), ensembles, data-parallel
+clusters (:mod:`xmc_tf.job.cluster`) and decoding / evaluation of a trained
+model (:mod:`xmc_tf.job.scoring`).
+
 :class:`xmc_tf.job.classifier.ExtremeClassifier` is the Python entry
 (also ``xmc_tf.ExtremeClassifier``); ``xmc-tf train`` reads files and calls
 it.  The library half (layers, losses, samplers, callbacks,
-:mod:`xmc_tf.models`) never imports this package.  Names are loaded on
+:mod:`xmc_tf.models`, saving, data) never imports this package: checked by
+``lint-imports`` (``[tool.importlinter]`` in pyproject.toml, which lists the
+few imports still to go).  Names are loaded on
 first use, so importing one phase does not import the others.
 """
 

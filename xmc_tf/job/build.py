@@ -10,7 +10,8 @@
       -> intermediate Dense (dropout)            config.model.intermediate_dim
                                                  (.intermediate_activation,
                                                   .intermediate_dropout)
-      -> head layer named "output"               xmc_tf.heads (config.model.head)
+      -> head layer named "output"               config.model.head
+                                                 (xmc_tf.job.heads)
       (+ on sparse input: the wide path, a        config.model.wide_connections
          per-label sparse linear layer named      (.wide_lr_multiplier,
          "wide" on the input features, its         .wide_init, .wide_l2,
@@ -34,8 +35,8 @@ from __future__ import annotations
 import keras
 from absl import logging
 
-from xmc_tf import heads as xheads
-from xmc_tf.heads.base import WIDE_BYTES_PER_CONNECTION, WIDE_LAYER
+from xmc_tf.job import heads as xheads
+from xmc_tf.job.heads.base import WIDE_BYTES_PER_CONNECTION, WIDE_LAYER
 from xmc_tf.layers import SparseDropout, SparseEmbeddingBag, UniformSparseDense
 
 __all__ = ["build_model", "build_optimizer", "ENCODERS",
@@ -61,8 +62,8 @@ def build_model(config, num_features: int, num_labels: int,
       num_features: input dimension D.
       num_labels: number of labels m.
       sparse_input: whether the input is a ``tf.SparseTensor``.
-      head: the :class:`xmc_tf.heads.Head` (default
-        ``xmc_tf.heads.get_head(config)``).
+      head: the :class:`xmc_tf.job.heads.Head` (default
+        ``xmc_tf.job.heads.get_head(config)``).
 
     Returns:
       A functional ``keras.Model`` named ``xmc_<head>`` whose input is
@@ -75,7 +76,7 @@ def build_model(config, num_features: int, num_labels: int,
         ``.intermediate_activation``, or ``config.loss`` not made for the
         head.  (``config.model.wide_connections`` is ignored, with a log
         line, for heads without a wide path: MACH, sampled, SCENT; it is
-        cut, with a log line, to :func:`xmc_tf.heads.wide_fan_in`
+        cut, with a log line, to :func:`xmc_tf.job.heads.wide_fan_in`
         connections per label when ``config.model.wide_max_mib`` is too
         small for it.)
     """

@@ -41,8 +41,8 @@ from xmc_tf import data as xdata
 from xmc_tf import saving as xsaving
 from xmc_tf.job import inputs as xinputs
 from xmc_tf.job.run import JobData, train_and_evaluate
-from xmc_tf.predict import evaluate_model, predict_top_k
-from xmc_tf.workdir import Workdir, atomic_path, replace_dir
+from xmc_tf.job.scoring import evaluate_model, predict_top_k
+from xmc_tf.job.workdir import Workdir, atomic_path, replace_dir
 
 __all__ = ["ExtremeClassifier", "load_config"]
 

@@ -1,7 +1,7 @@
 """Finalize phase of the main job: what is added to the trained network
 before it is evaluated and exported -- the label tree fused with its scores
-(:mod:`xmc_tf.label_tree`) and the feature normalisation in front
-(:mod:`xmc_tf.preprocessing`), so the exported model takes raw features.
+(:mod:`xmc_tf.job.tree`) and the feature normalisation in front
+(:mod:`xmc_tf.job.preprocessing`), so the exported model takes raw features.
 
 Source: the label tree is a one-vs-rest tree of linear classifiers in the
 manner of Parabel / Bonsai (Prabhu et al., WWW 2018; Khandagale et al.,
@@ -18,13 +18,13 @@ from absl import logging
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import evaluation as xevaluation
-from xmc_tf import label_tree as xlabel_tree
-from xmc_tf import preprocessing as xprep
+from xmc_tf.metrics import evaluator as xevaluation
+from xmc_tf.job import tree as xlabel_tree
+from xmc_tf.job import preprocessing as xprep
 from xmc_tf.job.inputs import subset
 from xmc_tf.job.plan import tree_enabled, tree_weight
 from xmc_tf.layers.label_tree import LabelTreeScores, fuse_with_tree
-from xmc_tf.workdir import Workdir, atomic_path
+from xmc_tf.job.workdir import Workdir, atomic_path
 
 __all__ = ["LABEL_TREE_FILE", "label_tree_plan", "tree_validation_blocks",
            "attach_label_tree", "finalize"]
@@ -36,7 +36,7 @@ LABEL_TREE_FILE = "label_tree.npz"
 def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
                     has_validation: bool,
                     multi_class: bool = False) -> tuple[bool, str]:
-    """Whether the run fits a label tree (:mod:`xmc_tf.label_tree`), and why.
+    """Whether the run fits a label tree (:mod:`xmc_tf.job.tree`), and why.
 
     ``config.tree.enabled="auto"`` turns it on for sparse input, a head that
     scores every label, a validation split to read its weight on,
@@ -74,8 +74,8 @@ def tree_validation_blocks(model, tree_layer, val_data, batch_size: int):
     """Yields ``(deep scores, tree log-scores, labels)`` per block of
     ``val_data`` (normalised): NumPy ``[b, m]`` float32 twice and the
     ``scipy.sparse`` labels, as
-    :func:`xmc_tf.label_tree.choose_fusion_weight` takes them; ``b`` is
-    ``batch_size`` capped by :func:`xmc_tf.evaluation.score_batch_size`."""
+    :func:`xmc_tf.job.tree.choose_fusion_weight` takes them; ``b`` is
+    ``batch_size`` capped by :func:`xmc_tf.metrics.evaluator.score_batch_size`."""
     batch = xevaluation.score_batch_size(batch_size, model)
     for start in range(0, val_data.num_instances, batch):
         part = subset(val_data, np.arange(
@@ -126,7 +126,7 @@ def _fit_tree(config, path: str, fit_data):
 def _fusion_weight(config, model, layer, val_data, info: dict) -> float:
     """``config.tree.weight``, or (``"auto"``) the weight whose fused
     scores give the best validation P@k
-    (:func:`xmc_tf.label_tree.choose_fusion_weight`), its table recorded
+    (:func:`xmc_tf.job.tree.choose_fusion_weight`), its table recorded
     in ``info["validation"]``."""
     weight = tree_weight(config.tree.weight)
     if weight is not None:
@@ -151,7 +151,7 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
     The tree is fit on the (normalised) fit split and saved in the backup
     directory, so a run killed during evaluation or export reloads it; its
     weight is read on the validation split (``config.tree.weight="auto"``:
-    :func:`xmc_tf.label_tree.choose_fusion_weight`).
+    :func:`xmc_tf.job.tree.choose_fusion_weight`).
 
     Returns:
       ``(model_to_export, info, seconds)``: ``model`` itself when the tree
@@ -195,7 +195,7 @@ def finalize(config, wd: Workdir, head, model, fit_data, val_data,
              sparse_input: bool, norm):
     """The model to evaluate and export: ``model`` fused with the label
     tree (:func:`attach_label_tree`) behind the feature normalisation
-    ``norm`` (:func:`xmc_tf.preprocessing.with_normalization`).
+    ``norm`` (:func:`xmc_tf.job.preprocessing.with_normalization`).
 
     Returns:
       ``(exported_model, tree_info, tree_seconds)``.

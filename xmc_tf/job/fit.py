@@ -17,13 +17,13 @@ import numpy as np
 
 from xmc_tf import callbacks as xcallbacks
 from xmc_tf import data as xdata
-from xmc_tf import distribute as xdist
-from xmc_tf import evaluation as xevaluation
-from xmc_tf import heads as xheads
+from xmc_tf.job import cluster as xcluster
+from xmc_tf.metrics import evaluator as xevaluation
+from xmc_tf.job import heads as xheads
 from xmc_tf.errors import ConfigError, TrainingDiverged
 from xmc_tf.job.build import build_model, build_optimizer
 from xmc_tf.models.distributed import DistributedModel, DistributedTrainerMixin
-from xmc_tf.workdir import Workdir
+from xmc_tf.job.workdir import Workdir
 
 __all__ = ["build_and_compile", "validation_batch_size", "release_optimizer",
            "StopOnNonFinite", "ChiefLogs", "make_callbacks", "make_datasets",
@@ -98,7 +98,7 @@ def validation_batch_size(eval_batch_size: int, train_batch_size: int,
     score blocks ``[batch, m]`` are kept within a training batch's
     (``4 m train_batch_size`` bytes) once they pass
     :data:`VALIDATION_FREE_BYTES`, and always within
-    :data:`xmc_tf.evaluation.SCORE_BLOCK_BYTES`: at 670k labels 64 rows
+    :data:`xmc_tf.metrics.evaluator.SCORE_BLOCK_BYTES`: at 670k labels 64 rows
     (the default training batch) instead of 100, so that validation holds
     no more than a training step.
 
@@ -106,7 +106,7 @@ def validation_batch_size(eval_batch_size: int, train_batch_size: int,
       eval_batch_size: ``config.eval.batch_size`` (>= 1).
       train_batch_size: ``config.train.batch_size`` (>= 1).
       model: the model whose output is scored (as for
-        :func:`xmc_tf.evaluation.score_batch_size`).
+        :func:`xmc_tf.metrics.evaluator.score_batch_size`).
 
     Returns:
       int in ``[1, eval_batch_size]``.
@@ -171,7 +171,7 @@ class StopOnNonFinite(keras.callbacks.Callback):
     Keras' ``TerminateOnNaN`` stops quietly, after which the job would export
     and evaluate a broken model.  This raises :class:`TrainingDiverged`
     instead, before the epoch's checkpoint is written (the job's
-    :class:`~xmc_tf.checkpoint.Checkpointer` runs after it), so the workdir
+    :class:`~xmc_tf.job.checkpoint.Checkpointer` runs after it), so the workdir
     keeps the last finite epoch and ``xmc-tf`` prints one line.  The loss is
     read every ``every_n_batches`` batches and at every epoch end (reading
     it waits for the step, so not every batch).
@@ -223,14 +223,14 @@ class ChiefLogs(keras.callbacks.Callback):
     them diverge or wait for each other forever.  Placed after the
     callbacks that write logs and before those that read them
     (:func:`make_callbacks`), this gives every worker the chief's numbers:
-    one small broadcast per epoch (:meth:`xmc_tf.distribute.Cluster.broadcast_json`),
+    one small broadcast per epoch (:meth:`xmc_tf.job.cluster.Cluster.broadcast_json`),
     made by every worker.
 
     Args:
-      cluster: this process's :class:`xmc_tf.distribute.Cluster`.
+      cluster: this process's :class:`xmc_tf.job.cluster.Cluster`.
     """
 
-    def __init__(self, cluster: xdist.Cluster):
+    def __init__(self, cluster: xcluster.Cluster):
         super().__init__()
         self.cluster = cluster
 
@@ -249,14 +249,14 @@ class ChiefLogs(keras.callbacks.Callback):
 
 
 def make_callbacks(config, workdir: str, head, layer, val_data,
-                   cluster: xdist.Cluster | None = None) -> list:
+                   cluster: xcluster.Cluster | None = None) -> list:
     """:class:`StopOnNonFinite`, then the head's own callbacks (SET,
     held-out P@k, ...), so their epoch logs reach the rest (in a
     multi-worker ``cluster``, replaced by the chief's: :class:`ChiefLogs`); then LR halving
     and early stopping on the head's monitor (val P@3 when a validation split exists), both with
-    state that survives a resume (:mod:`xmc_tf.checkpoint`; the best
+    state that survives a resume (:mod:`xmc_tf.job.checkpoint`; the best
     weights on disk in ``workdir/backup``, not in memory), and
-    TensorBoard.  The :class:`~xmc_tf.checkpoint.Checkpointer` (which also
+    TensorBoard.  The :class:`~xmc_tf.job.checkpoint.Checkpointer` (which also
     writes ``history.csv``) is appended by the caller, last."""
     tc = config.train
     monitor, mode = head.monitor(val_data is not None)
@@ -284,7 +284,7 @@ def make_callbacks(config, workdir: str, head, layer, val_data,
 
 
 def make_datasets(config, head, fit_data, val_data, model,
-                  cluster: xdist.Cluster, initial_epoch: int):
+                  cluster: xcluster.Cluster, initial_epoch: int):
     """The training and validation streams of ``fit``.
 
     One stream of epochs keyed by ``(config.seed, epoch)``, so a resumed
@@ -318,7 +318,7 @@ def make_datasets(config, head, fit_data, val_data, model,
 
 
 def fit_model(fit_model, config, head, fit_data, val_data, model,
-              cluster: xdist.Cluster, callbacks: list, initial_epoch: int,
+              cluster: xcluster.Cluster, callbacks: list, initial_epoch: int,
               last_epoch: int) -> None:
     """Runs ``fit_model.fit`` from ``initial_epoch`` to ``last_epoch`` on
     the streams of :func:`make_datasets` (``config.train.batch_size``,

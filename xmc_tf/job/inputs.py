@@ -15,9 +15,9 @@ from absl import logging
 
 from xmc_tf import data as xdata
 from xmc_tf import metrics as xmetrics
-from xmc_tf import preprocessing as xprep
+from xmc_tf.job import preprocessing as xprep
 from xmc_tf.errors import ConfigError, DataError
-from xmc_tf.workdir import Workdir, atomic_path
+from xmc_tf.job.workdir import Workdir, atomic_path
 
 __all__ = ["as_dataset", "read_datasets", "check_compatible", "subset",
            "validation_split", "prepare_splits", "save_inv_propensities"]
@@ -175,7 +175,7 @@ def prepare_splits(config, train: xdata.XCDataset, workdir: str,
 
     Returns:
       ``(fit_data, val_data_or_None, normalization)``: normalised data
-      sets and the :class:`xmc_tf.preprocessing.Normalization`.
+      sets and the :class:`xmc_tf.job.preprocessing.Normalization`.
 
     Raises:
       ConfigError: an unknown ``config.data.normalize``.

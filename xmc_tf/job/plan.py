@@ -22,8 +22,8 @@ from absl import logging
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf import distribute as xdist
-from xmc_tf import heads as xheads
+from xmc_tf.job import cluster as xcluster
+from xmc_tf.job import heads as xheads
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.build import ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS
 from xmc_tf.samplers.registry import auto_bool
@@ -161,7 +161,7 @@ def check_config(config) -> xheads.Head:
     (:func:`resolve_config` fills them in once the labels are read).
 
     Returns:
-      The :class:`xmc_tf.heads.Head` that ``config.model.head`` names
+      The :class:`xmc_tf.job.heads.Head` that ``config.model.head`` names
       (bound to ``config`` as given).
 
     Raises:
@@ -226,19 +226,19 @@ def _check_resolved(config) -> xheads.Head:
     return head
 
 
-def check_strategy(config, head, cluster: xdist.Cluster) -> None:
+def check_strategy(config, head, cluster: xcluster.Cluster) -> None:
     """Checks that ``config`` can be trained data parallel.
 
     Args:
       config: the job config (checked by :func:`check_config`).
-      head: its :class:`xmc_tf.heads.Head`.
-      cluster: the :class:`xmc_tf.distribute.Cluster` of the strategy
+      head: its :class:`xmc_tf.job.heads.Head`.
+      cluster: the :class:`xmc_tf.job.cluster.Cluster` of the strategy
         (``num_replicas`` is read).
 
     Raises:
       ConfigError: ``config.model.ensemble_size > 1`` (members are trained
         one process at a time), a head that cannot be trained data parallel
-        (:attr:`xmc_tf.heads.Head.data_parallel`), or
+        (:attr:`xmc_tf.job.heads.Head.data_parallel`), or
         ``config.train.batch_size`` not a multiple of the replicas (the
         global batch is split evenly over them).
     """

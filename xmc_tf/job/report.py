@@ -10,7 +10,7 @@ import resource
 import keras
 import numpy as np
 
-from xmc_tf import heads as xheads
+from xmc_tf.job import heads as xheads
 
 __all__ = ["peak_memory_bytes", "output_layer_bytes", "model_bytes",
            "run_report", "MEMBER_KEYS"]
@@ -31,7 +31,7 @@ def _variable_bytes(variables) -> int:
 
 def output_layer_bytes(model: keras.Model) -> int:
     """Bytes of the head layer's variables (weights, indices, bias):
-    the layer of :func:`xmc_tf.heads.output_layer`."""
+    the layer of :func:`xmc_tf.job.heads.output_layer`."""
     return _variable_bytes(xheads.output_layer(model).weights)
 
 

@@ -19,15 +19,15 @@ The phases are the methods of :class:`Run`, each in its module:
 * export: test metrics (:mod:`xmc_tf.job.report`), the model files, the
   completion marker.
 
-The work directory keeps its promises (:mod:`xmc_tf.workdir`,
-:mod:`xmc_tf.checkpoint`): one run at a time (a lock), a finished run is
+The work directory keeps its promises (:mod:`xmc_tf.job.workdir`,
+:mod:`xmc_tf.job.checkpoint`): one run at a time (a lock), a finished run is
 not retrained unless ``overwrite``, a killed run resumes exactly from
 ``workdir/backup`` (kept until the export is complete), and every file is
 renamed into place when complete.  Under a ``tf.distribute`` strategy
-(:mod:`xmc_tf.distribute`) every worker runs the same phases; the chief
+(:mod:`xmc_tf.job.cluster`) every worker runs the same phases; the chief
 writes the workdir, the others a temporary directory, and only the chief
 finalizes and exports.  Nothing here branches on the head's name: see
-:mod:`xmc_tf.heads`.
+:mod:`xmc_tf.job.heads`.
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 3.4 and 4.1.
@@ -46,10 +46,10 @@ import tempfile
 import keras
 from absl import logging
 
-from xmc_tf import checkpoint as xckpt
+from xmc_tf.job import checkpoint as xckpt
 from xmc_tf import data as xdata
-from xmc_tf import distribute as xdist
-from xmc_tf import ensemble as xensemble
+from xmc_tf.job import cluster as xcluster
+from xmc_tf.job import ensemble as xensemble
 from xmc_tf import saving as xsaving
 from xmc_tf.errors import ConfigError, DataError, DistributeError
 from xmc_tf.job import finalize as xfinalize
@@ -58,9 +58,9 @@ from xmc_tf.job import inputs as xinputs
 from xmc_tf.job import plan as xplan
 from xmc_tf.job import report as xreport
 from xmc_tf.job import resume as xresume
-from xmc_tf.predict import evaluate_model
+from xmc_tf.job.scoring import evaluate_model
 from xmc_tf.saving import export_model
-from xmc_tf.workdir import Workdir, atomic_path, write_bytes_atomic
+from xmc_tf.job.workdir import Workdir, atomic_path, write_bytes_atomic
 
 __all__ = ["JobData", "Run", "train_and_evaluate", "member_config",
            "MEMBERS_DIR"]
@@ -100,15 +100,15 @@ class Run:
     Args:
       config: the job config as given (checked by
         :func:`xmc_tf.job.plan.check_config`).
-      wd: the :class:`~xmc_tf.workdir.Workdir` this process writes.
-      head: the config's :class:`xmc_tf.heads.Head`.
-      cluster: the :class:`xmc_tf.distribute.Cluster`.
+      wd: the :class:`~xmc_tf.job.workdir.Workdir` this process writes.
+      head: the config's :class:`xmc_tf.job.heads.Head`.
+      cluster: the :class:`xmc_tf.job.cluster.Cluster`.
       data: the :class:`JobData`, or None to read ``config.data``.
-      ckpt: the :class:`xmc_tf.checkpoint.Checkpoint` to resume, or None.
+      ckpt: the :class:`xmc_tf.job.checkpoint.Checkpoint` to resume, or None.
       callbacks: the caller's Keras callbacks (run before the checkpointer).
     """
 
-    def __init__(self, config, wd: Workdir, head, cluster: xdist.Cluster,
+    def __init__(self, config, wd: Workdir, head, cluster: xcluster.Cluster,
                  data: JobData | None, ckpt, callbacks):
         self.given, self.config, self.wd, self.head = config, config, wd, head
         self.cluster, self.data, self.ckpt = cluster, data, ckpt
@@ -247,9 +247,9 @@ def train_and_evaluate(config, workdir: str, *, data: JobData | None = None,
     resumes from it exactly (weights, optimizer, callback states, epoch,
     seconds, history); a finished workdir is refused unless ``overwrite``.
 
-    Under a ``tf.distribute`` ``strategy`` (:func:`xmc_tf.distribute.make_strategy`)
+    Under a ``tf.distribute`` ``strategy`` (:func:`xmc_tf.job.cluster.make_strategy`)
     the model is trained data parallel; only the chief
-    (:class:`xmc_tf.distribute.Cluster`) locks and writes ``workdir``.
+    (:class:`xmc_tf.job.cluster.Cluster`) locks and writes ``workdir``.
     The other workers of a multi-worker run write nothing there: they
     receive the chief's backup (so a resumed run restores the same state
     everywhere), keep their own checkpoints in a temporary directory that
@@ -264,7 +264,7 @@ def train_and_evaluate(config, workdir: str, *, data: JobData | None = None,
       overwrite: retrain into a workdir that holds a finished run (its
         results, history and backup are deleted first).
       force: take over a stale workdir lock
-        (:class:`xmc_tf.workdir.WorkdirLock`).
+        (:class:`xmc_tf.job.workdir.WorkdirLock`).
       callbacks: extra Keras callbacks, run after the job's own and before
         the checkpointer (their ``get_state``/``set_state`` are
         checkpointed too).
@@ -298,7 +298,7 @@ def train_and_evaluate(config, workdir: str, *, data: JobData | None = None,
         contact with the others.
     """
     head = xplan.check_config(config)
-    cluster = xdist.Cluster(strategy)
+    cluster = xcluster.Cluster(strategy)
     if strategy is not None:
         xplan.check_strategy(config, head, cluster)
     try:
@@ -506,7 +506,7 @@ def _run_ensemble(config, wd: Workdir, data, *, overwrite: bool, force: bool,
     each a complete run of its own in ``WORKDIR/members/<i>`` (so a killed
     ensemble resumes inside the member it was training, and finished
     members are not retrained), then exports the model that averages their
-    scores (:func:`xmc_tf.ensemble.average_scores`) with its validation
+    scores (:func:`xmc_tf.job.ensemble.average_scores`) with its validation
     and test metrics; ``metrics.json`` also lists each member's."""
     member_metrics, member_dirs = _train_members(
         config, wd, data, overwrite=overwrite, force=force,

@@ -1,6 +1,6 @@
 """The label tree's scores as a Keras layer (non-trainable).
 
-Holds a fitted :class:`xmc_tf.label_tree.LabelTree` and computes every
+Holds a fitted :class:`xmc_tf.job.tree.LabelTree` and computes every
 label's log-score ``sum over the label's path of -max(0, 1 - w_j . x -
 b_j)^2`` (Parabel, Prabhu et al. WWW 2018, Sec. 3: the squared-hinge
 probabilities of the node and leaf classifiers multiplied along the path)
@@ -60,7 +60,7 @@ class LabelTreeScores(keras.layers.Layer):
 
     Example:
       >>> import scipy.sparse as sp
-      >>> from xmc_tf.label_tree import fit_label_tree
+      >>> from xmc_tf.job.tree import fit_label_tree
       >>> x = sp.csr_matrix(np.eye(4, dtype=np.float32))
       >>> tree = fit_label_tree(x, sp.csr_matrix(np.eye(4)), leaf_size=2)
       >>> layer = LabelTreeScores.from_tree(tree)
@@ -85,7 +85,8 @@ class LabelTreeScores(keras.layers.Layer):
 
     @classmethod
     def from_tree(cls, tree, **kwargs) -> "LabelTreeScores":
-        """A built layer holding ``tree`` (:class:`~xmc_tf.label_tree.LabelTree`)."""
+        """A built layer holding ``tree``
+        (:class:`~xmc_tf.job.tree.LabelTree`)."""
         layer = cls(tree.num_features, tree.num_labels, tree.num_columns,
                     tree.weights.nnz, tree.paths.shape[1], **kwargs)
         layer.build((None, tree.num_features))
@@ -208,7 +209,7 @@ def fuse_with_tree(model: keras.Model, tree_layer: LabelTreeScores,
     Returns:
       A functional model named :data:`FUSED_MODEL`, input as ``model``'s,
       output float32 ``[batch, num_labels]``;
-      :func:`xmc_tf.heads.head_for_model` decodes it with ``model``'s head.
+      :func:`xmc_tf.job.heads.head_for_model` decodes it with ``model``'s head.
 
     Raises:
       ValueError: sizes that differ, dense input, or a negative weight.

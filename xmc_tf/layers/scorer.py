@@ -1,7 +1,7 @@
 """The ``LabelScorer`` protocol: a head layer that scores chosen labels.
 
 Candidate-based training (the sampled and SCENT heads,
-:mod:`xmc_tf.heads.candidates`) and the negative samplers that follow the
+:mod:`xmc_tf.job.heads.candidates`) and the negative samplers that follow the
 head's weights (ANN index, LSH tables: :mod:`xmc_tf.samplers`) need more
 of the head layer than its full ``[batch, num_labels]`` output: the scores
 of a few labels per row, and the labels' weight vectors.  A layer that

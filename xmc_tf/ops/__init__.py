@@ -1,6 +1,5 @@
 """Thin Python wrappers over the compiled xmc_tf ops, with their gradients."""
 
-from xmc_tf.errors import OpLibraryError
 from xmc_tf.ops._loader import load
 from xmc_tf.ops.mach import MachHashing, mach_top_k, meta_probabilities
 from xmc_tf.ops.sampled import (check_candidates, check_shared_candidates,
@@ -10,7 +9,7 @@ from xmc_tf.ops.uniform_sparse import (uniform_sparse_inverted_index,
                                        uniform_sparse_matmul,
                                        uniform_sparse_matmul_sparse_input)
 
-__all__ = ["MachHashing", "OpLibraryError", "load", "mach_top_k",
+__all__ = ["MachHashing", "load", "mach_top_k",
            "meta_probabilities", "uniform_sparse_inverted_index",
            "uniform_sparse_matmul", "uniform_sparse_matmul_sparse_input"]
 __all__ += ["check_candidates", "check_shared_candidates",

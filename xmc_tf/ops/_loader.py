@@ -19,7 +19,7 @@ import threading
 
 import tensorflow as tf
 
-from xmc_tf.errors import OpLibraryError  # also importable from here
+from xmc_tf.errors import OpLibraryError
 
 _LOCK = threading.Lock()
 _MODULE = None

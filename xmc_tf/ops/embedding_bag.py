@@ -86,7 +86,7 @@ def embedding_bag(rows, positions, weights, table, batch_size, name=None):
     Raises:
       tf.errors.InvalidArgumentError: an entry out of range, or inconsistent
         shapes (at run time).
-      xmc_tf.ops.OpLibraryError: the op library lacks the op.
+      xmc_tf.errors.OpLibraryError: the op library lacks the op.
 
     Example:
       >>> out = embedding_bag([0, 0, 2], [1, 0, 1], [0.5, 2.0, 1.0],

@@ -83,7 +83,7 @@ def squared_hinge_loss(scores, labels, margin=1.0, name=None):
         ``ValueError`` when the op is created.
       ValueError: ``margin`` is not finite.
       TypeError: ``labels`` are not integers.
-      xmc_tf.ops.OpLibraryError: the op library is missing or stale.
+      xmc_tf.errors.OpLibraryError: the op library is missing or stale.
 
     >>> import numpy as np, xmc_tf
     >>> s = np.array([[2.0, -0.5, 0.0]], np.float32)

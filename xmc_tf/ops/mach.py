@@ -321,7 +321,7 @@ def mach_top_k(probs, k: int, hashing, *, method: str = "threshold",
         of ``probs`` does not match ``[batch, R, B]``.
       tf.errors.InvalidArgumentError: (at run time) ``probs`` has a wrong
         shape or holds NaN/inf.
-      xmc_tf.ops.OpLibraryError: the op library is not available.
+      xmc_tf.errors.OpLibraryError: the op library is not available.
 
     Example:
       >>> h = MachHashing.random(1000, 32, 4, seed=0)

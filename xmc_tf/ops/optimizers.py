@@ -97,7 +97,7 @@ def resource_apply_adam(variable, m, v, alpha, beta1, beta2, epsilon, grad,
       tf.errors.InvalidArgumentError: shapes or dtypes that do not match, or
         ``variable``, ``m``, ``v`` not distinct.
       tf.errors.FailedPreconditionError: an uninitialised variable.
-      xmc_tf.ops.OpLibraryError: the op library lacks the op.
+      xmc_tf.errors.OpLibraryError: the op library lacks the op.
 
     Example:
       >>> w = tf.Variable([1.0, 2.0])
@@ -152,7 +152,7 @@ def resource_sparse_apply_adam(variable, m, v, alpha, beta1, beta2, epsilon,
         or dtypes that do not match, or ``variable``, ``m``, ``v`` not
         distinct (checked before anything is written).
       tf.errors.FailedPreconditionError: an uninitialised variable.
-      xmc_tf.ops.OpLibraryError: the op library lacks the op.
+      xmc_tf.errors.OpLibraryError: the op library lacks the op.
 
     Example:
       >>> import numpy as np

@@ -88,7 +88,7 @@ def uniform_sparse_sampled_matmul(features, indices, weights, candidates,
         range (``indices[4, 1] = 12 is out of range [0, 10) (num_features);
         label 4 is candidates[0, 2]``).  In graph mode static shape
         mismatches raise ``ValueError`` when the op is created.
-      xmc_tf.ops.OpLibraryError: the op library is missing or stale.
+      xmc_tf.errors.OpLibraryError: the op library is missing or stale.
 
     >>> import numpy as np, xmc_tf
     >>> x = np.array([[1., 2., 3.]], np.float32)

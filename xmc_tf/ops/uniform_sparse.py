@@ -46,7 +46,7 @@ def uniform_sparse_matmul(features, indices, weights, name=None):
       tf.errors.InvalidArgumentError: an operand is not a matrix, ``weights``
         and ``indices`` differ in shape, or an index is out of range (the
         message names the entry, e.g. ``indices[3, 7] = 600``).
-      xmc_tf.ops.OpLibraryError: the op library is missing or was built for
+      xmc_tf.errors.OpLibraryError: the op library is missing or was built for
         another TensorFlow.
 
     >>> import numpy as np, xmc_tf
@@ -171,7 +171,7 @@ def uniform_sparse_matmul_sparse_input(sp_input, indices, weights, name=None,
         construction this surfaces as a ``TypeError`` instead).
       ValueError: ``weights`` and ``indices`` of statically different
         shapes, or ``sp_input`` not of rank 2.
-      xmc_tf.ops.OpLibraryError: the op library is missing or was built for
+      xmc_tf.errors.OpLibraryError: the op library is missing or was built for
         another TensorFlow.
 
     >>> import numpy as np, tensorflow as tf, xmc_tf
@@ -278,7 +278,7 @@ def set_rewire(indices, weights, num_moved, num_features, seed, name=None):
     Raises:
       tf.errors.InvalidArgumentError: shapes, an index out of range (the
         message names the entry), ``n > s`` or ``e < s``.
-      xmc_tf.ops.OpLibraryError: the op library is missing or stale.
+      xmc_tf.errors.OpLibraryError: the op library is missing or stale.
 
     >>> import numpy as np, xmc_tf
     >>> new, pos = xmc_tf.ops.uniform_sparse.set_rewire(

@@ -6,7 +6,7 @@ num_labels, seed, shared)`` with :func:`register_sampler`, together with
 what the head needs to know about it: whether it has a shared-candidates
 mode, which optional modules it needs (checked before any work), and the
 callbacks that keep it up to date with the head's weights.  The sampled head
-(:mod:`xmc_tf.heads.sampled`) asks only the registry, so a new sampler is
+(:mod:`xmc_tf.job.heads.sampled`) asks only the registry, so a new sampler is
 one new module that registers itself (and is imported before the config is
 checked).
 
@@ -249,7 +249,7 @@ def make_sampler(sampler_config, num_labels: int, seed: int,
 
     Args:
       sampler_config: ``config.sampler`` (``kind`` and the kind's fields,
-        see :mod:`xmc_tf.heads.sampled`).
+        see :mod:`xmc_tf.job.heads.sampled`).
       num_labels: m.
       seed: seed of the draws (and of an index's k-means / projection).
       shared: whether the batch shares one candidate set (None:

@@ -8,7 +8,7 @@ Layout of ``WORKDIR`` (``xmc-tf train --workdir=WORKDIR``)::
     preprocessing.npz     feature normalisation fitted on the training set
     inv_propensities.npy  PSP@k weights of the training labels
     history.csv           one row per finished epoch (rewritten from backup/)
-    backup/checkpoint.npz the whole training state (xmc_tf.checkpoint);
+    backup/checkpoint.npz the whole training state (xmc_tf.job.checkpoint);
                           kept until the export is complete
     model.keras           the trained model  } renamed into place
     saved_model/          TF SavedModel      } when complete
@@ -25,7 +25,7 @@ incomplete and is reported as such by ``xmc-tf evaluate``/``predict``.
 
 Errors the user can fix -- a bad config, bad data, a busy, finished or
 incomplete workdir, a corrupt backup -- are :class:`UserError` subclasses
-(:mod:`xmc_tf.errors`, re-exported here); the ``xmc-tf`` command prints them
+(:mod:`xmc_tf.errors`); the ``xmc-tf`` command prints them
 as one line (``xmc-tf: error: ...``).
 """
 
@@ -43,14 +43,10 @@ import socket
 import sys
 import uuid
 
-from xmc_tf.errors import (ConfigError, DataError, IncompleteWorkdir,
-                           UserError, WorkdirBusy, WorkdirError,
+from xmc_tf.errors import (IncompleteWorkdir, WorkdirBusy, WorkdirError,
                            WorkdirFinished)
 
-# The error classes live in xmc_tf.errors; they stay importable from here.
-__all__ = ["UserError", "ConfigError", "DataError", "WorkdirError",
-           "WorkdirBusy", "WorkdirFinished", "IncompleteWorkdir", "Workdir",
-           "WorkdirLock", "atomic_path", "write_json_atomic",
+__all__ = ["Workdir", "WorkdirLock", "atomic_path", "write_json_atomic",
            "write_bytes_atomic", "replace_dir", "fingerprint",
            "discard_hint"]
 

@@ -22,8 +22,8 @@ import scipy.sparse as sp
 from absl import logging
 
 from xmc_tf import config as xconfig
-from xmc_tf.heads.base import (OUTPUT_LAYER, WIDE_LAYER, Head, register,
-                               wide_fan_in)
+from xmc_tf.job.heads.base import (OUTPUT_LAYER, WIDE_LAYER, Head, register,
+                                   wide_fan_in)
 from xmc_tf.layers import (LabelDense, SparseEmbeddingBag,
                             label_feature_connections)
 from xmc_tf.losses import (BinaryCrossentropy, SoftmaxCrossentropy, SquaredHinge,
@@ -99,7 +99,7 @@ class LabelWiseHead(Head):
         with ``config.model.wide_connections`` on sparse features, picks
         the wide path's connections
         (:func:`~xmc_tf.layers.label_feature_connections`;
-        :func:`~xmc_tf.heads.wide_fan_in` of them per label)."""
+        :func:`~xmc_tf.job.heads.wide_fan_in` of them per label)."""
         self._label_frequency = self._wide_connections = None
         self._wide_scale = 0.0
         wide = wide_fan_in(self.config.model, train_data.num_features,

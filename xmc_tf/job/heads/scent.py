@@ -21,7 +21,7 @@ on the gathered rows, ``b |C_t| s``).  Both give ``IndexedSlices``
 gradients over ``C_t``.
 
 Evaluation is exact: the trained model is the ordinary full-scoring model,
-decoded by the head of its layer (:func:`xmc_tf.heads.head_for_model`);
+decoded by the head of its layer (:func:`xmc_tf.job.heads.head_for_model`);
 held-out P@k comes from :class:`xmc_tf.callbacks.TopKEvaluation` once per
 epoch.
 
@@ -55,8 +55,8 @@ from __future__ import annotations
 import numpy as np
 
 from xmc_tf import config as xconfig
-from xmc_tf.heads.base import register
-from xmc_tf.heads.candidates import CandidateHead
+from xmc_tf.job.heads.base import register
+from xmc_tf.job.heads.candidates import CandidateHead
 from xmc_tf.models.scent import ScentTrainer, scent_optimizer
 from xmc_tf.losses.scent import CORRECTIONS, NEGATIVES, VARIANTS, ScentLoss
 

@@ -6,14 +6,14 @@ with, the metrics computed on training batches, the callbacks it needs
 (SET rewiring, index refresh, held-out P@k), how top-k labels are decoded
 from a trained model (full scores + :func:`xmc_tf.ops.topk.top_k`, or MACH's exact
 decoder), and what the trained model reports in ``metrics.json``.
-``xmc_tf.job``, ``xmc_tf.predict`` and the ``xmc-tf`` command never branch
-on the head's name: they ask the registry (:func:`get_head` for a config,
+``xmc_tf.job``, ``xmc_tf.job.scoring`` and the ``xmc-tf`` command never
+branch on the head's name: they ask the registry (:func:`get_head` for a config,
 :func:`head_for_model` for a loaded model).  Adding a head means adding one
-module to ``xmc_tf/heads/`` that subclasses :class:`Head` and decorates it
+module to ``xmc_tf/job/heads/`` that subclasses :class:`Head` and decorates it
 with :func:`register`.
 
 Example:
-    >>> from xmc_tf import heads
+    >>> from xmc_tf.job import heads
     >>> sorted(heads.names())[:2]
     ['dense', 'mach']
 """
@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 
 from xmc_tf import config as xconfig
-from xmc_tf import ensemble as xensemble
+from xmc_tf.job import ensemble as xensemble
 from xmc_tf.layers.label_tree import deep_model
 
 __all__ = ["Head", "register", "get_head", "head_for_model", "inference_model",
@@ -138,8 +138,8 @@ def get_head(config) -> "Head":
 
 def inference_model(model: keras.Model) -> keras.Model:
     """The model that scores labels: ``model.inference_model`` when ``model``
-    is a training wrapper (e.g. :class:`xmc_tf.heads.sampled.SampledTrainer`),
-    else ``model`` itself."""
+    is a training wrapper (e.g. :class:`xmc_tf.models.SampledTrainer`), else
+    ``model`` itself."""
     return getattr(model, "inference_model", None) or model
 
 
@@ -147,7 +147,7 @@ def output_layer(model: keras.Model):
     """The model's head layer: the layer named ``"output"``, else the last
     (of the :func:`inference_model`); in a model whose last layer is a
     nested model (the exported model of
-    :func:`xmc_tf.preprocessing.with_normalization`), that model's; in a
+    :func:`xmc_tf.job.preprocessing.with_normalization`), that model's; in a
     model fused with a label tree
     (:func:`xmc_tf.layers.label_tree.fuse_with_tree`), its deep model's."""
     model = inference_model(model)
@@ -170,7 +170,7 @@ def head_for_model(model: keras.Model) -> type["Head"]:
 
     Sampled heads train a full-scoring layer (uniform-sparse or dense), so a
     model trained with one is decoded by the head of that layer; an
-    ensemble (:func:`xmc_tf.ensemble.average_scores`) by its first
+    ensemble (:func:`xmc_tf.job.ensemble.average_scores`) by its first
     member's head (every member scores all labels); a model fused with a
     label tree (:func:`xmc_tf.layers.label_tree.fuse_with_tree`) by its
     deep model's head (the fused model scores all labels too).
@@ -237,7 +237,7 @@ class Head:
     wide_path: ClassVar[bool] = False
     #: Whether the inference model outputs a score per label
     #: (``[batch, num_labels]``), so that ``config.model.ensemble_size``
-    #: members can be averaged (:mod:`xmc_tf.ensemble`).
+    #: members can be averaged (:mod:`xmc_tf.job.ensemble`).
     scores_every_label: ClassVar[bool] = True
     #: Whether ``xmc-tf train --strategy=mirrored|multi_worker`` can train
     #: the head data parallel (every replica the whole model, gradients

@@ -15,7 +15,7 @@ of the full softmax (log-Q correction).
 
 Evaluation stays exact: the trained model is an ordinary model whose head
 layer scores every label (it is decoded by the head of that layer, see
-:func:`xmc_tf.heads.head_for_model`), and held-out P@k is computed once per
+:func:`xmc_tf.job.heads.head_for_model`), and held-out P@k is computed once per
 epoch over all labels by :class:`xmc_tf.callbacks.TopKEvaluation`.
 
 Labels reach the head inside ``fit`` through :class:`SampledTrainer`, a
@@ -64,20 +64,16 @@ from absl import logging
 
 
 from xmc_tf import config as xconfig
-from xmc_tf.heads.base import register
-from xmc_tf.heads.candidates import CandidateHead
+from xmc_tf.job.heads.base import register
+from xmc_tf.job.heads.candidates import CandidateHead
 from xmc_tf.models.sampled import SampledTrainer
 from xmc_tf.losses.sampled import (SampledBinaryCrossentropy,
                                    SampledSoftmax, SampledSquaredHinge)
-from xmc_tf.samplers.lsh import lsh_auto_K
 from xmc_tf.samplers.registry import (AUTO, make_sampler, sampler_kind,
-                                      sampler_sizes, shared_kinds)
+                                      shared_kinds)
 from xmc_tf.samplers.registry import shared_setting as _shared_setting
 
-# make_sampler, sampler_sizes and lsh_auto_K moved to xmc_tf.samplers; they
-# stay importable from here.
-__all__ = ["SampledHead", "SAMPLED_LOSSES", "make_sampler",
-           "sampler_sizes", "lsh_auto_K", "regime_choices"]
+__all__ = ["SampledHead", "SAMPLED_LOSSES", "regime_choices"]
 
 #: ``config.loss`` -> sampled loss class.
 SAMPLED_LOSSES = {"squared_hinge": SampledSquaredHinge,

@@ -47,7 +47,7 @@ class ScoreAverage(keras.layers.Layer):
     Input: a list of ``n >= 1`` float32 tensors ``[batch, num_labels]``;
     output: float32 ``[batch, num_labels]``, their mean.  No weights.
     The model of :func:`average_scores` ends with it;
-    :func:`xmc_tf.heads.head_for_model` finds that model's members
+    :func:`xmc_tf.job.heads.head_for_model` finds that model's members
     (:func:`members`) and decodes it by the first member's head.
 
     Raises:

@@ -5,7 +5,7 @@ and ends with the weights, connectivity and metrics an uninterrupted run
 would have produced (on a deterministic device: see ``tests/test_resume.py``
 for what is pinned there).  The file is written at the end of every epoch
 and once more when training ends, to a temporary sibling renamed into place
-(:func:`xmc_tf.workdir.atomic_path`): a kill during the write leaves the
+(:func:`xmc_tf.job.workdir.atomic_path`): a kill during the write leaves the
 previous checkpoint intact.
 
 What it holds:
@@ -53,17 +53,13 @@ import zipfile
 import keras
 import numpy as np
 
-# EarlyStopping and ReduceLROnPlateau live in xmc_tf.callbacks.schedules
-# and discard_hint in xmc_tf.workdir; they stay importable from here.
-from xmc_tf.callbacks.schedules import (BEST_WEIGHTS_PATTERN, EarlyStopping,
-                                        ReduceLROnPlateau)
+from xmc_tf.callbacks.schedules import BEST_WEIGHTS_PATTERN
 from xmc_tf.errors import CheckpointError
 from xmc_tf.variable_io import CHUNK_BYTES, put_npy, read_variable
-from xmc_tf.workdir import atomic_path, discard_hint, write_bytes_atomic
+from xmc_tf.job.workdir import atomic_path, discard_hint, write_bytes_atomic
 
-__all__ = ["CheckpointError", "Checkpoint", "Checkpointer", "EarlyStopping",
-           "ReduceLROnPlateau", "stateful_objects", "restore", "load",
-           "write_history_csv", "discard_hint", "CHECKPOINT_FILE", "FORMAT"]
+__all__ = ["Checkpoint", "Checkpointer", "stateful_objects", "restore",
+           "load", "write_history_csv", "CHECKPOINT_FILE", "FORMAT"]
 
 #: File name inside the backup directory.
 CHECKPOINT_FILE = "checkpoint.npz"

@@ -9,8 +9,8 @@ label's connections).  ``8 s m`` bytes plus the bias.
 from __future__ import annotations
 
 from xmc_tf import config as xconfig
-from xmc_tf.heads.base import OUTPUT_LAYER, register
-from xmc_tf.heads.dense import LabelWiseHead
+from xmc_tf.job.heads.base import OUTPUT_LAYER, register
+from xmc_tf.job.heads.dense import LabelWiseHead
 from xmc_tf.layers import UniformSparseDense
 
 __all__ = ["UniformSparseHead"]

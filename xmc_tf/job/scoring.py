@@ -1,13 +1,19 @@
-"""Top-k prediction and evaluation for any xmc_tf model.
+"""Scoring a model: top-k prediction and P@k, nDCG@k, PSP@k, R@k.
 
-The head of a (loaded) model is found by :func:`xmc_tf.heads.head_for_model`
-and decodes its outputs: heads that score every label
-(``UniformSparseDense``, ``Dense``) keep the ``tf.math.top_k`` of the
-scores; a :class:`~xmc_tf.layers.MachHead` is decoded exactly by the op
-``Xmc>MachTopK`` (Medini et al., NeurIPS 2019, Eq. 2) without a
-``[batch, num_labels]`` tensor.  Used by training (test metrics),
-evaluation, ``xmc-tf predict`` and the benchmarks; the batch loops are
-:mod:`xmc_tf.evaluation`'s, given the head's decoder.
+The decoder of any xmc_tf model (:func:`top_k_function`,
+:func:`predict_top_k`, :func:`evaluate_model`) and the metrics table
+(:func:`format_table`).  The head of a (loaded) model is found by
+:func:`xmc_tf.job.heads.head_for_model` and decodes its outputs: heads that
+score every label (``UniformSparseDense``, ``Dense``) keep the
+``tf.math.top_k`` of the scores; a :class:`~xmc_tf.layers.MachHead` is
+decoded exactly by the op ``Xmc>MachTopK`` (Medini et al., NeurIPS 2019,
+Eq. 2) without a ``[batch, num_labels]`` tensor.  Used by training (test metrics),
+``xmc-tf evaluate``/``predict`` and the benchmarks.  The batch loops, which
+take the decoder as an argument, are the library's
+(:func:`xmc_tf.metrics.evaluator.evaluate_top_k`,
+:func:`~xmc_tf.metrics.evaluator.decode_batches`,
+:func:`~xmc_tf.metrics.evaluator.score_batch_size`), so that
+:class:`xmc_tf.callbacks.TopKEvaluation` uses them without the job.
 """
 
 from __future__ import annotations
@@ -17,12 +23,26 @@ import weakref
 import keras
 import tensorflow as tf
 
-from xmc_tf import heads
-from xmc_tf.evaluation import (decode_batches, evaluate_top_k,
-                               score_batch_size)
+from xmc_tf.job import heads
+from xmc_tf.metrics.evaluator import (decode_batches, evaluate_top_k,
+                                      score_batch_size)
 
-__all__ = ["top_k_function", "predict_top_k", "evaluate_model"]
+__all__ = ["format_table", "top_k_function", "predict_top_k",
+           "evaluate_model"]
 
+
+def format_table(results: dict) -> str:
+    """A plain-text table of the metrics dict (percent metrics first; nested
+    entries such as the ``run`` marker are left out)."""
+    results = {k: v for k, v in results.items() if not isinstance(v, dict)}
+    keys = [k for k in results if "@" in k] + [k for k in results if "@" not in k]
+    width = max(len(k) for k in keys)
+    lines = []
+    for k in keys:
+        v = results[k]
+        lines.append(f"{k:<{width}}  {v:.2f}" if isinstance(v, float)
+                     else f"{k:<{width}}  {v}")
+    return "\n".join(lines)
 
 #: model -> {k: tf.function}; weak keys, and the functions reach the model
 #: only through a weak reference, so a cached entry never keeps a model alive.
@@ -73,11 +93,11 @@ def predict_top_k(model, dataset, k=5, batch_size=1024):
     """Top-k labels of every instance of an :class:`xmc_tf.data.XCDataset`.
 
     Scores are computed one batch of ``batch_size`` instances at a time
-    (:func:`top_k_function`, :func:`xmc_tf.evaluation.decode_batches`), so
+    (:func:`top_k_function`, :func:`xmc_tf.metrics.evaluator.decode_batches`), so
     memory is ``O(batch_size * m)`` for a label-wise head and
     ``O(batch_size * (R B + k))`` for MACH; ``batch_size`` is capped so
     that the score block stays within 256 MiB
-    (:func:`xmc_tf.evaluation.score_batch_size`).
+    (:func:`xmc_tf.metrics.evaluator.score_batch_size`).
 
     Yields:
       ``(ids int32 [b, k], scores float32 [b, k])`` NumPy arrays per batch,
@@ -95,7 +115,7 @@ def evaluate_model(model, dataset, inv_propensities=None, ks=(1, 3, 5),
     """P@k, nDCG@k, PSP@k and recall@k (percent) of ``model`` on ``dataset``.
 
     The model's decoder (:func:`top_k_function`, top ``max(ks)`` labels)
-    run by :func:`xmc_tf.evaluation.evaluate_top_k`, so no
+    run by :func:`xmc_tf.metrics.evaluator.evaluate_top_k`, so no
     ``[num_instances, num_labels]`` array is held.
 
     Args:
@@ -105,7 +125,7 @@ def evaluate_model(model, dataset, inv_propensities=None, ks=(1, 3, 5),
         (:func:`xmc_tf.metrics.inverse_propensities`); ``None`` omits PSP@k.
       ks: cut-offs.
       batch_size: instances per prediction batch (capped by
-        :func:`xmc_tf.evaluation.score_batch_size`).
+        :func:`xmc_tf.metrics.evaluator.score_batch_size`).
 
     Returns:
       The dict of :meth:`xmc_tf.metrics.XMCEvaluator.result` (keys ``P@k``,

@@ -19,8 +19,8 @@ data set.  ``--config`` takes the name of a packaged config
 (``uniform_sparse``, ``mach``, ...: :func:`xmc_tf.config.names`; default
 ``quickstart``) or a config file (``configs/mach.py``).  It holds a lock on ``DIR``, resumes an interrupted run from
 ``DIR/backup`` and refuses a finished ``DIR`` unless ``--overwrite``
-(:mod:`xmc_tf.workdir`, :mod:`xmc_tf.checkpoint`).  Data specs are those of
-:func:`xmc_tf.data.load_dataset` (XC-repo files, ``X.txt|Y.txt``,
+(:mod:`xmc_tf.job.workdir`, :mod:`xmc_tf.job.checkpoint`).  Data specs are
+those of :func:`xmc_tf.data.load_dataset` (XC-repo files, ``X.txt|Y.txt``,
 ``EMB.npy|LABELS.txt``, ``bibtex:test``, ``synthetic:...``).
 ``export`` writes the model of ``DIR`` as another SavedModel (another
 ``k`` for ``serve``, or the faster ``Xmc>`` ops for a model whose
@@ -28,7 +28,7 @@ data set.  ``--config`` takes the name of a packaged config
 ``--strategy=mirrored`` trains data parallel on this machine's devices,
 ``--strategy=multi_worker`` on the machines that ``TF_CONFIG`` names (the
 same command on each; only the chief, worker 0, writes ``DIR``):
-:mod:`xmc_tf.distribute`.
+:mod:`xmc_tf.job.cluster`.
 
 Exit status: 0 success; 2 a user error -- bad flags or config, unreadable
 data, a busy/finished/incomplete workdir, a corrupt backup, a missing or
@@ -42,7 +42,7 @@ This module imports neither TensorFlow nor the ``xmc_tf`` package at module
 level, so that the console script (``xmc_tf_cli``) can answer ``--help``
 without the ~10 s TensorFlow import; commands import what they need.  The
 config schema (:mod:`xmc_tf.config`, which config files import) and the
-``TF_CONFIG`` check (:mod:`xmc_tf.distribute`) are loaded from their files
+``TF_CONFIG`` check (:mod:`xmc_tf.job.cluster`) are loaded from their files
 when the package is not imported yet (:func:`_light_module`).
 """
 
@@ -68,18 +68,20 @@ EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 def _light_module(name: str):
     """The TensorFlow-free module ``xmc_tf.NAME`` (``config``,
-    ``distribute``) without importing the package (TensorFlow) when it is
-    not imported yet: loaded from its file beside this one and registered
-    under its own name, so that config files' ``from xmc_tf.config import
-    ...`` find it (and the package, once imported, uses the same module)."""
+    ``job.cluster``) without importing the package (TensorFlow) when it is
+    not imported yet: loaded from its file under the package directory
+    (``xmc_tf/config.py``, ``xmc_tf/job/cluster.py``) and registered under
+    its own name, so that config files' ``from xmc_tf.config import ...``
+    find it (and the package, once imported, uses the same module)."""
     full = f"xmc_tf.{name}"
     if full in sys.modules:  # (``import`` would load the package)
         return sys.modules[full]
     if "xmc_tf" in sys.modules:
         return importlib.import_module(full)
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spec = importlib.util.spec_from_file_location(
-        full, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                           f"{name}.py"))
+        full, os.path.join(package_dir, *name.split(".")[:-1],
+                           name.split(".")[-1] + ".py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[full] = module
     try:
@@ -163,7 +165,7 @@ def _define_flags(argv) -> flags.FlagValues:
                       "(one whose owner process is gone, or on another "
                       "host).", flag_values=fv)
     flags.DEFINE_enum("strategy", "none",
-                      list(_light_module("distribute").STRATEGIES),
+                      list(_light_module("job.cluster").STRATEGIES),
                       "train: data-parallel training through tf.distribute: "
                       "'none' (one process, one device), 'mirrored' (the "
                       "GPUs of this machine, or its logical CPUs), "
@@ -322,7 +324,7 @@ def help_text(argv) -> str:
             "Several machines: run the same command on each with "
             "--strategy=multi_worker and TF_CONFIG naming every worker and "
             "this one's index, e.g. "
-            f"TF_CONFIG='{_light_module('distribute').TF_CONFIG_EXAMPLE}'; "
+            f"TF_CONFIG='{_light_module('job.cluster').TF_CONFIG_EXAMPLE}'; "
             "only worker 0 (the chief) writes DIR.", 79)
     return "\n".join(lines)
 
@@ -477,13 +479,13 @@ def _train(fv, config_path):
     """``xmc-tf train``: the config's files through
     :class:`xmc_tf.ExtremeClassifier` (:meth:`~xmc_tf.ExtremeClassifier.fit_files`)."""
     _import_xmc_tf()
-    from xmc_tf import distribute
+    from xmc_tf.job import cluster as xcluster
     # First, before TensorFlow runs any op (MultiWorkerMirroredStrategy
     # configures the collective ops; it waits here for every worker).
-    strategy = distribute.make_strategy(fv.strategy)
+    strategy = xcluster.make_strategy(fv.strategy)
     from xmc_tf import ExtremeClassifier
     from xmc_tf.errors import ConfigError
-    from xmc_tf.evaluation import format_table
+    from xmc_tf.job.scoring import format_table
     config = _load_config(fv, config_path)
     try:
         results = ExtremeClassifier(
@@ -492,7 +494,7 @@ def _train(fv, config_path):
     except ConfigError as e:
         raise ConfigError(f"{_shown(config_path)}: {e}") from e
     print("\n" + format_table(results))
-    cluster = distribute.Cluster(strategy)
+    cluster = xcluster.Cluster(strategy)
     if cluster.is_chief:
         print(f"\nwrote {os.path.join(fv.workdir, 'metrics.json')}")
     else:
@@ -503,27 +505,28 @@ def _train(fv, config_path):
 def _evaluate(fv, _):
     _import_xmc_tf()
     import numpy as np
-    from xmc_tf import predict, preprocessing, saving
-    from xmc_tf.evaluation import format_table
-    from xmc_tf.workdir import Workdir
+    from xmc_tf import saving
+    from xmc_tf.job import preprocessing, scoring
+    from xmc_tf.job.workdir import Workdir
     model = saving.load_model(fv.workdir)
     dataset = preprocessing.load_for_model(fv.data, fv.workdir)
     inv_prop = np.load(os.path.join(fv.workdir, Workdir.INV_PROPENSITIES))
-    results = predict.evaluate_model(model, dataset, inv_prop)
-    print(format_table(results))
+    results = scoring.evaluate_model(model, dataset, inv_prop)
+    print(scoring.format_table(results))
     print(json.dumps(results))
 
 
 def _predict(fv, _):
     _import_xmc_tf()
-    from xmc_tf import predict, preprocessing, saving
-    from xmc_tf.workdir import atomic_path
+    from xmc_tf import saving
+    from xmc_tf.job import preprocessing, scoring
+    from xmc_tf.job.workdir import atomic_path
     model = saving.load_model(fv.workdir)
     dataset = preprocessing.load_for_model(fv.data, fv.workdir)
     count = 0
     with atomic_path(fv.output) as tmp:
         with open(tmp, "w") as f:
-            for ids, scores in predict.predict_top_k(model, dataset, fv.k):
+            for ids, scores in scoring.predict_top_k(model, dataset, fv.k):
                 for row_ids, row_scores in zip(ids, scores):
                     f.write(" ".join(f"{i}:{s:.6g}" for i, s in
                                      zip(row_ids, row_scores)) + "\n")
@@ -534,7 +537,7 @@ def _predict(fv, _):
 def _export(fv, _):
     _import_xmc_tf()
     from xmc_tf import saving
-    from xmc_tf.workdir import atomic_path
+    from xmc_tf.job.workdir import atomic_path
     model = saving.load_model(fv.workdir)
     portable = {"auto": None, "yes": True, "no": False}[fv.portable]
     try:
@@ -616,7 +619,7 @@ def _check_args(fv, rest):
         raise UsageError("export needs --output=DIR")
     if command == "train" and fv.strategy == "multi_worker":
         try:  # before the ~10 s TensorFlow import
-            _light_module("distribute").parse_tf_config(
+            _light_module("job.cluster").parse_tf_config(
                 os.environ.get("TF_CONFIG"))
         except ValueError as e:
             raise UsageError(f"--strategy=multi_worker: {e}") from e
@@ -666,7 +669,7 @@ def main(argv=None) -> int:
 
 
 def run():
-    """Console-script entry point (``xmc_tf.cli:run``): exits with
+    """Console-script entry point (``xmc_tf.job.cli:run``): exits with
     :func:`main`'s status."""
     sys.exit(main())
 

@@ -202,7 +202,7 @@ def make_strategy(name: str):
         raise _error(
             "--strategy=multi_worker: the strategy must be created before "
             "TensorFlow runs any op (create it first: "
-            f"xmc_tf.distribute.make_strategy); {' '.join(str(e).split())}"
+            f"xmc_tf.job.cluster.make_strategy); {' '.join(str(e).split())}"
         ) from e
     except tf.errors.OpError as e:  # e.g. the server's port is taken
         raise _error(

@@ -1,7 +1,7 @@
 """Candidate heads: train a full-scoring layer on a few scored labels per step.
 
-The sampled head (:mod:`xmc_tf.heads.sampled`: positives + sampled
-negatives) and the SCENT head (:mod:`xmc_tf.heads.scent`: the batch's own
+The sampled head (:mod:`xmc_tf.job.heads.sampled`: positives + sampled
+negatives) and the SCENT head (:mod:`xmc_tf.job.heads.scent`: the batch's own
 classes) share everything but the choice of the scored labels and the loss:
 
 * the head layer, ``config.model.sampled_layer``: ``"uniform_sparse"``
@@ -17,13 +17,13 @@ classes) share everything but the choice of the scored labels and the loss:
   cannot express per-instance candidates), and logs ``loss`` and
   ``sampled_fraction``;
 * evaluation: exact (the inference model scores every label and is decoded
-  by the head of its layer, :func:`xmc_tf.heads.head_for_model`), held-out
+  by the head of its layer, :func:`xmc_tf.job.heads.head_for_model`), held-out
   P@k once per epoch by :class:`xmc_tf.callbacks.TopKEvaluation`.
 
 A new candidate head is a subclass of :class:`CandidateHead` (with its
 trainer, a subclass of :class:`CandidateTrainer` implementing
 :meth:`CandidateTrainer.candidate_loss`) in its own module, registered with
-:func:`xmc_tf.heads.register`.
+:func:`xmc_tf.job.heads.register`.
 
 Source: ASTRA (Mehta et al.), Algorithm 1; ``scent-extreme-multiclass``,
 Algorithm 26.
@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 
-from xmc_tf.heads.base import OUTPUT_LAYER, Head
+from xmc_tf.job.heads.base import OUTPUT_LAYER, Head
 from xmc_tf.layers import LabelDense, UniformSparseDense
 from xmc_tf.models.candidates import CandidateTrainer
 

@@ -12,8 +12,8 @@ training batch would cost ``O(m R)`` per row while the head is untrained
 from __future__ import annotations
 
 from xmc_tf import config as xconfig
-from xmc_tf.heads.base import (OUTPUT_LAYER, Head, inference_model,
-                               output_layer, register)
+from xmc_tf.job.heads.base import (OUTPUT_LAYER, Head, inference_model,
+                                   output_layer, register)
 from xmc_tf.layers import MachDecoder, MachHead as MachHeadLayer
 from xmc_tf.losses import MachBinaryCrossentropy, MachSoftmaxCrossentropy
 
