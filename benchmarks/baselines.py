@@ -66,10 +66,10 @@ class TFSampledSoftmaxTrainer(keras.Model):
     def __init__(self, model, num_sampled, remove_accidental_hits=True,
                  seed=None, **kwargs):
         super().__init__(**kwargs)
-        from xmc_tf.job.heads import output_layer
+        from xmc_tf.decoding import scoring_layer
         from xmc_tf.layers import LabelDense
         self.inference_model = model
-        self.head_layer = output_layer(model)
+        self.head_layer = scoring_layer(model)
         if not isinstance(self.head_layer, LabelDense):
             raise ValueError("TFSampledSoftmaxTrainer needs a LabelDense head, "
                              f"got {type(self.head_layer).__name__}")

@@ -139,6 +139,8 @@ def child(args) -> None:
     from xmc_tf.job import checkpoint as xckpt
     from xmc_tf import saving
     from xmc_tf.job import fit as xfit
+    from xmc_tf.job import inputs as xinputs
+    from xmc_tf.job import run as xrun
 
     phases: dict = {}
     epochs: list = []
@@ -157,11 +159,11 @@ def child(args) -> None:
         setattr(owner, attr, wrapped)
 
     for owner, attr, name in (
-            (xtrain, "load_data", "load"),
-            (xtrain, "prepare_splits", "normalise"),
-            (xtrain, "build_and_compile", "build"),
+            (xinputs, "read_datasets", "load"),
+            (xinputs, "prepare_splits", "normalise"),
+            (xfit, "build_and_compile", "build"),
             (xckpt.Checkpointer, "save", "checkpoint"),
-            (xtrain, "evaluate_model", "test evaluation"),
+            (xrun, "evaluate_model", "test evaluation"),
             (saving, "export_saved_model", "export: SavedModel"),
             (keras.Model, "save", "export: model.keras")):
         timed(owner, attr, name)

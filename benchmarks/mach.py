@@ -110,7 +110,6 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
     import keras
     import tensorflow as tf
     from xmc_tf import data as xdata
-    from xmc_tf.job import heads as xheads
     from xmc_tf.job import scoring as xscoring
     from xmc_tf.job import preprocessing as xprep
     config = load_config("mach")
@@ -125,7 +124,8 @@ def train_mach(name, train_path, test_path, B, R, loss, args,
                                      args, f"mach_{B}x{R}_{loss}")
     model = keras.models.load_model(os.path.join(workdir, "model.keras"),
                                     compile=False)
-    head = xheads.output_layer(model)  # inside the normalising model
+    from xmc_tf import decoding
+    head = decoding.scoring_layer(model)  # inside the normalising model
     test = xprep.load_for_model(test_path, workdir)
     forward = tf.function(lambda x: model(x, training=False))
     logits = np.concatenate([forward(x).numpy() for x, _ in

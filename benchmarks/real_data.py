@@ -503,6 +503,8 @@ def fit_tree_for_curve(config):
     from xmc_tf import config as xconfig
     from xmc_tf.job import heads as xheads
     from xmc_tf.job import tree as xlabel_tree
+    from xmc_tf.job import finalize as xfinalize
+    from xmc_tf.job import inputs as xinputs
     from xmc_tf.job import preprocessing as xprep
     from xmc_tf.layers import LabelTreeScores
     train = xprep.load_spec(config.data.train, "config.data.train")
@@ -537,6 +539,7 @@ def _ours_child(conn, config_name, overrides, max_epochs, train_spec,
         tree, tree_s = (fit_tree_for_curve(config) if fused_curve
                         else (None, 0.0))
         curve = make_curve_callback(tree)
+        from xmc_tf.job import run as xrun  # pylint: disable=import-outside-toplevel
         try:
             metrics = xrun.train_and_evaluate(
                 config, workdir, overwrite=True, callbacks=[curve])
@@ -1034,6 +1037,7 @@ def run(args) -> int:
     from xmc_tf import data as xdata  # pylint: disable=import-outside-toplevel
     from xmc_tf import metrics as xmetrics  # pylint: disable=import-outside-toplevel
     from xmc_tf.errors import UserError  # pylint: disable=import-outside-toplevel
+    from xmc_tf.job import plan as xplan  # pylint: disable=import-outside-toplevel
     try:
         xplan.check_config(config)
     except UserError as e:

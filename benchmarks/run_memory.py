@@ -271,20 +271,22 @@ def child(args) -> None:
     from xmc_tf import saving
     from xmc_tf.job import cli
     from xmc_tf.job import fit as xfit
+    from xmc_tf.job import inputs as xinputs
+    from xmc_tf.job import run as xrun
     from xmc_tf.callbacks import schedules
     from xmc_tf.job import checkpoint as xckpt
     from xmc_tf.job.heads import dense as xdense
 
     sizes = {}
     for owner, attr, name in (
-            (xtrain, "load_data", "load"),
-            (xtrain, "prepare_splits", "normalise"),
+            (xinputs, "read_datasets", "load"),
+            (xinputs, "prepare_splits", "normalise"),
             (xdense.LabelWiseHead, "prepare", "head.prepare"),
             (keras.Model, "evaluate", "validation"),
             (schedules.EarlyStopping, "_write_best", "best-weights write"),
             (schedules.EarlyStopping, "on_train_end", "best-weights restore"),
             (xckpt.Checkpointer, "save", "checkpoint"),
-            (xtrain, "evaluate_model", "test evaluation"),
+            (xrun, "evaluate_model", "test evaluation"),
             (saving, "export_saved_model", "export: SavedModel")):
         tracker.wrap(owner, attr, name)
     build = xfit.build_and_compile

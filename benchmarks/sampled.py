@@ -594,6 +594,7 @@ def install_curve(out: str, test_rows: int, budget: float,
     from xmc_tf.job import preprocessing as xprep
     from xmc_tf.job import fit as xfit
     from xmc_tf.job import inputs as xinputs
+    from xmc_tf import decoding
     from xmc_tf.callbacks import TopKEvaluation
 
     state = {}
@@ -620,7 +621,7 @@ def install_curve(out: str, test_rows: int, budget: float,
             test = xprep.normalize(test, state["norm"])
             self.eval = TopKEvaluation(test, ks=(1, 5), prefix="",
                                        batch_size=config.eval.batch_size,
-                                       decoder=head.top_k_function)
+                                       decoder=decoding.top_k_function)
             self.points, self.seconds, self.step, self.epoch = [], 0.0, 0, 0
             self.stopped = False
 

@@ -198,7 +198,8 @@ def worker(method, args):
     head.prepare(train)
     model = build_model(config, train.num_features, train.num_labels,
                         train.is_sparse, head)
-    layer = xheads.output_layer(model)
+    from xmc_tf import decoding
+    layer = decoding.scoring_layer(model)
     ds_kwargs = {}
     if method == "full_softmax":
         fit_model = model

@@ -46,7 +46,7 @@ def test_set_rewiring_defaults_are_the_cli_and_paper_ones():
 
 def test_lsh_sampler_defaults_are_the_cli_ones():
     d = defaults(LshNegativeSampler)
-    assert d["K"] is None and SAMPLER.K == 0  # both: lsh_auto_K
+    assert d["K"] is None and SAMPLER.K == "auto"  # both: lsh_auto_K
     for name in ("hash", "L", "query", "weighting"):
         assert d[name] == SAMPLER[name], name
 

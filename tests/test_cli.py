@@ -242,7 +242,7 @@ def _mach_brute_force_top_k(workdir, data_path, k):
     import xmc_tf
     from xmc_tf.job.preprocessing import load_for_model
     model = keras.models.load_model(workdir / "model.keras", compile=False)
-    head = xmc_tf.job.heads.output_layer(model)  # inside the normalising model
+    head = xmc_tf.decoding.scoring_layer(model)  # inside the normalising model
     assert isinstance(head, xmc_tf.layers.MachHead)
     data = load_for_model(str(data_path), str(workdir))
     x = data.features.tocoo()
@@ -633,3 +633,21 @@ def test_non_finite_loss_stops_before_the_epoch_is_checkpointed():
         assert isinstance(info.value, UserError)
         assert "learning_rate" in str(info.value)
         assert Recorder.epochs == []
+
+
+def test_print_config_resolves_every_automatic_field_and_trains_nothing(
+        tmp_path, capsys):
+    from xmc_tf.job import cli
+    capsys.readouterr()
+    code = cli.main(["xmc-tf", "train", "--config=lsh", "--print-config",
+                     f"--workdir={tmp_path / 'wd'}"])
+    out = capsys.readouterr().out
+    assert code == 0
+    printed = json.loads(out)
+    assert printed["sampler"]["K"] >= 1 and printed["sampler"]["index"] in (
+        "flat", "ivf_flat")
+    assert printed["data"]["normalize"] == "tfidf"  # Bibtex: counts
+    assert isinstance(printed["sampler"]["shared"], bool)
+    assert isinstance(printed["tree"]["enabled"], bool)
+    assert printed["model"]["encoder_dims"] == [1024]  # multi-label regime
+    assert not os.path.exists(tmp_path / "wd")

@@ -7,6 +7,7 @@ xmc_tf.losses losses -- and a training step of each gives the same scores.
 import keras
 import numpy as np
 import pytest
+from xmc_tf import decoding
 from xmc_tf import data as xdata
 from xmc_tf.job import heads
 from xmc_tf.config import get_config as packaged_config
@@ -70,7 +71,7 @@ def test_cli_heads_build_the_public_components(name, multi_class):
     head = heads.get_head(c)
     head.prepare(train)
     model = build_model(c, D, M, sparse_input=True, head=head)
-    cli = head.training_model(model, heads.output_layer(model))
+    cli = head.training_model(model, decoding.scoring_layer(model))
 
     before = model.get_weights()
     twin = keras.models.clone_model(model)

@@ -14,6 +14,7 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import decoding
 from xmc_tf.job import cli
 from xmc_tf import config as xconfig
 from xmc_tf.job import heads
@@ -73,9 +74,9 @@ def test_packaged_configs_override_only_what_they_say():
     # (learning rate, network: left to the data's regime since issue 31;
     # multi-label labels resolve them to the former values)
     assert (lsh.loss, lsh.sampler.kind, lsh.sampler.K,
-            lsh.train.learning_rate) == ("softmax", "lsh", 0, None)
+            lsh.train.learning_rate) == ("softmax", "lsh", "auto", None)
     assert xconfig.resolve_regime(lsh, False).train.learning_rate == 2e-3
-    assert xconfig.get_config("astra").sampler.K == 0  # lsh_auto_K
+    assert xconfig.get_config("astra").sampler.K == "auto"  # lsh_auto_K
     quick = _flat(xconfig.get_config("quickstart"))
     base = _flat(xconfig.base())
     assert {k for k in base if base[k] != quick[k]} == {"train.epochs",
@@ -153,8 +154,8 @@ def test_model_from_the_schema_uses_the_schema_defaults():
     labels = sp.csr_matrix(np.eye(10, 5, dtype=np.float32))
     feats = sp.csr_matrix(np.ones((10, 20), np.float32))
     head.prepare(xdata.XCDataset(feats, labels))
-    head.initialize(heads.output_layer(model), model)
-    bias = np.asarray(heads.output_layer(model).bias)
+    head.initialize(decoding.scoring_layer(model), model)
+    bias = np.asarray(decoding.scoring_layer(model).bias)
     assert np.all(bias < 0)  # not zeros: below 0 for labels on 2 of 10 rows
     opt = build_optimizer(c)
     assert type(opt) is LazyAdam

@@ -37,6 +37,7 @@ import pytest
 import tensorflow as tf
 
 from local_cluster import run_script, run_two_workers
+from xmc_tf import decoding
 from xmc_tf.losses import BinaryCrossentropy, SquaredHinge, dense_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,7 +120,7 @@ _WORKER = _COMMON + textwrap.dedent(r"""
     with strategy.scope():
         model = build_model(config, ds.num_features, ds.num_labels, True, head)
         model = DistributedModel(model.inputs, model.outputs)
-        layer = xheads.output_layer(model)
+        layer = decoding.scoring_layer(model)
         head.compile(model, layer, build_optimizer(config))
     initial_indices = layer.indices.numpy().copy()
 

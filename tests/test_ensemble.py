@@ -15,7 +15,9 @@ import tensorflow as tf
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import metrics, saving
+from xmc_tf import decoding
 from xmc_tf.job import ensemble, heads
+from xmc_tf.layers import UniformSparseDense
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.preprocessing import load_for_model
 from xmc_tf.job.workdir import Workdir
@@ -40,9 +42,10 @@ def test_average_scores_is_the_mean_of_the_members():
     want = np.mean([m(x).numpy() for m in members], axis=0)
     model = ensemble.average_scores(members)
     np.testing.assert_allclose(model(x).numpy(), want, rtol=1e-6, atol=1e-6)
-    assert [m.name for m in ensemble.members(model)] == [
+    assert [m.name for m in model.layers if isinstance(m, keras.Model)] == [
         "member_0", "member_1", "member_2"]
-    assert ensemble.members(model) and not ensemble.members(members[0])
+    # Decoded as its first member: the average lists it first.
+    assert decoding.scoring_layer(model) is decoding.scoring_layer(members[0])
 
 
 def test_average_scores_rejects_members_of_other_shapes():
@@ -129,8 +132,7 @@ def test_ensemble_job_averages_its_members_and_reuses_them(tmp_path):
 
     # The exported files: model.keras and the SavedModel give those scores.
     model = saving.load_model(wd)
-    assert ensemble.members(model)
-    assert heads.head_for_model(model) is heads.UniformSparseHead
+    assert isinstance(decoding.scoring_layer(model), UniformSparseDense)
     np.testing.assert_allclose(_scores(model, test), mean, rtol=1e-5,
                                atol=1e-5)
     loaded = saving.load_saved_model(os.path.join(wd, "saved_model"))

@@ -222,3 +222,19 @@ def test_every_config_fits_predicts_and_evaluates(split, name, overrides):
     assert result["P@1"] == pytest.approx(
         _precision_at_1(ids, test.labels), abs=1e-4)
     assert clf.metrics_["head"] == clf.config.model.head
+
+
+def test_metrics_record_the_resolved_config(fitted):
+    config = fitted.metrics_["config"]
+    assert config["data"]["normalize"] in ("tfidf", "l2")  # was "auto"
+    assert isinstance(config["tree"]["enabled"], bool)
+    assert fitted.metrics_["regime"]["fields"]["data.normalize"] == \
+        config["data"]["normalize"]
+
+
+def test_auto_override_leaves_a_typed_field_to_the_data():
+    clf = xmc_tf.ExtremeClassifier("uniform_sparse",
+                                   {"train.batch_size": "auto"})
+    assert clf.config.train.batch_size is None
+    clf.config.train.batch_size = 32  # still an int field
+    assert clf.config.train.batch_size == 32

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from xmc_tf import decoding
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf.job import heads
@@ -46,9 +47,9 @@ def test_registry_names_and_errors():
 def test_built_model_is_recognised(name, loss, layer_type):
     head = heads.get_head(_config(name, loss))
     model = build_model(head.config, 20, 12, sparse_input=True, head=head)
-    layer = heads.output_layer(model)
+    layer = decoding.scoring_layer(model)
     assert isinstance(layer, layer_type) and layer.name == "output"
-    assert heads.head_for_model(model) is type(head)
+    assert decoding.scores_every_label(model) == (name != "mach")
     assert callable(head.make_loss(layer))
     # SET only for the uniform-sparse head; held-out P@k for MACH.
     cbs = [type(c).__name__ for c in head.callbacks(layer, val_data=object())]
@@ -62,7 +63,6 @@ def test_a_new_head_touches_one_module():
         """Scores labels with a bias-free Dense layer (test head)."""
         name = "test_bias_free"
         losses = ("bce",)
-        layer_types = ()
 
         def build_layer(self, num_labels, input_dim, sparse_input=False):
             return keras.layers.Dense(num_labels, use_bias=False,
@@ -74,7 +74,7 @@ def test_a_new_head_touches_one_module():
     try:
         config = _config("test_bias_free", "bce")
         model = build_model(config, 20, 12, sparse_input=True)
-        assert heads.output_layer(model).use_bias is False
+        assert decoding.scoring_layer(model).use_bias is False
         x = sp.random(30, 20, density=0.3, format="csr", random_state=0,
                       dtype=np.float32)
         y = sp.csr_matrix((np.ones(30, np.float32),
@@ -104,7 +104,7 @@ def test_prior_output_bias(name, loss):
     head = heads.get_head(_config(name, loss))
     head.prepare(train)
     model = build_model(head.config, 5, 4, sparse_input=True, head=head)
-    layer = heads.output_layer(model)
+    layer = decoding.scoring_layer(model)
     head.initialize(layer)
     p = (np.array(counts) + 0.5) / 13.0
     expected = {"squared_hinge": 2 * p - 1, "bce": np.log(p / (1 - p)),
@@ -116,8 +116,8 @@ def test_prior_output_bias(name, loss):
     head = heads.get_head(zeros)
     head.prepare(train)
     model = build_model(zeros, 5, 4, sparse_input=True, head=head)
-    head.initialize(heads.output_layer(model))
-    np.testing.assert_array_equal(heads.output_layer(model).bias.numpy(), 0.0)
+    head.initialize(decoding.scoring_layer(model))
+    np.testing.assert_array_equal(decoding.scoring_layer(model).bias.numpy(), 0.0)
 
 
 def test_prior_output_bias_errors():
@@ -130,7 +130,7 @@ def test_prior_output_bias_errors():
                                  sp.csr_matrix(np.eye(2, 3, dtype=np.float32))))
     model = build_model(head.config, 5, 4, sparse_input=True, head=head)
     with pytest.raises(ValueError, match="3 labels, the output layer 4"):
-        head.initialize(heads.output_layer(model))
+        head.initialize(decoding.scoring_layer(model))
 
 
 def test_a_new_head_is_one_module_and_its_registration(monkeypatch):
@@ -161,7 +161,7 @@ def test_a_new_head_is_one_module_and_its_registration(monkeypatch):
     assert isinstance(head, WideMarginHead)
     assert head.make_loss(None).margin == 3.0
     model = build_model(c, 20, 6, sparse_input=True, head=head)
-    assert heads.output_layer(model).units == 6
+    assert decoding.scoring_layer(model).units == 6
     with pytest.raises(AttributeError):
         c.model.hinge_margn = 1.0  # the schema is locked: typos are refused
     xconfig.HEAD_DEFAULTS["test_clash"] = {"model": {"x": 1}}

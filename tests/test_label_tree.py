@@ -8,6 +8,7 @@ export, reload, SavedModel, config checks)."""
 import json
 import os
 
+import keras
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -19,7 +20,9 @@ from xmc_tf import saving
 from xmc_tf.job import heads
 from xmc_tf.job import tree as lt
 from xmc_tf.layers import LabelTreeScores
-from xmc_tf.layers.label_tree import deep_model, fuse_with_tree
+from xmc_tf.layers.label_tree import fuse_with_tree
+from xmc_tf import decoding
+from xmc_tf.layers import UniformSparseDense
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.preprocessing import load_for_model
 from xmc_tf.job.plan import check_config
@@ -241,11 +244,14 @@ def test_fused_job_exports_deep_plus_weighted_tree(tmp_path):
     assert not os.path.exists(os.path.join(wd, "backup"))
 
     model = saving.load_model(wd)
-    deep = deep_model(model)
-    assert deep is not None
-    assert heads.head_for_model(model) is heads.UniformSparseHead
-    tree_layer = [l for l in model.layers[-1].layers
+    # Decoded through the fusion (first input: the deep scores) and the
+    # normalising wrapper, as the deep model.
+    assert isinstance(decoding.scoring_layer(model), UniformSparseDense)
+    assert decoding.scores_every_label(model)
+    fused = model.layers[-1]  # normalisation -> fused model
+    tree_layer = [l for l in fused.layers
                   if isinstance(l, LabelTreeScores)][0]
+    deep = [l for l in fused.layers if isinstance(l, keras.Model)][0]
     test = load_for_model(config.data.test, wd)
     x, _ = xdata.make_tf_dataset(test, 64).take(1).get_single_element()
     # the reloaded pieces, recombined by hand; the normalisation layer is
@@ -275,7 +281,10 @@ def test_tree_off_exports_the_plain_model(tmp_path):
     wd = str(tmp_path / "off")
     result = train_and_evaluate(_config(**{"tree.enabled": False}), wd)
     assert "label_tree" not in result
-    assert deep_model(saving.load_model(wd)) is None
+    model = saving.load_model(wd)
+    nested = [l for l in model.layers if isinstance(l, keras.Model)]
+    assert not any(isinstance(l, LabelTreeScores)
+                   for m in [model] + nested for l in m.layers)
 
 
 def test_tree_config_checks_and_plan():

@@ -8,6 +8,7 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import decoding
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf.job import heads
@@ -130,9 +131,9 @@ def test_check_config_rejects_bad_weight_decay():
 def test_linear_model_on_sparse_input(head, layer_type):
     model = build_model(_config(head, encoder_dims=(), intermediate=0), 20, 5,
                         sparse_input=True)
-    out = heads.output_layer(model)
+    out = decoding.scoring_layer(model)
     assert isinstance(out, layer_type) and len(model.layers) == 2
-    assert heads.head_for_model(model).name == head
+    assert decoding.scores_every_label(model)
     x, y = _batch()
     dense_x = tf.sparse.to_dense(x).numpy()
     if head == "dense":

@@ -10,11 +10,12 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import decoding
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import metrics, saving
 from xmc_tf.job import heads, preprocessing
-from xmc_tf.layers import FeatureNormalization
+from xmc_tf.layers import FeatureNormalization, UniformSparseDense
 from xmc_tf.job.run import train_and_evaluate
 
 
@@ -63,8 +64,7 @@ def test_exported_models_take_raw_features(run):
     wd = str(tmp / "wd")
     model = saving.load_model(wd)
     assert isinstance(model.layers[1], FeatureNormalization)
-    assert isinstance(heads.output_layer(model),
-                      heads.UniformSparseHead.layer_types)
+    assert isinstance(decoding.scoring_layer(model), UniformSparseDense)
     raw = xdata.load_dataset(str(tmp / "test.txt"))
     np.testing.assert_array_equal(raw.features.toarray(),
                                   test.features.toarray())

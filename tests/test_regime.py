@@ -50,11 +50,14 @@ def test_multi_class_labels_take_scents_network(name):
         assert _value(run, field) == _value(scent, field), field
         assert _value(config, field) is None  # the given config is unchanged
     assert regime["labels"] == "multi-class"
-    assert set(regime["fields"]) == set(FIELDS)
+    # the regime's fields, and the automatic fields the config spells "auto"
+    assert set(FIELDS) <= set(regime["fields"])
+    assert set(regime["fields"]) - set(FIELDS) <= set(xplan.automatic_fields())
+    assert not any(xplan.is_auto(v) for v in regime["fields"].values())
     assert regime["fields"]["model.encoder_dims"] == [512]
     # the rest of the config is the given one
     assert run.sampler.kind == config.sampler.kind
-    assert run.loss == config.loss
+    assert run.loss == ("softmax" if config.loss == "auto" else config.loss)
 
 
 @pytest.mark.parametrize("name", ["astra", "lsh"])
@@ -64,6 +67,9 @@ def test_multi_label_labels_keep_the_heads_defaults(name):
     run, regime = xplan.resolve_config(xconfig.get_config(name), train)
     schema = xconfig.base("sampled")
     for field in FIELDS:
+        if field == "data.normalize":  # "auto" in the schema: counts here
+            assert _value(run, field) == "tfidf"
+            continue
         assert _value(run, field) == _value(schema, field), field
     assert (run.model.encoder_dims, run.model.intermediate_dim,
             run.train.batch_size, run.model.sampled_layer) == (
@@ -95,10 +101,59 @@ def test_explicit_values_are_kept_from_the_command_line():
     assert "model.encoder_dims" not in regime["fields"]
 
 
-def test_a_config_without_regime_fields_is_returned_as_is():
+def test_a_config_without_automatic_fields_is_returned_as_is():
     config = xconfig.get_config("scent")
+    config.data.normalize, config.tree.enabled = "l2", False
     run, regime = xplan.resolve_config(config, _toy(1))
     assert run is config and regime == {}
+
+
+@pytest.mark.parametrize("labels_per_instance", [1, 3])
+def test_every_automatic_field_is_resolved_once_from_the_data(
+        labels_per_instance):
+    """The one resolver: no "auto" (or None) is left in the run's config,
+    each value is the component's own rule on the data (NumPy checks)."""
+    from xmc_tf.samplers.registry import sampler_sizes
+    from xmc_tf.samplers.lsh import lsh_auto_K
+    train = _toy(labels_per_instance)
+    multi_class = labels_per_instance == 1
+    for name in xconfig.names():
+        config = xconfig.get_config(name)
+        run, regime = xplan.resolve_config(config, train)
+        flat = json.loads(run.to_json_best_effort())
+        leaves = []
+
+        def walk(d, prefix=""):
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    walk(v, f"{prefix}{k}.")
+                else:
+                    leaves.append((f"{prefix}{k}", v))
+        walk(flat)
+        left = [f for f, v in leaves if xplan.is_auto(v)
+                and f not in ("tree.weight", "data.split_seed",
+                              "model.wide_max_mib", "train.min_delta")]
+        assert left == [], (name, left)
+        integer = bool(np.all(train.features.data ==
+                              np.floor(train.features.data)))
+        if config.data.normalize == "auto":
+            assert run.data.normalize == ("tfidf" if integer else "l2")
+        if config.get("sampler") and config.sampler.K == "auto":
+            sizes = sampler_sizes(run.sampler, 30)
+            k = (max(sizes["num_hard"], 1) if run.sampler.shared
+                 else sizes["num_negatives"])
+            assert run.sampler.K == lsh_auto_K(30, k, run.sampler.L,
+                                               hash=run.sampler.hash)
+        if config.get("sampler") and config.sampler.shared == "auto":
+            assert run.sampler.shared == (
+                multi_class and run.sampler.kind in ("uniform", "mixture",
+                                                     "lsh"))
+        if config.tree.enabled == "auto":
+            assert run.tree.enabled == (not multi_class and
+                                        xplan.check_config(run)
+                                        .scores_every_label)
+        assert regime["labels"] == ("multi-class" if multi_class
+                                    else "multi-label")
 
 
 def test_check_config_checks_both_regimes_and_the_json_is_plain():

@@ -15,6 +15,7 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import decoding
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf.job import heads
@@ -125,7 +126,7 @@ def test_only_scored_rows_move_with_lazy_adam(layer):
     trainer.compile(optimizer=LazyAdam(0.01), jit_compile=False)
     data = _data(n=4)
     x, y = xdata.make_tf_dataset(data, 4).get_single_element()
-    kernel = heads.output_layer(model).kernel
+    kernel = decoding.scoring_layer(model).kernel
     before = kernel.numpy().copy()
     cands = sampler.sample(tf.zeros([4, 12]), y,
                            tf.constant(0, tf.int64)).ids.numpy()
@@ -145,7 +146,7 @@ def test_fit_improves_and_evaluates_exactly(layer, kind):
     if kind == "mixture":
         pytest.importorskip("faiss")
     config, head, model = _model(layer, "squared_hinge", kind)
-    out = heads.output_layer(model)
+    out = decoding.scoring_layer(model)
     trainer = head.training_model(model, out)
     trainer.compile(optimizer=keras.optimizers.Adam(0.02), jit_compile=False)
     data = _data(n=128)
@@ -156,7 +157,7 @@ def test_fit_improves_and_evaluates_exactly(layer, kind):
     assert losses[-1] < losses[0]
     assert "val_precision_at_1" in history.history
     # Evaluation goes through the full-scoring layer: top-k of model(x).
-    assert heads.head_for_model(trainer) is heads.head_for_model(model)
+    assert decoding.scoring_layer(trainer) is decoding.scoring_layer(model)
     from xmc_tf.job.scoring import predict_top_k
     ids = np.concatenate([i for i, _ in predict_top_k(trainer, data, 3, 50)])
     scores = model(xdata.make_tf_dataset(data, 1000).get_single_element()[0])
@@ -228,7 +229,7 @@ def test_lsh_label_query_gradients_are_finite(shared):
     head = heads.get_head(config)
     keras.utils.set_random_seed(0)
     model = build_model(config, D, M, sparse_input=True, head=head)
-    trainer = head.training_model(model, heads.output_layer(model))
+    trainer = head.training_model(model, decoding.scoring_layer(model))
     trainer.compile(optimizer=keras.optimizers.SGD(0.1), jit_compile=False)
     trainer.sampler.refresh()
     x, y = xdata.make_tf_dataset(_data(), 64).get_single_element()
@@ -283,7 +284,7 @@ def test_auto_loss_and_candidates_follow_the_data_regime(kind):
         head = heads.get_head(config)
         head.prepare(data)
         model = build_model(config, D, M, sparse_input=True, head=head)
-        trainer = head.training_model(model, heads.output_layer(model))
+        trainer = head.training_model(model, decoding.scoring_layer(model))
         want_shared = shared and kind != "ann"  # "ann" has no shared mode
         assert isinstance(trainer.sampled_loss, loss_cls)
         assert head.choices()["shared"] is want_shared

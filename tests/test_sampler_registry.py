@@ -15,6 +15,7 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import decoding
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf.job import heads
@@ -116,7 +117,7 @@ def test_registered_sampler_trains_through_the_head_path():
     head.prepare(data)
     keras.utils.set_random_seed(0)
     model = build_model(config, D, M, sparse_input=True, head=head)
-    layer = heads.output_layer(model)
+    layer = decoding.scoring_layer(model)
     trainer = head.training_model(model, layer)
     assert isinstance(trainer.sampler, FixedSampler)
     head.compile(trainer, layer, LazyAdam(0.05))

@@ -17,6 +17,7 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import decoding
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf.job import heads
@@ -337,7 +338,7 @@ def _trainer(layer, data, **scent):
     head.prepare(data)
     keras.utils.set_random_seed(0)
     model = build_model(config, D, M, sparse_input=True, head=head)
-    out = heads.output_layer(model)
+    out = decoding.scoring_layer(model)
     trainer = head.training_model(model, out)
     head.compile(trainer, out, head.make_optimizer())
     return config, head, model, trainer
@@ -356,7 +357,7 @@ def test_scores_equal_full_logits_and_gradient_touches_batch_rows(layer):
     np.testing.assert_allclose(
         trainer.score_classes(queries, classes).numpy(),
         tf.gather(model(x), classes, axis=1).numpy(), rtol=1e-5, atol=1e-6)
-    out = heads.output_layer(model)
+    out = decoding.scoring_layer(model)
     with tf.GradientTape() as tape:
         loss, _, _ = trainer._loss(x, y, ids, training=True)
     grads = tape.gradient(loss, [out.kernel, out.bias])
@@ -381,7 +382,7 @@ def test_train_step_requires_example_ids():
 def test_step_moves_only_batch_rows_and_their_momentum(layer):
     data = _multiclass_data()
     _, _, model, trainer = _trainer(layer, data)
-    out = heads.output_layer(model)
+    out = decoding.scoring_layer(model)
     ds = xdata.make_tf_dataset(data, 12, shuffle=True, seed=2,
                                with_example_ids=True)
     x, y, ids = ds.take(1).get_single_element()
@@ -496,8 +497,8 @@ def test_objective_decreases_to_the_full_softmax_optimum():
 
 
 @pytest.mark.parametrize("layer,decoder", [
-    ("dense", "DenseHead"),
-    pytest.param("uniform_sparse", "UniformSparseHead", marks=needs_op)])
+    ("dense", "LabelDense"),
+    pytest.param("uniform_sparse", "UniformSparseDense", marks=needs_op)])
 def test_head_fits_and_is_decoded_by_its_layer_head(layer, decoder):
     data = _multiclass_data(n=128)
     val = _multiclass_data(n=32, seed=9)
@@ -509,15 +510,15 @@ def test_head_fits_and_is_decoded_by_its_layer_head(layer, decoder):
                                **head.dataset_kwargs())
     hist = trainer.fit(ds, validation_data=xdata.make_tf_dataset(val, 32),
                        epochs=2, verbose=0,
-                       callbacks=head.callbacks(heads.output_layer(model),
+                       callbacks=head.callbacks(decoding.scoring_layer(model),
                                                 val))
     assert np.isfinite(hist.history["loss"]).all()
     assert "val_loss" in hist.history and "val_precision_at_1" in hist.history
-    assert heads.head_for_model(trainer).__name__ == decoder
-    top = heads.head_for_model(model).top_k_function(model, 3)
+    assert type(decoding.scoring_layer(trainer)).__name__ == decoder
+    top = decoding.top_k_function(trainer, 3)
     ids, _ = top(xdata.make_tf_dataset(val, 32).take(1).get_single_element()[0])
     assert ids.shape == (32, 3)
-    assert head.results(heads.output_layer(model))["scent_variant"] == "scent"
+    assert head.results(decoding.scoring_layer(model))["scent_variant"] == "scent"
 
 
 def test_head_errors():
@@ -538,7 +539,7 @@ def test_head_errors():
     head = heads.get_head(_config())
     model = build_model(_config(), D, M, sparse_input=True, head=head)
     with pytest.raises(ValueError, match="prepare"):
-        head.training_model(model, heads.output_layer(model))
+        head.training_model(model, decoding.scoring_layer(model))
     multi = xdata.make_synthetic(20, D, M, labels_per_instance=3, seed=0)
     with pytest.raises(ValueError, match="multi-class"):
         head.prepare(multi)
@@ -655,10 +656,10 @@ def test_job_trains_exports_and_resumes_with_the_saved_duals(tmp_path):
     assert os.path.isdir(os.path.join(run_dir, "saved_model"))
     assert not os.path.exists(os.path.join(run_dir, "backup"))
     assert 0 <= metrics["P@1"] <= 100 and metrics["P@5"] <= 100 / 5
-    # The exported model is the full-scoring one, decoded by its dense head.
+    # The exported model is the full-scoring one, decoded by its scores.
     exported = keras.models.load_model(os.path.join(run_dir, "model.keras"),
                                        compile=False)
-    assert heads.head_for_model(exported).__name__ == "DenseHead"
+    assert decoding.scores_every_label(exported)
     assert exported.output_shape[-1] == 12
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from xmc_tf import decoding
 from xmc_tf import data as xdata
 from xmc_tf.models import SampledTrainer
 from xmc_tf.layers import LabelDense, UniformSparseDense
@@ -167,7 +168,7 @@ def test_shared_config_trains_through_the_head(kind):
     head = heads.get_head(config)
     keras.utils.set_random_seed(0)
     model = build_model(config, D, M, sparse_input=True, head=head)
-    out = heads.output_layer(model)
+    out = decoding.scoring_layer(model)
     trainer = head.training_model(model, out)
     assert trainer.shared
     if kind == "lsh":  # the LSH tables retrieve the mixture's pool

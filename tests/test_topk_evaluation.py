@@ -9,7 +9,7 @@ import scipy.sparse as sp
 from xmc_tf import data as xdata
 from xmc_tf.callbacks import TopKEvaluation
 from xmc_tf.layers import MachHead
-from xmc_tf.job import heads
+from xmc_tf import decoding
 from xmc_tf.job.scoring import predict_top_k, top_k_function
 from op_requirements import needs_ops
 
@@ -44,7 +44,7 @@ def test_dense_head_logs_val_precision():
         assert logs[f"val_precision_at_{k}"] == pytest.approx(
             _np_precision(np.asarray(scores), data.labels, k), abs=1e-9)
     assert logs["loss"] == 1.0
-    assert heads.head_for_model(model) is heads.DenseHead
+    assert decoding.scores_every_label(model)
     with pytest.raises(ValueError):
         TopKEvaluation(data, ks=(), decoder=top_k_function)
     with pytest.raises(ValueError, match="decoder must be a function"):
@@ -59,7 +59,8 @@ def test_mach_head_is_decoded_exactly():
     inputs = keras.Input((20,), sparse=True)
     head = MachHead(30, 8, 3, seed=1, decode_activation="sigmoid")
     model = keras.Model(inputs, head(keras.layers.Dense(16)(inputs)))
-    assert heads.head_for_model(model) is heads.MachOutputHead
+    assert decoding.scoring_layer(model) is head
+    assert not decoding.scores_every_label(model)
     x = xdata.make_tf_dataset(data, 1000).get_single_element()[0]
     z = np.asarray(model(x), np.float64)  # [n, R, B]
     p = 1.0 / (1.0 + np.exp(-z))
@@ -71,7 +72,7 @@ def test_mach_head_is_decoded_exactly():
     np.testing.assert_array_equal(ids, expected)
     logs = {}
     cb = TopKEvaluation(data, ks=(1,), prefix="held_out_",
-                        decoder=heads.MachOutputHead.top_k_function)
+                        decoder=decoding.top_k_function)
     cb.set_model(model)
     cb.on_epoch_end(0, logs)
     assert logs["held_out_precision_at_1"] == pytest.approx(
@@ -89,7 +90,7 @@ def test_decoder_is_built_once_and_sees_the_current_weights():
 
     def decoder(m, k):
         calls.append(k)
-        return heads.DenseHead.top_k_function(m, k)
+        return decoding.top_k_function(m, k)
 
     cb = TopKEvaluation(data, ks=(1, 3), batch_size=64, decoder=decoder)
     cb.set_model(model)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import xmc_tf  # noqa: F401  (registers the ops and Keras classes)
+from xmc_tf import decoding
 from xmc_tf import saving, variable_io
 from xmc_tf.job import fit as xfit
 from xmc_tf.ops.sampled import label_variable
@@ -124,32 +125,6 @@ def test_save_keras_file_writes_the_archive_model_save_writes(
     loaded = keras.models.load_model(ours, compile=False)
     np.testing.assert_array_equal(loaded.predict(data, verbose=0),
                                   model.predict(data, verbose=0))
-
-
-def test_head_keeps_no_copy_of_the_wide_connections():
-    # After initialize the connections live in the wide layer only; the
-    # layer holds what label_feature_connections picks (the reference).
-    import scipy.sparse as sp
-    from xmc_tf import config as xconfig, data as xdata
-    from xmc_tf.job import heads
-    from xmc_tf.layers import label_feature_connections
-    from xmc_tf.job.build import build_model
-    rng = np.random.default_rng(3)
-    features = sp.random(40, 30, density=0.2, random_state=4,
-                         dtype=np.float32, format="csr")
-    labels = sp.csr_matrix((rng.random((40, 6)) < 0.3).astype(np.float32))
-    data = xdata.XCDataset(features, labels)
-    c = xconfig.get_config("uniform_sparse")
-    c.model.encoder_dims, c.model.intermediate_dim = (8,), 16
-    c.model.connections_per_label, c.model.wide_connections = 4, 5
-    head = heads.get_head(c)
-    head.prepare(data)
-    model = build_model(c, 30, 6, sparse_input=True, head=head)
-    head.initialize(heads.output_layer(model), model)
-    assert head._wide_connections is None
-    np.testing.assert_array_equal(
-        model.get_layer("wide").indices.numpy(),
-        label_feature_connections(features, labels, 5, seed=c.seed))
 
 
 @pytest.mark.parametrize("labels,eval_batch,train_batch,want", [

@@ -16,7 +16,8 @@ from xmc_tf.job import heads
 from xmc_tf.callbacks import SetRewiring
 from xmc_tf.layers import (SparseDropout, UniformSparseDense,
                            label_feature_connections)
-from xmc_tf.job.build import build_model
+from xmc_tf.job import wide as xwide
+from xmc_tf.job.build import build_model, build_network
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.plan import check_config
 from xmc_tf.job.fit import make_callbacks
@@ -145,9 +146,11 @@ def test_wide_model_adds_linear_scores_from_the_input():
                      input_dropout=0.1)
     head = heads.get_head(config)
     head.prepare(data)
-    model = build_model(config, 30, 6, sparse_input=True, head=head)
-    out, wide = model.get_layer("output"), model.get_layer("wide")
+    model, out, wide = build_network(config, 30, 6, sparse_input=True,
+                                     head=head)
     head.initialize(out, model)
+    xwide.initialize_wide(wide, config, data)
+    assert wide.name == "wide"
     want_conn = label_feature_connections(data.features, data.labels, 5,
                                           seed=config.seed)
     np.testing.assert_array_equal(wide.indices.numpy(), want_conn)
@@ -155,7 +158,7 @@ def test_wide_model_adds_linear_scores_from_the_input():
     np.testing.assert_array_equal(wide.kernel.numpy(), 0)  # "zeros" start
     wide.kernel.assign(np.random.default_rng(1).random((6, 5)).astype(np.float32))
     x, _ = xdata.make_tf_dataset(data, 40).get_single_element()
-    sub = keras.Model(model.inputs, [model.get_layer("output").output])
+    sub = keras.Model(model.inputs, [out.output])
     dense_x = tf.sparse.to_dense(x).numpy()
     linear = np.zeros((40, 6), np.float32)
     for j in range(6):
@@ -173,9 +176,8 @@ def test_wide_centroid_start_scores_positives_one_on_average():
     config = _config(wide_connections=5, wide_init="centroid")
     head = heads.get_head(config)
     head.prepare(data)
-    model = build_model(config, 30, 6, sparse_input=True, head=head)
-    head.initialize(model.get_layer("output"), model)
-    wide = model.get_layer("wide")
+    _, _, wide = build_network(config, 30, 6, sparse_input=True, head=head)
+    xwide.initialize_wide(wide, config, data)
     dense_x = data.features.toarray()
     pos_i, pos_j = np.nonzero(data.labels.toarray())
     w = wide.kernel.numpy() * wide.kernel_scale  # the effective weights
@@ -220,34 +222,33 @@ def test_wide_path_config_checks_and_min_delta(tmp_path):
 def test_wide_fan_in_caps_the_training_bytes(max_mib, labels, want):
     mc = _config(wide_connections=128, wide_max_mib=max_mib).model
     # 20 bytes per connection: weight, index, two Adam moments, gradient.
-    assert heads.wide_fan_in(mc, 200_000, labels) == want
+    assert xwide.wide_fan_in(mc, 200_000, labels) == want
     if max_mib is not None and want:
         assert 20 * labels * want <= max_mib * 2**20
         assert 20 * labels * (want + 1) > max_mib * 2**20 or want == 128
-    assert heads.wide_fan_in(mc, 50, labels) == min(want, 50)
+    assert xwide.wide_fan_in(mc, 50, labels) == min(want, 50)
 
 
-def test_capped_wide_path_is_built_and_prepared_with_the_same_fan_in(
+def test_capped_wide_path_is_built_and_initialized_with_the_same_fan_in(
         caplog):
     # A cap of 0 MiB turns the path off (logged); with the cap lifted the
-    # layer has all 5 connections the head picked.
+    # layer has all 5 connections.
     data = _data()
     config = _config(wide_connections=5, wide_max_mib=0)
     head = heads.get_head(config)
-    head.prepare(data)
-    with caplog.at_level("INFO"):
-        model = build_model(config, 30, 6, sparse_input=True, head=head)
+    with caplog.at_level("INFO", logger="absl"):
+        model, _, wide = build_network(config, 30, 6, sparse_input=True,
+                                       head=head)
+    assert wide is None
     assert "wide" not in [layer.name for layer in model.layers]
     assert "built without it" in caplog.text
-    assert head._wide_connections is None
 
     config = _config(wide_connections=5, wide_max_mib=None)
-    head = heads.get_head(config)
-    head.prepare(data)
-    model = build_model(config, 30, 6, sparse_input=True, head=head)
-    head.initialize(model.get_layer("output"), model)
+    _, _, wide = build_network(config, 30, 6, sparse_input=True,
+                               head=heads.get_head(config))
+    xwide.initialize_wide(wide, config, data)
     np.testing.assert_array_equal(
-        model.get_layer("wide").indices.numpy(),
+        wide.indices.numpy(),
         label_feature_connections(data.features, data.labels, 5,
                                   seed=config.seed))
 
@@ -255,11 +256,9 @@ def test_capped_wide_path_is_built_and_prepared_with_the_same_fan_in(
     # 20 * 17476 * 4); the layer and the head's connections agree.
     data = _data(n=60, m=17_476, seed=1)
     config = _config(wide_connections=5, wide_max_mib=1)
-    head = heads.get_head(config)
-    head.prepare(data)
-    model = build_model(config, 30, 17_476, sparse_input=True, head=head)
-    head.initialize(model.get_layer("output"), model)
-    wide = model.get_layer("wide")
+    _, _, wide = build_network(config, 30, 17_476, sparse_input=True,
+                               head=heads.get_head(config))
+    xwide.initialize_wide(wide, config, data)
     assert wide.indices.shape == (17_476, 3)
     np.testing.assert_array_equal(
         wide.indices.numpy(),

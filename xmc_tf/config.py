@@ -203,10 +203,10 @@ HEAD_DEFAULTS = {
             pool_positives=True,  # shared "mixture": batch positives in pool
             hard_queries=32,  # shared: rows queried for hard ones (0: all)
             hash="simhash",  # "lsh": or "dwta"
-            # "lsh": hash functions per table; 0: LshNegativeSampler's
-            # default, lsh_auto_K (about k labels in the L probed buckets,
-            # per hash family; K=9 left Bibtex's buckets empty)
-            K=0,
+            # "lsh": hash functions per table; "auto": lsh_auto_K (about k
+            # labels in the L probed buckets, per hash family; K=9 left
+            # Bibtex's buckets empty)
+            K="auto",
             L=50,  # "lsh": tables
             query="embedding",  # "lsh": or "label"
             weighting="inverse_probability",  # "lsh": or "none"

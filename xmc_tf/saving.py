@@ -35,7 +35,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from xmc_tf.job import heads as xheads
+from xmc_tf import decoding
 from xmc_tf import variable_io
 # The layers, losses, metrics and optimizers register their Keras classes
 # (and the ops' gradients) when imported: load_model needs them.
@@ -104,7 +104,7 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
         ``k`` is out of range, or ``portable=True`` for a model that needs an ``Xmc>`` op
         (the message names them).
     """
-    model = xheads.inference_model(model)
+    model = decoding.inference_model(model)
     stock_only = portable is None or portable
     if stock_only:
         with stock.stock_ops():
@@ -141,8 +141,7 @@ def _serving_archive(model: keras.Model, k: int):
             "export_saved_model takes MACH's training model (its output the "
             "MachHead's [b, R, B] logits), not a serving model that already "
             "decodes: its serve signature decodes with Xmc>MachTopK")
-    head = xheads.head_for_model(model)
-    top_k = head.top_k_function(model, k)
+    top_k = decoding.top_k_function(model, k)
     archive = keras.export.ExportArchive()
     archive.track(model)
 
@@ -176,7 +175,7 @@ def _serving_archive(model: keras.Model, k: int):
             return all_scores(features)
 
     endpoints = [tf.function(serve, input_signature=signature)]
-    if head.full_scores_in_training:
+    if decoding.scores_every_label(model):
         endpoints.append(tf.function(score_all_labels,
                                      input_signature=signature))
     for fn in endpoints:

@@ -33,14 +33,13 @@ weights move only on the batches where the label matters).
 from __future__ import annotations
 
 import keras
-from absl import logging
 
 from xmc_tf.job import heads as xheads
-from xmc_tf.job.heads.base import WIDE_BYTES_PER_CONNECTION, WIDE_LAYER
-from xmc_tf.layers import SparseDropout, SparseEmbeddingBag, UniformSparseDense
+from xmc_tf.job import wide as xwide
+from xmc_tf.layers import SparseDropout, SparseEmbeddingBag
 
-__all__ = ["build_model", "build_optimizer", "ENCODERS",
-           "INTERMEDIATE_ACTIVATIONS", "OPTIMIZERS", "WIDE_LAYER"]
+__all__ = ["build_model", "build_network", "build_optimizer", "ENCODERS",
+           "INTERMEDIATE_ACTIVATIONS", "OPTIMIZERS"]
 
 #: ``config.model.encoder``: the first encoder layer on sparse input.
 ENCODERS = ("sparse_embedding", "dense")
@@ -48,6 +47,80 @@ ENCODERS = ("sparse_embedding", "dense")
 INTERMEDIATE_ACTIVATIONS = ("relu", "leaky_relu", "gelu", "linear")
 #: ``config.train.optimizer``.
 OPTIMIZERS = ("lazy_adam", "lazy_adamw", "adam")
+
+
+def _encode(config, inputs, sparse_input: bool):
+    """The encoder and intermediate layers on ``inputs``; returns
+    ``(x, features)``: the hidden output and what the wide path reads (the
+    input after ``input_dropout``)."""
+    mc = config.model
+    x = inputs
+    if mc.input_dropout:
+        x = SparseDropout(mc.input_dropout, seed=config.seed + 2,
+                          name="input_dropout")(x)
+    features = x
+    for i, units in enumerate(mc.encoder_dims):
+        if i == 0 and sparse_input and mc.encoder == "sparse_embedding":
+            layer = SparseEmbeddingBag(units, activation="relu",
+                                       name=f"encoder_{i}")
+        else:
+            layer = keras.layers.Dense(units, activation="relu",
+                                       name=f"encoder_{i}")
+        x = layer(x)
+        if mc.dropout:
+            x = keras.layers.Dropout(mc.dropout, seed=config.seed)(x)
+    if mc.intermediate_dim:
+        x = keras.layers.Dense(mc.intermediate_dim,
+                               activation=mc.intermediate_activation,
+                               name="intermediate")(x)
+        if mc.intermediate_dropout:
+            x = keras.layers.Dropout(mc.intermediate_dropout,
+                                     seed=config.seed + 1)(x)
+    return x, features
+
+
+def _check_model_config(mc) -> None:
+    if mc.encoder not in ENCODERS:
+        raise ValueError(f"config.model.encoder={mc.encoder!r}; expected one "
+                         f"of {ENCODERS}")
+    if mc.intermediate_activation not in INTERMEDIATE_ACTIVATIONS:
+        raise ValueError(
+            f"config.model.intermediate_activation="
+            f"{mc.intermediate_activation!r}; expected one of "
+            f"{INTERMEDIATE_ACTIVATIONS}")
+
+
+def build_network(config, num_features: int, num_labels: int,
+                  sparse_input: bool, head: xheads.Head | None = None):
+    """:func:`build_model`, with the layers the job initialises.
+
+    Returns:
+      ``(model, head_layer, wide_layer)``: the model, the layer
+      ``head.build_layer`` made (it scores the labels), and the wide path's
+      layer (:func:`xmc_tf.job.wide.build_wide`) or None.
+
+    Raises:
+      ValueError: as :func:`build_model`.
+    """
+    head = head or xheads.get_head(config)
+    _check_model_config(config.model)
+    inputs = keras.Input(shape=(num_features,), sparse=sparse_input,
+                         name="features")
+    x, features = _encode(config, inputs, sparse_input)
+    linear = x is features
+    head_layer = head.build_layer(num_labels, int(x.shape[-1]),
+                                  sparse_input=sparse_input and linear)
+    outputs = head_layer(x)
+    fan_in = xwide.plan_fan_in(config, head, num_features, num_labels,
+                               sparse_input, linear)
+    wide_layer = xwide.build_wide(config, num_labels, fan_in) if fan_in \
+        else None
+    if wide_layer is not None:
+        # The head's scores first: xmc_tf.decoding follows the first input.
+        outputs = keras.layers.Add(name="scores")([outputs,
+                                                   wide_layer(features)])
+    model = keras.Model(inputs, outputs, name=f"xmc_{config.model.head}")
+    return model, head_layer, wide_layer
 
 
 def build_model(config, num_features: int, num_labels: int,
@@ -76,80 +149,12 @@ def build_model(config, num_features: int, num_labels: int,
         ``.intermediate_activation``, or ``config.loss`` not made for the
         head.  (``config.model.wide_connections`` is ignored, with a log
         line, for heads without a wide path: MACH, sampled, SCENT; it is
-        cut, with a log line, to :func:`xmc_tf.job.heads.wide_fan_in`
+        cut, with a log line, to :func:`xmc_tf.job.wide.wide_fan_in`
         connections per label when ``config.model.wide_max_mib`` is too
         small for it.)
     """
-    head = head or xheads.get_head(config)
-    mc = config.model
-    encoder = mc.encoder
-    if encoder not in ENCODERS:
-        raise ValueError(f"config.model.encoder={encoder!r}; expected one of "
-                         f"{ENCODERS}")
-    activation = mc.intermediate_activation
-    if activation not in INTERMEDIATE_ACTIVATIONS:
-        raise ValueError(f"config.model.intermediate_activation={activation!r}"
-                         f"; expected one of {INTERMEDIATE_ACTIVATIONS}")
-    inputs = keras.Input(shape=(num_features,), sparse=sparse_input,
-                         name="features")
-    x = inputs
-    if mc.input_dropout:
-        x = SparseDropout(mc.input_dropout, seed=config.seed + 2,
-                          name="input_dropout")(x)
-    features = x
-    for i, units in enumerate(mc.encoder_dims):
-        if i == 0 and sparse_input and encoder == "sparse_embedding":
-            layer = SparseEmbeddingBag(units, activation="relu",
-                                       name=f"encoder_{i}")
-        else:
-            layer = keras.layers.Dense(units, activation="relu",
-                                       name=f"encoder_{i}")
-        x = layer(x)
-        if mc.dropout:
-            x = keras.layers.Dropout(mc.dropout, seed=config.seed)(x)
-    if mc.intermediate_dim:
-        x = keras.layers.Dense(mc.intermediate_dim, activation=activation,
-                               name="intermediate")(x)
-        if mc.intermediate_dropout:
-            x = keras.layers.Dropout(mc.intermediate_dropout,
-                                     seed=config.seed + 1)(x)
-    linear = x is features
-    outputs = head.build_layer(num_labels, int(x.shape[-1]),
-                               sparse_input=sparse_input and linear)(x)
-    # The wide path reads sparse (tf-idf) features; dense embeddings are
-    # read whole by the encoder already.
-    wide = mc.wide_connections if sparse_input else 0
-    if wide and not head.wide_path:
-        # e.g. --config.model.head=mach on the default config: the field
-        # belongs to the heads that score every label.
-        logging.info("config.model.wide_connections=%s: head %r has no wide "
-                     "path; built without it", wide, mc.head)
-        wide = 0
-    if wide and not linear:
-        fan_in = xheads.wide_fan_in(mc, num_features, num_labels)
-        if fan_in < min(int(wide), num_features):
-            full = (WIDE_BYTES_PER_CONNECTION * num_labels *
-                    min(int(wide), num_features))
-            logging.info(
-                "wide path: %d connections per label would take %.2f GiB "
-                "at %d labels (%d bytes per connection in training); "
-                "config.model.wide_max_mib=%s allows %d%s",
-                min(int(wide), num_features), full / 2**30, num_labels,
-                WIDE_BYTES_PER_CONNECTION, mc.wide_max_mib, fan_in,
-                "" if fan_in else ": built without it")
-        wide = fan_in
-    if wide and not linear:
-        # A per-label sparse linear classifier on the input features, added
-        # to the deep scores (its connections: head.initialize, from data).
-        wide_scores = UniformSparseDense(
-            num_labels, wide, use_bias=False,
-            kernel_initializer="zeros", seed=config.seed,
-            kernel_scale=mc.wide_lr_multiplier,
-            kernel_regularizer=(keras.regularizers.L2(mc.wide_l2)
-                                if mc.wide_l2 else None),
-            name=WIDE_LAYER)(features)
-        outputs = keras.layers.Add(name="scores")([outputs, wide_scores])
-    return keras.Model(inputs, outputs, name=f"xmc_{mc.head}")
+    return build_network(config, num_features, num_labels, sparse_input,
+                         head)[0]
 
 
 def build_optimizer(config) -> keras.optimizers.Optimizer:

@@ -58,7 +58,8 @@ def load_config(config="uniform_sparse",
         ``ConfigDict`` (copied).
       overrides: ``{"train.epochs": 5, ...}`` (dotted field names, as the
         command line's ``--config.FIELD=VALUE``) or a nested dict; None for
-        none.
+        none.  ``"auto"`` leaves a field to the data
+        (:func:`xmc_tf.job.plan.resolve_config`).
 
     Returns:
       A new, locked ``ml_collections.ConfigDict``.
@@ -96,6 +97,11 @@ def _flatten(overrides, prefix=""):
 
 
 def _set_field(cfg, field: str, value) -> None:
+    if isinstance(value, str) and value.strip().lower() == "auto" and \
+            field in xconfig.REGIME_FIELDS:
+        # A typed field left to the data: a None placeholder in the schema.
+        xconfig.by_regime(cfg, (field,))
+        return
     *parents, name = field.split(".")
     node = cfg
     try:

@@ -11,6 +11,7 @@ Usage::
     xmc-tf predict --workdir=DIR --data=FILE --output=PRED.txt [--k=5]
     xmc-tf export --workdir=DIR --output=SAVED_MODEL_DIR [--k=5] \\
         [--portable=auto|yes|no]
+    xmc-tf train --config=NAME|FILE [--config.KEY=VALUE ...] --print-config
     xmc-tf --help | xmc-tf train --help [--config=NAME|FILE]
 
 ``train`` writes ``DIR/model.keras``, ``DIR/saved_model/`` and, last,
@@ -185,6 +186,9 @@ def _define_flags(argv) -> flags.FlagValues:
                       "loads without xmc_tf), 'yes': that or an error, "
                       "'no': the xmc_tf ops (faster on the CPU).",
                       flag_values=fv)
+    flags.DEFINE_bool("print-config", False, "train: read the training data, "
+                      "print the config with every automatic field resolved "
+                      "(JSON) and exit without training.", flag_values=fv)
     flags.DEFINE_bool("debug", False, "print the Python traceback of errors.",
                       flag_values=fv)
     return fv
@@ -487,6 +491,8 @@ def _train(fv, config_path):
     from xmc_tf.errors import ConfigError
     from xmc_tf.job.scoring import format_table
     config = _load_config(fv, config_path)
+    if fv["print-config"].value:
+        return _print_config(config, config_path)
     try:
         results = ExtremeClassifier(
             config, workdir=fv.workdir, overwrite=fv.overwrite,
@@ -500,6 +506,21 @@ def _train(fv, config_path):
     else:
         print(f"\n{cluster.name}: done; the chief (worker 0) wrote "
               "metrics.json and the model to its --workdir")
+
+
+def _print_config(config, config_path):
+    """``xmc-tf train --print-config``: the run's config after
+    :func:`xmc_tf.job.plan.resolve_config` on the training data (no
+    workdir is touched)."""
+    from xmc_tf.errors import ConfigError
+    from xmc_tf.job import inputs, plan
+    try:
+        plan.check_config(config)
+        train, _ = inputs.read_datasets(config)
+        resolved, _ = plan.resolve_config(config, train)
+    except ConfigError as e:
+        raise ConfigError(f"{_shown(config_path)}: {e}") from e
+    print(resolved.to_json_best_effort(indent=2, sort_keys=True))
 
 
 def _evaluate(fv, _):
@@ -609,7 +630,8 @@ def _check_args(fv, rest):
     if len(rest) > 2:
         raise UsageError(f"unexpected arguments {rest[2:]} (flags are "
                          "--name=value)")
-    if not fv.workdir:
+    if not fv.workdir and not (command == "train"
+                               and fv["print-config"].value):
         raise UsageError(f"{command} needs --workdir=DIR")
     if command in ("evaluate", "predict") and not fv.data:
         raise UsageError(f"{command} needs --data=SPEC")

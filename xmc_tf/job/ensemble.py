@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import keras
 
-__all__ = ["ScoreAverage", "average_scores", "members", "ENSEMBLE_MODEL",
+__all__ = ["ScoreAverage", "average_scores", "ENSEMBLE_MODEL",
            "MEMBER_PREFIX"]
 
 #: Name of the averaged model built by :func:`average_scores`.
@@ -47,8 +47,8 @@ class ScoreAverage(keras.layers.Layer):
     Input: a list of ``n >= 1`` float32 tensors ``[batch, num_labels]``;
     output: float32 ``[batch, num_labels]``, their mean.  No weights.
     The model of :func:`average_scores` ends with it;
-    :func:`xmc_tf.job.heads.head_for_model` finds that model's members
-    (:func:`members`) and decodes it by the first member's head.
+    :func:`xmc_tf.decoding.scoring_layer` follows its first input (the
+    first member), so the model is decoded as its members are.
 
     Raises:
       ValueError: no inputs, or inputs of different shapes (at build).
@@ -70,12 +70,6 @@ class ScoreAverage(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[0])
 
-
-def members(model: keras.Model) -> list[keras.Model]:
-    """The member models of an averaged model (``[]`` for any other)."""
-    return [layer for layer in getattr(model, "layers", [])
-            if isinstance(layer, keras.Model)
-            and layer.name.startswith(MEMBER_PREFIX)]
 
 
 def average_scores(models: list[keras.Model]) -> keras.Model:

@@ -19,9 +19,9 @@ from xmc_tf import callbacks as xcallbacks
 from xmc_tf import data as xdata
 from xmc_tf.job import cluster as xcluster
 from xmc_tf.metrics import evaluator as xevaluation
-from xmc_tf.job import heads as xheads
 from xmc_tf.errors import ConfigError, TrainingDiverged
-from xmc_tf.job.build import build_model, build_optimizer
+from xmc_tf.job import wide as xwide
+from xmc_tf.job.build import build_network, build_optimizer
 from xmc_tf.models.distributed import DistributedModel, DistributedTrainerMixin
 from xmc_tf.job.workdir import Workdir
 
@@ -36,13 +36,15 @@ def _variable_bytes(variables) -> int:
 
 
 def build_and_compile(config, head, num_features: int, num_labels: int,
-                      sparse_input: bool, distributed: bool = False):
+                      sparse_input: bool, distributed: bool = False,
+                      fit_data=None):
     """Builds the model and compiles the model that ``fit`` runs.
 
     The optimizer is the head's own (``head.make_optimizer()``, e.g.
     SCENT's row-sparse momentum) or :func:`xmc_tf.job.build.build_optimizer`
     (``config.train.optimizer``); the caller has run ``head.prepare`` on the
-    training data.  Heads that train through a wrapper
+    training data, and the wide path (if the model has one) is connected
+    from ``fit_data`` (:func:`xmc_tf.job.wide.initialize_wide`).  Heads that train through a wrapper
     (``head.training_model``, e.g. the sampled head's trainer) compile it
     with ``head.compile``.  The checkpoint saves the variables of
     ``fit_model`` (which include ``model``'s) and its ``get_state()`` if it
@@ -60,12 +62,15 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
       ConfigError: the model cannot be built from the config.
     """
     try:
-        model = build_model(config, num_features, num_labels, sparse_input,
-                            head)
+        model, layer, wide = build_network(config, num_features, num_labels,
+                                           sparse_input, head)
     except ValueError as e:
         raise ConfigError(" ".join(str(e).split())) from e
-    layer = xheads.output_layer(model)
-    head.initialize(layer, model)  # e.g. the prior bias; a resume restores over it
+    # Initial values from the data (a resume restores its checkpoint over
+    # them): e.g. the prior bias, the wide path's connections.
+    head.initialize(layer, model)
+    if wide is not None and fit_data is not None:
+        xwide.initialize_wide(wide, config, fit_data)
     try:
         optimizer = head.make_optimizer() or build_optimizer(config)
     except ValueError as e:

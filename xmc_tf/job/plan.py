@@ -13,6 +13,7 @@ Extremely Large Output Spaces", Sec. 4.1 (the schedule the configs use).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -29,7 +30,8 @@ from xmc_tf.job.build import ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS
 from xmc_tf.samplers.registry import auto_bool
 
 __all__ = ["AUTO", "DataSummary", "summarize", "check_config",
-           "check_strategy", "resolve_config", "tree_enabled", "tree_weight"]
+           "check_strategy", "resolve_config", "automatic",
+           "automatic_fields", "is_auto", "tree_enabled", "tree_weight"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,8 @@ class DataSummary:
         (:func:`xmc_tf.config.is_multi_class`).
       feature_nnz: stored feature values (``n * d`` for dense features).
       label_nnz: stored labels (positives).
+      whole_features: every stored feature value is a whole number >= 0
+        (counts or binary; :func:`xmc_tf.data.resolve_normalization`).
     """
 
     num_instances: int
@@ -54,6 +58,12 @@ class DataSummary:
     multi_class: bool
     feature_nnz: int
     label_nnz: int
+    whole_features: bool
+
+    @property
+    def regime(self) -> str:
+        """``"multi-class"`` or ``"multi-label"``."""
+        return "multi-class" if self.multi_class else "multi-label"
 
     def to_json(self) -> dict:
         """The summary as a JSON-able dict (``metrics.json`` ``"data"``)."""
@@ -70,7 +80,9 @@ def summarize(train: xdata.XCDataset) -> DataSummary:
         num_features=int(train.num_features),
         num_labels=int(train.num_labels), sparse=bool(train.is_sparse),
         multi_class=bool(xconfig.is_multi_class(train.labels)),
-        feature_nnz=nnz, label_nnz=int(train.labels.nnz))
+        feature_nnz=nnz, label_nnz=int(train.labels.nnz),
+        whole_features=xdata.resolve_normalization(
+            "auto", features) == "tfidf")
 
 
 def _is_number(value) -> bool:
@@ -261,37 +273,157 @@ def check_strategy(config, head, cluster: xcluster.Cluster) -> None:
             "batch is split evenly over them)")
 
 
-def resolve_config(config, train: xdata.XCDataset):
-    """Fills in the fields that ``config`` leaves to the data's label
-    regime (:func:`xmc_tf.config.by_regime`; the astra / lsh configs'
-    network and schedule) from the raw training labels, logging one line
-    per field.
+#: Automatic fields other than the regime's, in the order they are
+#: resolved: dotted name -> ``(config, summary, head, has_validation) ->
+#: (value, why)`` (:func:`automatic`).
+_RESOLVERS: dict = {}
 
-    Multi-class labels (every instance at most one label,
-    :func:`xmc_tf.config.is_multi_class`) take
-    :data:`xmc_tf.config.MULTI_CLASS_DEFAULTS`, multi-label ones the head's
-    schema defaults; values the config sets are kept.
 
-    Args:
-      config: the job config (checked by :func:`check_config`).
-      train: the raw training set (:func:`load_data`).
+def automatic(field: str):
+    """Registers the function that resolves the automatic field ``field``
+    (spelled ``"auto"`` in configs) from the data; :func:`resolve_config`
+    calls it when the run's config holds ``"auto"`` there.
 
-    Returns:
-      ``(run_config, regime)``: the config the run trains with (``config``
-      itself when nothing is left to the data) and ``{"labels":
-      "multi-class" | "multi-label", "fields": {field: value}}`` (JSON
-      values; ``{}`` when nothing is left to the data), which the
-      checkpoint and ``metrics.json`` keep.
+    The function takes ``(config, summary, head, has_validation)`` -- the
+    config with the earlier fields resolved, the :class:`DataSummary`, the
+    config's :class:`~xmc_tf.job.heads.Head` and whether the run has a
+    validation split -- and returns ``(value, why)``, ``why`` one line for
+    the log.
     """
+    def register(fn):
+        _RESOLVERS[field] = fn
+        return fn
+    return register
+
+
+def automatic_fields() -> tuple[str, ...]:
+    """The fields registered with :func:`automatic`, in resolution order
+    (the regime's fields, :data:`xmc_tf.config.REGIME_FIELDS`, come
+    first)."""
+    return tuple(_RESOLVERS)
+
+
+def is_auto(value) -> bool:
+    """Whether a config value means "resolve from the data": ``"auto"``
+    (any case) or, in the typed fields of :func:`xmc_tf.config.by_regime`,
+    None."""
+    return value is None or (isinstance(value, str)
+                             and value.strip().lower() == AUTO)
+
+
+def _field(config, dotted: str):
+    node = config
+    *parents, name = dotted.split(".")
+    for part in parents:
+        if part not in node:
+            return None, None
+        node = node[part]
+    return (node, name) if name in node else (None, None)
+
+
+@automatic("data.normalize")
+def _normalize(config, summary, head, has_validation):
+    if not summary.sparse:
+        return "none", "dense features are used as they are"
+    if summary.whole_features:
+        return "tfidf", "the training features are whole numbers (counts)"
+    return "l2", "the training features are weights (tf-idf)"
+
+
+@automatic("loss")
+def _loss(config, summary, head, has_validation):
+    loss = "softmax" if summary.multi_class else "squared_hinge"
+    return loss, f"{summary.regime} training labels"
+
+
+@automatic("sampler.shared")
+def _shared(config, summary, head, has_validation):
+    from xmc_tf.samplers.registry import shared_kinds
+    shared = summary.multi_class and config.sampler.kind in shared_kinds()
+    return bool(shared), (f"{summary.regime} training labels, sampler "
+                          f"{config.sampler.kind!r}")
+
+
+@automatic("sampler.index")
+def _index(config, summary, head, has_validation):
+    from xmc_tf.samplers.ann import auto_index_kind
+    kind = auto_index_kind(summary.num_labels)
+    return kind, f"{summary.num_labels} labels"
+
+
+@automatic("sampler.K")
+def _lsh_k(config, summary, head, has_validation):
+    from xmc_tf.samplers.lsh import sampler_config_K
+    k = sampler_config_K(config.sampler, summary.num_labels)
+    return k, f"{summary.num_labels} labels, hash {config.sampler.hash!r}"
+
+
+@automatic("tree.enabled")
+def _tree_enabled(config, summary, head, has_validation):
+    from xmc_tf.job.finalize import label_tree_plan
+    return label_tree_plan(config, head, summary.num_labels, summary.sparse,
+                           has_validation, summary.multi_class)
+
+
+def _resolve_regime(config, summary) -> tuple:
+    """The regime fields (:func:`xmc_tf.config.by_regime`) filled in."""
     if not xconfig.unresolved_fields(config):
         return config, {}
-    multi_class = xconfig.is_multi_class(train.labels)
-    labels = "multi-class" if multi_class else "multi-label"
-    values = xconfig.regime_values(config, multi_class)
+    values = xconfig.regime_values(config, summary.multi_class)
     for field, value in values.items():
         logging.info("config.%s=%r: chosen for %s training labels (left to "
                      "the data's regime; docs/defaults.md)", field, value,
-                     labels)
-    regime = {"labels": labels,
-              "fields": json.loads(json.dumps(values, sort_keys=True))}
-    return xconfig.resolve_regime(config, multi_class), regime
+                     summary.regime)
+    return xconfig.resolve_regime(config, summary.multi_class), values
+
+
+def resolve_config(config, train: xdata.XCDataset,
+                   validation: xdata.XCDataset | None = None):
+    """The one resolver of automatic settings: the run's config with every
+    field left to the data filled in, one log line per field.
+
+    First the fields a config leaves to the label regime
+    (:func:`xmc_tf.config.by_regime`: multi-class labels take
+    :data:`xmc_tf.config.MULTI_CLASS_DEFAULTS`, multi-label ones the
+    head's schema defaults), then each field registered with
+    :func:`automatic` whose value is ``"auto"`` (feature normalisation,
+    the sampled head's loss and candidate mode, the ANN index, LSH's K,
+    the label tree).  ``tree.weight="auto"`` is read after training, on
+    the validation scores (:func:`xmc_tf.job.finalize.attach_label_tree`).
+    Values the config sets are kept.
+
+    Args:
+      config: the job config (checked by :func:`check_config`).
+      train: the raw training set.
+      validation: the validation set the caller gives, or None (the run
+        splits ``config.data.validation_fraction`` of ``train``).
+
+    Returns:
+      ``(run_config, resolved)``: the config the run trains with (``config``
+      itself when nothing is automatic) and ``{"labels": "multi-class" |
+      "multi-label", "fields": {field: value}}`` (JSON values; ``{}`` when
+      nothing is automatic), which the checkpoint and ``metrics.json``
+      keep.
+    """
+    summary = summarize(train)
+    run, values = _resolve_regime(config, summary)
+    has_validation = validation is not None or bool(round(
+        run.data.validation_fraction * summary.num_instances))
+    head = None
+    for field, resolve in _RESOLVERS.items():
+        node, name = _field(run, field)
+        if node is None or not is_auto(node[name]):
+            continue
+        if run is config:
+            run = copy.deepcopy(config)
+            node, name = _field(run, field)
+        head = head or xheads.get_head(run)
+        value, why = resolve(run, summary, head, has_validation)
+        node[name] = value
+        values[field] = value
+        logging.info("config.%s=%r: chosen from the data (%s)", field, value,
+                     why)
+    if not values:
+        return config, {}
+    return run, {"labels": summary.regime,
+                 "fields": json.loads(json.dumps(values, sort_keys=True))}

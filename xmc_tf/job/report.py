@@ -5,14 +5,14 @@ ensembles, and the byte counts it holds.
 
 from __future__ import annotations
 
+import json
 import resource
 
 import keras
 import numpy as np
 
-from xmc_tf.job import heads as xheads
 
-__all__ = ["peak_memory_bytes", "output_layer_bytes", "model_bytes",
+__all__ = ["peak_memory_bytes", "layer_bytes", "model_bytes",
            "run_report", "MEMBER_KEYS"]
 
 #: What an ensemble's ``metrics.json`` keeps of each member's.
@@ -29,10 +29,10 @@ def _variable_bytes(variables) -> int:
                    for v in variables))
 
 
-def output_layer_bytes(model: keras.Model) -> int:
-    """Bytes of the head layer's variables (weights, indices, bias):
-    the layer of :func:`xmc_tf.job.heads.output_layer`."""
-    return _variable_bytes(xheads.output_layer(model).weights)
+def layer_bytes(layer) -> int:
+    """Bytes of a layer's variables (the head's: weights, indices, bias;
+    ``metrics.json`` ``output_layer_bytes``)."""
+    return _variable_bytes(layer.weights)
 
 
 def model_bytes(model: keras.Model) -> int:
@@ -46,7 +46,7 @@ def run_report(config, summary, num_test: int, model, *, metrics: dict,
     """The ``metrics.json`` dict of a run (before its completion marker).
 
     Args:
-      config: the run's config.
+      config: the run's config (resolved: recorded as ``"config"``).
       summary: the training data's :class:`xmc_tf.job.plan.DataSummary`.
       num_test: test instances (0 without a test set).
       model: the exported model (``model_bytes``).
@@ -54,7 +54,7 @@ def run_report(config, summary, num_test: int, model, *, metrics: dict,
         (percent), and for ensembles ``val_...``; ``{}`` without a test set.
       train_seconds: seconds of training (all processes, resumes summed).
       epochs: epochs trained.
-      head_bytes: bytes of the head layer(s) (:func:`output_layer_bytes`).
+      head_bytes: bytes of the head layer(s) (:func:`layer_bytes`).
       regime: the values the data chose (``{}`` if none).
       **extra: more keys (the head's results, the label tree, the
         strategy, an ensemble's members), added last.
@@ -76,5 +76,7 @@ def run_report(config, summary, num_test: int, model, *, metrics: dict,
     })
     if regime:
         report["regime"] = regime
+    # The config the run trained with: every automatic field resolved.
+    report["config"] = json.loads(config.to_json_best_effort())
     report.update(extra)
     return report

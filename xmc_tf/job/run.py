@@ -140,7 +140,8 @@ class Run:
         # values the data chose are kept beside it ("regime").
         write_bytes_atomic(self.wd.file(Workdir.CONFIG),
                            self.given.to_json_best_effort(indent=2).encode())
-        self.config, self.regime = xplan.resolve_config(self.given, train)
+        self.config, self.regime = xplan.resolve_config(
+            self.given, train, self.data.validation)
         if self.regime:
             self.head = xplan.check_config(self.config)
             if self.cluster.strategy is not None:
@@ -161,7 +162,8 @@ class Run:
             self.model, self.layer, self.fit_model = xfit.build_and_compile(
                 self.config, self.head, self.fit_data.num_features,
                 self.fit_data.num_labels, self.summary.sparse,
-                distributed=self.cluster.strategy is not None)
+                distributed=self.cluster.strategy is not None,
+                fit_data=self.fit_data)
         self.model.summary(print_fn=logging.info)
         cbs = xfit.make_callbacks(self.config, self.wd.path, self.head,
                                   self.layer, self.val_data, self.cluster)
@@ -219,7 +221,7 @@ class Run:
             # the label tree's fit and weight choice included
             train_seconds=self.checkpointer.train_seconds + tree_seconds,
             epochs=len(self.checkpointer.history),
-            head_bytes=xreport.output_layer_bytes(self.model),
+            head_bytes=xreport.layer_bytes(self.layer),
             regime=self.regime, **extra)
         export_model(exported, self.wd.path, k=max(config.eval.ks))
         results["peak_memory_bytes"] = self.checkpointer.peak_memory_bytes
@@ -517,7 +519,7 @@ def _run_ensemble(config, wd: Workdir, data, *, overwrite: bool, force: bool,
     inv_prop = xinputs.save_inv_propensities(config, train, wd.path)
     write_bytes_atomic(wd.file(Workdir.CONFIG),
                        config.to_json_best_effort(indent=2).encode())
-    config, regime = xplan.resolve_config(config, train)  # as each member did
+    config, regime = xplan.resolve_config(config, train, data.validation)
     # Members share the split (and so the normalisation, inside each
     # member's model): the raw validation rows are theirs too.
     val_data = data.validation

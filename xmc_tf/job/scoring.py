@@ -2,11 +2,10 @@
 
 The decoder of any xmc_tf model (:func:`top_k_function`,
 :func:`predict_top_k`, :func:`evaluate_model`) and the metrics table
-(:func:`format_table`).  The head of a (loaded) model is found by
-:func:`xmc_tf.job.heads.head_for_model` and decodes its outputs: heads that
-score every label (``UniformSparseDense``, ``Dense``) keep the
-``tf.math.top_k`` of the scores; a :class:`~xmc_tf.layers.MachHead` is
-decoded exactly by the op ``Xmc>MachTopK`` (Medini et al., NeurIPS 2019,
+(:func:`format_table`).  A (loaded) model is decoded by the type of its
+scoring layer (:mod:`xmc_tf.decoding`): models that score every label
+(``UniformSparseDense``, ``Dense``) keep the top ``k`` of the scores; a
+:class:`~xmc_tf.layers.MachHead` is decoded exactly by the op ``Xmc>MachTopK`` (Medini et al., NeurIPS 2019,
 Eq. 2) without a ``[batch, num_labels]`` tensor.  Used by training (test metrics),
 ``xmc-tf evaluate``/``predict`` and the benchmarks.  The batch loops, which
 take the decoder as an argument, are the library's
@@ -23,7 +22,7 @@ import weakref
 import keras
 import tensorflow as tf
 
-from xmc_tf.job import heads
+from xmc_tf import decoding
 from xmc_tf.metrics.evaluator import (decode_batches, evaluate_top_k,
                                       score_batch_size)
 
@@ -60,8 +59,8 @@ def top_k_function(model: keras.Model, k: int):
     a new function, traced again, on every call.
 
     Args:
-      model: a Keras model built by xmc_tf (or any model whose last layer
-        is one a registered head recognises).
+      model: a Keras model built by xmc_tf, or any Keras model whose
+        output scores labels (:func:`xmc_tf.decoding.scoring_layer`).
       k: labels per row (``1 <= k <= m``).
 
     Returns:
@@ -70,19 +69,18 @@ def top_k_function(model: keras.Model, k: int):
       ``tf.SparseTensor`` or a dense ``[b, D]`` tensor).
 
     Raises:
-      ValueError: ``k`` out of range; no head recognises the model.
+      ValueError: ``k`` out of range (:func:`xmc_tf.decoding.top_k_function`).
     """
     k = int(k)
     cached = _TOP_K_FUNCTIONS.get(model, {}).get(k)
     if cached is not None:
         return cached
-    head = heads.head_for_model(model)
-    head.top_k_function(model, k)  # checks k now, not at the first trace
+    decoding.top_k_function(model, k)  # checks k now, not at the first trace
     model_ref = weakref.ref(model)
 
     def top_k(x):
         # Built at trace time from the live model (held weakly).
-        return head.top_k_function(model_ref(), k)(x)
+        return decoding.top_k_function(model_ref(), k)(x)
 
     function = tf.function(top_k, reduce_retracing=True)
     _TOP_K_FUNCTIONS.setdefault(model, {})[k] = function

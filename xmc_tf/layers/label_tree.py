@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["LabelTreeScores", "fuse_with_tree", "deep_model",
+__all__ = ["LabelTreeScores", "fuse_with_tree",
            "FUSED_MODEL", "DEEP_MODEL"]
 
 #: Name of the model :func:`fuse_with_tree` returns, and of the deep model
@@ -209,7 +209,8 @@ def fuse_with_tree(model: keras.Model, tree_layer: LabelTreeScores,
     Returns:
       A functional model named :data:`FUSED_MODEL`, input as ``model``'s,
       output float32 ``[batch, num_labels]``;
-      :func:`xmc_tf.job.heads.head_for_model` decodes it with ``model``'s head.
+      :func:`xmc_tf.decoding.top_k_function` decodes it as ``model`` (the
+      fused sum lists ``model``'s scores first).
 
     Raises:
       ValueError: sizes that differ, dense input, or a negative weight.
@@ -232,17 +233,3 @@ def fuse_with_tree(model: keras.Model, tree_layer: LabelTreeScores,
     return keras.Model(x, out, name=FUSED_MODEL)
 
 
-def deep_model(model: keras.Model):
-    """The deep model nested in a :func:`fuse_with_tree` model (looked for
-    through a normalising wrapper), or None."""
-    for _ in range(3):
-        if getattr(model, "name", None) == FUSED_MODEL:
-            for layer in model.layers:
-                if isinstance(layer, keras.Model) and layer.name == DEEP_MODEL:
-                    return layer
-            return None
-        layers = getattr(model, "layers", None) or []
-        if not layers or not isinstance(layers[-1], keras.Model):
-            return None
-        model = layers[-1]
-    return None

@@ -77,7 +77,18 @@ from xmc_tf.samplers.registry import register_sampler, sampler_sizes
 from xmc_tf.samplers.vectors import (DEFAULT_MAX_BYTES, QueryTransform,
                                      label_vectors, projection_dim)
 
-__all__ = ["AnnNegativeSampler", "FAISS", "import_faiss", "one_thread"]
+__all__ = ["AnnNegativeSampler", "FAISS", "import_faiss", "one_thread",
+           "auto_index_kind"]
+
+
+def auto_index_kind(num_labels: int, flat_threshold: int = 16384) -> str:
+    """The index ``index="auto"`` stands for: ``"flat"`` (exact) up to
+    ``flat_threshold`` labels, ``"ivf_flat"`` above.
+
+    >>> auto_index_kind(10_000), auto_index_kind(670_091)
+    ('flat', 'ivf_flat')
+    """
+    return "flat" if int(num_labels) <= int(flat_threshold) else "ivf_flat"
 
 #: ``requires`` of the kinds that keep a faiss index.
 FAISS = {"faiss": "pip install 'xmc_tf[ann]' (or faiss-cpu)"}
@@ -223,8 +234,8 @@ class AnnNegativeSampler(NegativeSampler):
             raise ValueError("query_sample_size must be >= 0, got "
                              f"{query_sample_size}")
         self.index_type = index
-        self.kind = index if index != "auto" else (
-            "flat" if self.num_labels <= int(flat_threshold) else "ivf_flat")
+        self.kind = index if index != "auto" else auto_index_kind(
+            self.num_labels, flat_threshold)
         self.nlist = int(nlist) if nlist is not None else default_nlist(
             self.num_labels)
         self.nprobe = int(nprobe)

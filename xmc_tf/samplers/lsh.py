@@ -84,7 +84,7 @@ from xmc_tf.samplers.mixture import MixtureSampler, shared_pool_options
 from xmc_tf.samplers.registry import register_sampler, sampler_sizes
 from xmc_tf.samplers.uniform import UniformNegativeSampler
 
-__all__ = ["LshNegativeSampler", "lsh_auto_K"]
+__all__ = ["LshNegativeSampler", "lsh_auto_K", "sampler_config_K"]
 
 QUERIES = ("embedding", "label")
 INCLUSIONS = ("auto", "cosine", "collisions")
@@ -659,18 +659,49 @@ def _rehash_callbacks(sampler, sampler_config, set_callback=None):
     return [Rehash(getattr(sampler, "hard", sampler), **kwargs)]
 
 
+def _lsh_k(sampler_config, num_labels, shared):
+    """Labels per row the LSH tables retrieve for ``config.sampler``:
+    ``num_hard`` (at least 1) in shared mode, else ``num_negatives``."""
+    sizes = sampler_sizes(sampler_config, num_labels)
+    return max(sizes["num_hard"], 1) if shared else sizes["num_negatives"]
+
+
+def sampler_config_K(sampler_config, num_labels: int) -> int:  # noqa: N802
+    """``config.sampler.K`` for ``num_labels`` labels: the value set, or
+    (``"auto"`` or 0) :func:`lsh_auto_K` of the candidates per row the
+    tables retrieve, ``config.sampler.L`` tables and the hash family, as
+    :class:`LshNegativeSampler` computes it with ``K=None``.
+
+    Args:
+      sampler_config: ``config.sampler`` (``K``, ``L``, ``hash``,
+        ``shared`` resolved to a bool, the sizes of
+        :func:`xmc_tf.samplers.sampler_sizes`).
+      num_labels: m.
+
+    Returns:
+      int K >= 1.
+    """
+    sc = sampler_config
+    if str(sc.K).strip().lower() not in ("auto", "0"):
+        return int(sc.K)
+    k = _lsh_k(sc, num_labels, sc.shared is True)
+    return lsh_auto_K(num_labels, k, int(sc.L), hash=sc.hash)
+
+
 @register_sampler("lsh", shared=True, refresh_callbacks=_rehash_callbacks)
 def _make_lsh(sampler_config, num_labels, seed, shared):
     """``config.sampler.kind = "lsh"``: per row, ``num_negatives`` labels
-    retrieved from the LSH tables (``hash``, ``K`` (0: :func:`lsh_auto_K`),
+    retrieved from the LSH tables (``hash``, ``K`` (``"auto"``:
+    :func:`lsh_auto_K`),
     ``L``, ``query``, ``weighting``, ``min_probability``); shared, a
     mixture whose pool the tables retrieve (``num_hard`` per row) plus
     ``num_uniform`` uniform draws (seed + 1)."""
     sc = sampler_config
     sizes = sampler_sizes(sc, num_labels)
-    k = max(sizes["num_hard"], 1) if shared else sizes["num_negatives"]
+    k = _lsh_k(sc, num_labels, shared)
+    auto = str(sc.K).strip().lower() in ("auto", "0")
     lsh = LshNegativeSampler(
-        num_labels, k, hash=sc.hash, K=int(sc.K) or None, L=sc.L,
+        num_labels, k, hash=sc.hash, K=None if auto else int(sc.K), L=sc.L,
         query=sc.query, seed=seed,
         weighting=sc.get("weighting", "inverse_probability"),
         min_probability=sc.get("min_probability", None) or None)

@@ -7,9 +7,7 @@ negatives), ``"scent"`` (multi-class full softmax by SCENT on in-batch
 classes); the last two share :mod:`xmc_tf.job.heads.candidates`.
 """
 
-from xmc_tf.job.heads.base import (OUTPUT_LAYER, Head, get_head,
-                                   head_for_model, inference_model, names,
-                                   output_layer, register, wide_fan_in)
+from xmc_tf.job.heads.base import OUTPUT_LAYER, Head, get_head, names, register
 from xmc_tf.job.heads.candidates import CandidateHead
 from xmc_tf.job.heads.dense import DenseHead
 from xmc_tf.job.heads.mach import MachOutputHead
@@ -18,8 +16,7 @@ from xmc_tf.job.heads.scent import ScentHead
 from xmc_tf.job.heads.uniform_sparse import UniformSparseHead
 
 __all__ = ["OUTPUT_LAYER", "DenseHead", "Head", "MachOutputHead",
-           "SampledHead", "UniformSparseHead", "get_head",
-           "head_for_model", "inference_model", "names", "output_layer",
-           "register", "wide_fan_in"]
+           "SampledHead", "UniformSparseHead", "get_head", "names",
+           "register"]
 __all__ += ["ScentHead"]
 __all__ += ["CandidateHead"]

@@ -1,14 +1,15 @@
 """The output-head abstraction: one class per head, asked through a registry.
 
 A *head* is the last stage of an xmc_tf model -- the layer that scores
-labels -- together with everything that depends on it: the losses it trains
-with, the metrics computed on training batches, the callbacks it needs
-(SET rewiring, index refresh, held-out P@k), how top-k labels are decoded
-from a trained model (full scores + :func:`xmc_tf.ops.topk.top_k`, or MACH's exact
-decoder), and what the trained model reports in ``metrics.json``.
-``xmc_tf.job``, ``xmc_tf.job.scoring`` and the ``xmc-tf`` command never
-branch on the head's name: they ask the registry (:func:`get_head` for a config,
-:func:`head_for_model` for a loaded model).  Adding a head means adding one
+labels -- as the job trains it: the layer, the losses it trains with, the
+metrics computed on training batches, the callbacks it needs (SET
+rewiring, index refresh, held-out P@k), its defaults (its entry of
+:data:`xmc_tf.config.HEAD_DEFAULTS`) and what the trained model reports in
+``metrics.json``.  Decoding a trained model is not the head's: it goes by
+the type of the model's scoring layer (:mod:`xmc_tf.decoding`), so a saved
+model needs no config.  :mod:`xmc_tf.job` and the ``xmc-tf`` command never
+branch on the head's name: they ask the registry (:func:`get_head`).
+Adding a head means adding one
 module to ``xmc_tf/job/heads/`` that subclasses :class:`Head` and decorates it
 with :func:`register`.
 
@@ -23,63 +24,18 @@ from __future__ import annotations
 from typing import ClassVar
 
 import keras
-import tensorflow as tf
 
 from xmc_tf import config as xconfig
-from xmc_tf.job import ensemble as xensemble
-from xmc_tf.layers.label_tree import deep_model
+from xmc_tf import decoding
 
-__all__ = ["Head", "register", "get_head", "head_for_model", "inference_model",
-           "names", "output_layer", "wide_fan_in", "WIDE_BYTES_PER_CONNECTION"]
+__all__ = ["Head", "register", "get_head", "names", "OUTPUT_LAYER"]
 
 _REGISTRY: dict[str, type["Head"]] = {}
 
-#: Name of the head layer in every model built by xmc_tf.
+#: Name of the head layer in every model built by xmc_tf (for reading a
+#: model summary; nothing looks the layer up by it).
 OUTPUT_LAYER = "output"
-#: Name of the wide (per-label linear, on the input features) layer of
-#: models built with ``config.model.wide_connections``.
-WIDE_LAYER = "wide"
-#: Training bytes per wide-path connection: float32 weight, int32 index,
-#: two float32 Adam moments and the float32 gradient.
-WIDE_BYTES_PER_CONNECTION = 20
 
-
-def wide_fan_in(model_config, num_features: int, num_labels: int) -> int:
-    """Connections per label of the wide path for a data set.
-
-    ``model_config.wide_connections``, at most ``num_features``, and cut so
-    that the wide path's training memory,
-    ``WIDE_BYTES_PER_CONNECTION * num_labels * s`` bytes, stays within
-    ``model_config.wide_max_mib`` MiB (None or a config without the field:
-    no cap).  The cap reads the data's regime: with the defaults (128
-    connections, 64 MiB) every label keeps 128 connections up to 26,214
-    labels (Bibtex, Delicious, WordNetHypernyms, where the wide path was
-    measured), Amazon-670K gets 5 and a label space of more than 3.3M
-    labels none.
-
-    Args:
-      model_config: ``config.model`` (``wide_connections``, optionally
-        ``wide_max_mib``).
-      num_features: input width ``e`` (>= 0).
-      num_labels: ``m`` (>= 0).
-
-    Returns:
-      int ``s`` in ``[0, wide_connections]``; 0 means no wide path.
-
-    >>> from xmc_tf import config as xconfig
-    >>> mc = xconfig.base().model
-    >>> wide_fan_in(mc, 1836, 159), wide_fan_in(mc, 135909, 670091)
-    (128, 5)
-    >>> mc.wide_max_mib = None
-    >>> wide_fan_in(mc, 135909, 670091), wide_fan_in(mc, 100, 670091)
-    (128, 100)
-    """
-    fan_in = max(0, min(int(model_config.wide_connections), int(num_features)))
-    max_mib = model_config.get("wide_max_mib")
-    if max_mib is not None and num_labels > 0:
-        fan_in = min(fan_in, (int(max_mib) << 20) //
-                     (WIDE_BYTES_PER_CONNECTION * int(num_labels)))
-    return fan_in
 
 
 def register(cls: type["Head"]) -> type["Head"]:
@@ -136,60 +92,7 @@ def get_head(config) -> "Head":
     return _REGISTRY[name](config)
 
 
-def inference_model(model: keras.Model) -> keras.Model:
-    """The model that scores labels: ``model.inference_model`` when ``model``
-    is a training wrapper (e.g. :class:`xmc_tf.models.SampledTrainer`), else
-    ``model`` itself."""
-    return getattr(model, "inference_model", None) or model
 
-
-def output_layer(model: keras.Model):
-    """The model's head layer: the layer named ``"output"``, else the last
-    (of the :func:`inference_model`); in a model whose last layer is a
-    nested model (the exported model of
-    :func:`xmc_tf.job.preprocessing.with_normalization`), that model's; in a
-    model fused with a label tree
-    (:func:`xmc_tf.layers.label_tree.fuse_with_tree`), its deep model's."""
-    model = inference_model(model)
-    deep = deep_model(model)  # deep + weight * label tree: the deep model's
-    if deep is not None:
-        return output_layer(deep)
-    try:
-        return model.get_layer(OUTPUT_LAYER)
-    except ValueError:
-        layers = getattr(model, "layers", None) or []
-        if not layers:
-            raise ValueError("the model has no layers") from None
-        if isinstance(layers[-1], keras.Model):  # e.g. a normalising wrapper
-            return output_layer(layers[-1])
-        return layers[-1]
-
-
-def head_for_model(model: keras.Model) -> type["Head"]:
-    """The registered head class that decodes a (loaded) model's outputs.
-
-    Sampled heads train a full-scoring layer (uniform-sparse or dense), so a
-    model trained with one is decoded by the head of that layer; an
-    ensemble (:func:`xmc_tf.job.ensemble.average_scores`) by its first
-    member's head (every member scores all labels); a model fused with a
-    label tree (:func:`xmc_tf.layers.label_tree.fuse_with_tree`) by its
-    deep model's head (the fused model scores all labels too).
-
-    Raises:
-      ValueError: no registered head recognises the model's output layer.
-    """
-    members = xensemble.members(inference_model(model))
-    if members:
-        return head_for_model(members[0])
-    deep = deep_model(inference_model(model))  # deep + weight * label tree
-    if deep is not None:
-        return head_for_model(deep)
-    layer = output_layer(model)
-    for cls in _REGISTRY.values():
-        if cls.matches(layer):
-            return cls
-    raise ValueError(f"no xmc_tf head recognises the output layer "
-                     f"{layer.name!r} ({type(layer).__name__})")
 
 
 def missing_fields(config, fields: dict, prefix: str = "config.") -> list:
@@ -208,11 +111,9 @@ def missing_fields(config, fields: dict, prefix: str = "config.") -> list:
 class Head:
     """Base class of the output heads.
 
-    Subclasses set :attr:`name`, :attr:`losses` and :attr:`layer_types` and
-    implement :meth:`build_layer` and :meth:`make_loss`; the defaults here
-    describe a head that scores every label (``[batch, num_labels]``
-    logits), decoded with :func:`xmc_tf.ops.topk.top_k` (``Xmc>TopK`` or
-    ``tf.math.top_k``: the same labels).
+    Subclasses set :attr:`name` and :attr:`losses` and implement
+    :meth:`build_layer` and :meth:`make_loss`; the defaults here describe a
+    head that scores every label (``[batch, num_labels]`` logits).
 
     Args:
       config: the job config (ml_collections ``ConfigDict``).
@@ -226,8 +127,6 @@ class Head:
     name: ClassVar[str] = ""
     #: ``config.loss`` values the head trains with.
     losses: ClassVar[tuple[str, ...]] = ()
-    #: Output layer classes whose trained models this head decodes.
-    layer_types: ClassVar[tuple[type, ...]] = ()
     #: Whether P@k can be computed in-graph on every training batch (full
     #: scores are available); otherwise validation P@k comes from
     #: :class:`xmc_tf.callbacks.TopKEvaluation` once per epoch.
@@ -308,7 +207,7 @@ class Head:
         from xmc_tf.callbacks import TopKEvaluation
         return [TopKEvaluation(val_data, ks=(1, 3),
                                batch_size=self.config.eval.batch_size,
-                               decoder=self.top_k_function)]
+                               decoder=decoding.top_k_function)]
 
     def monitor(self, has_validation: bool) -> tuple[str, str]:
         """``(log key, mode)`` driving LR halving and early stopping."""
@@ -366,34 +265,3 @@ class Head:
     def results(self, layer) -> dict:
         """Head-specific entries of ``metrics.json``."""
         return {}
-
-    # -- inference (a loaded model; no config) --------------------------------
-
-    @classmethod
-    def matches(cls, layer) -> bool:
-        """Whether this head decodes models whose output layer is ``layer``."""
-        return bool(cls.layer_types) and isinstance(layer, cls.layer_types)
-
-    @classmethod
-    def top_k_function(cls, model: keras.Model, k: int):
-        """``x -> (ids int32 [b, k], scores float32 [b, k])``, best first.
-
-        The default scores every label and keeps the top ``k``
-        (:func:`xmc_tf.ops.topk.top_k`: ``Xmc>TopK``'s partial selection
-        on the CPU, ``tf.math.top_k`` elsewhere; the same result, ties go to
-        the lower label id).
-
-        Raises:
-          ValueError: ``k`` not in ``[1, num_labels]``.
-        """
-        model = inference_model(model)
-        num_labels = model.outputs[0].shape[-1] if model.outputs else None
-        if k < 1 or (num_labels is not None and k > num_labels):
-            raise ValueError(f"k={k} must be in [1, num_labels={num_labels}]")
-
-        from xmc_tf.ops.topk import top_k as select_top_k
-
-        def top_k(x):
-            top = select_top_k(model(x, training=False), k)
-            return top.indices, top.values
-        return top_k

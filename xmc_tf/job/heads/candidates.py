@@ -17,7 +17,7 @@ classes) share everything but the choice of the scored labels and the loss:
   cannot express per-instance candidates), and logs ``loss`` and
   ``sampled_fraction``;
 * evaluation: exact (the inference model scores every label and is decoded
-  by the head of its layer, :func:`xmc_tf.job.heads.head_for_model`), held-out
+  by the type of its scoring layer, :mod:`xmc_tf.decoding`), held-out
   P@k once per epoch by :class:`xmc_tf.callbacks.TopKEvaluation`.
 
 A new candidate head is a subclass of :class:`CandidateHead` (with its
@@ -54,7 +54,6 @@ class CandidateHead(Head):
         :attr:`sampled_layers`, or ``config.loss`` not in :attr:`losses`.
     """
 
-    layer_types = ()  # decoded by the head of its (full-scoring) layer
     full_scores_in_training = False
     # The CandidateTrainer's sampler state (ANN index, LSH tables, SCENT's
     # per-instance duals) lives in each process, not in mirrored variables.

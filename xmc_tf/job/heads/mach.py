@@ -12,9 +12,8 @@ training batch would cost ``O(m R)`` per row while the head is untrained
 from __future__ import annotations
 
 from xmc_tf import config as xconfig
-from xmc_tf.job.heads.base import (OUTPUT_LAYER, Head, inference_model,
-                                   output_layer, register)
-from xmc_tf.layers import MachDecoder, MachHead as MachHeadLayer
+from xmc_tf.job.heads.base import OUTPUT_LAYER, Head, register
+from xmc_tf.layers import MachHead as MachHeadLayer
 from xmc_tf.losses import MachBinaryCrossentropy, MachSoftmaxCrossentropy
 
 __all__ = ["MachOutputHead", "MACH_LOSSES"]
@@ -33,7 +32,6 @@ class MachOutputHead(Head):
     name = "mach"
     config_defaults = xconfig.HEAD_DEFAULTS["mach"]
     losses = tuple(MACH_LOSSES)
-    layer_types = (MachHeadLayer,)
     full_scores_in_training = False
     scores_every_label = False  # bucket scores, decoded by Xmc>MachTopK
 
@@ -50,9 +48,3 @@ class MachOutputHead(Head):
     def results(self, layer):
         return {"num_buckets": layer.num_buckets,
                 "num_repetitions": layer.num_repetitions}
-
-    @classmethod
-    def top_k_function(cls, model, k):
-        model = inference_model(model)
-        decoder = MachDecoder.from_head(output_layer(model), k=k)
-        return lambda x: decoder(model(x, training=False))

@@ -14,8 +14,7 @@ estimate of the full one-vs-all loss (importance weights, ASTRA Eq. 2) or
 of the full softmax (log-Q correction).
 
 Evaluation stays exact: the trained model is an ordinary model whose head
-layer scores every label (it is decoded by the head of that layer, see
-:func:`xmc_tf.job.heads.head_for_model`), and held-out P@k is computed once per
+layer scores every label (decoded by :mod:`xmc_tf.decoding`), and held-out P@k is computed once per
 epoch over all labels by :class:`xmc_tf.callbacks.TopKEvaluation`.
 
 Labels reach the head inside ``fit`` through :class:`SampledTrainer`, a

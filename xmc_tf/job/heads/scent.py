@@ -21,7 +21,7 @@ on the gathered rows, ``b |C_t| s``).  Both give ``IndexedSlices``
 gradients over ``C_t``.
 
 Evaluation is exact: the trained model is the ordinary full-scoring model,
-decoded by the head of its layer (:func:`xmc_tf.job.heads.head_for_model`);
+decoded by :mod:`xmc_tf.decoding`;
 held-out P@k comes from :class:`xmc_tf.callbacks.TopKEvaluation` once per
 epoch.
 

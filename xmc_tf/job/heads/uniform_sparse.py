@@ -24,7 +24,6 @@ class UniformSparseHead(LabelWiseHead):
 
     name = "uniform_sparse"
     config_defaults = xconfig.HEAD_DEFAULTS["uniform_sparse"]
-    layer_types = (UniformSparseDense,)
 
     def build_layer(self, num_labels, input_dim, sparse_input=False):
         fan_in = min(self.config.model.connections_per_label, input_dim)
