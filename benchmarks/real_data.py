@@ -471,14 +471,11 @@ def make_curve_callback(tree=None):
                          else float(logs["loss"]))}
             if tree is not None:
                 # pylint: disable=import-outside-toplevel
-                from xmc_tf.job import heads as xheads
+                from xmc_tf import decoding
                 from xmc_tf.job import tree as xlabel_tree
                 from xmc_tf.job import finalize as xfinalize
-                from xmc_tf.job import inputs as xinputs
-                from xmc_tf.job import plan as xplan
-                from xmc_tf.job import run as xrun
                 layer, val_data, batch = tree
-                model = xheads.inference_model(self.model)
+                model = decoding.inference_model(self.model)
                 weight, table = xlabel_tree.choose_fusion_weight(
                     xfinalize.tree_validation_blocks(model, layer, val_data,
                                                   batch))

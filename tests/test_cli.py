@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 
+from xmc_tf.job import artifacts
 from xmc_tf import data as xdata
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,7 +151,7 @@ def test_saved_model_stores_each_weight_once(trained):
     import tensorflow as tf
     from xmc_tf import saving
     _, workdir, _, _ = trained
-    model = saving.load_model(str(workdir))
+    model = artifacts.load_model(str(workdir))
     reader = tf.train.load_checkpoint(
         str(workdir / "saved_model" / "variables" / "variables"))
     stored = {k: s for k, s in reader.get_variable_to_shape_map().items()
@@ -183,7 +184,7 @@ def test_export_command_writes_another_k(trained, capsys):
     code, err = run_cli(capsys, "export", f"--workdir={workdir}",
                         f"--output={out_dir}", "--k=2")
     assert code == 0, err
-    model = saving.load_model(str(workdir))
+    model = artifacts.load_model(str(workdir))
     sm = saving.load_saved_model(str(out_dir))
     features = xdata.normalize_features(test.features[:3], "none")[0].tocoo()
     sp = tf.sparse.reorder(tf.SparseTensor(

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from xmc_tf.job import artifacts
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import metrics, saving
@@ -121,7 +122,7 @@ def test_ensemble_job_averages_its_members_and_reuses_them(tmp_path):
     # Independent reference: the NumPy mean of the reloaded members' scores
     # on the normalised test set, ranked and scored by the evaluator.
     test = load_for_model(SYN, wd)
-    mean = np.mean([_scores(saving.load_model(d), test) for d in members],
+    mean = np.mean([_scores(artifacts.load_model(d), test) for d in members],
                    axis=0)
     ev = metrics.XMCEvaluator(ks=(1, 3, 5))
     ev.update(np.argsort(-mean, axis=1, kind="stable")[:, :5], test.labels)
@@ -131,7 +132,7 @@ def test_ensemble_job_averages_its_members_and_reuses_them(tmp_path):
     assert "val_P@1" in result and set(result["members"]) == {"0", "1"}
 
     # The exported files: model.keras and the SavedModel give those scores.
-    model = saving.load_model(wd)
+    model = artifacts.load_model(wd)
     assert isinstance(decoding.scoring_layer(model), UniformSparseDense)
     np.testing.assert_allclose(_scores(model, test), mean, rtol=1e-5,
                                atol=1e-5)

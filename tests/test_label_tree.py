@@ -14,6 +14,7 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf.job import artifacts
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import saving
@@ -243,7 +244,7 @@ def test_fused_job_exports_deep_plus_weighted_tree(tmp_path):
     assert info["weight"] == 0.5 and info["columns"] >= 24
     assert not os.path.exists(os.path.join(wd, "backup"))
 
-    model = saving.load_model(wd)
+    model = artifacts.load_model(wd)
     # Decoded through the fusion (first input: the deep scores) and the
     # normalising wrapper, as the deep model.
     assert isinstance(decoding.scoring_layer(model), UniformSparseDense)
@@ -281,7 +282,7 @@ def test_tree_off_exports_the_plain_model(tmp_path):
     wd = str(tmp_path / "off")
     result = train_and_evaluate(_config(**{"tree.enabled": False}), wd)
     assert "label_tree" not in result
-    model = saving.load_model(wd)
+    model = artifacts.load_model(wd)
     nested = [l for l in model.layers if isinstance(l, keras.Model)]
     assert not any(isinstance(l, LabelTreeScores)
                    for m in [model] + nested for l in m.layers)

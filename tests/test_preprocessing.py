@@ -10,6 +10,7 @@ import pytest
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf.job import artifacts
 from xmc_tf import decoding
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
@@ -53,7 +54,7 @@ def test_idf_is_fitted_on_the_fit_split_only(run):
     assert str(saved["method"]) == "tfidf" and bool(saved["in_model"])
     np.testing.assert_allclose(saved["idf"], want, rtol=1e-6)
     assert not np.allclose(saved["idf"], all_rows)  # validation rows left out
-    model = saving.load_model(str(tmp / "wd"))
+    model = artifacts.load_model(str(tmp / "wd"))
     np.testing.assert_allclose(
         model.get_layer(preprocessing.NORMALIZATION_LAYER).idf.numpy(), want,
         rtol=1e-6)
@@ -62,7 +63,7 @@ def test_idf_is_fitted_on_the_fit_split_only(run):
 def test_exported_models_take_raw_features(run):
     tmp, _, _, test, result = run
     wd = str(tmp / "wd")
-    model = saving.load_model(wd)
+    model = artifacts.load_model(wd)
     assert isinstance(model.layers[1], FeatureNormalization)
     assert isinstance(decoding.scoring_layer(model), UniformSparseDense)
     raw = xdata.load_dataset(str(tmp / "test.txt"))

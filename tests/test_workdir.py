@@ -3,7 +3,7 @@ xmc_tf.job.checkpoint).
 
 In-process tests: a kill is simulated by raising an exception that is not an
 ``Exception`` at a chosen step while the cleanup a dying process could not
-do is switched off (``workdir._remove``); what is left on disk is then
+do is switched off (``files.remove_path``); what is left on disk is then
 checked the way ``xmc-tf evaluate`` / ``train`` read it.  The real SIGKILL
 tests are in ``tests/test_resume.py``.
 """
@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 
 import xmc_tf
+from xmc_tf.job import artifacts
 from xmc_tf.job import checkpoint as ckpt
-from xmc_tf import saving, variable_io
+from xmc_tf import files, saving, variable_io
 from xmc_tf.job import workdir
 from xmc_tf.callbacks import EarlyStopping, ReduceLROnPlateau, SetRewiring
 from xmc_tf.errors import CheckpointError
-from xmc_tf.job.workdir import (IncompleteWorkdir, Workdir, WorkdirBusy,
-                                WorkdirFinished, WorkdirLock)
+from xmc_tf.job.workdir import IncompleteWorkdir, Workdir, WorkdirBusy, WorkdirFinished, WorkdirLock
 
 
 class Killed(BaseException):
@@ -49,9 +49,9 @@ def _die(*args, **kwargs):
 
 def test_atomic_path_replaces_only_on_success(tmp_path, monkeypatch):
     path = tmp_path / "a.json"
-    workdir.write_json_atomic(str(path), {"v": 1})
+    files.write_json_atomic(str(path), {"v": 1})
     with pytest.raises(RuntimeError):
-        with workdir.atomic_path(str(path)) as tmp:
+        with files.atomic_path(str(path)) as tmp:
             open(tmp, "w").write('{"v": 2')  # half-written
             raise RuntimeError("writer failed")
     assert json.loads(path.read_text()) == {"v": 1}
@@ -60,7 +60,7 @@ def test_atomic_path_replaces_only_on_success(tmp_path, monkeypatch):
     # clean_leftovers removes.
     monkeypatch.setattr(workdir, "_remove", lambda p: None)
     with pytest.raises(Killed):
-        with workdir.atomic_path(str(path)) as tmp:
+        with files.atomic_path(str(path)) as tmp:
             open(tmp, "w").write('{"v": 3')
             _die()
     monkeypatch.undo()
@@ -73,15 +73,15 @@ def test_atomic_path_replaces_only_on_success(tmp_path, monkeypatch):
 def test_atomic_directory_replace(tmp_path):
     target = tmp_path / "sm"
     for version in ("old", "new"):
-        with workdir.atomic_path(str(target)) as tmp:
+        with files.atomic_path(str(target)) as tmp:
             os.makedirs(os.path.join(tmp, "variables"))
             open(os.path.join(tmp, "variables", "v"), "w").write(version)
     assert (target / "variables" / "v").read_text() == "new"
     assert sorted(os.listdir(tmp_path)) == ["sm"]
-    fp = workdir.fingerprint(str(target))
-    assert fp.startswith("sha256:") and fp == workdir.fingerprint(str(target))
+    fp = files.fingerprint(str(target))
+    assert fp.startswith("sha256:") and fp == files.fingerprint(str(target))
     (target / "variables" / "v").write_text("other")
-    assert workdir.fingerprint(str(target)) != fp
+    assert files.fingerprint(str(target)) != fp
 
 
 # ---------------------------------------------------------------------------
@@ -186,7 +186,7 @@ def test_finished_workdir_refused_and_overwrite_drops_marker_first(tmp_path):
     wd = Workdir(str(tmp_path / "run"))
     wd.prepare_training()
     _write_artifacts(wd)
-    saving.export_model(_tiny_model(), wd.path, k=2)
+    artifacts.export_model(_tiny_model(), wd.path, k=2)
     marked = wd.mark_complete({"P@1": 50.0}, "run-1")
     assert wd.check_complete() == marked
     assert set(marked["run"]["fingerprints"]) == set(Workdir.ARTIFACTS)
@@ -196,7 +196,7 @@ def test_finished_workdir_refused_and_overwrite_drops_marker_first(tmp_path):
                  "--overwrite"):
         assert hint in str(e.value)
     # A model file that is not the recorded one is reported.
-    saving.export_model(_tiny_model(), wd.path, k=2)  # new random weights
+    artifacts.export_model(_tiny_model(), wd.path, k=2)  # new random weights
     with pytest.raises(IncompleteWorkdir, match="does not belong"):
         wd.check_complete()
     wd.prepare_training(overwrite=True)
@@ -217,9 +217,9 @@ def test_kill_during_export_never_leaves_disagreeing_metrics(
     wd.prepare_training()
     _write_artifacts(wd)
     old = _tiny_model()
-    saving.export_model(old, wd.path, k=2)
+    artifacts.export_model(old, wd.path, k=2)
     wd.mark_complete({"P@1": 1.0}, "old")
-    old_fp = workdir.fingerprint(wd.file(Workdir.MODEL))
+    old_fp = files.fingerprint(wd.file(Workdir.MODEL))
 
     wd.prepare_training(overwrite=True)
     new = _tiny_model()
@@ -233,12 +233,12 @@ def test_kill_during_export_never_leaves_disagreeing_metrics(
         monkeypatch.setattr(saving, "export_saved_model", _die)
     elif step == "metrics_write":
         def torn_write(path, data):
-            with workdir.atomic_path(path) as tmp:
+            with files.atomic_path(path) as tmp:
                 open(tmp, "wb").write(data[:len(data) // 2])
                 _die()
         monkeypatch.setattr(workdir, "write_bytes_atomic", torn_write)
     with pytest.raises(Killed):
-        saving.export_model(new, wd.path, k=2)
+        artifacts.export_model(new, wd.path, k=2)
         if step == "before_metrics":
             _die()
         wd.mark_complete({"P@1": 2.0}, "new")
@@ -248,8 +248,8 @@ def test_kill_during_export_never_leaves_disagreeing_metrics(
         wd.check_complete()
     assert not os.path.exists(wd.file(Workdir.METRICS))
     if os.path.exists(wd.file(Workdir.MODEL)):  # old or new, whole
-        loaded = saving.load_model(wd.path, verify=False)
-        fp = workdir.fingerprint(wd.file(Workdir.MODEL))
+        loaded = artifacts.load_model(wd.path, verify=False)
+        fp = files.fingerprint(wd.file(Workdir.MODEL))
         src = old if fp == old_fp else new
         for a, b in zip(loaded.weights, src.weights):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

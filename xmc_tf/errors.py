@@ -83,7 +83,7 @@ class WorkdirFinished(WorkdirError):
 
 class IncompleteWorkdir(WorkdirError):
     """The workdir holds no complete model (``evaluate``/``predict``,
-    :func:`xmc_tf.saving.load_model`)."""
+    :func:`xmc_tf.job.artifacts.load_model`)."""
 
 
 class CheckpointError(WorkdirError):

@@ -3,11 +3,13 @@
 * :func:`export_saved_model`: a TF SavedModel with named serving
   signatures (``serve``: ``label_ids``/``scores``; ``score_all_labels``:
   ``label_scores``).
-* :func:`export_model`: ``model.keras`` and ``saved_model/`` into a work
-  directory, each written beside and renamed into place.
-* :func:`load_saved_model` / :func:`load_model`: load them with the op
+* :func:`save_keras_file`: ``model.keras`` in blocks of rows.
+* :func:`load_saved_model` / :func:`load_keras_file`: load them with the op
   library registered, and a clear message instead of TensorFlow's "Op type
   not registered" when it is not.
+
+The files of a work directory (``xmc-tf train``) are written and read by
+:mod:`xmc_tf.job.artifacts`.
 
 Loading needs the op library (``Xmc>...`` ops) registered in the process
 and xmc_tf's Keras classes registered: ``import xmc_tf`` does both, and
@@ -33,21 +35,18 @@ import re
 
 import keras
 import tensorflow as tf
-from absl import logging
 
 from xmc_tf import decoding
 from xmc_tf import variable_io
 # The layers, losses, metrics and optimizers register their Keras classes
-# (and the ops' gradients) when imported: load_model needs them.
+# (and the ops' gradients) when imported: load_keras_file needs them.
 from xmc_tf import layers, losses, metrics, optimizers  # noqa: F401
 from xmc_tf.models import candidates as _candidates
-from xmc_tf.errors import (IncompleteWorkdir, OpLibraryError,
-                           OpNotRegisteredError)
+from xmc_tf.errors import OpLibraryError, OpNotRegisteredError
 from xmc_tf.ops import _loader, stock
-from xmc_tf.job.workdir import Workdir, atomic_path
 
-__all__ = ["export_saved_model", "export_model", "save_keras_file",
-           "load_saved_model", "load_model"]
+__all__ = ["export_saved_model", "save_keras_file", "load_saved_model",
+           "load_keras_file"]
 
 
 def export_saved_model(model: keras.Model, path: str, k: int = 5,
@@ -276,29 +275,6 @@ def save_keras_file(model: keras.Model, path: str,
         saving_lib.H5IOStore = store
 
 
-def export_model(model: keras.Model, workdir: str, k: int = 5) -> None:
-    """Writes ``WORKDIR/model.keras`` and ``WORKDIR/saved_model/``, each to a
-    temporary sibling renamed into place (see
-    :func:`xmc_tf.job.workdir.atomic_path`): a kill leaves the old or the new
-    version of each, never a torn one.  Write ``metrics.json`` (the
-    completion marker, :meth:`xmc_tf.job.workdir.Workdir.mark_complete`) after
-    this returns.
-
-    Args:
-      model: the trained model.
-      workdir: the work directory.
-      k: labels per instance of the ``serve`` signature.
-    """
-    wd = Workdir(workdir)
-    with atomic_path(wd.file(Workdir.MODEL)) as tmp:
-        save_keras_file(model, tmp)
-    with atomic_path(wd.file(Workdir.SAVED_MODEL)) as tmp:
-        portable = export_saved_model(model, tmp, k=k)
-    logging.info("%s: %s", wd.file(Workdir.SAVED_MODEL),
-                 "stock TensorFlow ops only (loads without xmc_tf)" if portable
-                 else "uses xmc_tf ops (load after `import xmc_tf`)")
-
-
 _UNREGISTERED = re.compile(r"Op type not registered '([^']+)'")
 
 
@@ -360,27 +336,23 @@ def load_saved_model(path: str):
         raise
 
 
-def load_model(workdir: str, verify: bool = True) -> keras.Model:
-    """The trained Keras model of a work directory (``model.keras``).
+def load_keras_file(path: str) -> keras.Model:
+    """A ``.keras`` file written by xmc_tf, loaded uncompiled with the op
+    library registered (``keras.models.load_model(path, compile=False)``).
 
     Args:
-      workdir: a work directory written by ``xmc-tf train``.
-      verify: check the completion marker of ``metrics.json`` and the model
-        file's fingerprint first (:meth:`Workdir.check_complete`).
+      path: the ``.keras`` file.
 
     Returns:
       The uncompiled ``keras.Model``.
 
     Raises:
-      IncompleteWorkdir: no complete run in ``workdir`` (``verify``).
-      OpNotRegisteredError: the op library is unavailable.
+      OSError: ``path`` does not exist.
+      OpNotRegisteredError: the op library is unavailable (what to do is
+        in the message).
     """
-    wd = Workdir(workdir)
-    if verify:
-        wd.check_complete()
-    path = wd.file(Workdir.MODEL)
     if not os.path.exists(path):
-        raise IncompleteWorkdir(f"{path} does not exist")
+        raise FileNotFoundError(f"{path} does not exist")
     _register_ops(path)
     try:
         return keras.models.load_model(path, compile=False)

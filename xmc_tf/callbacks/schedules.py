@@ -20,7 +20,7 @@ from absl import logging
 
 from xmc_tf.errors import CheckpointError
 from xmc_tf.variable_io import put_npy, read_variable
-from xmc_tf.job.workdir import atomic_path, discard_hint
+from xmc_tf.files import atomic_path, discard_hint
 
 __all__ = ["EarlyStopping", "ReduceLROnPlateau", "BEST_WEIGHTS_PATTERN"]
 

@@ -11,7 +11,7 @@ the cache, and returns the memory-mapped data set from then on;
 without copying them.
 
 Layout of a cache directory (written to a temporary name and renamed into
-place when complete, :func:`xmc_tf.job.workdir.atomic_path`)::
+place when complete, :func:`xmc_tf.files.atomic_path`)::
 
     meta.json                 format, shapes, dtypes, source fingerprint
     labels_indptr.npy         int64 [N + 1]
@@ -112,7 +112,7 @@ def write_cache(dataset: XCDataset, directory: PathLike, *,
         >>> read_cache(d).features.shape
         (2515, 1836)
     """
-    from xmc_tf.job.workdir import atomic_path
+    from xmc_tf.files import atomic_path
     directory = os.fspath(directory)
     y = dataset.labels
     if not y.has_canonical_format:

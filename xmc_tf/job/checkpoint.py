@@ -5,7 +5,7 @@ and ends with the weights, connectivity and metrics an uninterrupted run
 would have produced (on a deterministic device: see ``tests/test_resume.py``
 for what is pinned there).  The file is written at the end of every epoch
 and once more when training ends, to a temporary sibling renamed into place
-(:func:`xmc_tf.job.workdir.atomic_path`): a kill during the write leaves the
+(:func:`xmc_tf.files.atomic_path`): a kill during the write leaves the
 previous checkpoint intact.
 
 What it holds:
@@ -56,7 +56,7 @@ import numpy as np
 from xmc_tf.callbacks.schedules import BEST_WEIGHTS_PATTERN
 from xmc_tf.errors import CheckpointError
 from xmc_tf.variable_io import CHUNK_BYTES, put_npy, read_variable
-from xmc_tf.job.workdir import atomic_path, discard_hint, write_bytes_atomic
+from xmc_tf.files import atomic_path, discard_hint, write_bytes_atomic
 
 __all__ = ["Checkpoint", "Checkpointer", "stateful_objects", "restore",
            "load", "write_history_csv", "CHECKPOINT_FILE", "FORMAT"]

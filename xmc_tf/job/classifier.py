@@ -36,13 +36,15 @@ import ml_collections
 import numpy as np
 import scipy.sparse as sp
 
+from xmc_tf.job import artifacts
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import saving as xsaving
 from xmc_tf.job import inputs as xinputs
 from xmc_tf.job.run import JobData, train_and_evaluate
 from xmc_tf.job.scoring import evaluate_model, predict_top_k
-from xmc_tf.job.workdir import Workdir, atomic_path, replace_dir
+from xmc_tf.job.workdir import Workdir
+from xmc_tf.files import atomic_path, replace_dir
 
 __all__ = ["ExtremeClassifier", "load_config"]
 
@@ -262,7 +264,7 @@ class ExtremeClassifier:
         if self._model is None and self.metrics_ is not None:
             wd = Workdir(self.workdir)
             if os.path.exists(wd.file(Workdir.METRICS)):
-                self._model = xsaving.load_model(self.workdir)
+                self._model = artifacts.load_model(self.workdir)
                 self._inv_prop = np.load(wd.file(Workdir.INV_PROPENSITIES))
         return self._model
 

@@ -526,10 +526,9 @@ def _print_config(config, config_path):
 def _evaluate(fv, _):
     _import_xmc_tf()
     import numpy as np
-    from xmc_tf import saving
-    from xmc_tf.job import preprocessing, scoring
+    from xmc_tf.job import artifacts, preprocessing, scoring
     from xmc_tf.job.workdir import Workdir
-    model = saving.load_model(fv.workdir)
+    model = artifacts.load_model(fv.workdir)
     dataset = preprocessing.load_for_model(fv.data, fv.workdir)
     inv_prop = np.load(os.path.join(fv.workdir, Workdir.INV_PROPENSITIES))
     results = scoring.evaluate_model(model, dataset, inv_prop)
@@ -539,10 +538,9 @@ def _evaluate(fv, _):
 
 def _predict(fv, _):
     _import_xmc_tf()
-    from xmc_tf import saving
-    from xmc_tf.job import preprocessing, scoring
-    from xmc_tf.job.workdir import atomic_path
-    model = saving.load_model(fv.workdir)
+    from xmc_tf.job import artifacts, preprocessing, scoring
+    from xmc_tf.files import atomic_path
+    model = artifacts.load_model(fv.workdir)
     dataset = preprocessing.load_for_model(fv.data, fv.workdir)
     count = 0
     with atomic_path(fv.output) as tmp:
@@ -558,8 +556,9 @@ def _predict(fv, _):
 def _export(fv, _):
     _import_xmc_tf()
     from xmc_tf import saving
-    from xmc_tf.job.workdir import atomic_path
-    model = saving.load_model(fv.workdir)
+    from xmc_tf.files import atomic_path
+    from xmc_tf.job import artifacts
+    model = artifacts.load_model(fv.workdir)
     portable = {"auto": None, "yes": True, "no": False}[fv.portable]
     try:
         with atomic_path(fv.output) as tmp:

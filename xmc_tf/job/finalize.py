@@ -24,7 +24,8 @@ from xmc_tf.job import preprocessing as xprep
 from xmc_tf.job.inputs import subset
 from xmc_tf.job.plan import tree_enabled, tree_weight
 from xmc_tf.layers.label_tree import LabelTreeScores, fuse_with_tree
-from xmc_tf.job.workdir import Workdir, atomic_path
+from xmc_tf.job.workdir import Workdir
+from xmc_tf.files import atomic_path
 
 __all__ = ["LABEL_TREE_FILE", "label_tree_plan", "tree_validation_blocks",
            "attach_label_tree", "finalize"]

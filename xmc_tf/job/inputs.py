@@ -17,7 +17,8 @@ from xmc_tf import data as xdata
 from xmc_tf import metrics as xmetrics
 from xmc_tf.job import preprocessing as xprep
 from xmc_tf.errors import ConfigError, DataError
-from xmc_tf.job.workdir import Workdir, atomic_path
+from xmc_tf.job.workdir import Workdir
+from xmc_tf.files import atomic_path
 
 __all__ = ["as_dataset", "read_datasets", "check_compatible", "subset",
            "validation_split", "prepare_splits", "save_inv_propensities"]

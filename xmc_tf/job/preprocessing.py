@@ -28,7 +28,8 @@ import numpy as np
 from xmc_tf import data as xdata
 from xmc_tf.errors import DataError
 from xmc_tf.layers.normalization import FeatureNormalization
-from xmc_tf.job.workdir import Workdir, atomic_path
+from xmc_tf.job.workdir import Workdir
+from xmc_tf.files import atomic_path
 
 __all__ = ["Normalization", "fit_normalization", "normalize",
            "with_normalization", "load_spec",

@@ -16,7 +16,8 @@ from absl import logging
 
 from xmc_tf.job import checkpoint as xckpt
 from xmc_tf.errors import CheckpointError
-from xmc_tf.job.workdir import Workdir, discard_hint
+from xmc_tf.job.workdir import Workdir
+from xmc_tf.files import discard_hint
 
 __all__ = ["RESUME_MAY_CHANGE", "resume_config", "config_changes",
            "check_resumable", "check_same_data", "start_meta",

@@ -46,11 +46,11 @@ import tempfile
 import keras
 from absl import logging
 
+from xmc_tf.job import artifacts
 from xmc_tf.job import checkpoint as xckpt
 from xmc_tf import data as xdata
 from xmc_tf.job import cluster as xcluster
 from xmc_tf.job import ensemble as xensemble
-from xmc_tf import saving as xsaving
 from xmc_tf.errors import ConfigError, DataError, DistributeError
 from xmc_tf.job import finalize as xfinalize
 from xmc_tf.job import fit as xfit
@@ -59,8 +59,8 @@ from xmc_tf.job import plan as xplan
 from xmc_tf.job import report as xreport
 from xmc_tf.job import resume as xresume
 from xmc_tf.job.scoring import evaluate_model
-from xmc_tf.saving import export_model
-from xmc_tf.job.workdir import Workdir, atomic_path, write_bytes_atomic
+from xmc_tf.job.workdir import Workdir
+from xmc_tf.files import atomic_path, write_bytes_atomic
 
 __all__ = ["JobData", "Run", "train_and_evaluate", "member_config",
            "MEMBERS_DIR"]
@@ -223,7 +223,7 @@ class Run:
             epochs=len(self.checkpointer.history),
             head_bytes=xreport.layer_bytes(self.layer),
             regime=self.regime, **extra)
-        export_model(exported, self.wd.path, k=max(config.eval.ks))
+        artifacts.export_model(exported, self.wd.path, k=max(config.eval.ks))
         results["peak_memory_bytes"] = self.checkpointer.peak_memory_bytes
         meta = self.checkpointer.meta
         done = self.wd.mark_complete(results, meta["run_id"],
@@ -530,7 +530,7 @@ def _run_ensemble(config, wd: Workdir, data, *, overwrite: bool, force: bool,
         shutil.copyfile(os.path.join(member_dirs[0], Workdir.PREPROCESSING),
                         tmp)
     model = xensemble.average_scores(
-        [xsaving.load_model(d) for d in member_dirs])
+        [artifacts.load_model(d) for d in member_dirs])
     ks, batch = tuple(config.eval.ks), config.eval.batch_size
     metrics = {}
     if val_data is not None:
@@ -548,7 +548,7 @@ def _run_ensemble(config, wd: Workdir, data, *, overwrite: bool, force: bool,
         members={str(i): {k: v for k, v in m.items()
                           if k in xreport.MEMBER_KEYS}
                  for i, m in enumerate(member_metrics)})
-    export_model(model, wd.path, k=max(ks))
+    artifacts.export_model(model, wd.path, k=max(ks))
     results["peak_memory_bytes"] = max(
         [xreport.peak_memory_bytes()] + [m.get("peak_memory_bytes", 0)
                                          for m in member_metrics])

@@ -33,177 +33,19 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import fcntl
-import hashlib
 import json
 import os
-import shutil
 import socket
 import sys
 import uuid
 
 from xmc_tf.errors import (IncompleteWorkdir, WorkdirBusy, WorkdirError,
                            WorkdirFinished)
+from xmc_tf.files import (fingerprint, fsync_dir, remove_path,
+                          write_json_atomic)
 
-__all__ = ["Workdir", "WorkdirLock", "atomic_path", "write_json_atomic",
-           "write_bytes_atomic", "replace_dir", "fingerprint",
-           "discard_hint"]
-
-
-# ---------------------------------------------------------------------------
-# Atomic files.
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems cannot fsync a directory
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: str) -> None:
-    """Flushes a file, or every file and directory under `path`, to disk."""
-    if os.path.isdir(path):
-        for root, _, files in os.walk(path):
-            for name in files:
-                _fsync_tree(os.path.join(root, name))
-            _fsync_dir(root)
-        return
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _temp_sibling(path: str, tag: str = "tmp") -> str:
-    """``DIR/.NAME.TAG-PID.EXT`` beside ``path``, keeping the extension (Keras
-    insists on ``.keras``)."""
-    directory, name = os.path.split(path)
-    stem, ext = os.path.splitext(name)
-    return os.path.join(directory, f".{stem}.{tag}-{os.getpid()}{ext}")
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
-@contextlib.contextmanager
-def atomic_path(path: str):
-    """Yields a temporary path beside ``path``; renames it to ``path`` on
-    success.
-
-    Write the file (or directory) at the yielded path; when the block exits
-    without an exception it is flushed to disk (``fsync``) and renamed over
-    ``path`` (``os.replace`` for a file, :func:`replace_dir` for a
-    directory), so readers see the old or the new version, never a torn
-    one.  On an exception the temporary is removed and ``path`` is left as
-    it was.
-
-    Args:
-      path: the destination file or directory.
-
-    Yields:
-      ``str``: ``DIR/.NAME.tmp-PID.EXT``, not existing yet.
-
-    Raises:
-      OSError: the rename failed (e.g. no space left).
-
-    >>> import os, tempfile
-    >>> d = tempfile.mkdtemp()
-    >>> with atomic_path(os.path.join(d, "a.txt")) as tmp:
-    ...     _ = open(tmp, "w").write("new")
-    >>> open(os.path.join(d, "a.txt")).read()
-    'new'
-    """
-    tmp = _temp_sibling(path)
-    _remove(tmp)
-    try:
-        yield tmp
-        if not os.path.lexists(tmp):
-            raise FileNotFoundError(errno.ENOENT, "nothing was written", tmp)
-        _fsync_tree(tmp)
-        if os.path.isdir(tmp):
-            replace_dir(tmp, path)
-        else:
-            os.replace(tmp, path)
-            _fsync_dir(os.path.dirname(path))
-    except BaseException:
-        _remove(tmp)
-        raise
-
-
-def replace_dir(new: str, path: str) -> None:
-    """Puts directory ``new`` at ``path``, replacing a directory there.
-
-    POSIX cannot rename a directory over a non-empty one, so the old one is
-    first renamed aside (``.NAME.old-PID``), then ``new`` renamed in, then
-    the old one deleted: a kill in between leaves ``path`` absent (never a
-    mix of old and new files); :meth:`Workdir.clean_leftovers` removes the
-    aside copy.
-
-    Args:
-      new: an existing directory on the same file system as ``path``.
-      path: the destination.
-    """
-    old = None
-    if os.path.lexists(path):
-        old = _temp_sibling(path, "old")
-        _remove(old)
-        os.replace(path, old)
-    os.replace(new, path)
-    _fsync_dir(os.path.dirname(path))
-    if old is not None:
-        _remove(old)
-
-
-def write_bytes_atomic(path: str, data: bytes) -> None:
-    """Writes ``data`` to ``path`` atomically (see :func:`atomic_path`)."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
-
-
-def write_json_atomic(path: str, obj) -> None:
-    """Writes ``obj`` as indented, key-sorted JSON to ``path`` atomically."""
-    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True)
-                              + "\n").encode())
-
-
-def fingerprint(path: str) -> str:
-    """``"sha256:HEX"`` of a file, or of a directory tree (sorted relative
-    paths and the contents of its files).
-
-    Raises:
-      OSError: ``path`` cannot be read.
-    """
-    def file_digest(name):
-        h = hashlib.sha256()
-        with open(name, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
-
-    if not os.path.isdir(path):
-        if not os.path.exists(path):
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT),
-                                    path)
-        return "sha256:" + file_digest(path)
-    h = hashlib.sha256()
-    for root, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in sorted(files):
-            full = os.path.join(root, name)
-            rel = os.path.relpath(full, path).replace(os.sep, "/")
-            h.update(f"{rel}\0{file_digest(full)}\n".encode())
-    return "sha256:" + h.hexdigest()
+__all__ = ["Workdir", "WorkdirLock"]
 
 
 # ---------------------------------------------------------------------------
@@ -379,23 +221,6 @@ class WorkdirLock:
 # The work directory.
 
 
-def discard_hint(directory: str) -> str:
-    """How to discard the backup ``directory`` of a workdir, for the end of
-    an error message about it: ``rm -r`` it, or ``--overwrite`` (which also
-    discards the workdir's results).
-
-    Args:
-      directory: the backup directory (``WORKDIR/backup``).
-
-    Returns:
-      ``"discard it with `rm -r DIR` to start over (or rerun with
-      --overwrite, which also discards WORKDIR's results)"``.
-    """
-    workdir = os.path.dirname(os.path.abspath(directory))
-    return (f"discard it with `rm -r {directory}` to start over (or rerun "
-            f"with --overwrite, which also discards {workdir}'s results)")
-
-
 class Workdir:
     """Paths and state of a work directory (see the module docstring).
 
@@ -469,7 +294,7 @@ class Workdir:
                 why = (f"has a {self.METRICS} without completion marker "
                        "(written by an older xmc_tf?): retrain with `xmc-tf "
                        "train ... --overwrite`, or load its model unchecked "
-                       "with xmc_tf.saving.load_model(WORKDIR, verify=False)")
+                       "with xmc_tf.job.artifacts.load_model(WORKDIR, verify=False)")
             else:
                 why = (f"holds no finished run ({self.METRICS} with a "
                        "completion marker is missing)")
@@ -515,7 +340,7 @@ class Workdir:
             for name in os.listdir(root):
                 if name.startswith(".") and (".tmp-" in name or
                                              ".old-" in name):
-                    _remove(os.path.join(root, name))
+                    remove_path(os.path.join(root, name))
 
     def prepare_training(self, overwrite: bool = False) -> None:
         """Checks that ``train`` may run here; call with the lock held.
@@ -546,8 +371,8 @@ class Workdir:
         if overwrite:
             for name in (self.METRICS, self.BACKUP, self.HISTORY, self.MODEL,
                          self.SAVED_MODEL):
-                _remove(self.file(name))
-            _fsync_dir(self.path)
+                remove_path(self.file(name))
+            fsync_dir(self.path)
 
     @staticmethod
     def new_run_id() -> str:
