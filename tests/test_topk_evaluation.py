@@ -49,8 +49,7 @@ def test_dense_head_logs_val_precision():
         TopKEvaluation(data, ks=(), decoder=top_k_function)
     with pytest.raises(ValueError, match="decoder must be a function"):
         TopKEvaluation(data, ks=(1,), decoder="top_k")
-    with pytest.raises(TypeError, match="decoder"):
-        TopKEvaluation(data, ks=(1,))  # pylint: disable=missing-kwoa
+    assert TopKEvaluation(data, ks=(1,)).decoder is decoding.top_k_function
 
 
 @needs_ops("xmc_mach_top_k")

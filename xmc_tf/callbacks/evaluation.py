@@ -6,6 +6,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from xmc_tf import decoding
 from xmc_tf.metrics.evaluator import evaluate_top_k, score_batch_size
 
 __all__ = ["TopKEvaluation"]
@@ -36,10 +37,10 @@ class TopKEvaluation(keras.callbacks.Callback):
       prefix: prefix of the log keys.
       batch_size: instances per prediction batch.
       decoder: ``(model, k) -> top_k`` where ``top_k`` maps a feature batch
-        to ``(ids int32 [b, k], scores float32 [b, k])``, best first: for
-        any xmc_tf model :func:`xmc_tf.job.scoring.top_k_function` (the model's
-        head decodes it), or a head's ``top_k_function`` (what
-        :meth:`xmc_tf.job.heads.Head.callbacks` passes).
+        to ``(ids int32 [b, k], scores float32 [b, k])``, best first;
+        default :func:`xmc_tf.decoding.top_k_function` (by the type of the
+        model's scoring layer: MACH's exact decoder, else the top ``k``
+        scores).
 
     Raises:
       ValueError: empty ``ks``, a ``k < 1``, or a ``decoder`` that is not
@@ -48,14 +49,13 @@ class TopKEvaluation(keras.callbacks.Callback):
     Example:
       >>> import keras, xmc_tf
       >>> from xmc_tf.data import make_synthetic, make_tf_dataset
-      >>> from xmc_tf.job.scoring import top_k_function
       >>> train = make_synthetic(256, 100, 50, seed=0)
       >>> val_data = make_synthetic(64, 100, 50, seed=1)
       >>> inputs = keras.Input((100,), sparse=True)
       >>> model = keras.Model(inputs, keras.layers.Dense(50)(inputs))
       >>> model.compile("adam", xmc_tf.losses.SquaredHinge(),
       ...               jit_compile=False)
-      >>> cb = TopKEvaluation(val_data, ks=(1, 3), decoder=top_k_function)
+      >>> cb = TopKEvaluation(val_data, ks=(1, 3))
       >>> history = model.fit(make_tf_dataset(train, 64), epochs=2, verbose=0,
       ...     callbacks=[cb, keras.callbacks.EarlyStopping(
       ...         "val_precision_at_3", mode="max")])
@@ -64,11 +64,13 @@ class TopKEvaluation(keras.callbacks.Callback):
     """
 
     def __init__(self, dataset, ks=(1, 3), prefix="val_", batch_size=1024, *,
-                 decoder):
+                 decoder=None):
         super().__init__()
         self.ks = tuple(int(k) for k in ks)
         if not self.ks or min(self.ks) < 1:
             raise ValueError(f"ks must be non-empty ints >= 1, got {ks!r}")
+        if decoder is None:
+            decoder = decoding.top_k_function
         if not callable(decoder):
             raise ValueError("decoder must be a function (model, k) -> top_k, "
                              f"got {type(decoder).__name__}")

@@ -27,9 +27,9 @@ from xmc_tf.job import cluster as xcluster
 from xmc_tf.job import heads as xheads
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.build import ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS
-from xmc_tf.samplers.registry import auto_bool
+from xmc_tf.samplers.registry import AUTO, auto_bool
 
-__all__ = ["AUTO", "DataSummary", "summarize", "check_config",
+__all__ = ["DataSummary", "summarize", "check_config",
            "check_strategy", "resolve_config", "automatic",
            "automatic_fields", "is_auto", "tree_enabled", "tree_weight"]
 
@@ -100,10 +100,6 @@ def _check_nonnegative(field: str, value) -> None:
     """Raises ValueError unless ``value`` is a number >= 0."""
     if not (_is_number(value) and value >= 0):
         raise ValueError(f"config.{field}={value!r} must be a number >= 0")
-
-
-#: The "decide from the data" value of config fields.
-AUTO = "auto"
 
 
 def tree_enabled(value):
