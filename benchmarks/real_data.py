@@ -500,7 +500,7 @@ def fit_tree_for_curve(config):
     from xmc_tf import config as xconfig
     from xmc_tf.job import heads as xheads
     from xmc_tf.job import tree as xlabel_tree
-    from xmc_tf.job import finalize as xfinalize
+    from xmc_tf.job import plan as xplan
     from xmc_tf.job import inputs as xinputs
     from xmc_tf.job import preprocessing as xprep
     from xmc_tf.layers import LabelTreeScores
@@ -508,7 +508,7 @@ def fit_tree_for_curve(config):
     with tempfile.TemporaryDirectory() as tmp:
         fit, val, _ = xinputs.prepare_splits(config, train, tmp)
     head = xheads.get_head(config)
-    on, _ = xfinalize.label_tree_plan(config, head, fit.num_labels,
+    on, _ = xplan.label_tree_plan(config, head, fit.num_labels,
                                    train.is_sparse, val is not None,
                                    xconfig.is_multi_class(fit.labels))
     if not on:

@@ -22,53 +22,16 @@ from xmc_tf.metrics import evaluator as xevaluation
 from xmc_tf.job import tree as xlabel_tree
 from xmc_tf.job import preprocessing as xprep
 from xmc_tf.job.inputs import subset
-from xmc_tf.job.plan import tree_enabled, tree_weight
+from xmc_tf.job.plan import label_tree_plan, tree_weight
 from xmc_tf.layers.label_tree import LabelTreeScores, fuse_with_tree
 from xmc_tf.job.workdir import Workdir
 from xmc_tf.files import atomic_path
 
-__all__ = ["LABEL_TREE_FILE", "label_tree_plan", "tree_validation_blocks",
+__all__ = ["LABEL_TREE_FILE", "tree_validation_blocks",
            "attach_label_tree", "finalize"]
 
 #: The fitted tree, kept in the backup directory until the export is done.
 LABEL_TREE_FILE = "label_tree.npz"
-
-
-def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
-                    has_validation: bool,
-                    multi_class: bool = False) -> tuple[bool, str]:
-    """Whether the run fits a label tree (:mod:`xmc_tf.job.tree`), and why.
-
-    ``config.tree.enabled="auto"`` turns it on for sparse input, a head that
-    scores every label, a validation split to read its weight on,
-    multi-label training data and at most ``config.tree.max_labels`` labels
-    (time and memory grow with m).  Multi-class data stays off: on the
-    ManNextWord 40k subset (50k classes) the fit had not finished after 8
-    minutes, against 12 s of SCENT training, and no gain was measured there.
-
-    Returns:
-      ``(enabled, reason)``; ``reason`` is one line for the log.
-    """
-    tc = config.get("tree")
-    enabled = tree_enabled(tc.enabled) if tc is not None else False
-    if enabled is False:
-        return False, "config.tree.enabled=False"
-    if not sparse_input:
-        return False, "dense input features"
-    if not head.scores_every_label:
-        return False, f"head {head.name!r} does not score every label"
-    if enabled is True:
-        return True, "config.tree.enabled=True"
-    if not has_validation and tree_weight(tc.weight) is None:
-        return False, "no validation split to read its weight on"
-    if multi_class:
-        return False, ("multi-class training data (config.tree.enabled=True "
-                       "fits it anyway)")
-    if num_labels > tc.max_labels:
-        return False, (f"{num_labels} labels > config.tree.max_labels="
-                       f"{tc.max_labels}")
-    return True, (f"sparse input, {num_labels} labels <= "
-                  f"config.tree.max_labels={tc.max_labels}")
 
 
 def tree_validation_blocks(model, tree_layer, val_data, batch_size: int):
