@@ -36,7 +36,7 @@ class Killed(BaseException):
 @pytest.fixture
 def no_cleanup(monkeypatch):
     """A killed process removes no temporary files."""
-    monkeypatch.setattr(workdir, "_remove", lambda path: None)
+    monkeypatch.setattr(files, "remove_path", lambda path: None)
 
 
 def _die(*args, **kwargs):
@@ -58,7 +58,7 @@ def test_atomic_path_replaces_only_on_success(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["a.json"]  # temporary removed
     # A kill (no cleanup) leaves the old file and a temporary that
     # clean_leftovers removes.
-    monkeypatch.setattr(workdir, "_remove", lambda p: None)
+    monkeypatch.setattr(files, "remove_path", lambda p: None)
     with pytest.raises(Killed):
         with files.atomic_path(str(path)) as tmp:
             open(tmp, "w").write('{"v": 3')
@@ -223,7 +223,7 @@ def test_kill_during_export_never_leaves_disagreeing_metrics(
 
     wd.prepare_training(overwrite=True)
     new = _tiny_model()
-    monkeypatch.setattr(workdir, "_remove", lambda path: None)
+    monkeypatch.setattr(files, "remove_path", lambda path: None)
     if step == "model_write":
         def partial_save(self, path, *a, **k):
             open(path, "wb").write(b"PK\x03\x04 torn")
@@ -236,7 +236,7 @@ def test_kill_during_export_never_leaves_disagreeing_metrics(
             with files.atomic_path(path) as tmp:
                 open(tmp, "wb").write(data[:len(data) // 2])
                 _die()
-        monkeypatch.setattr(workdir, "write_bytes_atomic", torn_write)
+        monkeypatch.setattr(files, "write_bytes_atomic", torn_write)
     with pytest.raises(Killed):
         artifacts.export_model(new, wd.path, k=2)
         if step == "before_metrics":
@@ -286,7 +286,7 @@ def test_checkpoint_round_trip_and_kill_during_write(tmp_path, monkeypatch):
     assert got["list"] == [1, 2.5, "x", [4]]
 
     # Killed while writing the next checkpoint: the previous one is intact.
-    monkeypatch.setattr(workdir, "_remove", lambda p: None)
+    monkeypatch.setattr(files, "remove_path", lambda p: None)
     calls = []
     write_array = np.lib.format.write_array
 
