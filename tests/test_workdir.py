@@ -23,7 +23,6 @@ import xmc_tf
 from xmc_tf.job import artifacts
 from xmc_tf.job import checkpoint as ckpt
 from xmc_tf import files, saving, variable_io
-from xmc_tf.job import workdir
 from xmc_tf.callbacks import EarlyStopping, ReduceLROnPlateau, SetRewiring
 from xmc_tf.errors import CheckpointError
 from xmc_tf.job.workdir import IncompleteWorkdir, Workdir, WorkdirBusy, WorkdirFinished, WorkdirLock
