@@ -39,7 +39,8 @@ from ml_collections import config_dict
 __all__ = ["BASE", "DEFAULT_CONFIG", "DEFAULT_HEAD", "HEAD_DEFAULTS",
            "CONFIGS_DIR", "MULTI_CLASS_DEFAULTS", "REGIME_FIELDS", "base",
            "config_file", "get_config", "names", "by_regime", "is_multi_class",
-           "unresolved_fields", "regime_values", "resolve_regime"]
+           "unresolved_fields", "regime_values", "resolve_regime",
+           "flat_fields"]
 
 #: Folder of the packaged configs (``xmc_tf/configs``).
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -303,6 +304,20 @@ def by_regime(config, fields=REGIME_FIELDS) -> ml_collections.ConfigDict:
         holder, name = _get(config, field)
         holder[name] = config_dict.placeholder(holder.get_type(name))
     return config
+
+
+def flat_fields(fields: dict, prefix: str = ""):
+    """Yields ``(dotted name, value)`` for every leaf of a nested dict (a
+    config's JSON, or overrides such as ``{"train": {"epochs": 5}}``).
+
+    >>> list(flat_fields({"train": {"epochs": 5}, "seed": 0}))
+    [('train.epochs', 5), ('seed', 0)]
+    """
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            yield from flat_fields(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def is_multi_class(labels) -> bool:

@@ -85,17 +85,9 @@ def load_config(config="uniform_sparse",
         raise ValueError(f"config={config!r}: expected a config name, a "
                          "config file or an ml_collections.ConfigDict")
     cfg.lock()
-    for field, value in _flatten(overrides or {}):
+    for field, value in xconfig.flat_fields(overrides or {}):
         _set_field(cfg, field, value)
     return cfg
-
-
-def _flatten(overrides, prefix=""):
-    for key, value in overrides.items():
-        if isinstance(value, dict):
-            yield from _flatten(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 def _set_field(cfg, field: str, value) -> None:

@@ -14,6 +14,7 @@ import os
 
 from absl import logging
 
+from xmc_tf import config as xconfig
 from xmc_tf.job import checkpoint as xckpt
 from xmc_tf.errors import CheckpointError
 from xmc_tf.job.workdir import Workdir
@@ -39,14 +40,6 @@ def resume_config(config) -> dict:
     return out
 
 
-def _flat(d, prefix=""):
-    for k, v in d.items():
-        if isinstance(v, dict):
-            yield from _flat(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}", v
-
-
 _MISSING = object()
 
 
@@ -61,7 +54,8 @@ def config_changes(saved: dict, config) -> list:
     Returns:
       ``["config.K=SAVED (now NOW)", ...]``, sorted; empty if none.
     """
-    a, b = dict(_flat(saved)), dict(_flat(resume_config(config)))
+    a = dict(xconfig.flat_fields(saved))
+    b = dict(xconfig.flat_fields(resume_config(config)))
     for key in RESUME_MAY_CHANGE:
         a.pop(key, None)
     older = sorted(set(b) - set(a))
