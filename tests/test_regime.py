@@ -120,16 +120,7 @@ def test_every_automatic_field_is_resolved_once_from_the_data(
     for name in xconfig.names():
         config = xconfig.get_config(name)
         run, regime = xplan.resolve_config(config, train)
-        flat = json.loads(run.to_json_best_effort())
-        leaves = []
-
-        def walk(d, prefix=""):
-            for k, v in d.items():
-                if isinstance(v, dict):
-                    walk(v, f"{prefix}{k}.")
-                else:
-                    leaves.append((f"{prefix}{k}", v))
-        walk(flat)
+        leaves = xconfig.flat_fields(json.loads(run.to_json_best_effort()))
         left = [f for f, v in leaves if xplan.is_auto(v)
                 and f not in ("tree.weight", "data.split_seed",
                               "model.wide_max_mib", "train.min_delta")]
