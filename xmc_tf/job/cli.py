@@ -119,6 +119,7 @@ _FLAGS = (
     ("overwrite", ("train",), None),
     ("force", ("train",), None),
     ("strategy", ("train",), "NAME"),
+    ("print-config", ("train",), None),
     ("data", ("evaluate", "predict"), "SPEC"),
     ("output", ("predict", "export"), "PATH"),
     ("k", ("predict", "export"), "K"),
