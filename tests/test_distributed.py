@@ -37,7 +37,6 @@ import pytest
 import tensorflow as tf
 
 from local_cluster import run_script, run_two_workers
-from xmc_tf import decoding
 from xmc_tf.losses import BinaryCrossentropy, SquaredHinge, dense_targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,6 +94,7 @@ _WORKER = _COMMON + textwrap.dedent(r"""
     from xmc_tf.models import DistributedModel  # Keras 3.15 work-arounds
     from xmc_tf import config as xconfig
     from xmc_tf import data as xdata
+    from xmc_tf import decoding
     from xmc_tf.job import heads as xheads
     from xmc_tf.callbacks import SetRewiring
     from xmc_tf.layers import SparseEmbeddingBag
