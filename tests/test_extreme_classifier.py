@@ -238,3 +238,12 @@ def test_auto_override_leaves_a_typed_field_to_the_data():
     assert clf.config.train.batch_size is None
     clf.config.train.batch_size = 32  # still an int field
     assert clf.config.train.batch_size == 32
+
+
+def test_a_second_fit_without_workdir_retrains(split):
+    train, test = split
+    clf = xmc_tf.ExtremeClassifier("linear", dict(QUIET, **{"train.epochs": 1}))
+    first = clf.fit(train.features, train.labels).predict(test.features[:5])
+    clf.fit(train.features[:200], train.labels[:200])  # other data: retrained
+    assert clf.metrics_["num_train_instances"] == 200
+    assert clf.predict(test.features[:5])[0].shape == first[0].shape

@@ -123,7 +123,8 @@ class ExtremeClassifier:
       workdir: directory of the run's files (``model.keras``,
         ``saved_model/``, ``metrics.json``, ``history.csv``, the backup of
         an unfinished run, which a rerun resumes); None: a temporary
-        directory, deleted with the object.
+        directory, deleted with the object (a second ``fit`` retrains
+        there; one after an interrupted ``fit`` resumes it).
       overwrite: retrain into a ``workdir`` holding a finished run.
       force: take over a stale workdir lock.
       strategy: a ``tf.distribute`` strategy to train under, or None.
@@ -152,6 +153,8 @@ class ExtremeClassifier:
         self.config = load_config(config, overrides)
         self.overwrite, self.force = overwrite, force
         self.strategy, self.callbacks = strategy, list(callbacks)
+        # A temporary workdir is the object's own: a second fit retrains.
+        self._own_workdir = workdir is None
         if workdir is None:
             workdir = tempfile.mkdtemp(prefix="xmc-tf-")
             self._cleanup = weakref.finalize(self, shutil.rmtree, workdir,
@@ -227,8 +230,12 @@ class ExtremeClassifier:
         return self._train(JobData(train, test, validation))
 
     def _train(self, data: JobData | None) -> "ExtremeClassifier":
+        # The object's own workdir: a finished fit is retrained over, an
+        # interrupted one resumes.
+        finished = os.path.exists(Workdir(self.workdir).file(Workdir.METRICS))
         self.metrics_ = train_and_evaluate(
-            self.config, self.workdir, data=data, overwrite=self.overwrite,
+            self.config, self.workdir, data=data,
+            overwrite=self.overwrite or (self._own_workdir and finished),
             force=self.force, callbacks=self.callbacks,
             strategy=self.strategy)
         self._model = None  # loaded from the workdir at first use
