@@ -40,7 +40,7 @@ __all__ = ["BASE", "DEFAULT_CONFIG", "DEFAULT_HEAD", "HEAD_DEFAULTS",
            "CONFIGS_DIR", "MULTI_CLASS_DEFAULTS", "REGIME_FIELDS", "base",
            "config_file", "get_config", "names", "by_regime", "is_multi_class",
            "unresolved_fields", "regime_values", "resolve_regime",
-           "flat_fields"]
+           "flat_fields", "config_from_file"]
 
 #: Folder of the packaged configs (``xmc_tf/configs``).
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -504,8 +504,24 @@ def get_config(name: str = DEFAULT_HEAD) -> ml_collections.ConfigDict:
     if not path.startswith(CONFIGS_DIR):
         raise ValueError(f"no packaged config named {name!r}; packaged "
                          f"configs: {', '.join(names())}")
-    spec = importlib.util.spec_from_file_location(
-        f"xmc_tf.configs.{name}", path)
+    return config_from_file(path, f"xmc_tf.configs.{name}")
+
+
+def config_from_file(path: str,
+                     module_name: str = "xmc_tf_user_config"
+                     ) -> ml_collections.ConfigDict:
+    """The config of a config file: its ``get_config()``.
+
+    Args:
+      path: a Python file defining ``get_config()`` (``configs/mach.py``).
+      module_name: the name the file is executed under.
+
+    Raises:
+      ValueError: ``path`` does not exist.
+    """
+    if not os.path.exists(path):
+        raise ValueError(f"config file {path!r} does not exist")
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config()

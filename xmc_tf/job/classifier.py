@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import shutil
@@ -73,14 +72,7 @@ def load_config(config="uniform_sparse",
     if isinstance(config, ml_collections.ConfigDict):
         cfg = copy.deepcopy(config)
     elif isinstance(config, str):
-        path = xconfig.config_file(config)
-        spec = importlib.util.spec_from_file_location("xmc_tf_user_config",
-                                                      path)
-        if spec is None or not os.path.exists(path):
-            raise ValueError(f"config file {path!r} does not exist")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        cfg = module.get_config()
+        cfg = xconfig.config_from_file(xconfig.config_file(config))
     else:
         raise ValueError(f"config={config!r}: expected a config name, a "
                          "config file or an ml_collections.ConfigDict")

@@ -22,17 +22,13 @@ from xmc_tf.metrics import evaluator as xevaluation
 from xmc_tf.errors import ConfigError, TrainingDiverged
 from xmc_tf.job import wide as xwide
 from xmc_tf.job.build import build_network, build_optimizer
+from xmc_tf.job.report import variable_bytes
 from xmc_tf.models.distributed import DistributedModel, DistributedTrainerMixin
 from xmc_tf.job.workdir import Workdir
 
 __all__ = ["build_and_compile", "validation_batch_size", "release_optimizer",
            "StopOnNonFinite", "ChiefLogs", "make_callbacks", "make_datasets",
            "fit_model", "VALIDATION_FREE_BYTES"]
-
-
-def _variable_bytes(variables) -> int:
-    return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
-                   for v in variables))
 
 
 def build_and_compile(config, head, num_features: int, num_labels: int,
@@ -152,7 +148,7 @@ def release_optimizer(model) -> int:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return 0
-    released = (_variable_bytes(optimizer.variables)
+    released = (variable_bytes(optimizer.variables)
                 if getattr(optimizer, "built", False) else 0)
     compile_config = getattr(model, "_compile_config", None)  # Keras 3
     config = getattr(compile_config, "config", None)

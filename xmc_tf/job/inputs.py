@@ -21,7 +21,8 @@ from xmc_tf.job.workdir import Workdir
 from xmc_tf.files import atomic_path
 
 __all__ = ["as_dataset", "read_datasets", "check_compatible", "subset",
-           "validation_split", "prepare_splits", "save_inv_propensities"]
+           "validation_rows", "validation_split", "prepare_splits",
+           "save_inv_propensities"]
 
 
 def _features(X, what: str):
@@ -148,6 +149,12 @@ def subset(dataset: xdata.XCDataset, rows: np.ndarray) -> xdata.XCDataset:
                            labels=dataset.labels[rows])
 
 
+def validation_rows(config, num_instances: int) -> int:
+    """Instances :func:`validation_split` holds out of ``num_instances``:
+    ``round(config.data.validation_fraction * num_instances)``."""
+    return int(round(config.data.validation_fraction * num_instances))
+
+
 def validation_split(train: xdata.XCDataset, config):
     """Splits the training set into the part ``fit`` trains on and the
     validation part (``config.data.validation_fraction`` of the instances,
@@ -159,7 +166,7 @@ def validation_split(train: xdata.XCDataset, config):
     seed = config.data.split_seed
     rng = np.random.default_rng(config.seed if seed is None else seed)
     order = rng.permutation(train.num_instances)
-    num_val = int(round(config.data.validation_fraction * train.num_instances))
+    num_val = validation_rows(config, train.num_instances)
     if not num_val:
         return train, None
     return (subset(train, np.sort(order[num_val:])),

@@ -27,6 +27,7 @@ from xmc_tf.job import cluster as xcluster
 from xmc_tf.job import heads as xheads
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.build import ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS
+from xmc_tf.job.inputs import validation_rows
 from xmc_tf.samplers.registry import AUTO, auto_bool
 
 __all__ = ["DataSummary", "summarize", "check_config",
@@ -411,7 +412,8 @@ def _resolve_regime(config, summary) -> tuple:
 
 
 def resolve_config(config, train: xdata.XCDataset,
-                   validation: xdata.XCDataset | None = None):
+                   validation: xdata.XCDataset | None = None,
+                   summary: DataSummary | None = None):
     """The one resolver of automatic settings: the run's config with every
     field left to the data filled in, one log line per field.
 
@@ -430,6 +432,8 @@ def resolve_config(config, train: xdata.XCDataset,
       train: the raw training set.
       validation: the validation set the caller gives, or None (the run
         splits ``config.data.validation_fraction`` of ``train``).
+      summary: ``train``'s :class:`DataSummary` when the caller has it
+        (:func:`summarize` reads every feature value).
 
     Returns:
       ``(run_config, resolved)``: the config the run trains with (``config``
@@ -438,10 +442,10 @@ def resolve_config(config, train: xdata.XCDataset,
       nothing is automatic), which the checkpoint and ``metrics.json``
       keep.
     """
-    summary = summarize(train)
+    summary = summary or summarize(train)
     run, values = _resolve_regime(config, summary)
-    has_validation = validation is not None or bool(round(
-        run.data.validation_fraction * summary.num_instances))
+    has_validation = validation is not None or bool(
+        validation_rows(run, summary.num_instances))
     head = None
     for field, resolve in _RESOLVERS.items():
         node, name = _field(run, field)

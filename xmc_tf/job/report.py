@@ -12,8 +12,8 @@ import keras
 import numpy as np
 
 
-__all__ = ["peak_memory_bytes", "layer_bytes", "model_bytes",
-           "run_report", "MEMBER_KEYS"]
+__all__ = ["peak_memory_bytes", "variable_bytes", "layer_bytes",
+           "model_bytes", "run_report", "MEMBER_KEYS"]
 
 #: What an ensemble's ``metrics.json`` keeps of each member's.
 MEMBER_KEYS = ("P@1", "P@3", "P@5", "train_seconds", "epochs")
@@ -24,7 +24,8 @@ def peak_memory_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _variable_bytes(variables) -> int:
+def variable_bytes(variables) -> int:
+    """Bytes of ``variables`` (shape x dtype size, summed)."""
     return int(sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize
                    for v in variables))
 
@@ -32,12 +33,12 @@ def _variable_bytes(variables) -> int:
 def layer_bytes(layer) -> int:
     """Bytes of a layer's variables (the head's: weights, indices, bias;
     ``metrics.json`` ``output_layer_bytes``)."""
-    return _variable_bytes(layer.weights)
+    return variable_bytes(layer.weights)
 
 
 def model_bytes(model: keras.Model) -> int:
     """Bytes of all the model's variables (every layer; no optimizer state)."""
-    return _variable_bytes(model.weights)
+    return variable_bytes(model.weights)
 
 
 def run_report(config, summary, num_test: int, model, *, metrics: dict,

@@ -141,7 +141,7 @@ class Run:
         write_bytes_atomic(self.wd.file(Workdir.CONFIG),
                            self.given.to_json_best_effort(indent=2).encode())
         self.config, self.regime = xplan.resolve_config(
-            self.given, train, self.data.validation)
+            self.given, train, self.data.validation, self.summary)
         if self.regime:
             self.head = xplan.check_config(self.config)
             if self.cluster.strategy is not None:
@@ -519,7 +519,9 @@ def _run_ensemble(config, wd: Workdir, data, *, overwrite: bool, force: bool,
     inv_prop = xinputs.save_inv_propensities(config, train, wd.path)
     write_bytes_atomic(wd.file(Workdir.CONFIG),
                        config.to_json_best_effort(indent=2).encode())
-    config, regime = xplan.resolve_config(config, train, data.validation)
+    summary = xplan.summarize(train)
+    config, regime = xplan.resolve_config(config, train, data.validation,
+                                          summary)
     # Members share the split (and so the normalisation, inside each
     # member's model): the raw validation rows are theirs too.
     val_data = data.validation
@@ -539,7 +541,7 @@ def _run_ensemble(config, wd: Workdir, data, *, overwrite: bool, force: bool,
     if test is not None:
         metrics.update(evaluate_model(model, test, inv_prop, ks, batch))
     results = xreport.run_report(
-        config, xplan.summarize(train), test.num_instances if test else 0,
+        config, summary, test.num_instances if test else 0,
         model, metrics=metrics,
         train_seconds=sum(m["train_seconds"] for m in member_metrics),
         epochs=sum(m["epochs"] for m in member_metrics),
