@@ -7,9 +7,12 @@
 // Sec. 3.3 (exact zeros of its gradient are skipped downstream).
 //
 // CPU design (TensorFlow's intra-op thread pool, ::tensorflow::Shard):
-//  * Both kernels check ranks, shapes and every label id (b * n reads, one
-//    thread: tiny next to the b * m scores) before any work, and fail with
-//    InvalidArgument naming the first bad entry.
+//  * One OpKernel class per op, templated on the device (ops/common/
+//    device.h): it checks ranks and shapes and allocates the output, then
+//    calls functor::SquaredHingeLoss[Grad]<Device, TL> (hinge_kernels.h).
+//  * The CPU functors check every label id (b * n reads on the thread pool,
+//    ops/common/bad_index.h: tiny next to the b * m scores) before any work,
+//    and fail with InvalidArgument naming the first bad entry.
 //  * The work units are (row, block of kCpuBlock columns) pairs, so a small
 //    batch still keeps every thread busy.  A unit makes one dense pass over
 //    its block with every label a negative, then scans the row's n ids and
@@ -26,33 +29,20 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/common/bad_index.h"
+#include "ops/common/gpu.h"
+#include "ops/common/validation.h"
 #include "ops/hinge/hinge_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/util/work_sharder.h"
 
-#if XMC_TF_WITH_CUDA
-#include "xla/stream_executor/stream.h"
-#endif
-
 namespace xmc_tf {
-
-using ::tensorflow::DEVICE_CPU;
-using ::tensorflow::DEVICE_GPU;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-namespace errors = ::tensorflow::errors;
 
 namespace {
 
-struct HingeDims {
-  int64_t batch = 0, num_labels = 0, n = 0, blocks = 0;
-};
+constexpr char kLabelsNote[] = "num_labels; -1 is padding";
 
 // Ranks and shapes of scores [b, m], labels [b, n] and (when not null)
 // upstream [b].
@@ -82,21 +72,16 @@ Status ValidateHingeShapes(const Tensor& scores, const Tensor& labels,
   return ::tensorflow::OkStatus();
 }
 
-// Every label id in [-1, num_labels).
+// Every label id in [-1, num_labels); the value of the first bad one is
+// named when known (`ids` on the host), else its position only.
 template <typename TL>
-Status ValidateLabelIds(const Tensor& labels, int64_t num_labels) {
-  const TL* ids = labels.flat<TL>().data();
-  const int64_t total = labels.NumElements();
-  for (int64_t p = 0; p < total; ++p) {
-    const int64_t id = static_cast<int64_t>(ids[p]);
-    if (id < -1 || id >= num_labels) {
-      const int64_t n = labels.dim_size(1);
-      return errors::InvalidArgument(
-          "labels[", p / n, ", ", p % n, "] = ", id, " is out of range [-1, ",
-          num_labels, ") (num_labels; -1 is padding)");
-    }
-  }
-  return ::tensorflow::OkStatus();
+Status ValidateLabelIds(OpKernelContext* ctx, const TL* ids,
+                        const HingeDims& d) {
+  const int64_t p = FirstOutOfRange(ctx, ids, d.batch * d.n, -1, d.num_labels);
+  if (p < 0) return ::tensorflow::OkStatus();
+  return OutOfRange("labels", TensorShape({d.batch, d.n}), p,
+                    static_cast<int64_t>(ids[p]), -1, d.num_labels,
+                    kLabelsNote);
 }
 
 // The `margin` attribute; a missing or non-finite one fails the
@@ -122,162 +107,152 @@ void IdsInBlock(const TL* row, int64_t n, int64_t j0, int64_t j1,
   }
 }
 
-// Device tags: the op classes below check shapes and allocate the output,
-// then call the Compute* overload of their device.
-struct Cpu {};
-struct Gpu {};
-
-// loss [b] from scores and label ids (shapes checked, ids not yet).
-template <typename TL>
-void ComputeLoss(Cpu, OpKernelContext* ctx, const Tensor& scores,
-                 const Tensor& labels, const HingeDims& d, float margin,
-                 float* loss) {
-  OP_REQUIRES_OK(ctx, ValidateLabelIds<TL>(labels, d.num_labels));
-  if (d.batch == 0) return;
-  if (d.blocks == 0) {  // no labels: every row sums nothing
-    std::fill(loss, loss + d.batch, 0.0f);
-    return;
-  }
-  Tensor partial_t;
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_DOUBLE,
-                                         TensorShape({d.batch * d.blocks}),
-                                         &partial_t));
-  double* partial = partial_t.flat<double>().data();
-  const float* x = scores.flat<float>().data();
-  const TL* ids = labels.flat<TL>().data();
-  const int64_t m = d.num_labels, n = d.n, blocks = d.blocks;
-  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  ::tensorflow::Shard(
-      workers->num_threads, workers->workers, d.batch * blocks,
-      hinge::kCpuBlock + 4 * n, [&](int64_t start, int64_t limit) {
-        std::vector<int64_t> in_block;
-        for (int64_t u = start; u < limit; ++u) {
-          const int64_t i = u / blocks;
-          const int64_t j0 = (u % blocks) * hinge::kCpuBlock;
-          const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
-          const float* row = x + i * m;
-          double sum =
-              hinge::NegativeSquaredHingeSum(row + j0, j1 - j0, margin);
-          IdsInBlock<TL>(ids + i * n, n, j0, j1, &in_block);
-          std::sort(in_block.begin(), in_block.end());
-          const auto end = std::unique(in_block.begin(), in_block.end());
-          for (auto it = in_block.begin(); it != end; ++it) {
-            sum += hinge::PositiveLossCorrection(row[*it], margin);
-          }
-          partial[u] = sum;
-        }
-      });
-  for (int64_t i = 0; i < d.batch; ++i) {
-    double sum = 0.0;
-    for (int64_t b = 0; b < blocks; ++b) sum += partial[i * blocks + b];
-    loss[i] = static_cast<float>(sum);
-  }
-}
-
-// grad [b, m] (fully written) from scores, label ids and upstream.
-template <typename TL>
-void ComputeGrad(Cpu, OpKernelContext* ctx, const Tensor& scores,
-                 const Tensor& labels, const Tensor& upstream,
-                 const HingeDims& d, float margin, float* grad) {
-  OP_REQUIRES_OK(ctx, ValidateLabelIds<TL>(labels, d.num_labels));
-  if (d.batch == 0 || d.blocks == 0) return;
-  const float* x = scores.flat<float>().data();
-  const float* up = upstream.flat<float>().data();
-  const TL* ids = labels.flat<TL>().data();
-  const int64_t m = d.num_labels, n = d.n, blocks = d.blocks;
-  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  ::tensorflow::Shard(
-      workers->num_threads, workers->workers, d.batch * blocks,
-      2 * hinge::kCpuBlock + 2 * n, [&](int64_t start, int64_t limit) {
-        for (int64_t u = start; u < limit; ++u) {
-          const int64_t i = u / blocks;
-          const int64_t j0 = (u % blocks) * hinge::kCpuBlock;
-          const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
-          const float* row = x + i * m;
-          float* out = grad + i * m;
-          hinge::NegativeSquaredHingeGrad(row + j0, j1 - j0, margin, up[i],
-                                          out + j0);
-          const TL* row_ids = ids + i * n;
-          for (int64_t k = 0; k < n; ++k) {
-            const int64_t id = static_cast<int64_t>(row_ids[k]);
-            if (id >= j0 && id < j1) {
-              out[id] = hinge::PositiveGrad(row[id], margin, up[i]);
-            }
-          }
-        }
-      });
-}
+}  // namespace
 
 // ---------------------------------------------------------------------------
-// GPU: framework-free CUDA launchers (hinge_kernels.cu.cc) called on
-// TensorFlow's stream; they range-check the ids on the device.
+// CPU functors.
+
+namespace functor {
+
+template <typename TL>
+struct SquaredHingeLoss<CpuDevice, TL> {
+  void operator()(OpKernelContext* ctx, const float* x, const TL* ids,
+                  const HingeDims& d, float margin, float* loss) const {
+    OP_REQUIRES_OK(ctx, ValidateLabelIds<TL>(ctx, ids, d));
+    if (d.batch == 0) return;
+    if (d.blocks == 0) {  // no labels: every row sums nothing
+      std::fill(loss, loss + d.batch, 0.0f);
+      return;
+    }
+    Tensor partial_t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_DOUBLE,
+                                           TensorShape({d.batch * d.blocks}),
+                                           &partial_t));
+    double* partial = partial_t.flat<double>().data();
+    const int64_t m = d.num_labels, n = d.n, blocks = d.blocks;
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, d.batch * blocks,
+        hinge::kCpuBlock + 4 * n, [&](int64_t start, int64_t limit) {
+          std::vector<int64_t> in_block;
+          for (int64_t u = start; u < limit; ++u) {
+            const int64_t i = u / blocks;
+            const int64_t j0 = (u % blocks) * hinge::kCpuBlock;
+            const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
+            const float* row = x + i * m;
+            double sum =
+                hinge::NegativeSquaredHingeSum(row + j0, j1 - j0, margin);
+            IdsInBlock<TL>(ids + i * n, n, j0, j1, &in_block);
+            std::sort(in_block.begin(), in_block.end());
+            const auto end = std::unique(in_block.begin(), in_block.end());
+            for (auto it = in_block.begin(); it != end; ++it) {
+              sum += hinge::PositiveLossCorrection(row[*it], margin);
+            }
+            partial[u] = sum;
+          }
+        });
+    for (int64_t i = 0; i < d.batch; ++i) {
+      double sum = 0.0;
+      for (int64_t b = 0; b < blocks; ++b) sum += partial[i * blocks + b];
+      loss[i] = static_cast<float>(sum);
+    }
+  }
+};
+
+template <typename TL>
+struct SquaredHingeLossGrad<CpuDevice, TL> {
+  void operator()(OpKernelContext* ctx, const float* x, const TL* ids,
+                  const float* up, const HingeDims& d, float margin,
+                  float* grad) const {
+    OP_REQUIRES_OK(ctx, ValidateLabelIds<TL>(ctx, ids, d));
+    if (d.batch == 0 || d.blocks == 0) return;
+    const int64_t m = d.num_labels, n = d.n, blocks = d.blocks;
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, d.batch * blocks,
+        2 * hinge::kCpuBlock + 2 * n, [&](int64_t start, int64_t limit) {
+          for (int64_t u = start; u < limit; ++u) {
+            const int64_t i = u / blocks;
+            const int64_t j0 = (u % blocks) * hinge::kCpuBlock;
+            const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
+            const float* row = x + i * m;
+            float* out = grad + i * m;
+            hinge::NegativeSquaredHingeGrad(row + j0, j1 - j0, margin, up[i],
+                                            out + j0);
+            const TL* row_ids = ids + i * n;
+            for (int64_t k = 0; k < n; ++k) {
+              const int64_t id = static_cast<int64_t>(row_ids[k]);
+              if (id >= j0 && id < j1) {
+                out[id] = hinge::PositiveGrad(row[id], margin, up[i]);
+              }
+            }
+          }
+        });
+  }
+};
+
+// ---------------------------------------------------------------------------
+// GPU functors: framework-free CUDA launchers (hinge_kernels.cu.cc) called on
+// TensorFlow's stream; they range-check the ids on the device, so the
+// message names the position only.
 
 #if XMC_TF_WITH_CUDA
 
-void* HingeCudaStream(OpKernelContext* ctx) {
-  auto* device_context = ctx->op_device_context();
-  if (device_context == nullptr || device_context->stream() == nullptr) {
-    return nullptr;
-  }
-  return device_context->stream()->platform_specific_handle().stream;
-}
-
-// Runs `launch(error_scratch, bad_position, stream)` and turns its result
-// into the op status.
+// Runs a hinge launcher `launch(error_scratch, bad_position, stream)` and
+// turns its result into the op status.
 template <typename Launch>
-void RunHingeGpu(OpKernelContext* ctx, const HingeDims& d, Launch launch) {
-  void* stream = HingeCudaStream(ctx);
-  OP_REQUIRES(ctx, stream != nullptr,
-              errors::Internal("xmc_tf: no CUDA stream for this GPU kernel"));
-  Tensor scratch;
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
-                                         TensorShape({1}), &scratch));
+void RunHingeGpu(OpKernelContext* ctx, const HingeDims& d,
+                 const Launch& launch) {
   int64_t bad = -1;
-  const int err = launch(scratch.flat<int64_t>().data(), &bad, stream);
-  OP_REQUIRES(ctx, err == 0,
-              errors::Internal("xmc_tf: CUDA error ", err,
-                               " in a squared-hinge kernel"));
+  OP_REQUIRES_OK(ctx, RunCheckedLauncher(ctx, "a squared-hinge kernel", 1,
+                                         &bad, launch));
   if (bad >= 0) {
-    ctx->CtxFailure(errors::InvalidArgument(
-        "labels[", bad / d.n, ", ", bad % d.n, "] is out of range [-1, ",
-        d.num_labels, ") (num_labels; -1 is padding)"));
+    ctx->CtxFailure(OutOfRange("labels", TensorShape({d.batch, d.n}), bad,
+                               std::nullopt, -1, d.num_labels, kLabelsNote));
   }
 }
 
 template <typename TL>
-void ComputeLoss(Gpu, OpKernelContext* ctx, const Tensor& scores,
-                 const Tensor& labels, const HingeDims& d, float margin,
-                 float* loss) {
-  Tensor partial;
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(
-                          ::tensorflow::DT_FLOAT,
-                          TensorShape({XmcSquaredHingeLossScratchFloats(
-                              d.batch, d.num_labels)}),
-                          &partial));
-  RunHingeGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
-    return XmcSquaredHingeLossGpuF32(
-        scores.flat<float>().data(), labels.flat<TL>().data(),
-        sizeof(TL) == 8, loss, d.batch, d.num_labels, d.n, margin,
-        partial.flat<float>().data(), scratch, bad, stream);
-  });
-}
+struct SquaredHingeLoss<GpuDevice, TL> {
+  void operator()(OpKernelContext* ctx, const float* scores, const TL* labels,
+                  const HingeDims& d, float margin, float* loss) const {
+    Tensor partial;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(
+                            ::tensorflow::DT_FLOAT,
+                            TensorShape({XmcSquaredHingeLossScratchFloats(
+                                d.batch, d.num_labels)}),
+                            &partial));
+    RunHingeGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
+      return XmcSquaredHingeLossGpuF32(scores, labels, sizeof(TL) == 8, loss,
+                                       d.batch, d.num_labels, d.n, margin,
+                                       partial.flat<float>().data(), scratch,
+                                       bad, stream);
+    });
+  }
+};
 
 template <typename TL>
-void ComputeGrad(Gpu, OpKernelContext* ctx, const Tensor& scores,
-                 const Tensor& labels, const Tensor& upstream,
-                 const HingeDims& d, float margin, float* grad) {
-  RunHingeGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
-    return XmcSquaredHingeLossGradGpuF32(
-        scores.flat<float>().data(), labels.flat<TL>().data(),
-        sizeof(TL) == 8, upstream.flat<float>().data(), grad, d.batch,
-        d.num_labels, d.n, margin, scratch, bad, stream);
-  });
-}
+struct SquaredHingeLossGrad<GpuDevice, TL> {
+  void operator()(OpKernelContext* ctx, const float* scores, const TL* labels,
+                  const float* upstream, const HingeDims& d, float margin,
+                  float* grad) const {
+    RunHingeGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
+      return XmcSquaredHingeLossGradGpuF32(scores, labels, sizeof(TL) == 8,
+                                           upstream, grad, d.batch,
+                                           d.num_labels, d.n, margin, scratch,
+                                           bad, stream);
+    });
+  }
+};
 
 #endif  // XMC_TF_WITH_CUDA
 
+}  // namespace functor
+
 // ---------------------------------------------------------------------------
-// The op kernels (one class per op, the device picks the Compute* overload).
+// The op kernels (one class per op and device).
+
+namespace {
 
 template <typename Device, typename TL>
 class SquaredHingeLossOp : public OpKernel {
@@ -292,8 +267,9 @@ class SquaredHingeLossOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ValidateHingeShapes(scores, labels, nullptr, &d));
     Tensor* loss = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({d.batch}), &loss));
-    ComputeLoss<TL>(Device(), ctx, scores, labels, d, margin_,
-                    loss->flat<float>().data());
+    functor::SquaredHingeLoss<Device, TL>()(
+        ctx, scores.flat<float>().data(), labels.flat<TL>().data(), d, margin_,
+        loss->flat<float>().data());
   }
 
  private:
@@ -314,29 +290,30 @@ class SquaredHingeLossGradOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ValidateHingeShapes(scores, labels, &upstream, &d));
     Tensor* grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, scores.shape(), &grad));
-    ComputeGrad<TL>(Device(), ctx, scores, labels, upstream, d, margin_,
-                    grad->flat<float>().data());
+    functor::SquaredHingeLossGrad<Device, TL>()(
+        ctx, scores.flat<float>().data(), labels.flat<TL>().data(),
+        upstream.flat<float>().data(), d, margin_, grad->flat<float>().data());
   }
 
  private:
   const float margin_;
 };
 
-#define REGISTER(DEVICE_NAME, Tag, TL)                          \
+#define REGISTER(DEVICE_NAME, Dev, TL)                          \
   REGISTER_KERNEL_BUILDER(Name("Xmc>SquaredHingeLoss")          \
                               .Device(DEVICE_NAME)              \
                               .TypeConstraint<TL>("Tlabels"),   \
-                          SquaredHingeLossOp<Tag, TL>);         \
+                          SquaredHingeLossOp<Dev, TL>);         \
   REGISTER_KERNEL_BUILDER(Name("Xmc>SquaredHingeLossGrad")      \
                               .Device(DEVICE_NAME)              \
                               .TypeConstraint<TL>("Tlabels"),   \
-                          SquaredHingeLossGradOp<Tag, TL>);
+                          SquaredHingeLossGradOp<Dev, TL>);
 
-REGISTER(DEVICE_CPU, Cpu, int32_t);
-REGISTER(DEVICE_CPU, Cpu, int64_t);
+REGISTER(DEVICE_CPU, CpuDevice, int32_t);
+REGISTER(DEVICE_CPU, CpuDevice, int64_t);
 #if XMC_TF_WITH_CUDA
-REGISTER(DEVICE_GPU, Gpu, int32_t);
-REGISTER(DEVICE_GPU, Gpu, int64_t);
+REGISTER(DEVICE_GPU, GpuDevice, int32_t);
+REGISTER(DEVICE_GPU, GpuDevice, int64_t);
 #endif
 #undef REGISTER
 

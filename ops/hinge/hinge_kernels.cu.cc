@@ -33,32 +33,25 @@
 
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cstdint>
 
+#include "ops/common/cuda_launch.h"
 #include "ops/hinge/hinge_kernels.h"
 
 namespace xmc_tf {
 namespace hinge_cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
+using cuda::CeilDiv;
+using cuda::Grid1d;
+using cuda::kFullMask;
+using cuda::kWarpSize;
+using cuda::RecordBad;
+
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kMaxGridY = 65535;
 constexpr int kBlocksPerSm = 32;  // upper bound of 1-D grids, per SM
-constexpr int64_t kNoError = INT64_MAX;
-
-__device__ __forceinline__ void RecordBad(int64_t* slot, int64_t position) {
-  atomicMin(reinterpret_cast<long long*>(slot),
-            static_cast<long long>(position));
-}
-
-__global__ void InitErrorKernel(int64_t* error_scratch) {
-  error_scratch[0] = kNoError;
-}
-
 template <typename TL>
 __device__ __forceinline__ int64_t LoadId(const TL* labels, int64_t p) {
   return static_cast<int64_t>(__ldg(labels + p));
@@ -181,19 +174,6 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------
 // Host helpers.
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-cudaError_t MaxBlocks(int64_t* cap) {
-  int device = 0, num_sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount,
-                               device);
-  if (err != cudaSuccess) return err;
-  *cap = static_cast<int64_t>(num_sms) * kBlocksPerSm;
-  return cudaSuccess;
-}
-
 // A 2-D grid: x over `x_units` (capped so the grid has at most `cap`
 // blocks), y over rows (at most kMaxGridY).
 dim3 Grid2d(int64_t x_units, int64_t rows, int64_t cap) {
@@ -203,31 +183,6 @@ dim3 Grid2d(int64_t x_units, int64_t rows, int64_t cap) {
   if (x > x_cap) x = x_cap;
   if (x < 1) x = 1;
   return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y < 1 ? 1 : y));
-}
-
-unsigned Grid1d(int64_t units, int64_t cap) {
-  int64_t x = units < cap ? units : cap;
-  return static_cast<unsigned>(x < 1 ? 1 : x);
-}
-
-// Initialises error_scratch, runs `enqueue`, copies the check result back,
-// synchronises the stream and sets *bad_position.
-template <typename Enqueue>
-int RunWithCheck(int64_t* error_scratch, int64_t* bad_position,
-                 cudaStream_t stream, Enqueue enqueue) {
-  InitErrorKernel<<<1, 1, 0, stream>>>(error_scratch);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return static_cast<int>(err);
-  err = enqueue();
-  if (err != cudaSuccess) return static_cast<int>(err);
-  int64_t found = kNoError;
-  err = cudaMemcpyAsync(&found, error_scratch, sizeof(found),
-                        cudaMemcpyDeviceToHost, stream);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  err = cudaStreamSynchronize(stream);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  *bad_position = found == kNoError ? -1 : found;
-  return static_cast<int>(cudaSuccess);
 }
 
 template <typename TL>
@@ -278,6 +233,7 @@ cudaError_t EnqueueGrad(const float* scores, const TL* labels,
 // Launchers (extern "C", declared in hinge_kernels.h).
 
 using namespace xmc_tf::hinge_cuda;  // NOLINT(build/namespaces)
+using xmc_tf::cuda::RunWithChecks;
 
 extern "C" int64_t XmcSquaredHingeLossScratchFloats(int64_t batch,
                                                     int64_t num_labels) {
@@ -300,9 +256,9 @@ int Launch(const void* labels, int labels_int64, int64_t batch,
   }
   if (batch == 0) return static_cast<int>(cudaSuccess);
   int64_t cap = 0;
-  cudaError_t err = MaxBlocks(&cap);
+  const cudaError_t err = xmc_tf::cuda::MaxBlocks(kBlocksPerSm, &cap);
   if (err != cudaSuccess) return static_cast<int>(err);
-  return RunWithCheck(error_scratch, bad_position, stream, [&] {
+  return RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
     return labels_int64 ? enqueue(static_cast<const int64_t*>(labels), cap,
                                   stream)
                         : enqueue(static_cast<const int32_t*>(labels), cap,

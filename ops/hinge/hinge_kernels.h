@@ -32,6 +32,8 @@
 
 #include <cstdint>
 
+#include "ops/common/device.h"
+
 // The scalar functors below are shared by the CPU kernels and the CUDA
 // kernels (compiled for both host and device by nvcc).
 #ifdef __CUDACC__
@@ -138,6 +140,45 @@ XMC_HINGE_HD float PositiveGrad(float x, float margin, float upstream) {
 }
 
 }  // namespace hinge
+}  // namespace xmc_tf
+
+// ---------------------------------------------------------------------------
+// The functors of the two op kernels (ops/common/device.h): one OpKernel
+// class per op, templated on the device, checks ranks and shapes and
+// allocates the output, then calls functor::X<Device, TL> (TL = int32_t or
+// int64_t label ids).  CpuDevice: hinge_kernels.cc (TensorFlow's intra-op
+// pool); GpuDevice: hinge_kernels.cc behind XMC_TF_WITH_CUDA, calling the
+// launchers below on TensorFlow's stream.  The functors range-check every
+// label id (CPU on the host, GPU on the device) and fail `ctx` with
+// InvalidArgument naming the first bad entry.
+
+namespace xmc_tf {
+
+// Sizes of one call; `blocks` = ceil(num_labels / kCpuBlock).
+struct HingeDims {
+  int64_t batch = 0, num_labels = 0, n = 0, blocks = 0;
+};
+
+namespace functor {
+
+// loss [batch] from scores [batch, num_labels] and labels [batch, n].
+template <typename Device, typename TL>
+struct SquaredHingeLoss {
+  void operator()(::tensorflow::OpKernelContext* ctx, const float* scores,
+                  const TL* labels, const HingeDims& d, float margin,
+                  float* loss) const;
+};
+
+// grad [batch, num_labels] (fully written) from scores, labels and
+// upstream [batch].
+template <typename Device, typename TL>
+struct SquaredHingeLossGrad {
+  void operator()(::tensorflow::OpKernelContext* ctx, const float* scores,
+                  const TL* labels, const float* upstream, const HingeDims& d,
+                  float margin, float* grad) const;
+};
+
+}  // namespace functor
 }  // namespace xmc_tf
 
 #ifdef __cplusplus

@@ -8,15 +8,11 @@
 // Sec. 3.3 (the squared hinge's gradient is exactly zero for satisfied
 // margins, which the uniform-sparse backward kernels skip).
 
+#include "ops/common/shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace xmc_tf {
-
-using ::tensorflow::Status;
-using ::tensorflow::shape_inference::DimensionHandle;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
 

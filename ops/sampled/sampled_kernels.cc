@@ -10,10 +10,18 @@
 // c = num_candidates; a "position" p = i * c + j is one (instance,
 // candidate) pair.
 //
-// CPU design (all kernels run on TensorFlow's intra-op thread pool):
-//  * Every kernel first checks ranks and shapes, then range-checks every
-//    candidate (b * c int32 reads, cheap) and fails with InvalidArgument
-//    naming the first bad entry.
+// Structure: one OpKernel class per op, templated on the device (ops/common/
+// device.h) and the dtype: it reads the operands (WeightsOperand for the
+// Resource* variants), checks ranks and shapes and allocates the output,
+// then calls functor::SampledMatmul / SampledMatmulGradFeatures /
+// SampledMatmulGradWeights<Device, T> (sampled_kernels.h).  The CPU
+// functors are below; the GPU ones (float32, behind XMC_TF_WITH_CUDA) call
+// the launchers of sampled_kernels.cu.cc, which range-check on the device.
+//
+// CPU design (all functors run on TensorFlow's intra-op thread pool):
+//  * Every functor first range-checks every candidate (b * c int32 reads,
+//    cheap; ops/common/bad_index.h) and fails with InvalidArgument naming
+//    the first bad entry.
 //  * Forward and the weight gradient shard the b * c positions; the feature
 //    gradient shards instances (each unit owns its output row, or a private
 //    buffer row when c is split into chunks for small batches), so no two
@@ -44,16 +52,19 @@
 // on AMD CPUs.)
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <limits>
 #include <optional>
 #include <type_traits>
 #include <vector>
 
+#include "ops/common/bad_index.h"
 #include "ops/common/cpu_isa.h"
+#include "ops/common/gpu.h"
+#include "ops/common/validation.h"
 #include "ops/sampled/sampled_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -63,55 +74,26 @@
 #include "tensorflow/core/platform/mutex.h"
 #include "tensorflow/core/util/work_sharder.h"
 
-#if XMC_TF_WITH_CUDA
-#include "xla/stream_executor/stream.h"
-#endif
-
 #if XMC_CPU_MULTI_ISA
 #include <immintrin.h>
 #endif
 
 namespace xmc_tf {
 
-using ::tensorflow::DEVICE_CPU;
-using ::tensorflow::DEVICE_GPU;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-namespace errors = ::tensorflow::errors;
-
 namespace {
 
-constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
 constexpr int64_t kAhead = 8;  // prefetch distance, in positions
 
 // ---------------------------------------------------------------------------
 // Validation shared by the CPU and GPU kernels.
 
-struct SampledDims {
-  int64_t batch = 0, num_features = 0, num_labels = 0, fan_in = 0,
-          num_candidates = 0;
-};
-
-Status CheckRank2(const Tensor& t, const char* name) {
-  if (t.dims() != 2) {
-    return errors::InvalidArgument(name,
-                                   " must be a matrix (rank 2), got shape ",
-                                   t.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
-}
-
 // Checks ranks and shapes; `weights` and `backward` may be absent (nullptr).
 Status ValidateSampledShapes(const Tensor& features, const Tensor& indices,
                              const Tensor* weights, const Tensor& candidates,
                              const Tensor* backward, SampledDims* d) {
-  TF_RETURN_IF_ERROR(CheckRank2(features, "features"));
-  TF_RETURN_IF_ERROR(CheckRank2(indices, "indices"));
-  TF_RETURN_IF_ERROR(CheckRank2(candidates, "candidates"));
+  TF_RETURN_IF_ERROR(CheckMatrix(features, "features"));
+  TF_RETURN_IF_ERROR(CheckMatrix(indices, "indices"));
+  TF_RETURN_IF_ERROR(CheckMatrix(candidates, "candidates"));
   d->batch = features.dim_size(0);
   d->num_features = features.dim_size(1);
   d->num_labels = indices.dim_size(0);
@@ -122,7 +104,7 @@ Status ValidateSampledShapes(const Tensor& features, const Tensor& indices,
                                    " does not fit int32 indices");
   }
   if (weights != nullptr) {
-    TF_RETURN_IF_ERROR(CheckRank2(*weights, "weights"));
+    TF_RETURN_IF_ERROR(CheckMatrix(*weights, "weights"));
     if (weights->shape() != indices.shape()) {
       return errors::InvalidArgument(
           "weights shape ", weights->shape().DebugString(),
@@ -137,7 +119,7 @@ Status ValidateSampledShapes(const Tensor& features, const Tensor& indices,
         " (rows of features)");
   }
   if (backward != nullptr) {
-    TF_RETURN_IF_ERROR(CheckRank2(*backward, "backward"));
+    TF_RETURN_IF_ERROR(CheckMatrix(*backward, "backward"));
     if (backward->shape() != candidates.shape()) {
       return errors::InvalidArgument(
           "backward shape ", backward->shape().DebugString(),
@@ -147,21 +129,6 @@ Status ValidateSampledShapes(const Tensor& features, const Tensor& indices,
   }
   return ::tensorflow::OkStatus();
 }
-
-// The smallest flat position recorded by any thread.
-class FirstBad {
- public:
-  void Record(int64_t position) {
-    int64_t cur = first_.load(std::memory_order_relaxed);
-    while (position < cur && !first_.compare_exchange_weak(cur, position)) {
-    }
-  }
-  int64_t get() const { return first_.load(); }
-  bool found() const { return get() != kNone; }
-
- private:
-  std::atomic<int64_t> first_{kNone};
-};
 
 // The weights operand of a kernel: input `index` itself, or (the Resource*
 // ops) the buffer of the resource variable that input `index` points to,
@@ -202,58 +169,39 @@ class WeightsOperand {
   const Tensor* tensor_ = nullptr;
 };
 
-// Parallel range check of every candidate against [0, num_labels).
-Status ValidateCandidates(OpKernelContext* ctx, const Tensor& candidates,
-                          int64_t num_labels) {
-  const int32_t* cand = candidates.flat<int32_t>().data();
-  const int64_t n = candidates.NumElements();
-  if (n == 0) return ::tensorflow::OkStatus();
-  FirstBad bad;
-  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  ::tensorflow::Shard(workers->num_threads, workers->workers, n, 1,
-                      [&](int64_t start, int64_t limit) {
-                        for (int64_t p = start; p < limit; ++p) {
-                          if (cand[p] < 0 || cand[p] >= num_labels) {
-                            bad.Record(p);
-                            return;
-                          }
-                        }
-                      });
-  if (!bad.found()) return ::tensorflow::OkStatus();
-  const int64_t p = bad.get();
-  const int64_t c = candidates.dim_size(1);
-  return errors::InvalidArgument("candidates[", p / c, ", ", p % c,
-                                 "] = ", cand[p], " is out of range [0, ",
-                                 num_labels, ") (num_labels)");
+// Range check of every candidate against [0, num_labels).
+Status ValidateCandidates(OpKernelContext* ctx, const int32_t* cand,
+                          const SampledDims& d) {
+  const int64_t p =
+      FirstOutOfRange(ctx, cand, d.batch * d.num_candidates, 0, d.num_labels);
+  if (p < 0) return ::tensorflow::OkStatus();
+  return OutOfRange("candidates", TensorShape({d.batch, d.num_candidates}), p,
+                    cand[p], 0, d.num_labels, "num_labels");
 }
 
 // Error for the bad entry at flat position `position` of indices.  Names the
 // first position p (i * c + j) whose candidate is that label and for which
 // used(p) holds (the pair that read the row).
-Status BadIndexError(const Tensor& indices, const Tensor& candidates,
-                     int64_t position, int64_t num_features,
+Status BadIndexError(const int32_t* idx, const int32_t* cand,
+                     const SampledDims& d, int64_t position,
                      const std::function<bool(int64_t)>& used) {
-  const int64_t fan_in = indices.dim_size(1);
-  const int64_t label = position / fan_in;
-  const int32_t value = indices.flat<int32_t>().data()[position];
-  const int32_t* cand = candidates.flat<int32_t>().data();
-  const int64_t c = candidates.dim_size(1);
+  const int64_t label = position / d.fan_in;
+  const int64_t c = d.num_candidates;
   int64_t where = -1;
-  for (int64_t p = 0; p < candidates.NumElements(); ++p) {
+  for (int64_t p = 0; p < d.batch * c; ++p) {
     if (cand[p] == label && used(p)) {
       where = p;
       break;
     }
   }
-  if (where < 0) {
-    return errors::InvalidArgument("indices[", label, ", ", position % fan_in,
-                                   "] = ", value, " is out of range [0, ",
-                                   num_features, ") (num_features)");
+  std::string message = OutOfRangeMessage(
+      "indices", TensorShape({d.num_labels, d.fan_in}), position,
+      idx[position], 0, d.num_features, "num_features");
+  if (where >= 0) {
+    absl::StrAppend(&message, "; label ", label, " is candidates[", where / c,
+                    ", ", where % c, "]");
   }
-  return errors::InvalidArgument(
-      "indices[", label, ", ", position % fan_in, "] = ", value,
-      " is out of range [0, ", num_features, ") (num_features); label ", label,
-      " is candidates[", where / c, ", ", where % c, "]");
+  return errors::InvalidArgument(message);
 }
 
 // ---------------------------------------------------------------------------
@@ -432,37 +380,21 @@ inline void PrefetchRow(const void* row, int64_t bytes) {
   for (int64_t off = 0; off < end; off += 64) __builtin_prefetch(p + off);
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------
-// CPU kernels.
+// CPU functors.
 
-// kResource: weights (input 2) is a resource variable (Xmc>Resource...).
-template <typename T, bool kResource>
-class SampledMatmulOp : public OpKernel {
- public:
-  explicit SampledMatmulOp(OpKernelConstruction* c) : OpKernel(c) {}
+namespace functor {
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& features = ctx->input(0);
-    const Tensor& indices = ctx->input(1);
-    WeightsOperand weights_operand;
-    OP_REQUIRES_OK(ctx, weights_operand.Init(ctx, 2, kResource,
-                                             features.dtype()));
-    const Tensor& weights = weights_operand.tensor();
-    const Tensor& candidates = ctx->input(3);
-    SampledDims d;
-    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
-                                              candidates, nullptr, &d));
-    OP_REQUIRES_OK(ctx, ValidateCandidates(ctx, candidates, d.num_labels));
-    Tensor* scores = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, candidates.shape(), &scores));
+template <typename T>
+struct SampledMatmul<CpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* feat, const int32_t* idx,
+                  const T* w, const int32_t* cand, const SampledDims& d,
+                  T* out) const {
+    OP_REQUIRES_OK(ctx, ValidateCandidates(ctx, cand, d));
     const int64_t total = d.batch * d.num_candidates;
     if (total == 0) return;
-
-    T* out = scores->flat<T>().data();
-    const T* feat = features.flat<T>().data();
-    const T* w = weights.flat<T>().data();
-    const int32_t* idx = indices.flat<int32_t>().data();
-    const int32_t* cand = candidates.flat<int32_t>().data();
     const int64_t c = d.num_candidates, s = d.fan_in, e = d.num_features;
     const uint32_t bound = static_cast<uint32_t>(e);
     FirstBad bad;
@@ -497,33 +429,18 @@ class SampledMatmulOp : public OpKernel {
           }
         });
     if (bad.found()) {
-      ctx->CtxFailure(BadIndexError(indices, candidates, bad.get(), e,
+      ctx->CtxFailure(BadIndexError(idx, cand, d, bad.get(),
                                     [](int64_t) { return true; }));
     }
   }
 };
 
-template <typename T, bool kResource>
-class SampledMatmulGradFeaturesOp : public OpKernel {
- public:
-  explicit SampledMatmulGradFeaturesOp(OpKernelConstruction* c)
-      : OpKernel(c) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& backward = ctx->input(0);
-    const Tensor& features = ctx->input(1);
-    const Tensor& indices = ctx->input(2);
-    WeightsOperand weights_operand;
-    OP_REQUIRES_OK(ctx, weights_operand.Init(ctx, 3, kResource,
-                                             features.dtype()));
-    const Tensor& weights = weights_operand.tensor();
-    const Tensor& candidates = ctx->input(4);
-    SampledDims d;
-    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
-                                              candidates, &backward, &d));
-    OP_REQUIRES_OK(ctx, ValidateCandidates(ctx, candidates, d.num_labels));
-    Tensor* grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &grad));
+template <typename T>
+struct SampledMatmulGradFeatures<CpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* back, const int32_t* idx,
+                  const T* w, const int32_t* cand, const SampledDims& d,
+                  T* out) const {
+    OP_REQUIRES_OK(ctx, ValidateCandidates(ctx, cand, d));
     if (d.batch == 0) return;
     const int64_t c = d.num_candidates, s = d.fan_in, e = d.num_features;
     const int64_t out_size = d.batch * e;
@@ -541,17 +458,13 @@ class SampledMatmulGradFeaturesOp : public OpKernel {
     Tensor buffer_t;
     float* buffer = nullptr;
     if (direct) {
-      buffer = reinterpret_cast<float*>(grad->flat<T>().data());
+      buffer = reinterpret_cast<float*>(out);
     } else {
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(
                               ::tensorflow::DT_FLOAT,
                               TensorShape({chunks, d.batch, e}), &buffer_t));
       buffer = buffer_t.flat<float>().data();
     }
-    const T* back = backward.flat<T>().data();
-    const T* w = weights.flat<T>().data();
-    const int32_t* idx = indices.flat<int32_t>().data();
-    const int32_t* cand = candidates.flat<int32_t>().data();
     const uint32_t bound = static_cast<uint32_t>(e);
     const int64_t per_chunk = chunks == 1 ? c : (c + chunks - 1) / chunks;
     FirstBad bad;
@@ -587,14 +500,12 @@ class SampledMatmulGradFeaturesOp : public OpKernel {
           }
         });
     if (bad.found()) {
-      ctx->CtxFailure(BadIndexError(
-          indices, candidates, bad.get(), e, [back](int64_t p) {
-            return static_cast<float>(back[p]) != 0.0f;
-          }));
+      ctx->CtxFailure(BadIndexError(idx, cand, d, bad.get(), [back](int64_t p) {
+        return static_cast<float>(back[p]) != 0.0f;
+      }));
       return;
     }
     if (direct || out_size == 0) return;
-    T* out = grad->flat<T>().data();
     ::tensorflow::Shard(
         workers->num_threads, workers->workers, out_size, chunks,
         [&](int64_t start, int64_t limit) {
@@ -608,30 +519,13 @@ class SampledMatmulGradFeaturesOp : public OpKernel {
 };
 
 template <typename T>
-class SampledMatmulGradWeightsOp : public OpKernel {
- public:
-  explicit SampledMatmulGradWeightsOp(OpKernelConstruction* c)
-      : OpKernel(c) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& backward = ctx->input(0);
-    const Tensor& features = ctx->input(1);
-    const Tensor& indices = ctx->input(2);
-    const Tensor& candidates = ctx->input(3);
-    SampledDims d;
-    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, nullptr,
-                                              candidates, &backward, &d));
-    OP_REQUIRES_OK(ctx, ValidateCandidates(ctx, candidates, d.num_labels));
+struct SampledMatmulGradWeights<CpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* back, const T* feat,
+                  const int32_t* idx, const int32_t* cand,
+                  const SampledDims& d, T* out) const {
+    OP_REQUIRES_OK(ctx, ValidateCandidates(ctx, cand, d));
     const int64_t total = d.batch * d.num_candidates;
-    Tensor* grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({total, d.fan_in}), &grad));
     if (total == 0 || d.fan_in == 0) return;
-    T* out = grad->flat<T>().data();
-    const T* back = backward.flat<T>().data();
-    const T* feat = features.flat<T>().data();
-    const int32_t* idx = indices.flat<int32_t>().data();
-    const int32_t* cand = candidates.flat<int32_t>().data();
     const int64_t c = d.num_candidates, s = d.fan_in, e = d.num_features;
     const uint32_t bound = static_cast<uint32_t>(e);
     FirstBad bad;
@@ -663,90 +557,103 @@ class SampledMatmulGradWeightsOp : public OpKernel {
           }
         });
     if (bad.found()) {
-      ctx->CtxFailure(BadIndexError(
-          indices, candidates, bad.get(), e, [back](int64_t p) {
-            return static_cast<float>(back[p]) != 0.0f;
-          }));
+      ctx->CtxFailure(BadIndexError(idx, cand, d, bad.get(), [back](int64_t p) {
+        return static_cast<float>(back[p]) != 0.0f;
+      }));
     }
   }
 };
 
-#define REGISTER_CPU(T)                                                    \
-  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmul")           \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T"),                     \
-                          SampledMatmulOp<T, false>);                      \
-  REGISTER_KERNEL_BUILDER(Name("Xmc>ResourceUniformSparseSampledMatmul")   \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T"),                     \
-                          SampledMatmulOp<T, true>);                       \
-  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradFeatures") \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T"),                     \
-                          SampledMatmulGradFeaturesOp<T, false>);          \
-  REGISTER_KERNEL_BUILDER(                                                 \
-      Name("Xmc>ResourceUniformSparseSampledMatmulGradFeatures")           \
-          .Device(DEVICE_CPU)                                              \
-          .TypeConstraint<T>("T"),                                         \
-      SampledMatmulGradFeaturesOp<T, true>);                               \
-  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradWeights") \
-                              .Device(DEVICE_CPU)                          \
-                              .TypeConstraint<T>("T"),                     \
-                          SampledMatmulGradWeightsOp<T>);
-
-REGISTER_CPU(float);
-REGISTER_CPU(Eigen::half);
-REGISTER_CPU(Eigen::bfloat16);
-#undef REGISTER_CPU
-
 // ---------------------------------------------------------------------------
-// GPU kernels: framework-free CUDA launchers (sampled_kernels.cu.cc) called
+// GPU functors: framework-free CUDA launchers (sampled_kernels.cu.cc) called
 // on TensorFlow's stream.  float32 only.
 
 #if XMC_TF_WITH_CUDA
-
-void* SampledCudaStream(OpKernelContext* ctx) {
-  auto* device_context = ctx->op_device_context();
-  if (device_context == nullptr || device_context->stream() == nullptr) {
-    return nullptr;
-  }
-  return device_context->stream()->platform_specific_handle().stream;
-}
 
 // Runs `launch(error_scratch, bad_positions, stream)` and turns its result
 // into the op status.  The bad values live on the device: the message names
 // the position only.
 template <typename Launch>
 void RunSampledGpu(OpKernelContext* ctx, const SampledDims& d,
-                   Launch launch) {
-  void* stream = SampledCudaStream(ctx);
-  OP_REQUIRES(ctx, stream != nullptr,
-              errors::Internal("xmc_tf: no CUDA stream for this GPU kernel"));
-  Tensor scratch;
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
-                                         TensorShape({2}), &scratch));
-  int64_t bad[2] = {-1, -1};
-  const int err = launch(scratch.flat<int64_t>().data(), bad, stream);
-  OP_REQUIRES(ctx, err == 0,
-              errors::Internal("xmc_tf: CUDA error ", err,
-                               " in a sampled uniform-sparse kernel"));
+                   const Launch& launch) {
+  int64_t bad[2];
+  OP_REQUIRES_OK(ctx, RunCheckedLauncher(
+                          ctx, "a sampled uniform-sparse kernel", 2, bad,
+                          launch));
   if (bad[0] >= 0) {
-    ctx->CtxFailure(errors::InvalidArgument(
-        "candidates[", bad[0] / d.num_candidates, ", ",
-        bad[0] % d.num_candidates, "] is out of range [0, ", d.num_labels,
-        ") (num_labels)"));
+    ctx->CtxFailure(OutOfRange("candidates",
+                               TensorShape({d.batch, d.num_candidates}),
+                               bad[0], std::nullopt, 0, d.num_labels,
+                               "num_labels"));
   } else if (bad[1] >= 0) {
     ctx->CtxFailure(errors::InvalidArgument(
-        "indices[", bad[1] / d.fan_in, ", ", bad[1] % d.fan_in,
-        "] is out of range [0, ", d.num_features,
-        ") (num_features); it is a connection of a candidate label"));
+        OutOfRangeMessage("indices", TensorShape({d.num_labels, d.fan_in}),
+                          bad[1], std::nullopt, 0, d.num_features,
+                          "num_features"),
+        "; it is a connection of a candidate label"));
   }
 }
 
-template <bool kResource>
-class SampledMatmulGpuOp : public OpKernel {
+template <>
+struct SampledMatmul<GpuDevice, float> {
+  void operator()(OpKernelContext* ctx, const float* features,
+                  const int32_t* indices, const float* weights,
+                  const int32_t* candidates, const SampledDims& d,
+                  float* scores) const {
+    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
+      return XmcSampledForwardGpuF32(features, indices, weights, candidates,
+                                     scores, d.batch, d.num_features,
+                                     d.num_labels, d.fan_in, d.num_candidates,
+                                     scratch, bad, stream);
+    });
+  }
+};
+
+template <>
+struct SampledMatmulGradFeatures<GpuDevice, float> {
+  void operator()(OpKernelContext* ctx, const float* backward,
+                  const int32_t* indices, const float* weights,
+                  const int32_t* candidates, const SampledDims& d,
+                  float* grad) const {
+    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
+      return XmcSampledGradFeaturesGpuF32(
+          backward, indices, weights, candidates, grad, d.batch,
+          d.num_features, d.num_labels, d.fan_in, d.num_candidates, scratch,
+          bad, stream);
+    });
+  }
+};
+
+template <>
+struct SampledMatmulGradWeights<GpuDevice, float> {
+  void operator()(OpKernelContext* ctx, const float* backward,
+                  const float* features, const int32_t* indices,
+                  const int32_t* candidates, const SampledDims& d,
+                  float* grad) const {
+    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
+      return XmcSampledGradWeightsGpuF32(
+          backward, features, indices, candidates, grad, d.batch,
+          d.num_features, d.num_labels, d.fan_in, d.num_candidates, scratch,
+          bad, stream);
+    });
+  }
+};
+
+#endif  // XMC_TF_WITH_CUDA
+
+}  // namespace functor
+
+// ---------------------------------------------------------------------------
+// The op kernels: one class per op, templated on the device and dtype.
+
+namespace {
+
+// kResource: weights (input 2) is a resource variable (Xmc>Resource...).
+template <typename Device, typename T, bool kResource>
+class SampledMatmulOp : public OpKernel {
  public:
-  explicit SampledMatmulGpuOp(OpKernelConstruction* c) : OpKernel(c) {}
+  explicit SampledMatmulOp(OpKernelConstruction* c) : OpKernel(c) {}
+
   void Compute(OpKernelContext* ctx) override {
     const Tensor& features = ctx->input(0);
     const Tensor& indices = ctx->input(1);
@@ -760,21 +667,19 @@ class SampledMatmulGpuOp : public OpKernel {
                                               candidates, nullptr, &d));
     Tensor* scores = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, candidates.shape(), &scores));
-    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
-      return XmcSampledForwardGpuF32(
-          features.flat<float>().data(), indices.flat<int32_t>().data(),
-          weights.flat<float>().data(), candidates.flat<int32_t>().data(),
-          scores->flat<float>().data(), d.batch, d.num_features, d.num_labels,
-          d.fan_in, d.num_candidates, scratch, bad, stream);
-    });
+    functor::SampledMatmul<Device, T>()(
+        ctx, features.flat<T>().data(), indices.flat<int32_t>().data(),
+        weights.flat<T>().data(), candidates.flat<int32_t>().data(), d,
+        scores->flat<T>().data());
   }
 };
 
-template <bool kResource>
-class SampledMatmulGradFeaturesGpuOp : public OpKernel {
+template <typename Device, typename T, bool kResource>
+class SampledMatmulGradFeaturesOp : public OpKernel {
  public:
-  explicit SampledMatmulGradFeaturesGpuOp(OpKernelConstruction* c)
+  explicit SampledMatmulGradFeaturesOp(OpKernelConstruction* c)
       : OpKernel(c) {}
+
   void Compute(OpKernelContext* ctx) override {
     const Tensor& backward = ctx->input(0);
     const Tensor& features = ctx->input(1);
@@ -789,20 +694,19 @@ class SampledMatmulGradFeaturesGpuOp : public OpKernel {
                                               candidates, &backward, &d));
     Tensor* grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &grad));
-    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
-      return XmcSampledGradFeaturesGpuF32(
-          backward.flat<float>().data(), indices.flat<int32_t>().data(),
-          weights.flat<float>().data(), candidates.flat<int32_t>().data(),
-          grad->flat<float>().data(), d.batch, d.num_features, d.num_labels,
-          d.fan_in, d.num_candidates, scratch, bad, stream);
-    });
+    functor::SampledMatmulGradFeatures<Device, T>()(
+        ctx, backward.flat<T>().data(), indices.flat<int32_t>().data(),
+        weights.flat<T>().data(), candidates.flat<int32_t>().data(), d,
+        grad->flat<T>().data());
   }
 };
 
-class SampledMatmulGradWeightsGpuOp : public OpKernel {
+template <typename Device, typename T>
+class SampledMatmulGradWeightsOp : public OpKernel {
  public:
-  explicit SampledMatmulGradWeightsGpuOp(OpKernelConstruction* c)
+  explicit SampledMatmulGradWeightsOp(OpKernelConstruction* c)
       : OpKernel(c) {}
+
   void Compute(OpKernelContext* ctx) override {
     const Tensor& backward = ctx->input(0);
     const Tensor& features = ctx->input(1);
@@ -816,41 +720,51 @@ class SampledMatmulGradWeightsGpuOp : public OpKernel {
                             0,
                             TensorShape({d.batch * d.num_candidates, d.fan_in}),
                             &grad));
-    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
-      return XmcSampledGradWeightsGpuF32(
-          backward.flat<float>().data(), features.flat<float>().data(),
-          indices.flat<int32_t>().data(), candidates.flat<int32_t>().data(),
-          grad->flat<float>().data(), d.batch, d.num_features, d.num_labels,
-          d.fan_in, d.num_candidates, scratch, bad, stream);
-    });
+    functor::SampledMatmulGradWeights<Device, T>()(
+        ctx, backward.flat<T>().data(), features.flat<T>().data(),
+        indices.flat<int32_t>().data(), candidates.flat<int32_t>().data(), d,
+        grad->flat<T>().data());
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmul")
-                            .Device(DEVICE_GPU)
-                            .TypeConstraint<float>("T"),
-                        SampledMatmulGpuOp<false>);
-REGISTER_KERNEL_BUILDER(Name("Xmc>ResourceUniformSparseSampledMatmul")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("weights")
-                            .TypeConstraint<float>("T"),
-                        SampledMatmulGpuOp<true>);
-REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradFeatures")
-                            .Device(DEVICE_GPU)
-                            .TypeConstraint<float>("T"),
-                        SampledMatmulGradFeaturesGpuOp<false>);
-REGISTER_KERNEL_BUILDER(
-    Name("Xmc>ResourceUniformSparseSampledMatmulGradFeatures")
-        .Device(DEVICE_GPU)
-        .HostMemory("weights")
-        .TypeConstraint<float>("T"),
-    SampledMatmulGradFeaturesGpuOp<true>);
-REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradWeights")
-                            .Device(DEVICE_GPU)
-                            .TypeConstraint<float>("T"),
-                        SampledMatmulGradWeightsGpuOp);
+// The resource handle of the Resource* ops stays in host memory on the GPU
+// (WeightsOperand reads the variable's buffer in place).
+#define REGISTER(DEVICE_NAME, Dev, T, RESOURCE_HANDLE)                      \
+  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmul")           \
+                              .Device(DEVICE_NAME)                         \
+                              .TypeConstraint<T>("T"),                     \
+                          SampledMatmulOp<Dev, T, false>);                 \
+  REGISTER_KERNEL_BUILDER(Name("Xmc>ResourceUniformSparseSampledMatmul")   \
+                              .Device(DEVICE_NAME)                         \
+                              RESOURCE_HANDLE                              \
+                              .TypeConstraint<T>("T"),                     \
+                          SampledMatmulOp<Dev, T, true>);                  \
+  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradFeatures") \
+                              .Device(DEVICE_NAME)                         \
+                              .TypeConstraint<T>("T"),                     \
+                          SampledMatmulGradFeaturesOp<Dev, T, false>);     \
+  REGISTER_KERNEL_BUILDER(                                                 \
+      Name("Xmc>ResourceUniformSparseSampledMatmulGradFeatures")           \
+          .Device(DEVICE_NAME)                                             \
+          RESOURCE_HANDLE                                                  \
+          .TypeConstraint<T>("T"),                                         \
+      SampledMatmulGradFeaturesOp<Dev, T, true>);                          \
+  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseSampledMatmulGradWeights") \
+                              .Device(DEVICE_NAME)                         \
+                              .TypeConstraint<T>("T"),                     \
+                          SampledMatmulGradWeightsOp<Dev, T>);
 
-#endif  // XMC_TF_WITH_CUDA
+#define XMC_NO_HOST_MEMORY
+#define XMC_WEIGHTS_IN_HOST_MEMORY .HostMemory("weights")
+REGISTER(DEVICE_CPU, CpuDevice, float, XMC_NO_HOST_MEMORY);
+REGISTER(DEVICE_CPU, CpuDevice, Eigen::half, XMC_NO_HOST_MEMORY);
+REGISTER(DEVICE_CPU, CpuDevice, Eigen::bfloat16, XMC_NO_HOST_MEMORY);
+#if XMC_TF_WITH_CUDA
+REGISTER(DEVICE_GPU, GpuDevice, float, XMC_WEIGHTS_IN_HOST_MEMORY);
+#endif
+#undef XMC_WEIGHTS_IN_HOST_MEMORY
+#undef XMC_NO_HOST_MEMORY
+#undef REGISTER
 
 }  // namespace
 }  // namespace xmc_tf

@@ -41,38 +41,25 @@
 
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cstdint>
 
+#include "ops/common/cuda_launch.h"
 #include "ops/sampled/sampled_kernels.h"
 
 namespace xmc_tf {
 namespace sampled_cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
+using cuda::CeilDiv;
+using cuda::kFullMask;
+using cuda::kWarpSize;
+using cuda::RecordBad;
+
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 constexpr int kBlocksPerSm = 32;  // upper bound of the grid, per SM
-constexpr int64_t kNoError = INT64_MAX;
-
-__host__ __device__ inline int64_t CeilDiv(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
 __device__ __forceinline__ bool InRange(int64_t value, int64_t bound) {
   return value >= 0 && value < bound;
-}
-
-__device__ __forceinline__ void RecordBad(int64_t* slot, int64_t position) {
-  atomicMin(reinterpret_cast<long long*>(slot),
-            static_cast<long long>(position));
-}
-
-__global__ void InitErrorKernel(int64_t* error_scratch) {
-  error_scratch[0] = kNoError;
-  error_scratch[1] = kNoError;
 }
 
 // Lane layout of a group-per-position kernel.
@@ -220,41 +207,13 @@ int Log2Group(int64_t fan_in) {
 }
 
 cudaError_t GridFor(int64_t total, int log2_group, unsigned* blocks) {
-  int device = 0, num_sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount,
-                               device);
+  int64_t cap = 0;
+  const cudaError_t err = cuda::MaxBlocks(kBlocksPerSm, &cap);
   if (err != cudaSuccess) return err;
   const int64_t per_block =
       static_cast<int64_t>(kWarpsPerBlock) * (kWarpSize >> log2_group);
-  int64_t n = CeilDiv(total, per_block);
-  const int64_t cap = static_cast<int64_t>(num_sms) * kBlocksPerSm;
-  if (n > cap) n = cap;
-  if (n < 1) n = 1;
-  *blocks = static_cast<unsigned>(n);
+  *blocks = cuda::Grid1d(CeilDiv(total, per_block), cap);
   return cudaSuccess;
-}
-
-// Initialises error_scratch, runs `enqueue`, copies the two check results
-// back, synchronises the stream and sets bad_positions.
-template <typename Enqueue>
-int RunWithChecks(int64_t* error_scratch, int64_t* bad_positions,
-                  cudaStream_t stream, Enqueue enqueue) {
-  InitErrorKernel<<<1, 1, 0, stream>>>(error_scratch);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return static_cast<int>(err);
-  err = enqueue();
-  if (err != cudaSuccess) return static_cast<int>(err);
-  int64_t found[2] = {kNoError, kNoError};
-  err = cudaMemcpyAsync(found, error_scratch, sizeof(found),
-                        cudaMemcpyDeviceToHost, stream);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  err = cudaStreamSynchronize(stream);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  bad_positions[0] = found[0] == kNoError ? -1 : found[0];
-  bad_positions[1] = found[1] == kNoError ? -1 : found[1];
-  return static_cast<int>(cudaSuccess);
 }
 
 bool BadSizes(int64_t batch, int64_t num_features, int64_t num_labels,
@@ -271,6 +230,7 @@ bool BadSizes(int64_t batch, int64_t num_features, int64_t num_labels,
 // Launchers (extern "C", declared in sampled_kernels.h).
 
 using namespace xmc_tf::sampled_cuda;  // NOLINT(build/namespaces)
+using xmc_tf::cuda::RunWithChecks;
 
 extern "C" int XmcSampledForwardGpuF32(
     const float* features, const int32_t* indices, const float* weights,
@@ -289,7 +249,7 @@ extern "C" int XmcSampledForwardGpuF32(
   unsigned blocks = 0;
   cudaError_t err = GridFor(total, log2_group, &blocks);
   if (err != cudaSuccess) return static_cast<int>(err);
-  return RunWithChecks(error_scratch, bad_positions, stream, [&] {
+  return RunWithChecks<2>(error_scratch, bad_positions, stream, [&] {
     SampledForwardKernel<<<blocks, kThreads, 0, stream>>>(
         features, indices, weights, candidates, scores, total, num_candidates,
         num_features, num_labels, fan_in, log2_group, error_scratch);
@@ -320,7 +280,7 @@ extern "C" int XmcSampledGradFeaturesGpuF32(
   unsigned blocks = 0;
   cudaError_t err = GridFor(total, log2_group, &blocks);
   if (err != cudaSuccess) return static_cast<int>(err);
-  return RunWithChecks(error_scratch, bad_positions, stream, [&] {
+  return RunWithChecks<2>(error_scratch, bad_positions, stream, [&] {
     SampledGradFeaturesKernel<<<blocks, kThreads, 0, stream>>>(
         backward, indices, weights, candidates, grad_features, total,
         num_candidates, num_features, num_labels, fan_in, log2_group,
@@ -347,7 +307,7 @@ extern "C" int XmcSampledGradWeightsGpuF32(
   cudaError_t err = GridFor(total, log2_group, &blocks);
   if (err != cudaSuccess) return static_cast<int>(err);
   // Runs even when fan_in == 0: the candidates are still checked.
-  return RunWithChecks(error_scratch, bad_positions, stream, [&] {
+  return RunWithChecks<2>(error_scratch, bad_positions, stream, [&] {
     SampledGradWeightsKernel<<<blocks, kThreads, 0, stream>>>(
         backward, features, indices, candidates, grad_values, total,
         num_candidates, num_features, num_labels, fan_in, log2_group,

@@ -29,6 +29,58 @@
 
 #include <cstdint>
 
+#include "ops/common/device.h"
+
+// ---------------------------------------------------------------------------
+// The functors of the op kernels (ops/common/device.h).  One OpKernel class
+// per op, templated on the device and T (float, half, bfloat16 on the CPU;
+// float on the GPU), reads the operands, checks ranks and shapes and
+// allocates the output, then calls functor::X<Device, T> with the sizes
+// below.  CpuDevice: sampled_kernels.cc (TensorFlow's intra-op pool);
+// GpuDevice (float): sampled_kernels.cc behind XMC_TF_WITH_CUDA, calling the
+// launchers below on TensorFlow's stream.  The functors range-check every
+// candidate and every index row they read, and fail `ctx` with
+// InvalidArgument naming the first bad entry.
+
+namespace xmc_tf {
+
+struct SampledDims {
+  int64_t batch = 0, num_features = 0, num_labels = 0, fan_in = 0,
+          num_candidates = 0;
+};
+
+namespace functor {
+
+// scores [batch, num_candidates].
+template <typename Device, typename T>
+struct SampledMatmul {
+  void operator()(::tensorflow::OpKernelContext* ctx, const T* features,
+                  const int32_t* indices, const T* weights,
+                  const int32_t* candidates, const SampledDims& d,
+                  T* scores) const;
+};
+
+// grad_features [batch, num_features] (fully written).
+template <typename Device, typename T>
+struct SampledMatmulGradFeatures {
+  void operator()(::tensorflow::OpKernelContext* ctx, const T* backward,
+                  const int32_t* indices, const T* weights,
+                  const int32_t* candidates, const SampledDims& d,
+                  T* grad_features) const;
+};
+
+// grad_weights values [batch * num_candidates, fan_in] (fully written).
+template <typename Device, typename T>
+struct SampledMatmulGradWeights {
+  void operator()(::tensorflow::OpKernelContext* ctx, const T* backward,
+                  const T* features, const int32_t* indices,
+                  const int32_t* candidates, const SampledDims& d,
+                  T* grad_values) const;
+};
+
+}  // namespace functor
+}  // namespace xmc_tf
+
 #ifdef __cplusplus
 extern "C" {
 #endif

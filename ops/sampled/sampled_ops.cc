@@ -8,15 +8,11 @@
 // 17-18; Sec. 5.2 (c)): sampled training scores only the positives and the
 // selected negatives of each instance.
 
+#include "ops/common/shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace xmc_tf {
-
-using ::tensorflow::Status;
-using ::tensorflow::shape_inference::DimensionHandle;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 
 namespace {
 
@@ -29,17 +25,17 @@ Status SampledShapes(InferenceContext* c, int backward_input,
                      int candidates_input, ShapeHandle* features,
                      ShapeHandle* connections, ShapeHandle* candidates) {
   TF_RETURN_IF_ERROR(c->WithRank(c->input(features_input), 2, features));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(indices_input), 2, connections));
   if (weights_input >= 0) {
-    ShapeHandle weights;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(weights_input), 2, &weights));
-    TF_RETURN_IF_ERROR(c->Merge(*connections, weights, connections));
+    TF_RETURN_IF_ERROR(
+        MergeMatrices(c, indices_input, weights_input, connections));
+  } else {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(indices_input), 2, connections));
   }
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(candidates_input), 2, candidates));
   if (backward_input >= 0) {
-    ShapeHandle backward;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(backward_input), 2, &backward));
-    TF_RETURN_IF_ERROR(c->Merge(*candidates, backward, candidates));
+    TF_RETURN_IF_ERROR(
+        MergeMatrices(c, candidates_input, backward_input, candidates));
+  } else {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(candidates_input), 2, candidates));
   }
   DimensionHandle batch;
   TF_RETURN_IF_ERROR(

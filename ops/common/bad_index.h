@@ -1,0 +1,80 @@
+// The thread-safe "first bad entry" search of the TensorFlow CPU kernels:
+// every kernel range-checks its id tensors on the intra-op thread pool and
+// reports the *smallest* bad flat position, so that its error message does
+// not depend on the thread count or the schedule.  TensorFlow-side only (not
+// for the *.cu.cc launchers; their device-side twin is RecordBad in
+// ops/common/cuda_launch.h).
+//
+//   FirstBad bad;                        // kernels that find bad entries
+//   ... bad.Record(p) from any thread    // while they work
+//   if (bad.found()) ... bad.get() ...
+//
+//   // A separate sharded pass over n positions:
+//   const int64_t p = FirstBadPosition(ctx, n, [&](int64_t p) { ... });
+//   // Over an integer array, entries outside [lo, hi):
+//   const int64_t p = FirstOutOfRange(ctx, ids, n, lo, hi);
+// Both return -1 when every position is fine.
+#ifndef XMC_TF_OPS_COMMON_BAD_INDEX_H_
+#define XMC_TF_OPS_COMMON_BAD_INDEX_H_
+
+#include <atomic>
+#include <cstdint>
+#include <limits>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace xmc_tf {
+
+// The smallest position recorded by any thread (an atomic minimum).
+class FirstBad {
+ public:
+  static constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+
+  void Record(int64_t position) {
+    int64_t cur = first_.load(std::memory_order_relaxed);
+    while (position < cur && !first_.compare_exchange_weak(cur, position)) {
+    }
+  }
+  // The smallest recorded position, kNone when none was.
+  int64_t get() const { return first_.load(); }
+  bool found() const { return get() != kNone; }
+
+ private:
+  std::atomic<int64_t> first_{kNone};
+};
+
+// The smallest p in [0, n) with bad(p), or -1.  Shards [0, n) over the
+// kernel's CPU threads (`cost` cycles per position, for ::tensorflow::Shard);
+// a shard stops at its first bad position (every later one is larger).
+template <typename Pred>
+int64_t FirstBadPosition(::tensorflow::OpKernelContext* ctx, int64_t n,
+                         const Pred& bad, int64_t cost = 1) {
+  if (n <= 0) return -1;
+  FirstBad first;
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(workers->num_threads, workers->workers, n, cost,
+                      [&](int64_t start, int64_t limit) {
+                        for (int64_t p = start; p < limit; ++p) {
+                          if (bad(p)) {
+                            first.Record(p);
+                            return;
+                          }
+                        }
+                      });
+  return first.found() ? first.get() : -1;
+}
+
+// The smallest p in [0, n) with ids[p] outside [lo, hi), or -1.
+template <typename TI>
+int64_t FirstOutOfRange(::tensorflow::OpKernelContext* ctx, const TI* ids,
+                        int64_t n, int64_t lo, int64_t hi) {
+  return FirstBadPosition(ctx, n, [ids, lo, hi](int64_t p) {
+    const int64_t v = static_cast<int64_t>(ids[p]);
+    return v < lo || v >= hi;
+  });
+}
+
+}  // namespace xmc_tf
+
+#endif  // XMC_TF_OPS_COMMON_BAD_INDEX_H_
