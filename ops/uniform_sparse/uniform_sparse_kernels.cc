@@ -41,13 +41,16 @@
 //    with InvalidArgument naming the offending entry.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <limits>
+#include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
+#include "ops/common/bad_index.h"
+#include "ops/common/gpu.h"
+#include "ops/common/validation.h"
 #include "ops/uniform_sparse/uniform_sparse_cpu_loops.h"
 #include "ops/uniform_sparse/uniform_sparse_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -55,29 +58,23 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/util/work_sharder.h"
 
-#if XMC_TF_WITH_CUDA
-#include "xla/stream_executor/stream.h"
-#endif
-
 namespace xmc_tf {
-
-using ::tensorflow::DEVICE_CPU;
-using ::tensorflow::DEVICE_GPU;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-namespace errors = ::tensorflow::errors;
 
 namespace {
 
-constexpr int64_t kTile = 16;  // labels per tile (forward, gradients)
+constexpr int64_t kTile = 16;  // labels per tile (forward)
+// Labels per block of the gradients' signal scan (TileSignal): 512 bytes
+// of each backward row per visit, so rows are read in whole cache lines
+// that the prefetcher follows.
+constexpr int64_t kSignalBlock = 128;
 // The features gradient takes the tiled (transposed-forward) path when the
 // backward signal has at least this many non-zeros per label column on
 // average (estimated), and its per-thread buffers fit in kMaxScatterBytes.
 constexpr double kDenseColumnEntries = 1.0;
+// A label column with at least bp / kDenseColumnFactor non-zeros takes the
+// vectorised dense loops; a sparser one visits only its non-zeros (scalar
+// gathers / scatters, several times the cost per entry of the vector loops).
+constexpr int64_t kDenseColumnFactor = 32;
 constexpr int64_t kMaxScatterBytes = int64_t{1} << 30;
 
 using cpu_loops::CpuIsa;
@@ -85,23 +82,12 @@ using cpu_loops::Isa;
 using cpu_loops::PaddedBatch;
 
 // ---------------------------------------------------------------------------
-// Validation shared by the CPU and GPU kernels.
-
-struct Dims {
-  int64_t batch = 0, num_features = 0, num_labels = 0, fan_in = 0;
-};
-
-Status CheckMatrix(const Tensor& t, const char* name) {
-  if (t.dims() != 2) {
-    return errors::InvalidArgument(name, " must be a matrix (rank 2), got shape ",
-                                   t.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
-}
+// Validation shared by the CPU and GPU kernels (the index range: the CPU
+// functors below, the GPU launchers on the device).
 
 // Checks ranks and shapes of the operands that are present (nullptr = absent).
 Status ValidateShapes(const Tensor* features, const Tensor& indices,
-                      const Tensor* weights, const Tensor* backward, Dims* d) {
+                      const Tensor* weights, const Tensor* backward, UniformSparseDims* d) {
   TF_RETURN_IF_ERROR(CheckMatrix(indices, "indices"));
   d->num_labels = indices.dim_size(0);
   d->fan_in = indices.dim_size(1);
@@ -135,57 +121,56 @@ Status ValidateShapes(const Tensor* features, const Tensor& indices,
   return ::tensorflow::OkStatus();
 }
 
-Status BadIndexError(const Tensor& indices, int64_t position, int64_t value,
-                     int64_t num_features) {
-  const int64_t fan_in = indices.dim_size(1);
-  return errors::InvalidArgument(
-      "indices[", position / fan_in, ", ", position % fan_in, "] = ", value,
-      " is out of range [0, ", num_features, ") (num_features)");
-}
-
-// Parallel range check of every entry of `indices` against [0, num_features).
-Status ValidateIndexRange(OpKernelContext* ctx, const Tensor& indices,
-                          int64_t num_features) {
-  const int32_t* idx = indices.flat<int32_t>().data();
-  const int64_t n = indices.NumElements();
-  std::atomic<int64_t> first_bad{std::numeric_limits<int64_t>::max()};
-  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  ::tensorflow::Shard(
-      workers->num_threads, workers->workers, n, 1,
-      [&](int64_t start, int64_t limit) {
-        const uint32_t bound = static_cast<uint32_t>(num_features);
-        for (int64_t p = start; p < limit; ++p) {
-          // One unsigned compare covers both negative and too-large values.
-          if (static_cast<uint32_t>(idx[p]) >= bound) {
-            int64_t cur = first_bad.load();
-            while (p < cur && !first_bad.compare_exchange_weak(cur, p)) {
-            }
-            return;
-          }
-        }
-      });
-  const int64_t bad = first_bad.load();
-  if (bad != std::numeric_limits<int64_t>::max()) {
-    return BadIndexError(indices, bad, idx[bad], num_features);
-  }
-  return ::tensorflow::OkStatus();
-}
-
 // ---------------------------------------------------------------------------
 // Scalar helpers (the vectorised loops are in uniform_sparse_cpu_loops.h).
+
+// Whether the n signal values p[0:n] are all zero (+0 or -0).  For float
+// one OR over the bits without the sign (vectorised): a run of zeros, the
+// common case of a squared-hinge signal, costs a fraction of a cycle per
+// value instead of a compare and branch each.
+template <typename T>
+inline bool AllZero(const T* p, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) {
+    if (static_cast<float>(p[k]) != 0.0f) return false;
+  }
+  return true;
+}
+template <>
+inline bool AllZero<float>(const float* p, int64_t n) {
+  if (n == kTile) {  // the common case: a constant trip count, unrolled
+    uint32_t any = 0;
+    for (int64_t k = 0; k < kTile; ++k) {
+      uint32_t u;
+      std::memcpy(&u, p + k, sizeof(u));
+      any |= u << 1;
+    }
+    return any == 0;
+  }
+  uint32_t any = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    uint32_t u;
+    std::memcpy(&u, p + k, sizeof(u));
+    any |= u << 1;  // drops the sign bit: -0.0f counts as zero
+  }
+  return any == 0;
+}
 
 // out[f] += g * w[j, k] at f = idx[j, k] for the labels j in [j0, j1) whose
 // backward value g = back[j] is non-zero.
 template <typename T>
 void GradFeaturesRow(const T* back, const int32_t* idx, const T* w, int64_t j0,
                      int64_t j1, int64_t fan_in, float* out) {
-  for (int64_t j = j0; j < j1; ++j) {
-    const float g = static_cast<float>(back[j]);
-    if (g == 0.0f) continue;  // implicit negative mining: nothing is read
-    const int32_t* ij = idx + j * fan_in;
-    const T* wj = w + j * fan_in;
-    for (int64_t k = 0; k < fan_in; ++k) {
-      out[ij[k]] += g * static_cast<float>(wj[k]);
+  for (int64_t b0 = j0; b0 < j1; b0 += kTile) {
+    const int64_t b1 = std::min(j1, b0 + kTile);
+    if (AllZero(back + b0, b1 - b0)) continue;  // nothing is read
+    for (int64_t j = b0; j < b1; ++j) {
+      const float g = static_cast<float>(back[j]);
+      if (g == 0.0f) continue;  // implicit negative mining: nothing is read
+      const int32_t* ij = idx + j * fan_in;
+      const T* wj = w + j * fan_in;
+      for (int64_t k = 0; k < fan_in; ++k) {
+        out[ij[k]] += g * static_cast<float>(wj[k]);
+      }
     }
   }
 }
@@ -212,25 +197,118 @@ bool AllFinite(const float* w, int64_t n) {
   return acc == 0.0f;
 }
 
-// Gathers backward[:, j0:j0+nt] into column[t * bp + i] (zero for i >= batch)
-// and counts the non-zeros of each column into nnz[t].
+// The backward signal of a block of labels, backward[:, j0:j0+nt] (nt <=
+// kSignalBlock), in the form each label's work wants: the number of
+// non-zeros of every label column, and for a label either its non-zero
+// entries as (instance, value) lists in instance order (sparse work,
+// proportional to the non-zeros: Sec. 3.3) or its dense column zero-padded
+// to bp (the vectorised loops).
+//
+// Two ways to load, picked per op from the estimated density (a
+// performance choice only; every accessor gives the same values either
+// way):
+//  * dense: the block's columns are gathered (one pass over its rows); a
+//    label's lists are built from its column when asked for;
+//  * sparse: the block's rows are read kTile values at a time and an
+//    all-zero run is skipped with one test (AllZero); the non-zeros go to
+//    the lists, and a label's column is built from them when asked for.
+//    A sparse signal then costs about one read of backward.
 template <typename T>
-void GatherColumns(const T* back, int64_t batch, int64_t num_labels,
-                   int64_t j0, int64_t nt, int64_t bp, float* column,
-                   int64_t* nnz) {
-  std::fill(nnz, nnz + nt, 0);
-  for (int64_t i = 0; i < batch; ++i) {
-    const T* row = back + i * num_labels + j0;
-    for (int64_t t = 0; t < nt; ++t) {
-      const float g = static_cast<float>(row[t]);
-      column[t * bp + i] = g;
-      nnz[t] += g != 0.0f;
+class TileSignal {
+ public:
+  TileSignal(int64_t batch, int64_t bp, bool dense)
+      : batch_(batch),
+        bp_(bp),
+        dense_(dense),
+        instance_(kSignalBlock * batch),
+        value_(kSignalBlock * batch),
+        count_(kSignalBlock),
+        listed_(kSignalBlock),
+        column_(dense ? kSignalBlock * bp : bp) {}
+
+  void Load(const T* back, int64_t num_labels, int64_t j0, int64_t nt) {
+    std::fill(count_.begin(), count_.begin() + nt, 0);
+    std::fill(listed_.begin(), listed_.begin() + nt, !dense_);
+    if (dense_) {
+      for (int64_t i = 0; i < batch_; ++i) {
+        const T* row = back + i * num_labels + j0;
+        for (int64_t t = 0; t < nt; ++t) {
+          const float g = static_cast<float>(row[t]);
+          column_[t * bp_ + i] = g;
+          count_[t] += g != 0.0f;
+        }
+      }
+      for (int64_t t = 0; t < nt; ++t) {
+        std::fill(column_.begin() + t * bp_ + batch_,
+                  column_.begin() + (t + 1) * bp_, 0.0f);
+      }
+      return;
+    }
+    for (int64_t i = 0; i < batch_; ++i) {
+      const T* row = back + i * num_labels + j0;
+      // The same row's part of the next block: one stream per row is more
+      // than the hardware prefetcher follows (a hint; never faults).
+      for (int64_t c = 0; c < kSignalBlock; c += 64 / sizeof(T)) {
+        __builtin_prefetch(row + kSignalBlock + c);
+      }
+      for (int64_t t0 = 0; t0 < nt; t0 += kTile) {
+        const int64_t t1 = std::min(nt, t0 + kTile);
+        if (AllZero(row + t0, t1 - t0)) continue;
+        for (int64_t t = t0; t < t1; ++t) {
+          const float g = static_cast<float>(row[t]);
+          if (g == 0.0f) continue;
+          const int64_t q = t * batch_ + count_[t]++;
+          instance_[q] = static_cast<int32_t>(i);
+          value_[q] = g;
+        }
+      }
     }
   }
-  for (int64_t t = 0; t < nt; ++t) {
-    std::fill(column + t * bp + batch, column + (t + 1) * bp, 0.0f);
+
+  // Number of non-zero entries of label t's column.
+  int64_t count(int64_t t) const { return count_[t]; }
+
+  // Label t's non-zero entries: count(t) instances (increasing) and values.
+  const int32_t* instances(int64_t t) {
+    List(t);
+    return instance_.data() + t * batch_;
   }
-}
+  const float* values(int64_t t) {
+    List(t);
+    return value_.data() + t * batch_;
+  }
+
+  // Label t's column [bp], zero where the signal is zero and in the padding.
+  const float* Column(int64_t t) {
+    if (dense_) return column_.data() + t * bp_;
+    std::fill(column_.begin(), column_.end(), 0.0f);
+    const int32_t* inst = instance_.data() + t * batch_;
+    const float* val = value_.data() + t * batch_;
+    for (int64_t q = 0; q < count_[t]; ++q) column_[inst[q]] = val[q];
+    return column_.data();
+  }
+
+ private:
+  void List(int64_t t) {
+    if (listed_[t]) return;
+    const float* col = column_.data() + t * bp_;
+    int64_t q = t * batch_;
+    for (int64_t i = 0; i < batch_; ++i) {
+      if (col[i] == 0.0f) continue;
+      instance_[q] = static_cast<int32_t>(i);
+      value_[q++] = col[i];
+    }
+    listed_[t] = true;
+  }
+
+  int64_t batch_, bp_;
+  bool dense_;
+  std::vector<int32_t> instance_;
+  std::vector<float> value_;
+  std::vector<int64_t> count_;
+  std::vector<char> listed_;
+  std::vector<float> column_;
+};
 
 // Tiled parallel transpose of features [batch, num_features] into float32
 // featT [num_features, bp] (bp >= batch; columns batch..bp-1 zero).
@@ -264,20 +342,17 @@ void TransposeFeatures(OpKernelContext* ctx, const T* features, int64_t batch,
       });
 }
 
-// Pointer to the float32 values of `t`: the tensor itself for float, else a
-// converted copy held in `storage`.
+// The n values at p as float32: p itself for float, else a converted copy
+// held in `storage`.
 template <typename T>
-const float* AsFloat(const Tensor& t, std::vector<float>* storage) {
-  const T* p = t.flat<T>().data();
-  storage->resize(t.NumElements());
-  for (int64_t i = 0; i < t.NumElements(); ++i) {
-    (*storage)[i] = static_cast<float>(p[i]);
-  }
+const float* AsFloat(const T* p, int64_t n, std::vector<float>* storage) {
+  storage->resize(n);
+  for (int64_t i = 0; i < n; ++i) (*storage)[i] = static_cast<float>(p[i]);
   return storage->data();
 }
 template <>
-const float* AsFloat<float>(const Tensor& t, std::vector<float>*) {
-  return t.flat<float>().data();
+const float* AsFloat<float>(const float* p, int64_t, std::vector<float>*) {
+  return p;
 }
 
 // Estimated fraction of non-zeros in backward from a fixed pseudo-random
@@ -301,477 +376,576 @@ double EstimateDensity(const T* back, int64_t n) {
   return static_cast<double>(nz) / kSamples;
 }
 
+// Whether a signal of this estimated density is best loaded as dense
+// columns (TileSignal): when a typical column takes the dense loops.
+inline bool DenseSignal(double density, int64_t batch, int64_t bp) {
+  return density * batch * kDenseColumnFactor >= bp;
+}
+
 // ---------------------------------------------------------------------------
-// CPU kernels.
+// CPU implementation.
+
+// Range check of every entry of indices against [0, num_features); fails
+// the op with InvalidArgument naming the smallest bad position.
+bool IndicesInRange(OpKernelContext* ctx, const int32_t* idx,
+                    const UniformSparseDims& d) {
+  const int64_t bad =
+      FirstOutOfRange(ctx, idx, d.num_labels * d.fan_in, 0, d.num_features);
+  if (bad < 0) return true;
+  ctx->CtxFailure(OutOfRange("indices", TensorShape({d.num_labels, d.fan_in}),
+                             bad, idx[bad], 0, d.num_features,
+                             "num_features"));
+  return false;
+}
 
 template <typename T>
-class UniformSparseMatmulOp : public OpKernel {
- public:
-  explicit UniformSparseMatmulOp(OpKernelConstruction* c) : OpKernel(c) {}
+void ForwardCpu(OpKernelContext* ctx, const T* features, const int32_t* idx,
+                const T* weights, const UniformSparseDims& d, T* out) {
+  if (!IndicesInRange(ctx, idx, d)) return;
+  if (d.batch == 0 || d.num_labels == 0) return;
+  const int64_t bp = PaddedBatch(d.batch);
+  Tensor featT_t;
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT,
+                                         TensorShape({d.num_features, bp}),
+                                         &featT_t));
+  float* featT = featT_t.flat<float>().data();
+  TransposeFeatures(ctx, features, d.batch, d.num_features, bp, featT);
+  std::vector<float> w_storage;
+  const float* w = AsFloat(weights, d.num_labels * d.fan_in, &w_storage);
+  const Isa isa = CpuIsa();
+  const int64_t num_tiles = (d.num_labels + kTile - 1) / kTile;
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(
+      workers->num_threads, workers->workers, num_tiles,
+      2 * kTile * d.fan_in * bp, [&](int64_t start, int64_t limit) {
+        std::vector<float> acc(kTile * bp);
+        for (int64_t tile = start; tile < limit; ++tile) {
+          const int64_t j0 = tile * kTile;
+          const int64_t nt = std::min(kTile, d.num_labels - j0);
+          cpu_loops::ForwardLabels(isa, featT, bp, idx + j0 * d.fan_in,
+                                   w + j0 * d.fan_in, nt, d.fan_in,
+                                   acc.data());
+          for (int64_t i = 0; i < d.batch; ++i) {
+            T* row = out + i * d.num_labels + j0;
+            for (int64_t t = 0; t < nt; ++t) {
+              row[t] = static_cast<T>(acc[t * bp + i]);
+            }
+          }
+        }
+      });
+}
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& features = ctx->input(0);
-    const Tensor& indices = ctx->input(1);
-    const Tensor& weights = ctx->input(2);
-    Dims d;
-    OP_REQUIRES_OK(ctx, ValidateShapes(&features, indices, &weights, nullptr, &d));
-    OP_REQUIRES_OK(ctx, ValidateIndexRange(ctx, indices, d.num_features));
-    Tensor* scores = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({d.batch, d.num_labels}), &scores));
-    if (d.batch == 0 || d.num_labels == 0) return;
-    T* out = scores->flat<T>().data();
-
-    const int64_t bp = PaddedBatch(d.batch);
-    Tensor featT_t;
+// The features gradient by instance rows (a signal with less than one
+// non-zero per label column on average, or per-thread buffers that would be
+// too large): work units are (instance i, chunk of labels); each owns its
+// output row (or a private buffer row when there is more than one chunk),
+// and a zero backward[i, j] skips label j without reading it.
+template <typename T>
+void GradFeaturesByRows(OpKernelContext* ctx, const T* back,
+                        const int32_t* idx, const T* w,
+                        const UniformSparseDims& d, T* out) {
+  const int64_t out_size = d.batch * d.num_features;
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  const int64_t threads = std::max(1, workers->num_threads);
+  // Split labels into chunks when the batch alone cannot keep every thread
+  // busy.
+  int64_t chunks = 1;
+  if (d.batch < 2 * threads && d.num_labels >= 4096) {
+    chunks = std::min<int64_t>((2 * threads + d.batch - 1) / d.batch,
+                               d.num_labels / 2048);
+  }
+  const bool direct = chunks == 1 && std::is_same<T, float>::value;
+  Tensor buffer_t;
+  float* buffer = nullptr;
+  if (direct) {
+    buffer = reinterpret_cast<float*>(out);
+  } else {
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(
                             ::tensorflow::DT_FLOAT,
-                            TensorShape({d.num_features, bp}), &featT_t));
-    float* featT = featT_t.flat<float>().data();
-    TransposeFeatures(ctx, features.flat<T>().data(), d.batch, d.num_features,
-                      bp, featT);
-    std::vector<float> w_storage;
-    const float* w = AsFloat<T>(weights, &w_storage);
-    const int32_t* idx = indices.flat<int32_t>().data();
-    const Isa isa = CpuIsa();
+                            TensorShape({chunks, d.batch, d.num_features}),
+                            &buffer_t));
+    buffer = buffer_t.flat<float>().data();
+  }
+  const int64_t per_chunk = (d.num_labels + chunks - 1) / chunks;
+  ::tensorflow::Shard(
+      workers->num_threads, workers->workers, d.batch * chunks,
+      per_chunk * 4 + d.num_features, [&](int64_t start, int64_t limit) {
+        for (int64_t u = start; u < limit; ++u) {
+          const int64_t c = u / d.batch, i = u % d.batch;
+          float* row = buffer + (c * d.batch + i) * d.num_features;
+          std::fill(row, row + d.num_features, 0.0f);
+          GradFeaturesRow<T>(back + i * d.num_labels, idx, w, c * per_chunk,
+                             std::min(d.num_labels, (c + 1) * per_chunk),
+                             d.fan_in, row);
+        }
+      });
+  if (direct) return;
+  ::tensorflow::Shard(
+      workers->num_threads, workers->workers, out_size, chunks,
+      [&](int64_t start, int64_t limit) {
+        for (int64_t p = start; p < limit; ++p) {
+          float s = 0.0f;
+          for (int64_t c = 0; c < chunks; ++c) s += buffer[c * out_size + p];
+          out[p] = static_cast<T>(s);
+        }
+      });
+}
 
-    const int64_t num_tiles = (d.num_labels + kTile - 1) / kTile;
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, num_tiles,
-        2 * kTile * d.fan_in * bp, [&](int64_t start, int64_t limit) {
-          std::vector<float> acc(kTile * bp);
-          for (int64_t tile = start; tile < limit; ++tile) {
-            const int64_t j0 = tile * kTile;
-            const int64_t nt = std::min(kTile, d.num_labels - j0);
-            cpu_loops::ForwardLabels(isa, featT, bp, idx + j0 * d.fan_in,
-                                     w + j0 * d.fan_in, nt, d.fan_in,
-                                     acc.data());
-            for (int64_t i = 0; i < d.batch; ++i) {
-              T* row = out + i * d.num_labels + j0;
-              for (int64_t t = 0; t < nt; ++t) {
-                row[t] = static_cast<T>(acc[t * bp + i]);
+// One label's share of both gradients, from its signal (count(t) = n > 0
+// non-zeros).
+template <typename T>
+struct LabelGradients {
+  const UniformSparseDims& d;
+  const T* feat;       // features [batch, num_features]
+  const float* featT;  // [num_features, bp] or nullptr
+  const float* w;      // weights as float32 (the features gradient only)
+  int64_t bp;
+  Isa isa;
+
+  // grad_weights[j, :] into gj (fan_in values).
+  void Weights(TileSignal<T>* signal, int64_t t, int64_t n, const int32_t* ij,
+               float* sums, T* gj) const {
+    if (featT != nullptr && n * kDenseColumnFactor >= bp) {
+      const float* col = signal->Column(t);
+      cpu_loops::GradWeightsDense(isa, featT, bp, col, ij, d.fan_in, sums);
+      for (int64_t k = 0; k < d.fan_in; ++k) {
+        float v = sums[k];
+        if (!std::isfinite(v)) {  // see MaskedDot
+          v = MaskedDot(col, featT + static_cast<int64_t>(ij[k]) * bp,
+                        d.batch);
+        }
+        gj[k] = static_cast<T>(v);
+      }
+      return;
+    }
+    // Few non-zeros: each non-zero (i, g) adds g * features[i, ij[:]] (a
+    // gather from one features row) to the fan_in sums.
+    const int32_t* inst = signal->instances(t);
+    const float* val = signal->values(t);
+    std::fill(sums, sums + d.fan_in, 0.0f);
+    for (int64_t q = 0; q < n; ++q) {
+      const T* frow = feat + inst[q] * d.num_features;
+      const float g = val[q];
+      for (int64_t k = 0; k < d.fan_in; ++k) {
+        sums[k] += g * static_cast<float>(frow[ij[k]]);
+      }
+    }
+    for (int64_t k = 0; k < d.fan_in; ++k) gj[k] = static_cast<T>(sums[k]);
+  }
+
+  // Adds label j's part of the features gradient to gT [num_features, bp].
+  void Features(TileSignal<T>* signal, int64_t t, int64_t n,
+                const int32_t* ij, const float* wj, float* gT) const {
+    if (n * kDenseColumnFactor >= bp && AllFinite(wj, d.fan_in)) {
+      cpu_loops::GradFeaturesScatter(isa, gT, bp, signal->Column(t), ij, wj,
+                                     d.fan_in);
+      return;
+    }
+    // Few non-zeros (or a non-finite weight, which only the non-zero
+    // entries may multiply): one update per non-zero and connection.
+    const int32_t* inst = signal->instances(t);
+    const float* val = signal->values(t);
+    for (int64_t q = 0; q < n; ++q) {
+      float* gi = gT + inst[q];
+      const float g = val[q];
+      for (int64_t k = 0; k < d.fan_in; ++k) {
+        gi[static_cast<int64_t>(ij[k]) * bp] += g * wj[k];
+      }
+    }
+  }
+};
+
+// Both gradients or either one (a null output is not computed), in one
+// pass over the signal: labels in blocks of kSignalBlock (TileSignal), each
+// label's work skipped when its column is zero and proportional to its
+// non-zeros otherwise (Sec. 3.3).  The features gradient is scattered into
+// per-thread gT [num_features, bp] buffers (the transpose of the forward),
+// which are then summed into grad_features; when that is not worth it or
+// the buffers are too large, it is computed by instance rows instead
+// (GradFeaturesByRows) and the pass computes the weights gradient only.
+template <typename T>
+void GradientsCpu(OpKernelContext* ctx, const T* back, const T* feat,
+                  const int32_t* idx, const T* weights,
+                  const UniformSparseDims& d, T* grad_features,
+                  T* grad_weights) {
+  if (!IndicesInRange(ctx, idx, d)) return;
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  const int64_t threads = std::max(1, workers->num_threads);
+  const int64_t bp = PaddedBatch(d.batch);
+  const int64_t num_blocks = (d.num_labels + kSignalBlock - 1) / kSignalBlock;
+  const double density = EstimateDensity(back, d.batch * d.num_labels);
+  const bool dense_signal = DenseSignal(density, d.batch, bp);
+
+  // The features gradient: in the pass (scattered into per-part buffers),
+  // by rows, or nothing to do.
+  int64_t parts = 0;
+  if (grad_features != nullptr && d.batch * d.num_features > 0) {
+    const int64_t p = std::max<int64_t>(1, std::min(threads, num_blocks));
+    if (density * d.batch >= kDenseColumnEntries && d.num_labels > 0 &&
+        static_cast<double>(p) * d.num_features * bp * 4 <=
+            static_cast<double>(kMaxScatterBytes)) {
+      parts = p;
+    } else {
+      GradFeaturesByRows(ctx, back, idx, weights, d, grad_features);
+      if (!ctx->status().ok()) return;
+    }
+  }
+  const bool weights_grad = grad_weights != nullptr && d.fan_in > 0;
+  if (parts == 0 && !weights_grad) return;
+  if (num_blocks == 0) return;
+
+  // featT for the weights gradient's dense columns.
+  Tensor featT_t;
+  float* featT = nullptr;
+  if (weights_grad && dense_signal && d.batch > 0) {
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT,
+                                           TensorShape({d.num_features, bp}),
+                                           &featT_t));
+    featT = featT_t.flat<float>().data();
+    TransposeFeatures(ctx, feat, d.batch, d.num_features, bp, featT);
+  }
+  std::vector<float> w_storage;
+  const float* w =
+      parts > 0 ? AsFloat(weights, d.num_labels * d.fan_in, &w_storage)
+                : nullptr;
+  Tensor gT_t;
+  float* gT_all = nullptr;
+  const int64_t slice = d.num_features * bp;
+  if (parts > 0) {
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(
+                            ::tensorflow::DT_FLOAT,
+                            TensorShape({parts, d.num_features, bp}), &gT_t));
+    gT_all = gT_t.flat<float>().data();
+  }
+  const LabelGradients<T> label{d, feat, featT, w, bp, CpuIsa()};
+
+  // Work units: with the features gradient one per part (a contiguous range
+  // of blocks and its own gT buffer), else one per block.
+  const int64_t units = parts > 0 ? parts : num_blocks;
+  const int64_t blocks_per_unit = (num_blocks + units - 1) / units;
+  const int64_t cost = blocks_per_unit * kSignalBlock *
+                       (d.batch + static_cast<int64_t>(density * d.batch) *
+                                      d.fan_in * 4);
+  ::tensorflow::Shard(
+      workers->num_threads, workers->workers, units, cost,
+      [&](int64_t start, int64_t limit) {
+        TileSignal<T> signal(d.batch, bp, dense_signal);
+        std::vector<float> sums(d.fan_in);
+        for (int64_t unit = start; unit < limit; ++unit) {
+          float* gT = nullptr;
+          if (parts > 0) {
+            gT = gT_all + unit * slice;
+            std::fill(gT, gT + slice, 0.0f);
+          }
+          const int64_t b0 = parts > 0 ? num_blocks * unit / parts : unit;
+          const int64_t b1 =
+              parts > 0 ? num_blocks * (unit + 1) / parts : unit + 1;
+          for (int64_t block = b0; block < b1; ++block) {
+            const int64_t j0 = block * kSignalBlock;
+            const int64_t nt = std::min(kSignalBlock, d.num_labels - j0);
+            signal.Load(back, d.num_labels, j0, nt);
+            for (int64_t t = 0; t < nt; ++t) {
+              const int64_t j = j0 + t;
+              const int64_t n = signal.count(t);
+              T* gj = weights_grad ? grad_weights + j * d.fan_in : nullptr;
+              if (n == 0) {  // no signal: indices[j, :] is not read
+                if (gj != nullptr) {
+                  std::fill(gj, gj + d.fan_in, static_cast<T>(0.0f));
+                }
+                continue;
+              }
+              const int32_t* ij = idx + j * d.fan_in;
+              if (gj != nullptr) label.Weights(&signal, t, n, ij, sums.data(), gj);
+              if (gT != nullptr) {
+                label.Features(&signal, t, n, ij, w + j * d.fan_in, gT);
               }
             }
           }
-        });
+        }
+      });
+  if (parts == 0) return;
+  // grad_features[i, f] = sum over parts of gT[part, f, i], in blocks of
+  // features.
+  constexpr int64_t kBlock = 64;
+  const int64_t feature_blocks = (d.num_features + kBlock - 1) / kBlock;
+  ::tensorflow::Shard(
+      workers->num_threads, workers->workers, feature_blocks,
+      kBlock * bp * (parts + 1), [&](int64_t start, int64_t limit) {
+        for (int64_t blk = start; blk < limit; ++blk) {
+          const int64_t f0 = blk * kBlock;
+          const int64_t f1 = std::min(d.num_features, f0 + kBlock);
+          for (int64_t part = 1; part < parts; ++part) {
+            const float* src = gT_all + part * slice;
+            for (int64_t q = f0 * bp; q < f1 * bp; ++q) gT_all[q] += src[q];
+          }
+          for (int64_t i = 0; i < d.batch; ++i) {
+            T* row = grad_features + i * d.num_features;
+            for (int64_t f = f0; f < f1; ++f) {
+              row[f] = static_cast<T>(gT_all[f * bp + i]);
+            }
+          }
+        }
+      });
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// CPU functors.
+
+namespace functor {
+
+template <typename T>
+struct UniformSparseMatmul<CpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* features,
+                  const int32_t* indices, const T* weights,
+                  const UniformSparseDims& d, T* scores) const {
+    ForwardCpu(ctx, features, indices, weights, d, scores);
   }
 };
 
 template <typename T>
+struct UniformSparseMatmulGradFeatures<CpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* backward,
+                  const int32_t* indices, const T* weights,
+                  const UniformSparseDims& d, T* grad_features) const {
+    GradientsCpu<T>(ctx, backward, nullptr, indices, weights, d, grad_features,
+                    nullptr);
+  }
+};
+
+template <typename T>
+struct UniformSparseMatmulGradWeights<CpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* backward, const T* features,
+                  const int32_t* indices, const UniformSparseDims& d,
+                  T* grad_weights) const {
+    GradientsCpu<T>(ctx, backward, features, indices, nullptr, d, nullptr,
+                    grad_weights);
+  }
+};
+
+template <typename T>
+struct UniformSparseMatmulGrad<CpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* backward, const T* features,
+                  const int32_t* indices, const T* weights,
+                  const UniformSparseDims& d, T* grad_features,
+                  T* grad_weights) const {
+    GradientsCpu<T>(ctx, backward, features, indices, weights, d,
+                    grad_features, grad_weights);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// GPU functors: framework-free CUDA launchers (uniform_sparse_kernels.cu.cc)
+// called on TensorFlow's stream; they range-check indices on the device.
+// float32 only.
+
+#if XMC_TF_WITH_CUDA
+
+namespace {
+
+// Runs a launcher and fails the op on a CUDA error or an out-of-range index.
+template <typename Launch>
+void RunUniformSparseGpu(OpKernelContext* ctx, const UniformSparseDims& d,
+                         const Launch& launch) {
+  int64_t bad = -1;
+  OP_REQUIRES_OK(ctx, RunCheckedLauncher(ctx, "a uniform-sparse kernel", 1,
+                                         &bad, launch));
+  if (bad >= 0) {  // the index values live on the device: name the position
+    ctx->CtxFailure(OutOfRange("indices",
+                               TensorShape({d.num_labels, d.fan_in}), bad,
+                               std::nullopt, 0, d.num_features,
+                               "num_features"));
+  }
+}
+
+}  // namespace
+
+template <>
+struct UniformSparseMatmul<GpuDevice, float> {
+  void operator()(OpKernelContext* ctx, const float* features,
+                  const int32_t* indices, const float* weights,
+                  const UniformSparseDims& d, float* scores) const {
+    RunUniformSparseGpu(ctx, d, [&](int64_t* scratch, int64_t* bad,
+                                    void* stream) {
+      return XmcUniformSparseForwardGpuF32(
+          features, indices, weights, scores, d.batch, d.num_features,
+          d.num_labels, d.fan_in, scratch, bad, stream);
+    });
+  }
+};
+
+template <>
+struct UniformSparseMatmulGradFeatures<GpuDevice, float> {
+  void operator()(OpKernelContext* ctx, const float* backward,
+                  const int32_t* indices, const float* weights,
+                  const UniformSparseDims& d, float* grad_features) const {
+    RunUniformSparseGpu(ctx, d, [&](int64_t* scratch, int64_t* bad,
+                                    void* stream) {
+      return XmcUniformSparseGradFeaturesGpuF32(
+          backward, indices, weights, grad_features, d.batch, d.num_features,
+          d.num_labels, d.fan_in, scratch, bad, stream);
+    });
+  }
+};
+
+template <>
+struct UniformSparseMatmulGradWeights<GpuDevice, float> {
+  void operator()(OpKernelContext* ctx, const float* backward,
+                  const float* features, const int32_t* indices,
+                  const UniformSparseDims& d, float* grad_weights) const {
+    RunUniformSparseGpu(ctx, d, [&](int64_t* scratch, int64_t* bad,
+                                    void* stream) {
+      return XmcUniformSparseGradWeightsGpuF32(
+          backward, features, indices, grad_weights, d.batch, d.num_features,
+          d.num_labels, d.fan_in, scratch, bad, stream);
+    });
+  }
+};
+
+template <>
+struct UniformSparseMatmulGrad<GpuDevice, float> {
+  void operator()(OpKernelContext* ctx, const float* backward,
+                  const float* features, const int32_t* indices,
+                  const float* weights, const UniformSparseDims& d,
+                  float* grad_features, float* grad_weights) const {
+    UniformSparseMatmulGradFeatures<GpuDevice, float>()(
+        ctx, backward, indices, weights, d, grad_features);
+    if (!ctx->status().ok()) return;
+    UniformSparseMatmulGradWeights<GpuDevice, float>()(
+        ctx, backward, features, indices, d, grad_weights);
+  }
+};
+
+#endif  // XMC_TF_WITH_CUDA
+
+}  // namespace functor
+
+// ---------------------------------------------------------------------------
+// The op kernels: one class per op, templated on the device and dtype; each
+// validates ranks and shapes, allocates its outputs and calls its functor.
+
+namespace {
+
+template <typename T>
+const T* Data(const Tensor& t) {
+  return t.flat<T>().data();
+}
+template <typename T>
+T* Data(Tensor* t) {
+  return t->flat<T>().data();
+}
+
+template <typename Device, typename T>
+class UniformSparseMatmulOp : public OpKernel {
+ public:
+  explicit UniformSparseMatmulOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& features = ctx->input(0);
+    const Tensor& indices = ctx->input(1);
+    const Tensor& weights = ctx->input(2);
+    UniformSparseDims d;
+    OP_REQUIRES_OK(ctx,
+                   ValidateShapes(&features, indices, &weights, nullptr, &d));
+    Tensor* scores = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({d.batch, d.num_labels}), &scores));
+    functor::UniformSparseMatmul<Device, T>()(
+        ctx, Data<T>(features), Data<int32_t>(indices), Data<T>(weights), d,
+        Data<T>(scores));
+  }
+};
+
+template <typename Device, typename T>
 class UniformSparseMatmulGradFeaturesOp : public OpKernel {
  public:
   explicit UniformSparseMatmulGradFeaturesOp(OpKernelConstruction* c)
       : OpKernel(c) {}
-
   void Compute(OpKernelContext* ctx) override {
     const Tensor& backward = ctx->input(0);
     const Tensor& features = ctx->input(1);
     const Tensor& indices = ctx->input(2);
     const Tensor& weights = ctx->input(3);
-    Dims d;
+    UniformSparseDims d;
     OP_REQUIRES_OK(ctx,
                    ValidateShapes(&features, indices, &weights, &backward, &d));
-    OP_REQUIRES_OK(ctx, ValidateIndexRange(ctx, indices, d.num_features));
     Tensor* grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &grad));
-    const int64_t out_size = d.batch * d.num_features;
-    if (out_size == 0) return;
-
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t threads = std::max(1, workers->num_threads);
-    const T* back = backward.flat<T>().data();
-    const int64_t bp = PaddedBatch(d.batch);
-    const int64_t num_tiles = (d.num_labels + kTile - 1) / kTile;
-    const int64_t parts = std::max<int64_t>(1, std::min(threads, num_tiles));
-    const double density = EstimateDensity(back, d.batch * d.num_labels);
-    if (density * d.batch >= kDenseColumnEntries && d.num_labels > 0 &&
-        static_cast<double>(parts) * d.num_features * bp * 4 <=
-            static_cast<double>(kMaxScatterBytes)) {
-      ScatterTiles(ctx, d, back, indices, weights, bp, num_tiles, parts,
-                   grad->flat<T>().data());
-      return;
-    }
-    // Per instance: split labels into chunks when the batch alone cannot
-    // keep every thread busy; each (instance, chunk) unit then owns a
-    // private row.
-    int64_t chunks = 1;
-    if (d.batch < 2 * threads && d.num_labels >= 4096) {
-      chunks = std::min<int64_t>((2 * threads + d.batch - 1) / d.batch,
-                                 d.num_labels / 2048);
-    }
-    const bool direct = chunks == 1 && std::is_same<T, float>::value;
-    Tensor buffer_t;
-    float* buffer = nullptr;
-    if (direct) {
-      buffer = reinterpret_cast<float*>(grad->flat<T>().data());
-    } else {
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(
-                              ::tensorflow::DT_FLOAT,
-                              TensorShape({chunks, d.batch, d.num_features}),
-                              &buffer_t));
-      buffer = buffer_t.flat<float>().data();
-    }
-    const T* w = weights.flat<T>().data();
-    const int32_t* idx = indices.flat<int32_t>().data();
-    const int64_t per_chunk = (d.num_labels + chunks - 1) / chunks;
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, d.batch * chunks,
-        per_chunk * 4 + d.num_features, [&](int64_t start, int64_t limit) {
-          for (int64_t u = start; u < limit; ++u) {
-            const int64_t c = u / d.batch, i = u % d.batch;
-            float* row = buffer + (c * d.batch + i) * d.num_features;
-            std::fill(row, row + d.num_features, 0.0f);
-            GradFeaturesRow<T>(back + i * d.num_labels, idx, w, c * per_chunk,
-                               std::min(d.num_labels, (c + 1) * per_chunk),
-                               d.fan_in, row);
-          }
-        });
-    if (direct) return;
-    T* out = grad->flat<T>().data();
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, out_size, chunks,
-        [&](int64_t start, int64_t limit) {
-          for (int64_t p = start; p < limit; ++p) {
-            float s = 0.0f;
-            for (int64_t c = 0; c < chunks; ++c) s += buffer[c * out_size + p];
-            out[p] = static_cast<T>(s);
-          }
-        });
-  }
-
- private:
-  // The tiled path (see the file comment): `parts` label ranges, each
-  // scattered into its own gT [num_features, bp] buffer, then summed and
-  // transposed into out [batch, num_features].
-  static void ScatterTiles(OpKernelContext* ctx, const Dims& d, const T* back,
-                           const Tensor& indices, const Tensor& weights,
-                           int64_t bp, int64_t num_tiles, int64_t parts,
-                           T* out) {
-    Tensor gT_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(
-                            ::tensorflow::DT_FLOAT,
-                            TensorShape({parts, d.num_features, bp}), &gT_t));
-    float* gT_all = gT_t.flat<float>().data();
-    std::vector<float> w_storage;
-    const float* w = AsFloat<T>(weights, &w_storage);
-    const int32_t* idx = indices.flat<int32_t>().data();
-    const Isa isa = CpuIsa();
-    const int64_t slice = d.num_features * bp;
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, parts,
-        std::max<int64_t>(1, num_tiles / parts) * kTile * d.fan_in * bp,
-        [&](int64_t start, int64_t limit) {
-          std::vector<float> column(kTile * bp);
-          std::vector<int64_t> nnz(kTile);
-          for (int64_t part = start; part < limit; ++part) {
-            float* gT = gT_all + part * slice;
-            std::fill(gT, gT + slice, 0.0f);
-            const int64_t t0 = num_tiles * part / parts;
-            const int64_t t1 = num_tiles * (part + 1) / parts;
-            for (int64_t tile = t0; tile < t1; ++tile) {
-              const int64_t j0 = tile * kTile;
-              const int64_t nt = std::min(kTile, d.num_labels - j0);
-              GatherColumns(back, d.batch, d.num_labels, j0, nt, bp,
-                            column.data(), nnz.data());
-              for (int64_t t = 0; t < nt; ++t) {
-                if (nnz[t] == 0) continue;  // no signal: nothing is read
-                const int64_t j = j0 + t;
-                const int32_t* ij = idx + j * d.fan_in;
-                const float* wj = w + j * d.fan_in;
-                const float* col = column.data() + t * bp;
-                if (AllFinite(wj, d.fan_in)) {
-                  cpu_loops::GradFeaturesScatter(isa, gT, bp, col, ij, wj,
-                                                 d.fan_in);
-                  continue;
-                }
-                // A non-finite weight: only the non-zero entries multiply it.
-                for (int64_t i = 0; i < d.batch; ++i) {
-                  if (col[i] == 0.0f) continue;
-                  for (int64_t k = 0; k < d.fan_in; ++k) {
-                    gT[static_cast<int64_t>(ij[k]) * bp + i] += col[i] * wj[k];
-                  }
-                }
-              }
-            }
-          }
-        });
-    // out[i, f] = sum over parts of gT[part, f, i], in blocks of features.
-    constexpr int64_t kBlock = 64;
-    const int64_t blocks = (d.num_features + kBlock - 1) / kBlock;
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, blocks,
-        kBlock * bp * (parts + 1), [&](int64_t start, int64_t limit) {
-          for (int64_t blk = start; blk < limit; ++blk) {
-            const int64_t f0 = blk * kBlock;
-            const int64_t f1 = std::min(d.num_features, f0 + kBlock);
-            for (int64_t part = 1; part < parts; ++part) {
-              const float* src = gT_all + part * slice;
-              for (int64_t q = f0 * bp; q < f1 * bp; ++q) gT_all[q] += src[q];
-            }
-            for (int64_t i = 0; i < d.batch; ++i) {
-              T* row = out + i * d.num_features;
-              for (int64_t f = f0; f < f1; ++f) {
-                row[f] = static_cast<T>(gT_all[f * bp + i]);
-              }
-            }
-          }
-        });
+    functor::UniformSparseMatmulGradFeatures<Device, T>()(
+        ctx, Data<T>(backward), Data<int32_t>(indices), Data<T>(weights), d,
+        Data<T>(grad));
   }
 };
 
-template <typename T>
+template <typename Device, typename T>
 class UniformSparseMatmulGradWeightsOp : public OpKernel {
  public:
   explicit UniformSparseMatmulGradWeightsOp(OpKernelConstruction* c)
       : OpKernel(c) {}
-
   void Compute(OpKernelContext* ctx) override {
     const Tensor& backward = ctx->input(0);
     const Tensor& features = ctx->input(1);
     const Tensor& indices = ctx->input(2);
-    Dims d;
+    UniformSparseDims d;
     OP_REQUIRES_OK(ctx,
                    ValidateShapes(&features, indices, nullptr, &backward, &d));
-    OP_REQUIRES_OK(ctx, ValidateIndexRange(ctx, indices, d.num_features));
     Tensor* grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, indices.shape(), &grad));
-    if (d.num_labels == 0 || d.fan_in == 0) return;
-    T* out = grad->flat<T>().data();
-    const T* back = backward.flat<T>().data();
-    const T* feat = features.flat<T>().data();
-    const int32_t* idx = indices.flat<int32_t>().data();
-
-    // Transposing the features costs batch * num_features; it pays off when
-    // the non-zero signal makes many gathers (each then reads a contiguous
-    // row of featT instead of one float per instance).
-    const double density = EstimateDensity(back, d.batch * d.num_labels);
-    const double gathers = density * d.batch * d.num_labels * d.fan_in;
-    const int64_t bp = PaddedBatch(d.batch);
-    float* featT = nullptr;
-    Tensor featT_t;
-    if (d.batch > 0 && gathers * 4.0 > static_cast<double>(d.batch) * d.num_features) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(
-                              ::tensorflow::DT_FLOAT,
-                              TensorShape({d.num_features, bp}), &featT_t));
-      featT = featT_t.flat<float>().data();
-      TransposeFeatures(ctx, feat, d.batch, d.num_features, bp, featT);
-    }
-    const Isa isa = CpuIsa();
-
-    const int64_t num_tiles = (d.num_labels + kTile - 1) / kTile;
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, num_tiles,
-        kTile * d.batch * (1 + static_cast<int64_t>(density * d.fan_in * 4)),
-        [&](int64_t start, int64_t limit) {
-          std::vector<float> column(kTile * bp);  // backward[:, j] per t
-          std::vector<int64_t> nnz(kTile);
-          std::vector<float> sums(d.fan_in);
-          std::vector<int32_t> nz_i;
-          std::vector<float> nz_g;
-          for (int64_t tile = start; tile < limit; ++tile) {
-            const int64_t j0 = tile * kTile;
-            const int64_t nt = std::min(kTile, d.num_labels - j0);
-            GatherColumns(back, d.batch, d.num_labels, j0, nt, bp,
-                          column.data(), nnz.data());
-            for (int64_t t = 0; t < nt; ++t) {
-              const int64_t j = j0 + t;
-              T* gj = out + j * d.fan_in;
-              if (nnz[t] == 0) {  // no signal: indices[j, :] is not read
-                std::fill(gj, gj + d.fan_in, static_cast<T>(0.0f));
-                continue;
-              }
-              const float* col = column.data() + t * bp;
-              const int32_t* ij = idx + j * d.fan_in;
-              if (featT != nullptr && nnz[t] * 4 >= d.batch) {
-                cpu_loops::GradWeightsDense(isa, featT, bp, col, ij, d.fan_in,
-                                            sums.data());
-                for (int64_t k = 0; k < d.fan_in; ++k) {
-                  float v = sums[k];
-                  if (!std::isfinite(v)) {  // see MaskedDot
-                    v = MaskedDot(col,
-                                  featT + static_cast<int64_t>(ij[k]) * bp,
-                                  d.batch);
-                  }
-                  gj[k] = static_cast<T>(v);
-                }
-                continue;
-              }
-              nz_i.clear();
-              nz_g.clear();
-              for (int64_t i = 0; i < d.batch; ++i) {
-                if (col[i] != 0.0f) {
-                  nz_i.push_back(static_cast<int32_t>(i));
-                  nz_g.push_back(col[i]);
-                }
-              }
-              const int64_t n = static_cast<int64_t>(nz_i.size());
-              for (int64_t k = 0; k < d.fan_in; ++k) {
-                const int64_t src = ij[k];
-                float s = 0.0f;
-                if (featT != nullptr) {
-                  const float* frow = featT + src * bp;
-                  for (int64_t q = 0; q < n; ++q) s += nz_g[q] * frow[nz_i[q]];
-                } else {
-                  for (int64_t q = 0; q < n; ++q) {
-                    s += nz_g[q] * static_cast<float>(
-                                       feat[nz_i[q] * d.num_features + src]);
-                  }
-                }
-                gj[k] = static_cast<T>(s);
-              }
-            }
-          }
-        });
+    functor::UniformSparseMatmulGradWeights<Device, T>()(
+        ctx, Data<T>(backward), Data<T>(features), Data<int32_t>(indices), d,
+        Data<T>(grad));
   }
 };
 
-#define REGISTER_CPU(T)                                                      \
-  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseMatmul")                    \
-                              .Device(DEVICE_CPU)                            \
-                              .TypeConstraint<T>("T"),                       \
-                          UniformSparseMatmulOp<T>);                         \
-  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseMatmulGradFeatures")        \
-                              .Device(DEVICE_CPU)                            \
-                              .TypeConstraint<T>("T"),                       \
-                          UniformSparseMatmulGradFeaturesOp<T>);             \
-  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseMatmulGradWeights")         \
-                              .Device(DEVICE_CPU)                            \
-                              .TypeConstraint<T>("T"),                       \
-                          UniformSparseMatmulGradWeightsOp<T>);
-
-REGISTER_CPU(float);
-REGISTER_CPU(Eigen::half);
-REGISTER_CPU(Eigen::bfloat16);
-#undef REGISTER_CPU
-
-// ---------------------------------------------------------------------------
-// GPU kernels: framework-free CUDA launchers (uniform_sparse_kernels.cu.cc)
-// called on TensorFlow's stream.  float32 only.
-
-#if XMC_TF_WITH_CUDA
-
-void* CudaStream(OpKernelContext* ctx) {
-  auto* device_context = ctx->op_device_context();
-  if (device_context == nullptr || device_context->stream() == nullptr) {
-    return nullptr;
-  }
-  return device_context->stream()->platform_specific_handle().stream;
-}
-
-// Runs `launch(error_scratch, &bad_position, stream)` and turns its result
-// into the op status.
-template <typename Launch>
-void RunGpu(OpKernelContext* ctx, const Tensor& indices, int64_t num_features,
-            Launch launch) {
-  void* stream = CudaStream(ctx);
-  OP_REQUIRES(ctx, stream != nullptr,
-              errors::Internal("xmc_tf: no CUDA stream for this GPU kernel"));
-  Tensor scratch;
-  OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
-                                         TensorShape({1}), &scratch));
-  int64_t bad_position = -1;
-  const int err = launch(scratch.flat<int64_t>().data(), &bad_position, stream);
-  OP_REQUIRES(ctx, err == 0,
-              errors::Internal("xmc_tf: CUDA error ", err,
-                               " in a uniform-sparse kernel"));
-  if (bad_position >= 0) {
-    // The index values live on the device; name the position.
-    const int64_t fan_in = indices.dim_size(1);
-    ctx->CtxFailure(errors::InvalidArgument(
-        "indices[", bad_position / fan_in, ", ", bad_position % fan_in,
-        "] is out of range [0, ", num_features, ") (num_features)"));
-  }
-}
-
-class UniformSparseMatmulGpuOp : public OpKernel {
+template <typename Device, typename T>
+class UniformSparseMatmulGradOp : public OpKernel {
  public:
-  explicit UniformSparseMatmulGpuOp(OpKernelConstruction* c) : OpKernel(c) {}
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& features = ctx->input(0);
-    const Tensor& indices = ctx->input(1);
-    const Tensor& weights = ctx->input(2);
-    Dims d;
-    OP_REQUIRES_OK(ctx, ValidateShapes(&features, indices, &weights, nullptr, &d));
-    Tensor* scores = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({d.batch, d.num_labels}), &scores));
-    RunGpu(ctx, indices, d.num_features,
-           [&](int64_t* scratch, int64_t* bad, void* stream) {
-             return XmcUniformSparseForwardGpuF32(
-                 features.flat<float>().data(), indices.flat<int32_t>().data(),
-                 weights.flat<float>().data(), scores->flat<float>().data(),
-                 d.batch, d.num_features, d.num_labels, d.fan_in, scratch, bad,
-                 stream);
-           });
-  }
-};
-
-class UniformSparseMatmulGradFeaturesGpuOp : public OpKernel {
- public:
-  explicit UniformSparseMatmulGradFeaturesGpuOp(OpKernelConstruction* c)
-      : OpKernel(c) {}
+  explicit UniformSparseMatmulGradOp(OpKernelConstruction* c) : OpKernel(c) {}
   void Compute(OpKernelContext* ctx) override {
     const Tensor& backward = ctx->input(0);
     const Tensor& features = ctx->input(1);
     const Tensor& indices = ctx->input(2);
     const Tensor& weights = ctx->input(3);
-    Dims d;
+    UniformSparseDims d;
     OP_REQUIRES_OK(ctx,
                    ValidateShapes(&features, indices, &weights, &backward, &d));
-    Tensor* grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &grad));
-    RunGpu(ctx, indices, d.num_features,
-           [&](int64_t* scratch, int64_t* bad, void* stream) {
-             return XmcUniformSparseGradFeaturesGpuF32(
-                 backward.flat<float>().data(), indices.flat<int32_t>().data(),
-                 weights.flat<float>().data(), grad->flat<float>().data(),
-                 d.batch, d.num_features, d.num_labels, d.fan_in, scratch, bad,
-                 stream);
-           });
-  }
-};
-
-class UniformSparseMatmulGradWeightsGpuOp : public OpKernel {
- public:
-  explicit UniformSparseMatmulGradWeightsGpuOp(OpKernelConstruction* c)
-      : OpKernel(c) {}
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& backward = ctx->input(0);
-    const Tensor& features = ctx->input(1);
-    const Tensor& indices = ctx->input(2);
-    Dims d;
+    Tensor* grad_features = nullptr;
+    Tensor* grad_weights = nullptr;
     OP_REQUIRES_OK(ctx,
-                   ValidateShapes(&features, indices, nullptr, &backward, &d));
-    Tensor* grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, indices.shape(), &grad));
-    RunGpu(ctx, indices, d.num_features,
-           [&](int64_t* scratch, int64_t* bad, void* stream) {
-             return XmcUniformSparseGradWeightsGpuF32(
-                 backward.flat<float>().data(), features.flat<float>().data(),
-                 indices.flat<int32_t>().data(), grad->flat<float>().data(),
-                 d.batch, d.num_features, d.num_labels, d.fan_in, scratch, bad,
-                 stream);
-           });
+                   ctx->allocate_output(0, features.shape(), &grad_features));
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(1, indices.shape(), &grad_weights));
+    functor::UniformSparseMatmulGrad<Device, T>()(
+        ctx, Data<T>(backward), Data<T>(features), Data<int32_t>(indices),
+        Data<T>(weights), d, Data<T>(grad_features), Data<T>(grad_weights));
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseMatmul")
-                            .Device(DEVICE_GPU)
-                            .TypeConstraint<float>("T"),
-                        UniformSparseMatmulGpuOp);
-REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseMatmulGradFeatures")
-                            .Device(DEVICE_GPU)
-                            .TypeConstraint<float>("T"),
-                        UniformSparseMatmulGradFeaturesGpuOp);
-REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseMatmulGradWeights")
-                            .Device(DEVICE_GPU)
-                            .TypeConstraint<float>("T"),
-                        UniformSparseMatmulGradWeightsGpuOp);
+#define REGISTER(DEVICE_NAME, Dev, T)                                        \
+  REGISTER_KERNEL_BUILDER(                                                   \
+      Name("Xmc>UniformSparseMatmul").Device(DEVICE_NAME).TypeConstraint<T>( \
+          "T"),                                                              \
+      UniformSparseMatmulOp<Dev, T>);                                        \
+  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseMatmulGradFeatures")        \
+                              .Device(DEVICE_NAME)                           \
+                              .TypeConstraint<T>("T"),                       \
+                          UniformSparseMatmulGradFeaturesOp<Dev, T>);        \
+  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseMatmulGradWeights")         \
+                              .Device(DEVICE_NAME)                           \
+                              .TypeConstraint<T>("T"),                       \
+                          UniformSparseMatmulGradWeightsOp<Dev, T>);         \
+  REGISTER_KERNEL_BUILDER(Name("Xmc>UniformSparseMatmulGrad")                \
+                              .Device(DEVICE_NAME)                           \
+                              .TypeConstraint<T>("T"),                       \
+                          UniformSparseMatmulGradOp<Dev, T>);
 
-#endif  // XMC_TF_WITH_CUDA
+REGISTER(DEVICE_CPU, CpuDevice, float);
+REGISTER(DEVICE_CPU, CpuDevice, Eigen::half);
+REGISTER(DEVICE_CPU, CpuDevice, Eigen::bfloat16);
+#if XMC_TF_WITH_CUDA
+REGISTER(DEVICE_GPU, GpuDevice, float);
+#endif
+#undef REGISTER
 
 }  // namespace
 }  // namespace xmc_tf

@@ -12,10 +12,65 @@
 //
 // This header is included both by the TensorFlow kernels (g++) and by the
 // framework-free CUDA launchers (nvcc): it must not include TensorFlow.
+//
+// Structure (ops/common/device.h): one OpKernel class per op, templated on
+// the device, validates ranks and shapes, allocates the outputs and calls
+// the functor below; the CpuDevice functors (every registered T: float,
+// half, bfloat16, accumulated in float32) are in uniform_sparse_kernels.cc,
+// the GpuDevice ones (float32, behind XMC_TF_WITH_CUDA) call the extern "C"
+// launchers declared further down.  Each functor range-checks `indices`
+// itself (the CPU ones on the host, the GPU launchers on the device) and
+// fails the op with InvalidArgument on an entry outside [0, num_features).
 #ifndef XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_KERNELS_H_
 #define XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_KERNELS_H_
 
 #include <cstdint>
+
+#include "ops/common/device.h"
+
+namespace xmc_tf {
+
+struct UniformSparseDims {
+  int64_t batch = 0, num_features = 0, num_labels = 0, fan_in = 0;
+};
+
+namespace functor {
+
+// scores [batch, num_labels] (Algorithm 1).
+template <typename Device, typename T>
+struct UniformSparseMatmul {
+  void operator()(::tensorflow::OpKernelContext* ctx, const T* features,
+                  const int32_t* indices, const T* weights,
+                  const UniformSparseDims& d, T* scores) const;
+};
+
+// grad_features [batch, num_features] (Algorithm 2).
+template <typename Device, typename T>
+struct UniformSparseMatmulGradFeatures {
+  void operator()(::tensorflow::OpKernelContext* ctx, const T* backward,
+                  const int32_t* indices, const T* weights,
+                  const UniformSparseDims& d, T* grad_features) const;
+};
+
+// grad_weights [num_labels, fan_in] (Algorithm 3).
+template <typename Device, typename T>
+struct UniformSparseMatmulGradWeights {
+  void operator()(::tensorflow::OpKernelContext* ctx, const T* backward,
+                  const T* features, const int32_t* indices,
+                  const UniformSparseDims& d, T* grad_weights) const;
+};
+
+// Both gradients from one pass over `backward` (Algorithms 2 and 3).
+template <typename Device, typename T>
+struct UniformSparseMatmulGrad {
+  void operator()(::tensorflow::OpKernelContext* ctx, const T* backward,
+                  const T* features, const int32_t* indices, const T* weights,
+                  const UniformSparseDims& d, T* grad_features,
+                  T* grad_weights) const;
+};
+
+}  // namespace functor
+}  // namespace xmc_tf
 
 #ifdef __cplusplus
 extern "C" {

@@ -126,6 +126,43 @@ backward: [batch, num_labels]; features: [batch, num_features];
 indices: [num_labels, fan_in].  grad_weights: [num_labels, fan_in].
 )doc");
 
+REGISTER_OP("Xmc>UniformSparseMatmulGrad")
+    .Input("backward: T")
+    .Input("features: T")
+    .Input("indices: int32")
+    .Input("weights: T")
+    .Output("grad_features: T")
+    .Output("grad_weights: T")
+    .Attr("T: {float, half, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle backward, features, connections;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &backward));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &features));
+      TF_RETURN_IF_ERROR(MergeConnections(c, 2, 3, &connections));
+      DimensionHandle unused;
+      TF_RETURN_IF_ERROR(
+          c->Merge(c->Dim(backward, 0), c->Dim(features, 0), &unused));
+      TF_RETURN_IF_ERROR(
+          c->Merge(c->Dim(backward, 1), c->Dim(connections, 0), &unused));
+      c->set_output(0, features);
+      c->set_output(1, connections);
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Both gradients of Xmc>UniformSparseMatmul (Algorithms 2 and 3) in one pass.
+
+grad_features = Xmc>UniformSparseMatmulGradFeatures(backward, features,
+indices, weights) and grad_weights = Xmc>UniformSparseMatmulGradWeights(
+backward, features, indices), computed together: the CPU kernel reads
+`backward` and `indices` once for both (on a sparse signal reading
+`backward` is most of the work), skipping every zero entry of `backward`
+(Sec. 3.3).  The gradient registered for Xmc>UniformSparseMatmul.
+
+backward: [batch, num_labels]; features: [batch, num_features];
+indices, weights: [num_labels, fan_in].
+grad_features: [batch, num_features]; grad_weights: [num_labels, fan_in].
+)doc");
+
 // ---------------------------------------------------------------------------
 // The uniform-sparse layer on a sparse input batch (a per-label sparse linear
 // classifier on tf-idf features): the transposed ("inverted") traversal.

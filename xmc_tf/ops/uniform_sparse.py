@@ -62,13 +62,11 @@ def uniform_sparse_matmul(features, indices, weights, name=None):
 
 @tf.RegisterGradient("Xmc>UniformSparseMatmul")
 def _uniform_sparse_matmul_grad(op, grad):
-    """Gradients w.r.t. features (Algorithm 2) and weights (Algorithm 3)."""
+    """Gradients w.r.t. features (Algorithm 2) and weights (Algorithm 3),
+    from one pass over ``grad`` (``Xmc>UniformSparseMatmulGrad``)."""
     features, indices, weights = op.inputs
-    lib = _loader.load()
-    grad_features = lib.xmc_uniform_sparse_matmul_grad_features(
+    grad_features, grad_weights = _loader.load().xmc_uniform_sparse_matmul_grad(
         backward=grad, features=features, indices=indices, weights=weights)
-    grad_weights = lib.xmc_uniform_sparse_matmul_grad_weights(
-        backward=grad, features=features, indices=indices)
     return grad_features, None, grad_weights
 
 
