@@ -78,9 +78,10 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
     packaged configs -- the signatures are traced with TensorFlow's ops
     (:func:`xmc_tf.ops.stock.stock_ops`), and the SavedModel loads in any
     TensorFlow (TF Serving included) without xmc_tf, at the cost of slower
-    serving (benchmarks/serving.py: 1.1-7x the ``Xmc>`` ops' latency on
-    the CPU; same top-k labels, scores equal up to float32 rounding, MACH's
-    bitwise).  A model with another ``Xmc>`` op (a custom layer of yours)
+    serving on the CPU (benchmarks/serving.py, 2 shared cores: a
+    uniform-sparse model 3.3-4.4x the ``Xmc>`` ops' latency at batch 1 and
+    256, 10k and 670k labels; MACH's decoder 1.5x at batch 1); same top-k
+    labels, scores equal up to float32 rounding (MACH's bitwise).  A model with another ``Xmc>`` op (a custom layer of yours)
     uses the ``Xmc>`` ops and loads after ``import xmc_tf`` (the op
     library must be registered), e.g. with :func:`load_saved_model`.
     Each weight is stored once (Keras' ``ExportArchive`` alone stores it
