@@ -430,7 +430,8 @@ def mach_top_k_stock(probs, k: int, hashing, name: str | None = None):
     the merge ranks equal ones by position).  ``O(batch m R)`` time (the
     op's threshold algorithm usually scores far fewer labels), no
     ``[batch, m]`` tensor.  The bucket table ``[m, R]`` int32 is a graph
-    constant (``4 R m`` bytes in the SavedModel) up to
+    constant (``4 R m`` bytes per trace in a SavedModel's graph; hashing
+    it on every call took longer than decoding a batch of one) up to
     :data:`STOCK_TABLE_ENTRIES` entries, else hashed on every call.
 
     Args:
