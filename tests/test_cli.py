@@ -199,14 +199,11 @@ def test_export_command_writes_another_k(trained, capsys):
                                atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["portable", "k", "no_output"])
+@pytest.mark.parametrize("case", ["k", "no_output"])
 def test_export_errors_are_one_line(trained, case, capsys, tmp_path):
     _, workdir, _, _ = trained
     out = f"--output={tmp_path / 'sm'}"
     args, names = {
-        # uniform-sparse layers have no TensorFlow equivalent
-        "portable": ([out, "--portable=yes"],
-                     ["cannot be portable", "Xmc>UniformSparseMatmul"]),
         "k": ([out, "--k=51"], ["k", "51"]),
         "no_output": ([], ["export needs --output"]),
     }[case]
@@ -315,6 +312,38 @@ print("OK", out["scores"].shape)
                           capture_output=True, text=True)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
     np.testing.assert_array_equal(np.load(tmp / "served.npy"), expected)
+
+
+@pytest.mark.parametrize("which", ["uniform_sparse", "mach"])
+def test_export_portable_yes_and_no(trained, trained_mach, which, capsys,
+                                    tmp_path):
+    """`--portable=yes` works for the uniform-sparse model (wide path
+    included) and MACH: no Xmc> op in the SavedModel; `--portable=no` keeps
+    the Xmc> ops."""
+    from tensorflow.core.protobuf import saved_model_pb2
+    from xmc_tf.ops import stock
+    workdir = trained[1] if which == "uniform_sparse" else trained_mach[1]
+
+    def ops(path):
+        proto = saved_model_pb2.SavedModel()
+        proto.ParseFromString((path / "saved_model.pb").read_bytes())
+        return stock.custom_op_types(mg.graph_def for mg in proto.meta_graphs)
+
+    assert ops(workdir / "saved_model") == []  # auto: portable
+    from xmc_tf.job import cli
+    capsys.readouterr()
+    code = cli.main(["xmc-tf", "export", f"--workdir={workdir}",
+                     f"--output={tmp_path / 'p'}", "--portable=yes"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "TensorFlow's own ops only" in out, out
+    assert ops(tmp_path / "p") == []
+    code, err = run_cli(capsys, "export", f"--workdir={workdir}",
+                        f"--output={tmp_path / 'x'}", "--portable=no")
+    assert code == 0, err
+    want = {"uniform_sparse": "Xmc>UniformSparseMatmul",
+            "mach": "Xmc>MachTopK"}[which]
+    assert want in ops(tmp_path / "x")
 
 
 def test_mach_head_rejects_label_wise_loss(tmp_path, capsys):

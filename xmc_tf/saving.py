@@ -69,15 +69,21 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
     ``[batch, num_features]``.
 
     Portable or not: where every ``Xmc>`` op of the signatures has a
-    TensorFlow equivalent (``Xmc>TopK``, ``Xmc>EmbeddingBag``: models with
-    a dense, linear, SCENT or dense-layer sampled head and no wide path),
-    the signatures are traced with TensorFlow's ops
+    TensorFlow formulation -- ``Xmc>TopK`` (``tf.math.top_k``),
+    ``Xmc>EmbeddingBag`` (``tf.sparse.sparse_dense_matmul``), the
+    uniform-sparse products, dense and sparse input
+    (:func:`xmc_tf.ops.uniform_sparse.uniform_sparse_matmul_stock`: the
+    output and wide-path layers), MACH's decoder ``Xmc>MachTopK``
+    (:func:`xmc_tf.ops.mach.mach_top_k_stock`); that is every model of the
+    packaged configs -- the signatures are traced with TensorFlow's ops
     (:func:`xmc_tf.ops.stock.stock_ops`), and the SavedModel loads in any
-    TensorFlow (TF Serving included) without xmc_tf, at the cost of the
-    slower ``tf.math.top_k`` / ``tf.sparse.sparse_dense_matmul`` (same
-    results up to float rounding).  Otherwise (uniform-sparse layers, MACH's
-    decoder) it uses the ``Xmc>`` ops and loads after ``import xmc_tf``
-    (the op library must be registered), e.g. with :func:`load_saved_model`.
+    TensorFlow (TF Serving included) without xmc_tf, at the cost of slower
+    serving on the CPU (benchmarks/serving.py, 2 shared cores: a
+    uniform-sparse model 3.3-4.4x the ``Xmc>`` ops' latency at batch 1 and
+    256, 10k and 670k labels; MACH's decoder 1.5x at batch 1); same top-k
+    labels, scores equal up to float32 rounding (MACH's bitwise).  A model with another ``Xmc>`` op (a custom layer of yours)
+    uses the ``Xmc>`` ops and loads after ``import xmc_tf`` (the op
+    library must be registered), e.g. with :func:`load_saved_model`.
     Each weight is stored once (Keras' ``ExportArchive`` alone stores it
     twice and a loader restores two copies: Keras issue #23553).
 
@@ -90,9 +96,10 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
         :func:`export_model`).
       k: labels per instance of ``serve``.
       portable: None (default): stock TensorFlow ops where that leaves no
-        ``Xmc>`` op, as above; True: the same, but a model that still needs
-        an ``Xmc>`` op is an error; False: always the ``Xmc>`` ops (the
-        fastest serving on the CPU).
+        ``Xmc>`` op, as above (every packaged model); True: the same, but a
+        model that still needs an ``Xmc>`` op is an error; False: always
+        the ``Xmc>`` ops (the fastest serving on the CPU; loads after
+        ``import xmc_tf``).
 
     Returns:
       True when the SavedModel uses no ``Xmc>`` op.
@@ -100,8 +107,9 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
     Raises:
       ValueError: no registered head decodes the model (or it is a MACH
         serving model with a ``MachDecoder``: pass the training model),
-        ``k`` is out of range, or ``portable=True`` for a model that needs an ``Xmc>`` op
-        (the message names them).
+        ``k`` is out of range, or ``portable=True`` for a model that needs
+        an ``Xmc>`` op without a TensorFlow formulation (the message names
+        them).
     """
     model = decoding.inference_model(model)
     stock_only = portable is None or portable
@@ -139,7 +147,7 @@ def _serving_archive(model: keras.Model, k: int):
         raise ValueError(
             "export_saved_model takes MACH's training model (its output the "
             "MachHead's [b, R, B] logits), not a serving model that already "
-            "decodes: its serve signature decodes with Xmc>MachTopK")
+            "decodes: its serve signature decodes with MACH's decoder")
     top_k = decoding.top_k_function(model, k)
     archive = keras.export.ExportArchive()
     archive.track(model)

@@ -24,8 +24,9 @@ data set.  ``--config`` takes the name of a packaged config
 those of :func:`xmc_tf.data.load_dataset` (XC-repo files, ``X.txt|Y.txt``,
 ``EMB.npy|LABELS.txt``, ``bibtex:test``, ``synthetic:...``).
 ``export`` writes the model of ``DIR`` as another SavedModel (another
-``k`` for ``serve``, or the faster ``Xmc>`` ops for a model whose
-``saved_model/`` is portable: :func:`xmc_tf.saving.export_saved_model`).
+``k`` for ``serve``, or, with ``--portable=no``, the faster ``Xmc>`` ops
+instead of the portable TensorFlow ops of ``saved_model/``:
+:func:`xmc_tf.saving.export_saved_model`).
 ``--strategy=mirrored`` trains data parallel on this machine's devices,
 ``--strategy=multi_worker`` on the machines that ``TF_CONFIG`` names (the
 same command on each; only the chief, worker 0, writes ``DIR``):
@@ -183,9 +184,11 @@ def _define_flags(argv) -> flags.FlagValues:
                          flag_values=fv)
     flags.DEFINE_enum("portable", "auto", ["auto", "yes", "no"],
                       "export: 'auto': TensorFlow's own ops where every "
-                      "xmc_tf op has an equivalent (the SavedModel then "
-                      "loads without xmc_tf), 'yes': that or an error, "
-                      "'no': the xmc_tf ops (faster on the CPU).",
+                      "xmc_tf op has a TensorFlow formulation (every "
+                      "packaged model, uniform-sparse and MACH included; "
+                      "the SavedModel then loads without xmc_tf), 'yes': "
+                      "that or an error, 'no': the xmc_tf ops (faster on "
+                      "the CPU; load after `import xmc_tf`).",
                       flag_values=fv)
     flags.DEFINE_bool("print-config", False, "train: read the training data, "
                       "print the config with every automatic field resolved "

@@ -16,7 +16,8 @@ exactly without forming it.
   so they can be sharded across workers along R).
 * :class:`MachDecoder`: logits/probabilities ``[batch, R, B]`` -> exact
   top-k ``(ids int32 [batch, k], scores float32 [batch, k])`` via the fused
-  op ``Xmc>MachTopK``; usable in a SavedModel for serving.
+  op ``Xmc>MachTopK``; usable in a SavedModel for serving (in TensorFlow's
+  own ops when traced inside :func:`xmc_tf.ops.stock.stock_ops`).
 
 Train with :class:`xmc_tf.losses.mach.MachSoftmaxCrossentropy` (multi-class,
 the paper's setting) or :class:`xmc_tf.losses.mach.MachBinaryCrossentropy`
@@ -254,7 +255,11 @@ class MachDecoder(keras.layers.Layer):
     the lower label id, without a ``[batch, m]`` tensor.  The op caches
     the inverted lists bucket -> labels (``4 R (m + B)`` bytes) on its first
     call.  Works in eager mode, in ``tf.function``, and in exported
-    SavedModels (``import xmc_tf`` before loading one).
+    SavedModels (``import xmc_tf`` before loading one).  Traced inside
+    :func:`xmc_tf.ops.stock.stock_ops` (portable SavedModels,
+    :func:`xmc_tf.saving.export_saved_model`) it decodes with TensorFlow's
+    ops instead (:func:`xmc_tf.ops.mach.mach_top_k_stock`: the same ids
+    and scores, by brute force).
 
     Args:
       num_labels, num_buckets, hash_a, hash_b, prime: the hash family (use

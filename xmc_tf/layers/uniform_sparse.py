@@ -155,7 +155,10 @@ class UniformSparseDense(keras.layers.Layer):
     layer before it (Sec. 3.4: sparsity alone underfits).
 
     Models with this layer must be compiled with ``jit_compile=False``: XLA
-    cannot compile custom ops.
+    cannot compile custom ops.  Traced inside
+    :func:`xmc_tf.ops.stock.stock_ops` (portable SavedModels) the forward
+    uses TensorFlow's ops only
+    (:func:`xmc_tf.ops.uniform_sparse.uniform_sparse_matmul_stock`).
 
     Args:
       units: number of labels m.

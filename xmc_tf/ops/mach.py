@@ -28,14 +28,22 @@ import numpy as np
 import tensorflow as tf
 
 from xmc_tf.errors import OpLibraryError
-from xmc_tf.ops import _loader
+from xmc_tf.ops import _loader, stock
 
 #: The default hash modulus: the Mersenne prime 2^31 - 1 (the op has a
 #: division-free fast path for it).  Products ``a_r * j`` stay below 2^62.
 PRIME = 2**31 - 1
 
 __all__ = ["ACTIVATIONS", "PRIME", "MachHashing", "mach_top_k",
-           "meta_probabilities"]
+           "mach_top_k_stock", "meta_probabilities"]
+
+#: Stock decoder (:func:`mach_top_k_stock`): gathered elements per block of
+#: labels (16 MiB of float32).
+STOCK_BLOCK_ELEMENTS = 1 << 22
+#: Stock decoder: bucket tables of up to this many entries (``R m``, int32)
+#: are graph constants; larger ones are hashed on every call (a SavedModel
+#: graph must stay under protobuf's 2 GB).
+STOCK_TABLE_ENTRIES = 1 << 26
 
 
 def _is_prime(p: int) -> bool:
@@ -289,6 +297,9 @@ def mach_top_k(probs, k: int, hashing, *, method: str = "threshold",
     of each op instance and cached in the kernel: ``4 R (m + B)`` bytes);
     ``method="brute_force"`` scores every label (``O(m R)`` per row).  Both
     are exact and return identical ids and scores.  Not differentiable.
+    Inside :func:`xmc_tf.ops.stock.stock_ops` (portable SavedModels) this
+    is :func:`mach_top_k_stock`, TensorFlow's ops only (same ids and
+    scores; ``method`` and ``brute_force_fallback`` do not apply).
 
     Special values: ``probs`` must be finite (NaN or +-inf raise
     ``InvalidArgumentError``).  Finite ``probs`` near the float32 limit can
@@ -331,27 +342,14 @@ def mach_top_k(probs, k: int, hashing, *, method: str = "threshold",
       ([2, 5], 'float32')
     """
     hashing = MachHashing.from_any(hashing)
-    k = int(k)
-    if not 1 <= k <= hashing.num_labels:
-        raise ValueError(
-            f"k must be in [1, num_labels={hashing.num_labels}], got {k}")
+    k = _check_k(k, hashing)
     if method not in ("threshold", "brute_force"):
         raise ValueError(
             f"method must be 'threshold' or 'brute_force', got {method!r}")
+    if stock.stock_ops_only():
+        return mach_top_k_stock(probs, k, hashing, name=name)
     with tf.name_scope(name or "mach_top_k"):
-        probs = tf.convert_to_tensor(probs)
-        if probs.dtype != tf.float32:
-            probs = tf.cast(probs, tf.float32)
-        shape = probs.shape
-        if shape.rank is not None:
-            want = [None, hashing.num_repetitions, hashing.num_buckets]
-            if shape.rank != 3 or any(
-                    w is not None and s is not None and w != s
-                    for w, s in zip(want, shape.as_list())):
-                raise ValueError(
-                    "probs must have shape [batch, R="
-                    f"{hashing.num_repetitions}, B={hashing.num_buckets}], "
-                    f"got {shape}")
+        probs = _checked_probs(probs, hashing)
         lib = _loader.load()
         if not hasattr(lib, "xmc_mach_top_k"):
             raise OpLibraryError(
@@ -371,3 +369,144 @@ def mach_top_k(probs, k: int, hashing, *, method: str = "threshold",
 
 
 tf.no_gradient("Xmc>MachTopK")
+
+
+def _check_k(k, hashing: MachHashing) -> int:
+    k = int(k)
+    if not 1 <= k <= hashing.num_labels:
+        raise ValueError(
+            f"k must be in [1, num_labels={hashing.num_labels}], got {k}")
+    return k
+
+
+def _checked_probs(probs, hashing: MachHashing) -> tf.Tensor:
+    """``probs`` as float32, its static shape checked against [b, R, B]."""
+    probs = tf.convert_to_tensor(probs)
+    if probs.dtype != tf.float32:
+        probs = tf.cast(probs, tf.float32)
+    shape = probs.shape
+    if shape.rank is not None:
+        want = [None, hashing.num_repetitions, hashing.num_buckets]
+        if shape.rank != 3 or any(
+                w is not None and s is not None and w != s
+                for w, s in zip(want, shape.as_list())):
+            raise ValueError(
+                "probs must have shape [batch, R="
+                f"{hashing.num_repetitions}, B={hashing.num_buckets}], "
+                f"got {shape}")
+    return probs
+
+
+def _bucket_rows(hashing: MachHashing) -> tf.Tensor:
+    """int32 ``[m, R]``: row ``r * B + h_r(j)`` of ``probs`` transposed to
+    ``[R B, batch]`` for label ``j`` and repetition ``r``; a constant up to
+    :data:`STOCK_TABLE_ENTRIES` entries, else hashed in the graph."""
+    m, R, B = (hashing.num_labels, hashing.num_repetitions,
+               hashing.num_buckets)
+    if m * R <= STOCK_TABLE_ENTRIES:
+        rows = hashing.buckets_numpy(np.arange(m)) + np.arange(R) * B
+        return tf.constant(rows.astype(np.int32))
+    return hashing.buckets(tf.range(m)) + tf.range(R) * B
+
+
+def mach_top_k_stock(probs, k: int, hashing, name: str | None = None):
+    """:func:`mach_top_k` in TensorFlow's own ops (no ``Xmc>`` op).
+
+    The same definition and results as ``Xmc>MachTopK``: ``score[i, j] =
+    (sum_r probs[i, r, h_r(j)]) / R`` (Medini et al. 2019, Eq. 2 up to a
+    monotone affine map), summed in float32 in repetition order from 0 and
+    then divided by ``R`` as the op does (identical scores, bitwise), the
+    ``k`` best per row best first, ties (equal scores, ``+-inf`` included)
+    by the lower label id; non-finite ``probs`` raise.  For SavedModels
+    that load without xmc_tf (:func:`xmc_tf.saving.export_saved_model`).
+
+    Brute force over blocks of labels (a ``tf.while_loop``; about
+    :data:`STOCK_BLOCK_ELEMENTS` / (R * batch) labels each): a block's
+    bucket values are gathered from the transposed ``probs`` ``[R B,
+    batch]`` (``[L, R, batch]``), summed over ``r`` in order, and the
+    block's top ``k`` (``tf.math.top_k``) is kept; the blocks' candidates,
+    in label order, are merged by a last ``tf.math.top_k`` (ties still go
+    to the lower id: within a block ``top_k`` ranks equal scores by id, and
+    the merge ranks equal ones by position).  ``O(batch m R)`` time (the
+    op's threshold algorithm usually scores far fewer labels), no
+    ``[batch, m]`` tensor.  The bucket table ``[m, R]`` int32 is a graph
+    constant (``4 R m`` bytes per trace in a SavedModel's graph; hashing
+    it on every call took longer than decoding a batch of one) up to
+    :data:`STOCK_TABLE_ENTRIES` entries, else hashed on every call.
+
+    Args:
+      probs: float ``[batch, R, B]`` meta-class probabilities (cast to
+        float32), finite.
+      k: labels per row, ``1 <= k <= m``.
+      hashing: a :class:`MachHashing`, a
+        :class:`~xmc_tf.layers.mach.MachHead`, or a ``MachHashing`` config.
+      name: name scope.
+
+    Returns:
+      ``(top_ids, top_scores)``: int32 ``[batch, k]`` and float32
+      ``[batch, k]``.
+
+    Raises:
+      ValueError: ``k`` out of range or a static shape of ``probs`` other
+        than ``[batch, R, B]``.
+      tf.errors.InvalidArgumentError: (at run time) ``probs`` holds NaN or
+        inf, or has another shape.
+
+    Example:
+      >>> h = MachHashing.random(1000, 32, 4, seed=0)
+      >>> probs = tf.nn.softmax(tf.random.normal([2, 4, 32]), axis=-1)
+      >>> ids, scores = mach_top_k_stock(probs, 5, h)
+      >>> ids.shape.as_list(), scores.dtype.name
+      ([2, 5], 'float32')
+    """
+    hashing = MachHashing.from_any(hashing)
+    k = _check_k(k, hashing)
+    m, R, B = (hashing.num_labels, hashing.num_repetitions,
+               hashing.num_buckets)
+    with tf.name_scope(name or "mach_top_k_stock"):
+        probs = _checked_probs(probs, hashing)
+        probs = tf.debugging.assert_all_finite(
+            probs, "probs must be finite (MACH top-k)")
+        batch = tf.shape(probs)[0]
+        with tf.control_dependencies([tf.debugging.assert_equal(
+                tf.shape(probs)[1:], tf.constant([R, B]),
+                message=f"probs must have shape [batch, R={R}, B={B}]")]):
+            p_t = tf.reshape(tf.transpose(probs, [1, 2, 0]), [R * B, batch])
+        rows = _bucket_rows(hashing)  # [m, R]
+        block = tf.maximum(k, STOCK_BLOCK_ELEMENTS // tf.maximum(1, R * batch))
+        block = tf.minimum(block, m)
+        num_blocks = (m + block - 1) // block
+        r_float = tf.constant(float(R), tf.float32)
+
+        def body(i, values, ids):
+            lo = i * block
+            hi = tf.minimum(m, lo + block)
+            gathered = tf.gather(p_t, rows[lo:hi])  # [L, R, b]
+            total = gathered[:, 0]
+            for r in range(1, R):  # float32, in repetition order, as the op
+                total = total + gathered[:, r]
+            scores = tf.transpose(total / r_float)  # [b, L]
+            # The last block is padded to `block` columns (>= k) with -inf
+            # after its labels: they rank after every real label.
+            scores = tf.pad(scores, [[0, 0], [0, block - (hi - lo)]],
+                            constant_values=-np.inf)
+            top = tf.math.top_k(scores, k=k, sorted=True)
+            return (i + 1, values.write(i, top.values),
+                    ids.write(i, top.indices + lo))
+
+        values = tf.TensorArray(tf.float32, size=num_blocks,
+                                element_shape=tf.TensorShape([None, k]))
+        ids = tf.TensorArray(tf.int32, size=num_blocks,
+                             element_shape=tf.TensorShape([None, k]))
+        _, values, ids = tf.while_loop(lambda i, *_: i < num_blocks, body,
+                                       [tf.constant(0), values, ids])
+        # [blocks, b, k] -> [b, blocks * k], in label order of the blocks.
+        values = tf.reshape(tf.transpose(values.stack(), [1, 0, 2]),
+                            [batch, -1])
+        ids = tf.reshape(tf.transpose(ids.stack(), [1, 0, 2]), [batch, -1])
+        top = tf.math.top_k(values, k=k, sorted=True)
+        top_ids = tf.gather(ids, top.indices, batch_dims=1)
+        top_ids.set_shape([probs.shape[0], k])
+        top_scores = tf.identity(top.values)
+        top_scores.set_shape([probs.shape[0], k])
+        return top_ids, top_scores

@@ -6,11 +6,17 @@ does: ``Xmc>TopK`` (``tf.math.top_k``) and ``Xmc>EmbeddingBag``
 (``tf.sparse.sparse_dense_matmul``).  Inside :func:`stock_ops`, the code
 that picks between the two (:func:`xmc_tf.ops.topk.top_k_supported`,
 :func:`xmc_tf.ops.embedding_bag.embedding_bag_supported`) picks
-TensorFlow's op, so a graph traced there uses no ``Xmc>`` op unless one
-without an equivalent is needed (the uniform-sparse product, MACH's
-decoder).  :func:`xmc_tf.saving.export_saved_model` traces the serving
-signatures this way: a SavedModel without ``Xmc>`` ops loads in
-TensorFlow (e.g. TF Serving) without xmc_tf.
+TensorFlow's op.  The forward ops that have no single TensorFlow
+equivalent are written in TensorFlow's ops there:
+``Xmc>UniformSparseMatmul`` and ``Xmc>UniformSparseMatmulSparseInput``
+(:func:`xmc_tf.ops.uniform_sparse.uniform_sparse_matmul_stock`, a blocked
+gather and reduction) and MACH's decoder ``Xmc>MachTopK``
+(:func:`xmc_tf.ops.mach.mach_top_k_stock`, blocked brute force with the
+op's scores and tie order).  So a model's inference graph traced there uses
+no ``Xmc>`` op (training-only ops -- gradients, sampled products, LSH,
+optimizers -- keep theirs).  :func:`xmc_tf.saving.export_saved_model`
+traces the serving signatures this way: a SavedModel without ``Xmc>`` ops
+loads in TensorFlow (e.g. TF Serving) without xmc_tf.
 
 The switch is per thread (tracing runs in the calling thread) and nests.
 

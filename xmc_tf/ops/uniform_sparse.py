@@ -5,13 +5,27 @@ Extremely Large Output Spaces -- Learning with 500k Labels on a Single
 Commodity GPU", Sec. 3.1-3.3, Algorithms 1-3.
 `uniform_sparse_matmul_sparse_input` applies the same layer to a sparse input
 batch through the inverted index of its connections.
+
+Inside :func:`xmc_tf.ops.stock.stock_ops` (portable SavedModels,
+:func:`xmc_tf.saving.export_saved_model`), both forward products trace to
+TensorFlow's own ops instead (:func:`uniform_sparse_matmul_stock`): the
+same scores up to float32 rounding, with no ``Xmc>`` op.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from xmc_tf.ops import _loader
+from xmc_tf.ops import _loader, stock
+
+#: Gathered elements per block of labels in the stock formulation
+#: (:func:`uniform_sparse_matmul_stock`): 4 MiB of float32, so a block
+#: stays in the cache between the gather and the reduction.
+STOCK_BLOCK_ELEMENTS = 1 << 20
+#: Below this batch size the stock formulation multiplies and sums
+#: (``reduce_sum``); from it on, one small matrix product per label
+#: (``BatchMatMul``), faster there (benchmarks/serving.py).
+_STOCK_MATMUL_BATCH = 16
 
 
 def uniform_sparse_matmul(features, indices, weights, name=None):
@@ -30,6 +44,9 @@ def uniform_sparse_matmul(features, indices, weights, name=None):
     The gradients skip zero entries of the back-propagated signal without
     reading the operands they would multiply (Sec. 3.3, implicit negative
     mining): with the squared hinge most entries are zero.
+
+    Inside :func:`xmc_tf.ops.stock.stock_ops` this is
+    :func:`uniform_sparse_matmul_stock` (TensorFlow's ops only).
 
     Args:
       features: ``[batch, num_features]`` float32, float16 or bfloat16.
@@ -56,8 +73,105 @@ def uniform_sparse_matmul(features, indices, weights, name=None):
     >>> xmc_tf.ops.uniform_sparse_matmul(x, idx, w).numpy()
     array([[4., 2.]], dtype=float32)
     """
+    if stock.stock_ops_only():
+        return uniform_sparse_matmul_stock(features, indices, weights,
+                                           name=name)
     return _loader.load().xmc_uniform_sparse_matmul(
         features=features, indices=indices, weights=weights, name=name)
+
+
+def uniform_sparse_matmul_stock(features, indices, weights, name=None):
+    """`uniform_sparse_matmul` in TensorFlow's own ops (no ``Xmc>`` op).
+
+    ``scores[i, j] = sum_k features[i, indices[j, k]] * weights[j, k]``
+    (Schultheis & Babbar, Algorithm 1), for SavedModels that load without
+    xmc_tf (:func:`xmc_tf.saving.export_saved_model`).  The labels are
+    scored in blocks (a ``tf.while_loop``) of about
+    :data:`STOCK_BLOCK_ELEMENTS` / (fan-in * batch) labels each: the
+    block's inputs are gathered as rows of the transposed batch
+    (``tf.gather(features^T, indices[block])``, ``[L, s, batch]``) and
+    reduced with the block's weights (multiply and ``reduce_sum`` below a
+    batch of 16, a ``[1, s] x [s, batch]`` ``BatchMatMul`` per label
+    from it on), so no ``[batch, m, s]`` tensor exists (22 GB at
+    ``m = 670k``, ``s = 32``, batch 256).  Time ``O(batch m s)``, like the
+    op; extra memory ``O(batch (m + e))`` plus one block.
+
+    Numerics: inputs are cast to float32, products and sums are float32
+    (as the op's CPU kernels accumulate), the result is cast back to the
+    dtype of ``features`` (mixed precision: float16/bfloat16 in and out).
+    The summation order differs from the op's: scores agree up to float32
+    rounding, not bitwise.  Differentiable (TensorFlow's gradients).
+
+    Args:
+      features: ``[batch, e]`` float32, float16 or bfloat16.
+      indices: ``[m, s]`` int32 (a variable is read once), entries in
+        ``[0, e)``; repeats within a row add up.
+      weights: ``[m, s]`` float (cast to float32).
+      name: optional name scope.
+
+    Returns:
+      ``[batch, m]`` scores, dtype of ``features``.
+
+    Raises:
+      ValueError: ``weights`` and ``indices`` of statically different
+        shapes, or an operand that is not a matrix.
+      tf.errors.InvalidArgumentError: (at run time) an index out of
+        ``[0, e)`` (on the CPU: ``tf.gather`` names it), or shapes that
+        differ.
+
+    >>> import numpy as np
+    >>> x = np.array([[1., 2., 3.]], np.float32)
+    >>> idx = np.array([[0, 2], [1, 1]], np.int32)
+    >>> w = np.array([[1., 1.], [0.5, 0.5]], np.float32)
+    >>> uniform_sparse_matmul_stock(x, idx, w).numpy()
+    array([[4., 2.]], dtype=float32)
+    """
+    with tf.name_scope(name or "uniform_sparse_matmul_stock"):
+        features = tf.convert_to_tensor(features)
+        indices = tf.convert_to_tensor(indices, tf.int32)
+        weights = tf.cast(tf.convert_to_tensor(weights), tf.float32)
+        if features.shape.rank not in (None, 2) or \
+                indices.shape.rank not in (None, 2):
+            raise ValueError("features [batch, e] and indices [m, s] must be "
+                             f"matrices, got {features.shape} and "
+                             f"{indices.shape}")
+        if not indices.shape.is_compatible_with(weights.shape):
+            raise ValueError(f"weights shape {weights.shape} must equal "
+                             f"indices shape {indices.shape} ([m, s])")
+        if not (indices.shape.is_fully_defined() and
+                weights.shape.is_fully_defined()):
+            with tf.control_dependencies([tf.debugging.assert_equal(
+                    tf.shape(indices), tf.shape(weights),
+                    message="weights shape must equal indices shape")]):
+                weights = tf.identity(weights)
+        dtype = features.dtype
+        x_t = tf.transpose(tf.cast(features, tf.float32))  # [e, b]
+        batch = tf.shape(x_t)[1]
+        m, s = tf.shape(indices)[0], tf.shape(indices)[1]
+        block = tf.maximum(1, STOCK_BLOCK_ELEMENTS //
+                           tf.maximum(1, s * batch))
+        block = tf.minimum(block, tf.maximum(m, 1))
+        num_blocks = (m + block - 1) // block
+        small_batch = batch < _STOCK_MATMUL_BATCH
+
+        def body(i, parts):
+            lo = i * block
+            hi = tf.minimum(m, lo + block)
+            gathered = tf.gather(x_t, indices[lo:hi])  # [L, s, b]
+            w = weights[lo:hi]                           # [L, s]
+            part = tf.cond(
+                small_batch,
+                lambda: tf.reduce_sum(gathered * w[:, :, None], axis=1),
+                lambda: tf.matmul(w[:, None, :], gathered)[:, 0, :])
+            return i + 1, parts.write(i, part)
+
+        parts = tf.TensorArray(tf.float32, size=num_blocks, infer_shape=False,
+                               element_shape=tf.TensorShape([None, None]))
+        _, parts = tf.while_loop(lambda i, _: i < num_blocks, body,
+                                 [tf.constant(0), parts])
+        scores = tf.transpose(tf.reshape(parts.concat(), [m, batch]))
+        scores.set_shape([features.shape[0], indices.shape[0]])
+        return tf.cast(scores, dtype)
 
 
 @tf.RegisterGradient("Xmc>UniformSparseMatmul")
@@ -146,6 +260,13 @@ def uniform_sparse_matmul_sparse_input(sp_input, indices, weights, name=None,
     Babbar's uniform-sparse layer (Sec. 3.1-3.3), applied to sparse inputs
     with the transposed (inverted) traversal.
 
+    Inside :func:`xmc_tf.ops.stock.stock_ops` (portable SavedModels) the
+    batch is made dense instead (``tf.scatter_nd``, repeated entries adding
+    up; ``b e`` floats) and scored by :func:`uniform_sparse_matmul_stock`
+    (``b m s`` multiply-adds, TensorFlow's ops only; ``inverted_index`` is
+    not used).  Same scores up to float32 rounding for finite weights (a
+    non-finite weight reaches every row there, as on the dense path).
+
     Args:
       sp_input: ``tf.SparseTensor`` ``[b, D]`` float32, the input batch.
       indices: ``[m, s]`` int32, entries in ``[0, D)``.
@@ -180,12 +301,20 @@ def uniform_sparse_matmul_sparse_input(sp_input, indices, weights, name=None,
     array([[4., 0.]], dtype=float32)
     """
     with tf.name_scope(name or "uniform_sparse_matmul_sparse_input"):
-        lib = _loader.load()
         if not isinstance(sp_input, tf.SparseTensor):
             sp_input = tf.SparseTensor.from_value(sp_input)
         if sp_input.shape.rank not in (None, 2):
             raise ValueError("sp_input must be a [batch, num_features] "
                              f"SparseTensor, got shape {sp_input.shape}")
+        if stock.stock_ops_only():
+            # Repeated (i, f) entries add up, as in the op.
+            dense = tf.scatter_nd(tf.cast(sp_input.indices, tf.int64),
+                                  sp_input.values,
+                                  tf.cast(sp_input.dense_shape, tf.int64))
+            if sp_input.shape.rank == 2:
+                dense.set_shape(sp_input.shape)
+            return uniform_sparse_matmul_stock(dense, indices, weights)
+        lib = _loader.load()
         weights = tf.convert_to_tensor(weights)
         indices = tf.convert_to_tensor(indices, tf.int32)
         # The ops see only m * s through the index: check [m, s] here.
