@@ -204,18 +204,19 @@ def test_model_with_an_op_without_stock_formulation(tmp_path):
                                   portable=True)
 
 
-def test_default_export_of_uniform_sparse_is_portable(tmp_path):
-    """portable=None keeps its rule (stock ops where no Xmc> op is left),
-    which the uniform-sparse model now meets; portable=False keeps the
-    Xmc> ops."""
+def test_default_export_of_uniform_sparse_keeps_the_fast_ops(tmp_path):
+    """portable=None uses only the equally fast stock equivalents, so a
+    uniform-sparse model keeps its Xmc> ops (TopK included); portable=True
+    writes it with TensorFlow's ops only."""
     model = make_model("uniform_sparse", True, wide_connections=8, **SMALL_US)
-    assert saving.export_saved_model(model, str(tmp_path / "a"), k=K) is True
-    assert saved_ops(str(tmp_path / "a")) == []
-    assert saving.export_saved_model(model, str(tmp_path / "b"), k=K,
-                                     portable=False) is False
-    ops = saved_ops(str(tmp_path / "b"))
+    assert saving.export_saved_model(model, str(tmp_path / "a"),
+                                     k=K) is False
+    ops = saved_ops(str(tmp_path / "a"))
     assert {"Xmc>UniformSparseMatmul",
             "Xmc>UniformSparseMatmulSparseInput"} <= set(ops), ops
+    assert saving.export_saved_model(model, str(tmp_path / "b"), k=K,
+                                     portable=True) is True
+    assert saved_ops(str(tmp_path / "b")) == []
 
 
 def test_portable_false_uses_xmc_ops(tmp_path):

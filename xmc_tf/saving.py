@@ -68,22 +68,22 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
     ``dense_shape`` int64 ``[2]``; for dense features ``features`` float32
     ``[batch, num_features]``.
 
-    Portable or not: where every ``Xmc>`` op of the signatures has a
-    TensorFlow formulation -- ``Xmc>TopK`` (``tf.math.top_k``),
-    ``Xmc>EmbeddingBag`` (``tf.sparse.sparse_dense_matmul``), the
-    uniform-sparse products, dense and sparse input
-    (:func:`xmc_tf.ops.uniform_sparse.uniform_sparse_matmul_stock`: the
-    output and wide-path layers), MACH's decoder ``Xmc>MachTopK``
-    (:func:`xmc_tf.ops.mach.mach_top_k_stock`); that is every model of the
-    packaged configs -- the signatures are traced with TensorFlow's ops
-    (:func:`xmc_tf.ops.stock.stock_ops`), and the SavedModel loads in any
-    TensorFlow (TF Serving included) without xmc_tf, at the cost of slower
-    serving on the CPU (benchmarks/serving.py, 2 shared cores: a
-    uniform-sparse model 3.3-4.4x the ``Xmc>`` ops' latency at batch 1 and
-    256, 10k and 670k labels; MACH's decoder 1.5x at batch 1); same top-k
-    labels, scores equal up to float32 rounding (MACH's bitwise).  A model with another ``Xmc>`` op (a custom layer of yours)
-    uses the ``Xmc>`` ops and loads after ``import xmc_tf`` (the op
-    library must be registered), e.g. with :func:`load_saved_model`.
+    Portable or not: ``portable=True`` traces the signatures with
+    TensorFlow's ops only (:func:`xmc_tf.ops.stock.stock_ops`):
+    ``Xmc>TopK`` as ``tf.math.top_k``, ``Xmc>EmbeddingBag`` as
+    ``tf.sparse.sparse_dense_matmul``, the uniform-sparse products (dense
+    and sparse input: output, intermediate and wide-path layers) as
+    :func:`xmc_tf.ops.uniform_sparse.uniform_sparse_matmul_stock` and
+    MACH's decoder as :func:`xmc_tf.ops.mach.mach_top_k_stock`.  The
+    SavedModel then loads in any TensorFlow (TF Serving included) without
+    xmc_tf and gives the same top-k labels (scores equal up to float32
+    rounding), but the uniform-sparse and MACH formulations serve several
+    times slower on the CPU than the ``Xmc>`` ops (benchmarks/serving.py).
+    ``portable=None`` uses TensorFlow's ops only where they are as fast
+    (``Xmc>TopK``, ``Xmc>EmbeddingBag``): a model without uniform-sparse or
+    MACH layers comes out portable, the others keep every ``Xmc>`` op and
+    load after ``import xmc_tf`` (the op library must be registered), e.g.
+    with :func:`load_saved_model`.
     Each weight is stored once (Keras' ``ExportArchive`` alone stores it
     twice and a loader restores two copies: Keras issue #23553).
 
@@ -95,11 +95,12 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
       path: output directory (created or replaced; not atomic -- see
         :func:`export_model`).
       k: labels per instance of ``serve``.
-      portable: None (default): stock TensorFlow ops where that leaves no
-        ``Xmc>`` op, as above (every packaged model); True: the same, but a
-        model that still needs an ``Xmc>`` op is an error; False: always
-        the ``Xmc>`` ops (the fastest serving on the CPU; loads after
-        ``import xmc_tf``).
+      portable: None (default): TensorFlow's ops where they are as fast and
+        that leaves no ``Xmc>`` op, else the ``Xmc>`` ops (as above); True:
+        TensorFlow's ops and formulations only, and a model with an
+        ``Xmc>`` op that has none (a custom layer's) is an error; False:
+        always the ``Xmc>`` ops (the fastest serving on the CPU; loads
+        after ``import xmc_tf``).
 
     Returns:
       True when the SavedModel uses no ``Xmc>`` op.
@@ -113,8 +114,10 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
     """
     model = decoding.inference_model(model)
     stock_only = portable is None or portable
+    # Auto: only the equivalents that serve as fast (TopK, EmbeddingBag).
+    formulations = bool(portable)
     if stock_only:
-        with stock.stock_ops():
+        with stock.stock_ops(formulations):
             archive, endpoints = _serving_archive(model, k)
             needed = stock.custom_op_types(
                 fn.get_concrete_function().graph.as_graph_def()
@@ -128,7 +131,8 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
     if not stock_only:  # traced again, with the Xmc> ops
         archive, _ = _serving_archive(model, k)
     _track_backing_variables(archive)
-    with stock.stock_ops() if stock_only else contextlib.nullcontext():
+    with (stock.stock_ops(formulations) if stock_only
+          else contextlib.nullcontext()):
         archive.write_out(path, verbose=False)
     return stock_only
 

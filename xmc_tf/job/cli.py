@@ -24,8 +24,9 @@ data set.  ``--config`` takes the name of a packaged config
 those of :func:`xmc_tf.data.load_dataset` (XC-repo files, ``X.txt|Y.txt``,
 ``EMB.npy|LABELS.txt``, ``bibtex:test``, ``synthetic:...``).
 ``export`` writes the model of ``DIR`` as another SavedModel (another
-``k`` for ``serve``, or, with ``--portable=no``, the faster ``Xmc>`` ops
-instead of the portable TensorFlow ops of ``saved_model/``:
+``k`` for ``serve``; ``--portable=yes``: TensorFlow's ops only, so that
+it loads without xmc_tf (TF Serving) for every model, uniform-sparse and
+MACH included; ``--portable=no``: the faster ``Xmc>`` ops:
 :func:`xmc_tf.saving.export_saved_model`).
 ``--strategy=mirrored`` trains data parallel on this machine's devices,
 ``--strategy=multi_worker`` on the machines that ``TF_CONFIG`` names (the
@@ -183,12 +184,14 @@ def _define_flags(argv) -> flags.FlagValues:
     flags.DEFINE_integer("k", 5, "predict/export: labels per instance.",
                          flag_values=fv)
     flags.DEFINE_enum("portable", "auto", ["auto", "yes", "no"],
-                      "export: 'auto': TensorFlow's own ops where every "
-                      "xmc_tf op has a TensorFlow formulation (every "
-                      "packaged model, uniform-sparse and MACH included; "
-                      "the SavedModel then loads without xmc_tf), 'yes': "
-                      "that or an error, 'no': the xmc_tf ops (faster on "
-                      "the CPU; load after `import xmc_tf`).",
+                      "export: 'auto': TensorFlow's own ops where they "
+                      "are as fast and every xmc_tf op has one (models "
+                      "without uniform-sparse or MACH layers), else the "
+                      "xmc_tf ops; 'yes': TensorFlow's ops only, for "
+                      "every model (loads without xmc_tf, e.g. in TF "
+                      "Serving; uniform-sparse and MACH serve slower); "
+                      "'no': the xmc_tf ops (fastest on the CPU; load "
+                      "after `import xmc_tf`).",
                       flag_values=fv)
     flags.DEFINE_bool("print-config", False, "train: read the training data, "
                       "print the config with every automatic field resolved "

@@ -346,7 +346,7 @@ def mach_top_k(probs, k: int, hashing, *, method: str = "threshold",
     if method not in ("threshold", "brute_force"):
         raise ValueError(
             f"method must be 'threshold' or 'brute_force', got {method!r}")
-    if stock.stock_ops_only():
+    if stock.stock_formulations():
         return mach_top_k_stock(probs, k, hashing, name=name)
     with tf.name_scope(name or "mach_top_k"):
         probs = _checked_probs(probs, hashing)

@@ -32,7 +32,8 @@ from __future__ import annotations
 import contextlib
 import threading
 
-__all__ = ["stock_ops", "stock_ops_only", "custom_op_types"]
+__all__ = ["stock_ops", "stock_ops_only", "stock_formulations",
+           "custom_op_types"]
 
 _STATE = threading.local()
 
@@ -41,20 +42,34 @@ CUSTOM_PREFIX = "Xmc>"
 
 
 @contextlib.contextmanager
-def stock_ops():
+def stock_ops(formulations: bool = True):
     """Within this context (this thread), ops with a TensorFlow equivalent
-    trace to TensorFlow's op instead of the ``Xmc>`` one."""
-    previous = getattr(_STATE, "on", False)
-    _STATE.on = True
+    trace to TensorFlow's op instead of the ``Xmc>`` one.
+
+    Args:
+      formulations: also trace the ops that have no single TensorFlow
+        equivalent (the uniform-sparse products, MACH's decoder) as their
+        TensorFlow formulations, which serve several times slower on the
+        CPU (benchmarks/serving.py).  False keeps their ``Xmc>`` ops and
+        swaps only ``Xmc>TopK`` and ``Xmc>EmbeddingBag``.
+    """
+    previous = (getattr(_STATE, "on", False),
+                getattr(_STATE, "formulations", False))
+    _STATE.on, _STATE.formulations = True, bool(formulations)
     try:
         yield
     finally:
-        _STATE.on = previous
+        _STATE.on, _STATE.formulations = previous
 
 
 def stock_ops_only() -> bool:
     """Whether this thread is inside :func:`stock_ops`."""
     return bool(getattr(_STATE, "on", False))
+
+
+def stock_formulations() -> bool:
+    """Whether this thread is inside ``stock_ops(formulations=True)``."""
+    return stock_ops_only() and bool(getattr(_STATE, "formulations", False))
 
 
 def custom_op_types(graph_defs) -> list[str]:

@@ -73,7 +73,7 @@ def uniform_sparse_matmul(features, indices, weights, name=None):
     >>> xmc_tf.ops.uniform_sparse_matmul(x, idx, w).numpy()
     array([[4., 2.]], dtype=float32)
     """
-    if stock.stock_ops_only():
+    if stock.stock_formulations():
         return uniform_sparse_matmul_stock(features, indices, weights,
                                            name=name)
     return _loader.load().xmc_uniform_sparse_matmul(
@@ -306,7 +306,7 @@ def uniform_sparse_matmul_sparse_input(sp_input, indices, weights, name=None,
         if sp_input.shape.rank not in (None, 2):
             raise ValueError("sp_input must be a [batch, num_features] "
                              f"SparseTensor, got shape {sp_input.shape}")
-        if stock.stock_ops_only():
+        if stock.stock_formulations():
             # Repeated (i, f) entries add up, as in the op.
             dense = tf.scatter_nd(tf.cast(sp_input.indices, tf.int64),
                                   sp_input.values,
