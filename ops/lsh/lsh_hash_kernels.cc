@@ -27,8 +27,8 @@
 #include <utility>
 #include <vector>
 
-#include "ops/common/cpu_isa.h"
 #include "ops/common/bad_index.h"
+#include "ops/common/cpu_isa.h"
 #include "ops/common/validation.h"
 #include "ops/lsh/lsh_kernel_util.h"
 #include "ops/lsh/lsh_kernels.h"
