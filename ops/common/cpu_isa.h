@@ -1,7 +1,7 @@
 // The instruction set of the CPU hot loops, picked at run time by CPU
 // *features* (framework-free: no TensorFlow).  Shared by the uniform-sparse
 // loops (ops/uniform_sparse/uniform_sparse_cpu_loops.h), the LSH kernels
-// (ops/lsh/lsh_kernels.cc) and the sampled-scoring kernels
+// (ops/lsh/lsh_hash_kernels.cc) and the sampled-scoring kernels
 // (ops/sampled/sampled_kernels.cc).
 //
 // Why not GCC's target_clones("arch=haswell", "default"): its resolver picks

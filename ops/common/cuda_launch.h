@@ -46,14 +46,19 @@ __global__ void InitErrorSlotsKernel(int64_t* error_scratch) {
   for (int s = 0; s < kSlots; ++s) error_scratch[s] = kNoError;
 }
 
+// *count = the multiprocessors of the current device.
+inline cudaError_t MultiprocessorCount(int* count) {
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  return cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
+}
+
 // *cap = blocks_per_sm * (multiprocessors of the current device): the upper
 // bound of the grid-stride launches.
 inline cudaError_t MaxBlocks(int64_t blocks_per_sm, int64_t* cap) {
-  int device = 0, num_sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount,
-                               device);
+  int num_sms = 0;
+  const cudaError_t err = MultiprocessorCount(&num_sms);
   if (err != cudaSuccess) return err;
   *cap = static_cast<int64_t>(num_sms) * blocks_per_sm;
   return cudaSuccess;

@@ -15,6 +15,10 @@
 //                               "batch_size must be >= 0, got -1"
 //   CheckDtype(t, DT_FLOAT, "features")
 //                               "features must be float, got double"
+//   CheckSameShape(w, "weights", idx, "indices", "[num_labels, fan_in]")
+//       "weights shape [3,3] must equal indices shape [3,2] ([num_labels, fan_in])"
+//   CheckInt32Indexable(e, "num_features")
+//                               "num_features = 3000000000 does not fit int32 indices"
 //   OutOfRange("labels", labels.shape(), p, value, -1, m,
 //              "num_labels; -1 is padding")
 //       "labels[1, 2] = 7 is out of range [-1, 5) (num_labels; -1 is padding)"
@@ -24,6 +28,7 @@
 #define XMC_TF_OPS_COMMON_VALIDATION_H_
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -100,6 +105,28 @@ inline Status CheckDtype(const Tensor& t, ::tensorflow::DataType dtype,
                                    ::tensorflow::DataTypeString(dtype),
                                    ", got ",
                                    ::tensorflow::DataTypeString(t.dtype()));
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// "<a_name> shape <a> must equal <b_name> shape <b> (<layout>)", e.g.
+// weights vs indices "([num_labels, fan_in])".
+inline Status CheckSameShape(const Tensor& a, const char* a_name,
+                             const Tensor& b, const char* b_name,
+                             const char* layout) {
+  if (a.shape() != b.shape()) {
+    return errors::InvalidArgument(a_name, " shape ", a.shape().DebugString(),
+                                   " must equal ", b_name, " shape ",
+                                   b.shape().DebugString(), " (", layout, ")");
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// "<name> = <n> does not fit int32 indices" for a size that int32 ids index.
+inline Status CheckInt32Indexable(int64_t n, const char* name) {
+  if (n > std::numeric_limits<int32_t>::max()) {
+    return errors::InvalidArgument(name, " = ", n,
+                                   " does not fit int32 indices");
   }
   return ::tensorflow::OkStatus();
 }

@@ -1,6 +1,10 @@
 // CPU kernels of the embedding-bag family.  See embedding_bag_ops.cc for the
 // op contracts and embedding_bag_kernels.h for the per-row accumulation.
 //
+// Structure: one OpKernel class per op, templated on the device
+// (ops/common/device.h), checks and allocates, then calls
+// functor::BagProduct<Device, T> (embedding_bag_kernels.h; CpuDevice only).
+//
 // CPU design: both kernels first range-check every entry (InvalidArgument
 // naming the first bad one), then bucket the entries by the output row they
 // add to (counting sort, O(nnz + rows), single thread: a few microseconds per
@@ -12,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/common/validation.h"
 #include "ops/embedding_bag/embedding_bag_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -19,16 +24,6 @@
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace xmc_tf {
-
-using ::tensorflow::DEVICE_CPU;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::TensorShapeUtils;
-namespace errors = ::tensorflow::errors;
 
 namespace {
 
@@ -55,56 +50,48 @@ Status ValidateEntries(const Tensor& rows, const Tensor& positions,
   const int64_t* p = positions.flat<int64_t>().data();
   for (int64_t e = 0; e < n; ++e) {
     if (r[e] < 0 || r[e] >= num_rows) {
-      return errors::InvalidArgument("rows[", e, "] = ", r[e],
-                                     " is out of range [0, ", num_rows, ") (",
-                                     rows_bound, ")");
+      return OutOfRange("rows", rows.shape(), e, r[e], 0, num_rows,
+                        rows_bound);
     }
     if (p[e] < 0 || p[e] >= num_positions) {
-      return errors::InvalidArgument("positions[", e, "] = ", p[e],
-                                     " is out of range [0, ", num_positions,
-                                     ") (", positions_bound, ")");
+      return OutOfRange("positions", positions.shape(), e, p[e], 0,
+                        num_positions, positions_bound);
     }
   }
   return ::tensorflow::OkStatus();
 }
 
-Status NonNegativeScalar(const Tensor& t, const char* name, int64_t* value) {
-  if (!TensorShapeUtils::IsScalar(t.shape())) {
-    return errors::InvalidArgument(name, " must be a scalar, got shape ",
-                                   t.shape().DebugString());
-  }
-  *value = t.scalar<int64_t>()();
-  if (*value < 0) {
-    return errors::InvalidArgument(name, " must be >= 0, got ", *value);
-  }
-  return ::tensorflow::OkStatus();
-}
+}  // namespace
 
-// out[k, :] = sum over entries e with keys[e] = k of scale[e] *
-// source[other[e], :], for k in [0, num_keys); out is [num_keys, d].
-template <typename T>
-void BagProduct(OpKernelContext* ctx, const Tensor& keys, const Tensor& other,
-                const Tensor& scale, const T* source, int64_t num_keys,
-                int64_t d, T* out) {
-  std::vector<int64_t> offsets, order;
-  BucketEntries(keys.flat<int64_t>().data(), keys.dim_size(0), num_keys,
-                &offsets, &order);
-  const int64_t nnz = keys.dim_size(0);
-  const int64_t* other_ids = other.flat<int64_t>().data();
-  const T* w = scale.flat<T>().data();
-  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  const int64_t per_row = d * (2 + 2 * (nnz / std::max<int64_t>(1, num_keys)));
-  ::tensorflow::Shard(workers->num_threads, workers->workers, num_keys,
-                      per_row, [&](int64_t start, int64_t limit) {
-                        for (int64_t k = start; k < limit; ++k) {
-                          AccumulateRow<T>(order.data(), offsets[k],
-                                           offsets[k + 1], other_ids, w,
-                                           source, d, out + k * d);
-                        }
-                      });
-}
+namespace functor {
 
 template <typename T>
+struct BagProduct<CpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const int64_t* keys,
+                  const int64_t* other_ids, const T* w, int64_t nnz,
+                  const T* source, int64_t num_keys, int64_t d,
+                  T* out) const {
+    std::vector<int64_t> offsets, order;
+    BucketEntries(keys, nnz, num_keys, &offsets, &order);
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t per_row =
+        d * (2 + 2 * (nnz / std::max<int64_t>(1, num_keys)));
+    ::tensorflow::Shard(workers->num_threads, workers->workers, num_keys,
+                        per_row, [&](int64_t start, int64_t limit) {
+                          for (int64_t k = start; k < limit; ++k) {
+                            AccumulateRow<T>(order.data(), offsets[k],
+                                             offsets[k + 1], other_ids, w,
+                                             source, d, out + k * d);
+                          }
+                        });
+  }
+};
+
+}  // namespace functor
+
+namespace {
+
+template <typename Device, typename T>
 class EmbeddingBagOp : public OpKernel {
  public:
   explicit EmbeddingBagOp(OpKernelConstruction* c) : OpKernel(c) {}
@@ -127,12 +114,14 @@ class EmbeddingBagOp : public OpKernel {
     OP_REQUIRES_OK(ctx,
                    ctx->allocate_output(0, TensorShape({batch, d}), &out));
     if (batch == 0 || d == 0) return;
-    BagProduct<T>(ctx, rows, positions, weights, table.flat<T>().data(),
-                  batch, d, out->flat<T>().data());
+    functor::BagProduct<Device, T>()(
+        ctx, rows.flat<int64_t>().data(), positions.flat<int64_t>().data(),
+        weights.flat<T>().data(), rows.dim_size(0), table.flat<T>().data(),
+        batch, d, out->flat<T>().data());
   }
 };
 
-template <typename T>
+template <typename Device, typename T>
 class EmbeddingBagGradTableOp : public OpKernel {
  public:
   explicit EmbeddingBagGradTableOp(OpKernelConstruction* c) : OpKernel(c) {}
@@ -156,19 +145,21 @@ class EmbeddingBagGradTableOp : public OpKernel {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u, d}), &out));
     if (u == 0 || d == 0) return;
-    BagProduct<T>(ctx, positions, rows, weights, backward.flat<T>().data(), u,
-                  d, out->flat<T>().data());
+    functor::BagProduct<Device, T>()(
+        ctx, positions.flat<int64_t>().data(), rows.flat<int64_t>().data(),
+        weights.flat<T>().data(), rows.dim_size(0), backward.flat<T>().data(),
+        u, d, out->flat<T>().data());
   }
 };
 
 #define REGISTER_CPU(T)                                                     \
   REGISTER_KERNEL_BUILDER(                                                  \
       Name("Xmc>EmbeddingBag").Device(DEVICE_CPU).TypeConstraint<T>("T"),   \
-      EmbeddingBagOp<T>);                                                   \
+      EmbeddingBagOp<CpuDevice, T>);                                        \
   REGISTER_KERNEL_BUILDER(Name("Xmc>EmbeddingBagGradTable")                 \
                               .Device(DEVICE_CPU)                           \
                               .TypeConstraint<T>("T"),                      \
-                          EmbeddingBagGradTableOp<T>);
+                          EmbeddingBagGradTableOp<CpuDevice, T>);
 
 REGISTER_CPU(float);
 REGISTER_CPU(double);

@@ -11,13 +11,18 @@
 // one axpy of d floats per entry into the output row that owns it, so no two
 // threads write one row.
 //
-// Framework-free (no TensorFlow includes).
+// Framework-free (no TensorFlow includes).  The op kernels (one class per
+// op, templated on the device: ops/common/device.h) check and allocate, then
+// call functor::BagProduct<Device, T> (CpuDevice in embedding_bag_kernels.cc;
+// no GPU kernels yet).
 #ifndef XMC_TF_OPS_EMBEDDING_BAG_EMBEDDING_BAG_KERNELS_H_
 #define XMC_TF_OPS_EMBEDDING_BAG_EMBEDDING_BAG_KERNELS_H_
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#include "ops/common/device.h"
 
 namespace xmc_tf {
 
@@ -51,6 +56,19 @@ inline void AccumulateRow(const int64_t* order, int64_t begin, int64_t end,
   }
 }
 
+namespace functor {
+
+// out [num_keys, d] (fully written): out[k, :] = sum over the entries e
+// (of nnz) with keys[e] = k of scale[e] * source[other[e], :].  keys and
+// other are range-checked by the caller.
+template <typename Device, typename T>
+struct BagProduct {
+  void operator()(::tensorflow::OpKernelContext* ctx, const int64_t* keys,
+                  const int64_t* other, const T* scale, int64_t nnz,
+                  const T* source, int64_t num_keys, int64_t d, T* out) const;
+};
+
+}  // namespace functor
 }  // namespace xmc_tf
 
 #endif  // XMC_TF_OPS_EMBEDDING_BAG_EMBEDDING_BAG_KERNELS_H_

@@ -8,27 +8,18 @@
 // 10), here as multi-threaded CPU kernels (TensorFlow's SparseTensorDenseMatMul
 // CPU kernel was a fifth of a training step of the default model).
 
+#include "ops/common/shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace xmc_tf {
 
-using ::tensorflow::shape_inference::DimensionHandle;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
-
 namespace {
 
 // rows, positions, weights: vectors of one length.
-::tensorflow::Status EntryShapes(InferenceContext* c, int first) {
+Status EntryShapes(InferenceContext* c, int first) {
   ShapeHandle entries;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(first), 1, &entries));
-  for (int i = first + 1; i < first + 3; ++i) {
-    ShapeHandle other;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &other));
-    TF_RETURN_IF_ERROR(c->Merge(entries, other, &entries));
-  }
-  return ::tensorflow::OkStatus();
+  return MergeVectors(c, first, 3, &entries);
 }
 
 }  // namespace

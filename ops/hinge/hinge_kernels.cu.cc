@@ -52,6 +52,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kMaxGridY = 65535;
 constexpr int kBlocksPerSm = 32;  // upper bound of 1-D grids, per SM
+
 template <typename TL>
 __device__ __forceinline__ int64_t LoadId(const TL* labels, int64_t p) {
   return static_cast<int64_t>(__ldg(labels + p));

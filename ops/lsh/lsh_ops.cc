@@ -8,6 +8,7 @@
 // Datasets", UAI 2018; LNS Appendix A.3).  Layouts: see lsh_kernels.h.
 #include <cstdint>
 
+#include "ops/common/shape_fns.h"
 #include "ops/lsh/lsh_kernels.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -15,9 +16,6 @@
 
 namespace xmc_tf {
 
-using ::tensorflow::shape_inference::DimensionHandle;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 namespace errors = ::tensorflow::errors;
 
 namespace {

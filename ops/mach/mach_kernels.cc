@@ -9,7 +9,6 @@
 #include "ops/mach/mach_kernels.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -21,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "ops/common/bad_index.h"
+#include "ops/common/validation.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -460,13 +461,6 @@ RowStatus MachTopKThreshold(const float* probs, const MachHasher& hasher,
 // TensorFlow kernel.
 // ---------------------------------------------------------------------------
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-namespace errors = ::tensorflow::errors;
-
 class MachTopKOp : public OpKernel {
  public:
   explicit MachTopKOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -501,10 +495,7 @@ class MachTopKOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& probs = ctx->input(0);
-    OP_REQUIRES(ctx, probs.dims() == 3,
-                errors::InvalidArgument(
-                    "probs must have rank 3 [batch, R, B], got shape ",
-                    probs.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckRank(probs, 3, "probs", "[batch, R, B]"));
     OP_REQUIRES(ctx, probs.dim_size(1) == num_repetitions_,
                 errors::InvalidArgument(
                     "probs.shape[1] must equal the number of repetitions R=",
@@ -532,7 +523,7 @@ class MachTopKOp : public OpKernel {
     int32_t* ids = top_ids->flat<int32_t>().data();
     float* scores = top_scores->flat<float>().data();
     const int64_t row = num_repetitions_ * num_buckets_;
-    std::atomic<int64_t> bad_row{-1};
+    FirstBad bad_row;  // the smallest row with a NaN or an infinity
     auto work = [&](int64_t start, int64_t limit) {
       mach::MachScratch scratch;
       for (int64_t i = start; i < limit; ++i) {
@@ -544,7 +535,7 @@ class MachTopKOp : public OpKernel {
                 : mach::MachTopKBruteForce(p + i * row, *hasher_, num_labels_,
                                            k_, &scratch, ids + i * k_,
                                            scores + i * k_);
-        if (status != mach::RowStatus::kOk) bad_row.store(i);
+        if (status != mach::RowStatus::kOk) bad_row.Record(i);
       }
     };
     // Rough cycles per query: heap building plus a few thousand label
@@ -553,9 +544,8 @@ class MachTopKOp : public OpKernel {
                                     : 8 * num_labels_ * num_repetitions_;
     ::tensorflow::Shard(workers->num_threads, workers->workers, batch, cost,
                         work);
-    const int64_t bad = bad_row.load();
-    OP_REQUIRES(ctx, bad < 0,
-                errors::InvalidArgument("probs[", bad,
+    OP_REQUIRES(ctx, !bad_row.found(),
+                errors::InvalidArgument("probs[", bad_row.get(),
                                         "] contains a NaN or infinite value"));
   }
 

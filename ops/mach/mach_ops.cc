@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/common/shape_fns.h"
 #include "ops/mach/mach_kernels.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -11,9 +12,6 @@
 
 namespace xmc_tf {
 
-using ::tensorflow::shape_inference::DimensionHandle;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 namespace errors = ::tensorflow::errors;
 
 REGISTER_OP("Xmc>MachTopK")

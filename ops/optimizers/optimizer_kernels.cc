@@ -1,6 +1,9 @@
 // CPU kernels of the optimizer family (Xmc>ResourceSparseApplyAdam,
-// Xmc>ResourceApplyAdam).  See optimizer_ops.cc for
-// the op contract and optimizer_kernels.h for the per-row update.
+// Xmc>ResourceApplyAdam).  See optimizer_ops.cc for the op contract and
+// optimizer_kernels.h for the per-row update.  One OpKernel class per op,
+// templated on the device (ops/common/device.h), locks and checks the
+// variables, then calls functor::SparseApplyAdam / ApplyAdam<Device, ...>
+// (CpuDevice below).
 //
 // Source: Kingma & Ba, "Adam", ICLR 2015, Algorithm 1, applied per row.
 //
@@ -24,6 +27,7 @@
 #include <optional>
 #include <vector>
 
+#include "ops/common/validation.h"
 #include "ops/optimizers/optimizer_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -34,15 +38,6 @@
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace xmc_tf {
-
-using ::tensorflow::DEVICE_CPU;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-namespace errors = ::tensorflow::errors;
 
 namespace {
 
@@ -57,9 +52,8 @@ Status ValidateRowIds(const Tensor& indices, int64_t n) {
   for (int64_t r = 0; r < k; ++r) {
     const Index id = ids(r);
     if (id < 0 || static_cast<int64_t>(id) >= n) {
-      return errors::InvalidArgument("indices[", r, "] = ", id,
-                                     " is out of range [0, ", n,
-                                     ") (rows of var)");
+      return OutOfRange("indices", indices.shape(), r,
+                        static_cast<int64_t>(id), 0, n, "rows of var");
     }
     sorted[r] = {id, r};
   }
@@ -162,6 +156,56 @@ class AdamVariables {
   std::array<std::optional<::tensorflow::mutex_lock>, 3> locks_;
 };
 
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// CPU functors.
+
+namespace functor {
+
+template <typename T, typename Index>
+struct SparseApplyAdam<CpuDevice, T, Index> {
+  void operator()(OpKernelContext* ctx, const AdamStep<T>& step, const T* g,
+                  const Index* ids, int64_t k, int64_t d, T* w, T* m,
+                  T* v) const {
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, k, 12 * d,
+        [&](int64_t start, int64_t limit) {
+          for (int64_t r = start; r < limit; ++r) {
+            const int64_t off = static_cast<int64_t>(ids[r]) * d;
+            AdamRowUpdate<T>(step, g + r * d, w + off, m + off, v + off, d);
+          }
+        });
+  }
+};
+
+template <typename T>
+struct ApplyAdam<CpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const AdamStep<T>& step, const T* g,
+                  int64_t n, T* w, T* m, T* v) const {
+    // Blocks of kBlock elements, sharded over the thread pool.
+    constexpr int64_t kBlock = 4096;
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, (n + kBlock - 1) / kBlock,
+        12 * kBlock, [&](int64_t start, int64_t limit) {
+          for (int64_t b = start; b < limit; ++b) {
+            const int64_t off = b * kBlock;
+            AdamRowUpdate<T>(step, g + off, w + off, m + off, v + off,
+                             std::min(kBlock, n - off));
+          }
+        });
+  }
+};
+
+}  // namespace functor
+
+// ---------------------------------------------------------------------------
+// The op kernels (one class per op, templated on the device).
+
+namespace {
+
 // Inputs 3-6 (alpha, one_minus_beta1, one_minus_beta2, epsilon).
 template <typename T>
 Status ReadAdamStep(OpKernelContext* ctx, AdamStep<T>* step) {
@@ -180,7 +224,7 @@ Status ReadAdamStep(OpKernelContext* ctx, AdamStep<T>* step) {
   return ::tensorflow::OkStatus();
 }
 
-template <typename T, typename Index>
+template <typename Device, typename T, typename Index>
 class ResourceSparseApplyAdamOp : public OpKernel {
  public:
   explicit ResourceSparseApplyAdamOp(OpKernelConstruction* c) : OpKernel(c) {}
@@ -213,25 +257,14 @@ class ResourceSparseApplyAdamOp : public OpKernel {
     if (k == 0 || row_shape.num_elements() == 0) return;
     OP_REQUIRES_OK(ctx, vars.PrepareToWrite<T>(ctx, /*sparse=*/true));
 
-    const int64_t d = row_shape.num_elements();
-    const T* g = grad.flat<T>().data();
-    T* w = vars.data<T>(0);
-    T* m = vars.data<T>(1);
-    T* v = vars.data<T>(2);
-    const auto ids = indices.flat<Index>();
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, k, 12 * d,
-        [&](int64_t start, int64_t limit) {
-          for (int64_t r = start; r < limit; ++r) {
-            const int64_t off = static_cast<int64_t>(ids(r)) * d;
-            AdamRowUpdate<T>(step, g + r * d, w + off, m + off, v + off, d);
-          }
-        });
+    functor::SparseApplyAdam<Device, T, Index>()(
+        ctx, step, grad.flat<T>().data(), indices.flat<Index>().data(), k,
+        row_shape.num_elements(), vars.data<T>(0), vars.data<T>(1),
+        vars.data<T>(2));
   }
 };
 
-template <typename T>
+template <typename Device, typename T>
 class ResourceApplyAdamOp : public OpKernel {
  public:
   explicit ResourceApplyAdamOp(OpKernelConstruction* c) : OpKernel(c) {}
@@ -249,22 +282,9 @@ class ResourceApplyAdamOp : public OpKernel {
     const int64_t n = grad.NumElements();
     if (n == 0) return;
     OP_REQUIRES_OK(ctx, vars.PrepareToWrite<T>(ctx, /*sparse=*/false));
-    const T* g = grad.flat<T>().data();
-    T* w = vars.data<T>(0);
-    T* m = vars.data<T>(1);
-    T* v = vars.data<T>(2);
-    // Blocks of kBlock elements, sharded over the thread pool.
-    constexpr int64_t kBlock = 4096;
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, (n + kBlock - 1) / kBlock,
-        12 * kBlock, [&](int64_t start, int64_t limit) {
-          for (int64_t b = start; b < limit; ++b) {
-            const int64_t off = b * kBlock;
-            AdamRowUpdate<T>(step, g + off, w + off, m + off, v + off,
-                             std::min(kBlock, n - off));
-          }
-        });
+    functor::ApplyAdam<Device, T>()(ctx, step, grad.flat<T>().data(), n,
+                                    vars.data<T>(0), vars.data<T>(1),
+                                    vars.data<T>(2));
   }
 };
 
@@ -273,7 +293,7 @@ class ResourceApplyAdamOp : public OpKernel {
                               .Device(DEVICE_CPU)                \
                               .TypeConstraint<T>("T")            \
                               .TypeConstraint<Index>("Tindices"), \
-                          ResourceSparseApplyAdamOp<T, Index>);
+                          ResourceSparseApplyAdamOp<CpuDevice, T, Index>);
 
 REGISTER_CPU(float, int32_t);
 REGISTER_CPU(float, int64_t);
@@ -283,10 +303,10 @@ REGISTER_CPU(double, int64_t);
 
 REGISTER_KERNEL_BUILDER(
     Name("Xmc>ResourceApplyAdam").Device(DEVICE_CPU).TypeConstraint<float>("T"),
-    ResourceApplyAdamOp<float>);
+    ResourceApplyAdamOp<CpuDevice, float>);
 REGISTER_KERNEL_BUILDER(
     Name("Xmc>ResourceApplyAdam").Device(DEVICE_CPU).TypeConstraint<double>("T"),
-    ResourceApplyAdamOp<double>);
+    ResourceApplyAdamOp<CpuDevice, double>);
 
 }  // namespace
 }  // namespace xmc_tf

@@ -13,12 +13,17 @@
 //   var -= (m * alpha) / (sqrt(v) + epsilon)
 //
 // Framework-free (no TensorFlow includes), so that a CUDA launcher can share
-// it.
+// it.  The op kernels (one class per op, templated on the device:
+// ops/common/device.h) look up, lock and check the variables, then call
+// functor::SparseApplyAdam / ApplyAdam<Device, ...> below (CpuDevice in
+// optimizer_kernels.cc; no GPU kernels yet).
 #ifndef XMC_TF_OPS_OPTIMIZERS_OPTIMIZER_KERNELS_H_
 #define XMC_TF_OPS_OPTIMIZERS_OPTIMIZER_KERNELS_H_
 
 #include <cmath>
 #include <cstdint>
+
+#include "ops/common/device.h"
 
 namespace xmc_tf {
 
@@ -47,6 +52,25 @@ inline void AdamRowUpdate(const AdamStep<T>& step, const T* __restrict__ g,
   }
 }
 
+namespace functor {
+
+// The k rows ids[0:k] (distinct, in range: checked by the kernel) of var, m
+// and v [rows, d], in place; g is [k, d].
+template <typename Device, typename T, typename Index>
+struct SparseApplyAdam {
+  void operator()(::tensorflow::OpKernelContext* ctx, const AdamStep<T>& step,
+                  const T* g, const Index* ids, int64_t k, int64_t d, T* var,
+                  T* m, T* v) const;
+};
+
+// Every one of the n elements of var, m and v, in place; g has n elements.
+template <typename Device, typename T>
+struct ApplyAdam {
+  void operator()(::tensorflow::OpKernelContext* ctx, const AdamStep<T>& step,
+                  const T* g, int64_t n, T* var, T* m, T* v) const;
+};
+
+}  // namespace functor
 }  // namespace xmc_tf
 
 #endif  // XMC_TF_OPS_OPTIMIZERS_OPTIMIZER_KERNELS_H_

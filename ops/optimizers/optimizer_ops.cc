@@ -8,24 +8,18 @@
 // 2015, Algorithm 1 (and Sec. 2 for the folded bias correction), applied per
 // row as TensorFlow Addons' LazyAdam did.
 
+#include "ops/common/shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace xmc_tf {
 
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
-
 namespace {
 
 // Inputs 3..6 of both Adam ops (alpha, one_minus_beta1, one_minus_beta2,
 // epsilon) are scalars; InvalidArgument otherwise.
-::tensorflow::Status ScalarHyperparameters(InferenceContext* c) {
-  ShapeHandle unused;
-  for (int i = 3; i < 7; ++i) {
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
-  }
-  return ::tensorflow::OkStatus();
+Status ScalarHyperparameters(InferenceContext* c) {
+  return ScalarInputs(c, 3, 4);
 }
 
 }  // namespace

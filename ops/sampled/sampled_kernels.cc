@@ -56,7 +56,6 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
-#include <limits>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -99,18 +98,11 @@ Status ValidateSampledShapes(const Tensor& features, const Tensor& indices,
   d->num_labels = indices.dim_size(0);
   d->fan_in = indices.dim_size(1);
   d->num_candidates = candidates.dim_size(1);
-  if (d->num_features > std::numeric_limits<int32_t>::max()) {
-    return errors::InvalidArgument("num_features = ", d->num_features,
-                                   " does not fit int32 indices");
-  }
+  TF_RETURN_IF_ERROR(CheckInt32Indexable(d->num_features, "num_features"));
   if (weights != nullptr) {
     TF_RETURN_IF_ERROR(CheckMatrix(*weights, "weights"));
-    if (weights->shape() != indices.shape()) {
-      return errors::InvalidArgument(
-          "weights shape ", weights->shape().DebugString(),
-          " must equal indices shape ", indices.shape().DebugString(),
-          " ([num_labels, fan_in])");
-    }
+    TF_RETURN_IF_ERROR(CheckSameShape(*weights, "weights", indices, "indices",
+                                      "[num_labels, fan_in]"));
   }
   if (candidates.dim_size(0) != d->batch) {
     return errors::InvalidArgument(
@@ -120,12 +112,8 @@ Status ValidateSampledShapes(const Tensor& features, const Tensor& indices,
   }
   if (backward != nullptr) {
     TF_RETURN_IF_ERROR(CheckMatrix(*backward, "backward"));
-    if (backward->shape() != candidates.shape()) {
-      return errors::InvalidArgument(
-          "backward shape ", backward->shape().DebugString(),
-          " must equal candidates shape ", candidates.shape().DebugString(),
-          " ([batch, num_candidates])");
-    }
+    TF_RETURN_IF_ERROR(CheckSameShape(*backward, "backward", candidates,
+                                      "candidates", "[batch, num_candidates]"));
   }
   return ::tensorflow::OkStatus();
 }
@@ -570,16 +558,23 @@ struct SampledMatmulGradWeights<CpuDevice, T> {
 
 #if XMC_TF_WITH_CUDA
 
-// Runs `launch(error_scratch, bad_positions, stream)` and turns its result
-// into the op status.  The bad values live on the device: the message names
-// the position only.
-template <typename Launch>
+// Runs the launcher `launcher(pointers..., batch, num_features, num_labels,
+// fan_in, num_candidates, error_scratch, bad_positions, stream)` (the
+// argument order of every sampled launcher) and turns its result into the
+// op status.  The bad values live on the device: the message names the
+// position only.
+template <typename Launcher, typename... Pointers>
 void RunSampledGpu(OpKernelContext* ctx, const SampledDims& d,
-                   const Launch& launch) {
+                   Launcher launcher, Pointers... pointers) {
   int64_t bad[2];
-  OP_REQUIRES_OK(ctx, RunCheckedLauncher(
-                          ctx, "a sampled uniform-sparse kernel", 2, bad,
-                          launch));
+  OP_REQUIRES_OK(
+      ctx, RunCheckedLauncher(
+               ctx, "a sampled uniform-sparse kernel", 2, bad,
+               [&](int64_t* scratch, int64_t* bad_positions, void* stream) {
+                 return launcher(pointers..., d.batch, d.num_features,
+                                 d.num_labels, d.fan_in, d.num_candidates,
+                                 scratch, bad_positions, stream);
+               }));
   if (bad[0] >= 0) {
     ctx->CtxFailure(OutOfRange("candidates",
                                TensorShape({d.batch, d.num_candidates}),
@@ -600,12 +595,8 @@ struct SampledMatmul<GpuDevice, float> {
                   const int32_t* indices, const float* weights,
                   const int32_t* candidates, const SampledDims& d,
                   float* scores) const {
-    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
-      return XmcSampledForwardGpuF32(features, indices, weights, candidates,
-                                     scores, d.batch, d.num_features,
-                                     d.num_labels, d.fan_in, d.num_candidates,
-                                     scratch, bad, stream);
-    });
+    RunSampledGpu(ctx, d, XmcSampledForwardGpuF32, features, indices, weights,
+                  candidates, scores);
   }
 };
 
@@ -615,12 +606,8 @@ struct SampledMatmulGradFeatures<GpuDevice, float> {
                   const int32_t* indices, const float* weights,
                   const int32_t* candidates, const SampledDims& d,
                   float* grad) const {
-    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
-      return XmcSampledGradFeaturesGpuF32(
-          backward, indices, weights, candidates, grad, d.batch,
-          d.num_features, d.num_labels, d.fan_in, d.num_candidates, scratch,
-          bad, stream);
-    });
+    RunSampledGpu(ctx, d, XmcSampledGradFeaturesGpuF32, backward, indices,
+                  weights, candidates, grad);
   }
 };
 
@@ -630,12 +617,8 @@ struct SampledMatmulGradWeights<GpuDevice, float> {
                   const float* features, const int32_t* indices,
                   const int32_t* candidates, const SampledDims& d,
                   float* grad) const {
-    RunSampledGpu(ctx, d, [&](int64_t* scratch, int64_t* bad, void* stream) {
-      return XmcSampledGradWeightsGpuF32(
-          backward, features, indices, candidates, grad, d.batch,
-          d.num_features, d.num_labels, d.fan_in, d.num_candidates, scratch,
-          bad, stream);
-    });
+    RunSampledGpu(ctx, d, XmcSampledGradWeightsGpuF32, backward, features,
+                  indices, candidates, grad);
   }
 };
 
@@ -648,6 +631,51 @@ struct SampledMatmulGradWeights<GpuDevice, float> {
 
 namespace {
 
+// The operands of a sampled kernel, in op input order: [backward,] features,
+// indices, [weights,] candidates; read (the weights through WeightsOperand:
+// a resource variable's buffer in place when `resource`) and shape-checked.
+// Holds the weights variable's lock: construct it in Compute, do not copy.
+class SampledInputs {
+ public:
+  Status Init(OpKernelContext* ctx, bool has_backward, bool has_weights,
+              bool resource) {
+    int i = 0;
+    if (has_backward) backward_ = &ctx->input(i++);
+    features_ = &ctx->input(i++);
+    indices_ = &ctx->input(i++);
+    if (has_weights) {
+      TF_RETURN_IF_ERROR(
+          weights_.Init(ctx, i++, resource, features_->dtype()));
+    }
+    candidates_ = &ctx->input(i++);
+    return ValidateSampledShapes(*features_, *indices_,
+                                 has_weights ? &weights_.tensor() : nullptr,
+                                 *candidates_, backward_, &d_);
+  }
+
+  template <typename T>
+  const T* backward() const { return backward_->flat<T>().data(); }
+  template <typename T>
+  const T* features() const { return features_->flat<T>().data(); }
+  const int32_t* indices() const { return indices_->flat<int32_t>().data(); }
+  template <typename T>
+  const T* weights() const { return weights_.tensor().flat<T>().data(); }
+  const int32_t* candidates() const {
+    return candidates_->flat<int32_t>().data();
+  }
+  const Tensor& features_tensor() const { return *features_; }
+  const Tensor& candidates_tensor() const { return *candidates_; }
+  const SampledDims& dims() const { return d_; }
+
+ private:
+  const Tensor* backward_ = nullptr;
+  const Tensor* features_ = nullptr;
+  const Tensor* indices_ = nullptr;
+  WeightsOperand weights_;
+  const Tensor* candidates_ = nullptr;
+  SampledDims d_;
+};
+
 // kResource: weights (input 2) is a resource variable (Xmc>Resource...).
 template <typename Device, typename T, bool kResource>
 class SampledMatmulOp : public OpKernel {
@@ -655,25 +683,19 @@ class SampledMatmulOp : public OpKernel {
   explicit SampledMatmulOp(OpKernelConstruction* c) : OpKernel(c) {}
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& features = ctx->input(0);
-    const Tensor& indices = ctx->input(1);
-    WeightsOperand weights_operand;
-    OP_REQUIRES_OK(ctx, weights_operand.Init(ctx, 2, kResource,
-                                             features.dtype()));
-    const Tensor& weights = weights_operand.tensor();
-    const Tensor& candidates = ctx->input(3);
-    SampledDims d;
-    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
-                                              candidates, nullptr, &d));
+    SampledInputs in;
+    OP_REQUIRES_OK(ctx, in.Init(ctx, /*has_backward=*/false,
+                                /*has_weights=*/true, kResource));
     Tensor* scores = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, candidates.shape(), &scores));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, in.candidates_tensor().shape(),
+                                             &scores));
     functor::SampledMatmul<Device, T>()(
-        ctx, features.flat<T>().data(), indices.flat<int32_t>().data(),
-        weights.flat<T>().data(), candidates.flat<int32_t>().data(), d,
-        scores->flat<T>().data());
+        ctx, in.features<T>(), in.indices(), in.weights<T>(), in.candidates(),
+        in.dims(), scores->flat<T>().data());
   }
 };
 
+// kResource: weights (input 3) is a resource variable.
 template <typename Device, typename T, bool kResource>
 class SampledMatmulGradFeaturesOp : public OpKernel {
  public:
@@ -681,23 +703,15 @@ class SampledMatmulGradFeaturesOp : public OpKernel {
       : OpKernel(c) {}
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& backward = ctx->input(0);
-    const Tensor& features = ctx->input(1);
-    const Tensor& indices = ctx->input(2);
-    WeightsOperand weights_operand;
-    OP_REQUIRES_OK(ctx, weights_operand.Init(ctx, 3, kResource,
-                                             features.dtype()));
-    const Tensor& weights = weights_operand.tensor();
-    const Tensor& candidates = ctx->input(4);
-    SampledDims d;
-    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, &weights,
-                                              candidates, &backward, &d));
+    SampledInputs in;
+    OP_REQUIRES_OK(ctx, in.Init(ctx, /*has_backward=*/true,
+                                /*has_weights=*/true, kResource));
     Tensor* grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &grad));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, in.features_tensor().shape(),
+                                             &grad));
     functor::SampledMatmulGradFeatures<Device, T>()(
-        ctx, backward.flat<T>().data(), indices.flat<int32_t>().data(),
-        weights.flat<T>().data(), candidates.flat<int32_t>().data(), d,
-        grad->flat<T>().data());
+        ctx, in.backward<T>(), in.indices(), in.weights<T>(), in.candidates(),
+        in.dims(), grad->flat<T>().data());
   }
 };
 
@@ -708,22 +722,18 @@ class SampledMatmulGradWeightsOp : public OpKernel {
       : OpKernel(c) {}
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& backward = ctx->input(0);
-    const Tensor& features = ctx->input(1);
-    const Tensor& indices = ctx->input(2);
-    const Tensor& candidates = ctx->input(3);
-    SampledDims d;
-    OP_REQUIRES_OK(ctx, ValidateSampledShapes(features, indices, nullptr,
-                                              candidates, &backward, &d));
+    SampledInputs in;
+    OP_REQUIRES_OK(ctx, in.Init(ctx, /*has_backward=*/true,
+                                /*has_weights=*/false, /*resource=*/false));
+    const SampledDims& d = in.dims();
     Tensor* grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0,
                             TensorShape({d.batch * d.num_candidates, d.fan_in}),
                             &grad));
     functor::SampledMatmulGradWeights<Device, T>()(
-        ctx, backward.flat<T>().data(), features.flat<T>().data(),
-        indices.flat<int32_t>().data(), candidates.flat<int32_t>().data(), d,
-        grad->flat<T>().data());
+        ctx, in.backward<T>(), in.features<T>(), in.indices(), in.candidates(),
+        d, grad->flat<T>().data());
   }
 };
 

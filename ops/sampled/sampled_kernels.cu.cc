@@ -216,10 +216,37 @@ cudaError_t GridFor(int64_t total, int log2_group, unsigned* blocks) {
   return cudaSuccess;
 }
 
-bool BadSizes(int64_t batch, int64_t num_features, int64_t num_labels,
-              int64_t fan_in, int64_t num_candidates) {
-  return batch < 0 || num_features < 0 || num_labels < 0 || fan_in < 0 ||
-         num_candidates < 0;
+// The common part of the three launchers: size checks, the zeroing of
+// `zero_first` (`zero_floats` floats; null for none) before anything else,
+// the grid and the range-check round trip.  `enqueue(blocks, log2_group,
+// total, stream)` enqueues the kernel and returns cudaGetLastError().
+// Returns a cudaError_t as int and sets bad_positions[0..1].
+template <typename Enqueue>
+int Launch(int64_t batch, int64_t num_features, int64_t num_labels,
+           int64_t fan_in, int64_t num_candidates, float* zero_first,
+           int64_t zero_floats, int64_t* error_scratch,
+           int64_t* bad_positions, void* stream_ptr, const Enqueue& enqueue) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  bad_positions[0] = bad_positions[1] = -1;
+  if (batch < 0 || num_features < 0 || num_labels < 0 || fan_in < 0 ||
+      num_candidates < 0) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (zero_first != nullptr && zero_floats > 0) {
+    const cudaError_t err = cudaMemsetAsync(
+        zero_first, 0, static_cast<size_t>(zero_floats) * sizeof(float),
+        stream);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  const int64_t total = batch * num_candidates;
+  if (total == 0) return static_cast<int>(cudaSuccess);
+  const int log2_group = Log2Group(fan_in);
+  unsigned blocks = 0;
+  const cudaError_t err = GridFor(total, log2_group, &blocks);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  return cuda::RunWithChecks<2>(error_scratch, bad_positions, stream, [&] {
+    return enqueue(blocks, log2_group, total, stream);
+  });
 }
 
 }  // namespace
@@ -230,7 +257,6 @@ bool BadSizes(int64_t batch, int64_t num_features, int64_t num_labels,
 // Launchers (extern "C", declared in sampled_kernels.h).
 
 using namespace xmc_tf::sampled_cuda;  // NOLINT(build/namespaces)
-using xmc_tf::cuda::RunWithChecks;
 
 extern "C" int XmcSampledForwardGpuF32(
     const float* features, const int32_t* indices, const float* weights,
@@ -238,80 +264,53 @@ extern "C" int XmcSampledForwardGpuF32(
     int64_t num_features, int64_t num_labels, int64_t fan_in,
     int64_t num_candidates, int64_t* error_scratch, int64_t* bad_positions,
     void* stream_ptr) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  bad_positions[0] = bad_positions[1] = -1;
-  if (BadSizes(batch, num_features, num_labels, fan_in, num_candidates)) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  const int64_t total = batch * num_candidates;
-  if (total == 0) return static_cast<int>(cudaSuccess);
-  const int log2_group = Log2Group(fan_in);
-  unsigned blocks = 0;
-  cudaError_t err = GridFor(total, log2_group, &blocks);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  return RunWithChecks<2>(error_scratch, bad_positions, stream, [&] {
-    SampledForwardKernel<<<blocks, kThreads, 0, stream>>>(
-        features, indices, weights, candidates, scores, total, num_candidates,
-        num_features, num_labels, fan_in, log2_group, error_scratch);
-    return cudaGetLastError();
-  });
+  return Launch(batch, num_features, num_labels, fan_in, num_candidates,
+                nullptr, 0, error_scratch, bad_positions, stream_ptr,
+                [&](unsigned blocks, int log2_group, int64_t total,
+                    cudaStream_t stream) {
+                  SampledForwardKernel<<<blocks, kThreads, 0, stream>>>(
+                      features, indices, weights, candidates, scores, total,
+                      num_candidates, num_features, num_labels, fan_in,
+                      log2_group, error_scratch);
+                  return cudaGetLastError();
+                });
 }
 
+// grad_features is zeroed first (also when no position is scored).
 extern "C" int XmcSampledGradFeaturesGpuF32(
     const float* backward, const int32_t* indices, const float* weights,
     const int32_t* candidates, float* grad_features, int64_t batch,
     int64_t num_features, int64_t num_labels, int64_t fan_in,
     int64_t num_candidates, int64_t* error_scratch, int64_t* bad_positions,
     void* stream_ptr) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  bad_positions[0] = bad_positions[1] = -1;
-  if (BadSizes(batch, num_features, num_labels, fan_in, num_candidates)) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  if (batch > 0 && num_features > 0) {
-    const cudaError_t err = cudaMemsetAsync(
-        grad_features, 0,
-        static_cast<size_t>(batch * num_features) * sizeof(float), stream);
-    if (err != cudaSuccess) return static_cast<int>(err);
-  }
-  const int64_t total = batch * num_candidates;
-  if (total == 0) return static_cast<int>(cudaSuccess);
-  const int log2_group = Log2Group(fan_in);
-  unsigned blocks = 0;
-  cudaError_t err = GridFor(total, log2_group, &blocks);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  return RunWithChecks<2>(error_scratch, bad_positions, stream, [&] {
-    SampledGradFeaturesKernel<<<blocks, kThreads, 0, stream>>>(
-        backward, indices, weights, candidates, grad_features, total,
-        num_candidates, num_features, num_labels, fan_in, log2_group,
-        error_scratch);
-    return cudaGetLastError();
-  });
+  return Launch(batch, num_features, num_labels, fan_in, num_candidates,
+                grad_features, batch * num_features, error_scratch,
+                bad_positions, stream_ptr,
+                [&](unsigned blocks, int log2_group, int64_t total,
+                    cudaStream_t stream) {
+                  SampledGradFeaturesKernel<<<blocks, kThreads, 0, stream>>>(
+                      backward, indices, weights, candidates, grad_features,
+                      total, num_candidates, num_features, num_labels, fan_in,
+                      log2_group, error_scratch);
+                  return cudaGetLastError();
+                });
 }
 
+// Runs even when fan_in == 0: the candidates are still checked.
 extern "C" int XmcSampledGradWeightsGpuF32(
     const float* backward, const float* features, const int32_t* indices,
     const int32_t* candidates, float* grad_values, int64_t batch,
     int64_t num_features, int64_t num_labels, int64_t fan_in,
     int64_t num_candidates, int64_t* error_scratch, int64_t* bad_positions,
     void* stream_ptr) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  bad_positions[0] = bad_positions[1] = -1;
-  if (BadSizes(batch, num_features, num_labels, fan_in, num_candidates)) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  const int64_t total = batch * num_candidates;
-  if (total == 0) return static_cast<int>(cudaSuccess);
-  const int log2_group = Log2Group(fan_in);
-  unsigned blocks = 0;
-  cudaError_t err = GridFor(total, log2_group, &blocks);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  // Runs even when fan_in == 0: the candidates are still checked.
-  return RunWithChecks<2>(error_scratch, bad_positions, stream, [&] {
-    SampledGradWeightsKernel<<<blocks, kThreads, 0, stream>>>(
-        backward, features, indices, candidates, grad_values, total,
-        num_candidates, num_features, num_labels, fan_in, log2_group,
-        error_scratch);
-    return cudaGetLastError();
-  });
+  return Launch(batch, num_features, num_labels, fan_in, num_candidates,
+                nullptr, 0, error_scratch, bad_positions, stream_ptr,
+                [&](unsigned blocks, int log2_group, int64_t total,
+                    cudaStream_t stream) {
+                  SampledGradWeightsKernel<<<blocks, kThreads, 0, stream>>>(
+                      backward, features, indices, candidates, grad_values,
+                      total, num_candidates, num_features, num_labels, fan_in,
+                      log2_group, error_scratch);
+                  return cudaGetLastError();
+                });
 }

@@ -1,11 +1,16 @@
 // CPU kernel of Xmc>TopK (see topk_ops.cc for the contract and
 // topk_kernels.h for the selection).
 //
+// Structure: one OpKernel class templated on the device and dtype
+// (ops/common/device.h) checks the shapes and k (InvalidArgument) and
+// allocates the outputs, then calls functor::TopK<Device, T> (declared in
+// topk_kernels.h; CpuDevice, float only).
+//
 // CPU design (TensorFlow's intra-op thread pool, ::tensorflow::Shard):
-//  * The shapes and k are checked before any work (InvalidArgument).
 //  * Phase 1: the work units are (row, chunk) pairs (topk::ChunksPerRow:
-//    one chunk per row when the batch alone keeps the threads busy); each writes the best min(k, chunk) entries of its chunk into its
-//    own slot of a [units, k] candidate buffer.
+//    one chunk per row when the batch alone keeps the threads busy); each
+//    writes the best min(k, chunk) entries of its chunk into its own slot of
+//    a [units, k] candidate buffer.
 //  * Phase 2, per row: the row's candidates (chunks x k entries) are reduced
 //    to the k best and sorted.  The result does not depend on the thread
 //    count (the selection is exact; ties are ordered by id).
@@ -15,6 +20,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/common/validation.h"
 #include "ops/topk/topk_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -22,50 +28,13 @@
 
 namespace xmc_tf {
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-namespace errors = ::tensorflow::errors;
+namespace functor {
 
-namespace {
-
-class TopKOp : public OpKernel {
- public:
-  explicit TopKOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("k", &k_));
-    OP_REQUIRES(c, k_ >= 0, errors::InvalidArgument("k must be >= 0, got ",
-                                                    k_));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& scores = ctx->input(0);
-    OP_REQUIRES(ctx, scores.dims() == 2,
-                errors::InvalidArgument(
-                    "scores must be a matrix [batch, m], got shape ",
-                    scores.shape().DebugString()));
-    const int64_t b = scores.dim_size(0), m = scores.dim_size(1);
-    const int64_t k = k_;
-    OP_REQUIRES(ctx, k <= m,
-                errors::InvalidArgument("k = ", k,
-                                        " exceeds the number of columns m = ",
-                                        m, " of scores"));
-    OP_REQUIRES(ctx, m <= std::numeric_limits<int32_t>::max(),
-                errors::InvalidArgument(
-                    "scores has m = ", m,
-                    " columns; int32 column ids need m < 2^31"));
-    Tensor* values_t = nullptr;
-    Tensor* indices_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b, k}),
-                                             &values_t));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({b, k}),
-                                             &indices_t));
+template <>
+struct TopK<CpuDevice, float> {
+  void operator()(OpKernelContext* ctx, const float* x, int64_t b, int64_t m,
+                  int64_t k, float* values, int32_t* indices) const {
     if (b == 0 || k == 0) return;
-    float* values = values_t->flat<float>().data();
-    int32_t* indices = indices_t->flat<int32_t>().data();
-    const float* x = scores.flat<float>().data();
-
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t chunks =
         topk::ChunksPerRow(b, m, k, workers->num_threads);
@@ -102,6 +71,47 @@ class TopKOp : public OpKernel {
           }
         });
   }
+};
+
+}  // namespace functor
+
+namespace {
+
+template <typename Device, typename T>
+class TopKOp : public OpKernel {
+ public:
+  explicit TopKOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("k", &k_));
+    OP_REQUIRES(c, k_ >= 0, errors::InvalidArgument("k must be >= 0, got ",
+                                                    k_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& scores = ctx->input(0);
+    OP_REQUIRES(ctx, scores.dims() == 2,
+                errors::InvalidArgument(
+                    "scores must be a matrix [batch, m], got shape ",
+                    scores.shape().DebugString()));
+    const int64_t b = scores.dim_size(0), m = scores.dim_size(1);
+    const int64_t k = k_;
+    OP_REQUIRES(ctx, k <= m,
+                errors::InvalidArgument("k = ", k,
+                                        " exceeds the number of columns m = ",
+                                        m, " of scores"));
+    OP_REQUIRES(ctx, m <= std::numeric_limits<int32_t>::max(),
+                errors::InvalidArgument(
+                    "scores has m = ", m,
+                    " columns; int32 column ids need m < 2^31"));
+    Tensor* values_t = nullptr;
+    Tensor* indices_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b, k}),
+                                             &values_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({b, k}),
+                                             &indices_t));
+    functor::TopK<Device, T>()(ctx, scores.flat<T>().data(), b, m, k,
+                               values_t->flat<T>().data(),
+                               indices_t->flat<int32_t>().data());
+  }
 
  private:
   int64_t k_ = 0;
@@ -109,7 +119,7 @@ class TopKOp : public OpKernel {
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("Xmc>TopK").Device(::tensorflow::DEVICE_CPU),
-                        TopKOp);
+REGISTER_KERNEL_BUILDER(Name("Xmc>TopK").Device(DEVICE_CPU),
+                        TopKOp<CpuDevice, float>);
 
 }  // namespace xmc_tf

@@ -1,5 +1,6 @@
-// Partial-selection top-k of float32 score rows (Xmc>TopK): the framework-free
-// selection functions, shared by the TensorFlow kernel (topk_kernels.cc).
+// Partial-selection top-k of float32 score rows (Xmc>TopK): the functor
+// declaration of the kernel and the framework-free selection functions it
+// runs (topk_kernels.cc).
 //
 // Layout:
 //   scores   [batch, m]   float32, row-major
@@ -35,7 +36,24 @@
 #include <cstdint>
 #include <vector>
 
+#include "ops/common/device.h"
+
 namespace xmc_tf {
+
+namespace functor {
+
+// values, indices [batch, k] (fully written) from scores [batch, m], with
+// 0 <= k <= m < 2^31 (checked by the kernel): the selection below, rows
+// spread over the device.
+template <typename Device, typename T>
+struct TopK {
+  void operator()(::tensorflow::OpKernelContext* ctx, const T* scores,
+                  int64_t batch, int64_t m, int64_t k, T* values,
+                  int32_t* indices) const;
+};
+
+}  // namespace functor
+
 namespace topk {
 
 // Columns per unit of work (a (row, chunk) pair) at least; 256 KiB of scores.

@@ -2,14 +2,11 @@
 // column ids, by partial selection (one pass over the row; no sort of it).
 // The selection and its order are documented in topk_kernels.h.
 
+#include "ops/common/shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace xmc_tf {
-
-using ::tensorflow::shape_inference::DimensionHandle;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 
 REGISTER_OP("Xmc>TopK")
     .Input("scores: float")

@@ -1,0 +1,695 @@
+// CPU kernels of the LSH hashing ops (Xmc>LshSimHash, Xmc>LshSimHashSparse,
+// Xmc>LshDwtaHash, Xmc>LshDwtaHashSparse) and their framework-free functors
+// (declared in lsh_kernels.h): the bucket ids of every vector in every table.
+// See lsh_ops.cc for the op contracts and lsh_kernels.h for the layouts.
+//
+// Source: "A Truly Constant-Time Distribution-Aware Negative Sampling" (LNS),
+// Sec. 1.2-2.3, Algorithm 1; SimHash (Charikar 2002, LNS Appendix A.2); DWTA
+// (Chen & Shrivastava, UAI 2018, LNS Appendix A.3).
+//
+// Every kernel validates ranks, shapes, dtypes (by registration), the
+// attributes that size its outputs or scratch memory, the range of every
+// index it dereferences and of every id or code it copies into its outputs,
+// and fails with InvalidArgument naming the offending entry (the smallest
+// bad row: ops/common/bad_index.h FirstBad); the shared checks are in
+// lsh_kernel_util.h and ops/common/validation.h.
+// Rows are spread over TensorFlow's intra-op thread pool.  The dense
+// projections' axpy is compiled per instruction set (ops/common/cpu_isa.h).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/common/bad_index.h"
+#include "ops/common/cpu_isa.h"
+#include "ops/common/validation.h"
+#include "ops/lsh/lsh_kernel_util.h"
+#include "ops/lsh/lsh_kernels.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace xmc_tf {
+namespace lsh {
+
+// ---------------------------------------------------------------------------
+// Framework-free functors.
+// ---------------------------------------------------------------------------
+
+std::string ValidateLayout(int64_t num_bits, int64_t bits_per_hash,
+                           int64_t bucket_bits, int64_t num_hashes) {
+  std::ostringstream err;
+  if (num_bits < 1) {
+    err << "num_bits (K) must be >= 1, got " << num_bits;
+  } else if (bits_per_hash < 1 || bits_per_hash > 8) {
+    err << "bits per hash value must be in [1, 8], got " << bits_per_hash;
+  } else if (num_bits * bits_per_hash > 64) {
+    err << "num_bits (K) * bits per hash value must be <= 64, got "
+        << num_bits << " * " << bits_per_hash;
+  } else if (bucket_bits < 1 || bucket_bits > 24) {
+    err << "bucket_bits must be in [1, 24], got " << bucket_bits;
+  } else if (num_hashes < num_bits || num_hashes % num_bits != 0) {
+    err << "the number of hash functions (" << num_hashes
+        << ") must be a positive multiple of num_bits (K = " << num_bits
+        << "): K * L";
+  }
+  return err.str();
+}
+
+template <typename T>
+int64_t CanonicalSparse(const int32_t* indices, const float* weights,
+                        int64_t s, int64_t num_features,
+                        std::vector<std::pair<int32_t, T>>* out) {
+  out->clear();
+  for (int64_t t = 0; t < s; ++t) {
+    if (indices[t] < 0 || indices[t] >= num_features) return t;
+    out->emplace_back(indices[t], static_cast<T>(weights[t]));
+  }
+  // Stable: duplicates are summed in their input order.
+  std::stable_sort(out->begin(), out->end(),
+                   [](const std::pair<int32_t, T>& a,
+                      const std::pair<int32_t, T>& b) {
+                     return a.first < b.first;
+                   });
+  size_t w = 0;
+  for (size_t r = 0; r < out->size();) {
+    const int32_t index = (*out)[r].first;
+    T sum = (*out)[r].second;
+    size_t e = r + 1;
+    for (; e < out->size() && (*out)[e].first == index; ++e) {
+      sum += (*out)[e].second;
+    }
+    if (sum != T(0)) (*out)[w++] = {index, sum};
+    r = e;
+  }
+  out->resize(w);
+  return -1;
+}
+
+template int64_t CanonicalSparse<float>(
+    const int32_t*, const float*, int64_t, int64_t,
+    std::vector<std::pair<int32_t, float>>*);
+template int64_t CanonicalSparse<double>(
+    const int32_t*, const float*, int64_t, int64_t,
+    std::vector<std::pair<int32_t, double>>*);
+
+namespace {
+
+// acc[0:H] += a * row[0:H]: the one floating-point operation of SimHash, shared
+// by the dense and the sparse path (same instruction set, same rounding),
+// compiled for each instruction set of ops/common/cpu_isa.h (by CPU
+// features; GCC's target_clones picked the SSE2 clone on AMD CPUs).
+#define XMC_LSH_AXPY_BODY                                               \
+  void Axpy(float a, const float* __restrict row, float* __restrict acc, \
+            int64_t H) {                                                 \
+    for (int64_t j = 0; j < H; ++j) acc[j] += a * row[j];               \
+  }
+namespace base {
+XMC_LSH_AXPY_BODY
+}  // namespace base
+#if XMC_CPU_MULTI_ISA
+XMC_CPU_BEGIN_AVX512
+namespace avx512 {
+XMC_LSH_AXPY_BODY
+}  // namespace avx512
+XMC_CPU_END
+XMC_CPU_BEGIN_AVX2
+namespace avx2 {
+XMC_LSH_AXPY_BODY
+}  // namespace avx2
+XMC_CPU_END
+#endif
+#undef XMC_LSH_AXPY_BODY
+
+using AxpyFn = void (*)(float, const float*, float*, int64_t);
+
+AxpyFn AxpyFor(cpu::Isa isa) {
+#if XMC_CPU_MULTI_ISA
+  if (isa == cpu::Isa::kAvx512) return avx512::Axpy;
+  if (isa == cpu::Isa::kAvx2) return avx2::Axpy;
+#endif
+  (void)isa;
+  return base::Axpy;
+}
+
+void SimHashCodes(const float* acc, const CodeLayout& layout, int32_t* codes) {
+  const int K = layout.num_bits;
+  for (int64_t l = 0; l < layout.num_tables; ++l) {
+    uint64_t raw = 0;
+    const float* a = acc + l * K;
+    for (int k = 0; k < K; ++k) {
+      raw |= static_cast<uint64_t>(a[k] > 0.0f) << k;
+    }
+    codes[l] = layout.Bucket(raw, l);
+  }
+}
+
+}  // namespace
+
+void SimHashDense(const float* x, int64_t d, const float* proj, int64_t H,
+                  const CodeLayout& layout, float* acc, int32_t* codes,
+                  cpu::Isa isa) {
+  const AxpyFn Axpy = AxpyFor(isa);
+  std::fill(acc, acc + H, 0.0f);
+  for (int64_t i = 0; i < d; ++i) {
+    if (x[i] != 0.0f) Axpy(x[i], proj + i * H, acc, H);
+  }
+  SimHashCodes(acc, layout, codes);
+}
+
+void SimHashSparse(const std::vector<std::pair<int32_t, float>>& entries,
+                   const float* proj, int64_t H, const CodeLayout& layout,
+                   float* acc, int32_t* codes, cpu::Isa isa) {
+  const AxpyFn Axpy = AxpyFor(isa);
+  std::fill(acc, acc + H, 0.0f);
+  for (const auto& e : entries) {
+    Axpy(e.second, proj + static_cast<int64_t>(e.first) * H, acc, H);
+  }
+  SimHashCodes(acc, layout, codes);
+}
+
+DwtaHasher::DwtaHasher(const int32_t* bins, int64_t num_hashes, int bin_size,
+                       int64_t input_dim, uint64_t seed, bool sparse)
+    : bins_(bins),
+      H_(num_hashes),
+      w_(bin_size),
+      d_(input_dim),
+      seed_mix_(Mix64(seed ^ 0x4457544148415348ULL)) {
+  if (!sparse) return;
+  const int64_t n = H_ * w_;
+  int64_t max_bin = -1;
+  for (int64_t t = 0; t < n; ++t) {
+    max_bin = std::max<int64_t>(max_bin, bins_[t]);
+  }
+  // Dense map (one slot per coordinate 0 .. max_bin) while that is at most a
+  // few times the bins themselves or small; otherwise (a huge, sparsely
+  // covered coordinate range) a compact map over the distinct coordinates.
+  const int64_t kDenseMin = int64_t{1} << 22;
+  if (max_bin < std::max<int64_t>(kDenseMin, 8 * n)) {
+    dense_size_ = max_bin + 1;
+  } else {
+    coords_.assign(bins_, bins_ + n);
+    std::sort(coords_.begin(), coords_.end());
+    coords_.erase(std::unique(coords_.begin(), coords_.end()), coords_.end());
+  }
+  const int64_t slots =
+      coords_.empty() ? dense_size_ : static_cast<int64_t>(coords_.size());
+  auto slot_of = [&](int32_t coord) -> int64_t {
+    if (coords_.empty()) return coord;
+    return std::lower_bound(coords_.begin(), coords_.end(), coord) -
+           coords_.begin();
+  };
+  inv_offsets_.assign(slots + 1, 0);
+  for (int64_t t = 0; t < n; ++t) ++inv_offsets_[slot_of(bins_[t]) + 1];
+  for (int64_t i = 0; i < slots; ++i) inv_offsets_[i + 1] += inv_offsets_[i];
+  inv_bin_.resize(n);
+  inv_pos_.resize(n);
+  std::vector<int64_t> fill(inv_offsets_.begin(), inv_offsets_.end() - 1);
+  for (int64_t j = 0; j < H_; ++j) {
+    for (int p = 0; p < w_; ++p) {
+      const int64_t slot = fill[slot_of(bins_[j * w_ + p])]++;
+      inv_bin_[slot] = static_cast<int32_t>(j);
+      inv_pos_[slot] = static_cast<int16_t>(p);
+    }
+  }
+}
+
+void DwtaHasher::HashDense(const float* x, const CodeLayout& layout,
+                           Scratch* scratch, int32_t* codes) const {
+  scratch->pos.resize(H_);
+  int16_t* pos = scratch->pos.data();
+  for (int64_t j = 0; j < H_; ++j) {
+    const int32_t* bin = bins_ + j * w_;
+    int16_t best_p = -1;
+    float best = 0.0f;
+    for (int p = 0; p < w_; ++p) {
+      const float v = x[bin[p]];
+      if (v != 0.0f && (best_p < 0 || v > best)) {
+        best = v;
+        best_p = static_cast<int16_t>(p);
+      }
+    }
+    pos[j] = best_p;
+  }
+  Finish(layout, scratch, codes);
+}
+
+void DwtaHasher::HashSparse(
+    const std::vector<std::pair<int32_t, float>>& entries,
+    const CodeLayout& layout, Scratch* scratch, int32_t* codes) const {
+  scratch->pos.assign(H_, -1);
+  scratch->best.resize(H_);
+  int16_t* pos = scratch->pos.data();
+  float* best = scratch->best.data();
+  // Entries are sorted by coordinate: the compact map's binary searches
+  // start where the previous one ended.
+  auto lo = coords_.begin();
+  for (const auto& e : entries) {
+    const float v = e.second;
+    int64_t slot;
+    if (coords_.empty()) {
+      if (e.first >= dense_size_) break;  // sorted: no later entry is binned
+      slot = e.first;
+    } else {
+      lo = std::lower_bound(lo, coords_.end(), e.first);
+      if (lo == coords_.end()) break;
+      if (*lo != e.first) continue;
+      slot = lo - coords_.begin();
+    }
+    for (int64_t t = inv_offsets_[slot]; t < inv_offsets_[slot + 1]; ++t) {
+      const int32_t j = inv_bin_[t];
+      const int16_t p = inv_pos_[t];
+      // Same winner as the dense scan: the largest value, ties to the lowest
+      // position.
+      if (pos[j] < 0 || v > best[j] || (v == best[j] && p < pos[j])) {
+        best[j] = v;
+        pos[j] = p;
+      }
+    }
+  }
+  Finish(layout, scratch, codes);
+}
+
+void DwtaHasher::Finish(const CodeLayout& layout, Scratch* scratch,
+                        int32_t* codes) const {
+  const int16_t* pos = scratch->pos.data();
+  scratch->value.resize(H_);
+  int16_t* value = scratch->value.data();
+  bool any = false;
+  for (int64_t j = 0; j < H_; ++j) any = any || pos[j] >= 0;
+  for (int64_t j = 0; j < H_; ++j) {
+    if (pos[j] >= 0) {
+      value[j] = pos[j];
+      continue;
+    }
+    value[j] = 0;
+    if (!any) continue;
+    bool done = false;
+    for (uint64_t t = 1; t <= 32 && !done; ++t) {
+      const uint64_t c =
+          Mix64(seed_mix_ + (static_cast<uint64_t>(j) << 32) + t) %
+          static_cast<uint64_t>(H_);
+      if (pos[c] >= 0) {
+        value[j] = pos[c];
+        done = true;
+      }
+    }
+    for (int64_t t = 1; t < H_ && !done; ++t) {
+      const int64_t c = (j + t) % H_;
+      if (pos[c] >= 0) {
+        value[j] = pos[c];
+        done = true;
+      }
+    }
+  }
+  const int K = layout.num_bits;
+  const int bph = layout.bits_per_hash;
+  for (int64_t l = 0; l < layout.num_tables; ++l) {
+    uint64_t raw = 0;
+    for (int k = 0; k < K; ++k) {
+      raw |= static_cast<uint64_t>(value[l * K + k]) << (k * bph);
+    }
+    codes[l] = layout.Bucket(raw, l);
+  }
+}
+
+}  // namespace lsh
+
+// ---------------------------------------------------------------------------
+// TensorFlow kernels.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+using lsh::CheckNumFeatures;
+using lsh::FirstNonFinite;
+
+int Log2Exact(int64_t w) {
+  int b = 0;
+  while ((int64_t{1} << b) < w) ++b;
+  return (int64_t{1} << b) == w ? b : -1;
+}
+
+// Attributes shared by the hashing ops.
+struct HashAttrs {
+  int64_t num_bits = 1;
+  int64_t bucket_bits = 16;
+  explicit HashAttrs(OpKernelConstruction* ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_bits", &num_bits));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("bucket_bits", &bucket_bits));
+  }
+};
+
+// ----- SimHash ---------------------------------------------------------------
+
+// Validates projection [e, H] and returns the layout.
+absl::Status SimHashLayout(const HashAttrs& attrs, const Tensor& projection,
+                           lsh::CodeLayout* layout) {
+  TF_RETURN_IF_ERROR(CheckRank(projection, 2, "projection", "[input_dim, K * L]"));
+  const int64_t H = projection.dim_size(1);
+  const std::string err =
+      lsh::ValidateLayout(attrs.num_bits, 1, attrs.bucket_bits, H);
+  if (!err.empty()) return errors::InvalidArgument(err);
+  const int64_t bad =
+      FirstNonFinite(projection.flat<float>().data(), projection.NumElements());
+  if (bad >= 0) {
+    return errors::InvalidArgument("projection[", bad / H, ", ", bad % H,
+                                   "] is not finite");
+  }
+  layout->num_bits = static_cast<int>(attrs.num_bits);
+  layout->bits_per_hash = 1;
+  layout->bucket_bits = static_cast<int>(attrs.bucket_bits);
+  layout->num_tables = H / attrs.num_bits;
+  return absl::OkStatus();
+}
+
+class LshSimHashOp : public OpKernel {
+ public:
+  explicit LshSimHashOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), attrs_(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& vectors = ctx->input(0);
+    const Tensor& projection = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckRank(vectors, 2, "vectors", "[n, input_dim]"));
+    lsh::CodeLayout layout;
+    OP_REQUIRES_OK(ctx, SimHashLayout(attrs_, projection, &layout));
+    const int64_t n = vectors.dim_size(0), d = vectors.dim_size(1);
+    OP_REQUIRES(ctx, projection.dim_size(0) == d,
+                errors::InvalidArgument(
+                    "projection.shape[0] must equal vectors.shape[1] = ", d,
+                    " (input_dim), got projection shape ",
+                    projection.shape().DebugString()));
+    const int64_t H = projection.dim_size(1), L = layout.num_tables;
+    Tensor* codes = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, L}), &codes));
+    if (n == 0) return;
+    const float* x = vectors.flat<float>().data();
+    const float* proj = projection.flat<float>().data();
+    int32_t* out = codes->flat<int32_t>().data();
+    FirstBad bad;
+    const cpu::Isa isa = cpu::CpuIsa();
+    auto work = [&](int64_t start, int64_t limit) {
+      std::vector<float> acc(H);
+      for (int64_t i = start; i < limit; ++i) {
+        if (FirstNonFinite(x + i * d, d) >= 0) {
+          bad.Record(i);
+          continue;
+        }
+        lsh::SimHashDense(x + i * d, d, proj, H, layout, acc.data(),
+                          out + i * L, isa);
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(workers->num_threads, workers->workers, n,
+                        2 * d * H + 8 * H, work);
+    OP_REQUIRES(ctx, !bad.found(),
+                errors::InvalidArgument("vectors[", bad.get(),
+                                        "] contains a NaN or infinite value"));
+  }
+
+ private:
+  HashAttrs attrs_;
+};
+
+// Validates indices [n, s] / weights [n, s].
+absl::Status CheckSparseRows(const Tensor& indices, const Tensor& weights) {
+  TF_RETURN_IF_ERROR(CheckRank(indices, 2, "indices", "[n, s]"));
+  TF_RETURN_IF_ERROR(CheckRank(weights, 2, "weights", "[n, s]"));
+  if (indices.shape() != weights.shape()) {
+    return errors::InvalidArgument("weights shape ",
+                                   weights.shape().DebugString(),
+                                   " must equal indices shape ",
+                                   indices.shape().DebugString(), " ([n, s])");
+  }
+  return absl::OkStatus();
+}
+
+// Row-level failure of a sparse hashing kernel: bad index, non-finite
+// weight, or duplicates whose float32 sum overflows (the densified vector
+// would hold an infinity, which the dense ops reject).
+struct SparseErrors {
+  FirstBad index_row, finite_row, overflow_row;
+};
+
+// Index of the first entry whose (summed) value is infinite, or -1.
+template <typename T>
+int64_t FirstInfiniteSum(const std::vector<std::pair<int32_t, T>>& entries) {
+  for (size_t t = 0; t < entries.size(); ++t) {
+    if (!std::isfinite(entries[t].second)) return static_cast<int64_t>(t);
+  }
+  return -1;
+}
+
+// Validates a sparse row (indices, weights: s entries) and canonicalises it
+// into `entries`; records a failure in `errs` and returns false.
+bool SparseRow(const int32_t* idx, const float* w, int64_t s,
+               int64_t num_features, int64_t row, SparseErrors* errs,
+               std::vector<std::pair<int32_t, float>>* entries) {
+  if (lsh::CanonicalSparse(idx, w, s, num_features, entries) >= 0) {
+    errs->index_row.Record(row);
+    return false;
+  }
+  if (FirstNonFinite(w, s) >= 0) {
+    errs->finite_row.Record(row);
+    return false;
+  }
+  if (FirstInfiniteSum(*entries) >= 0) {
+    errs->overflow_row.Record(row);
+    return false;
+  }
+  return true;
+}
+
+absl::Status ReportSparseErrors(const SparseErrors& errs,
+                                const Tensor& indices, const Tensor& weights,
+                                int64_t num_features) {
+  if (errs.index_row.found()) {
+    const int64_t r = errs.index_row.get();
+    // Recompute the column deterministically for the message.
+    const int32_t* idx = indices.flat<int32_t>().data();
+    const int64_t s = indices.dim_size(1);
+    int64_t col = 0;
+    for (; col < s; ++col) {
+      if (idx[r * s + col] < 0 || idx[r * s + col] >= num_features) break;
+    }
+    return errors::InvalidArgument("indices[", r, ", ", col, "] = ",
+                                   idx[r * s + col], " is not in [0, ",
+                                   num_features, ") (num_features)");
+  }
+  if (errs.finite_row.found()) {
+    return errors::InvalidArgument("weights[", errs.finite_row.get(),
+                                   "] contains a NaN or infinite value");
+  }
+  if (errs.overflow_row.found()) {
+    const int64_t r = errs.overflow_row.get();
+    const int64_t s = indices.dim_size(1);
+    std::vector<std::pair<int32_t, float>> entries;
+    lsh::CanonicalSparse(indices.flat<int32_t>().data() + r * s,
+                         weights.flat<float>().data() + r * s, s,
+                         num_features, &entries);
+    const int64_t t = FirstInfiniteSum(entries);
+    return errors::InvalidArgument(
+        "weights[", r, "]: the weights of index ",
+        t < 0 ? -1 : entries[t].first,
+        " sum to an infinite value in float32 (the densified vector would "
+        "not be finite)");
+  }
+  return absl::OkStatus();
+}
+
+class LshSimHashSparseOp : public OpKernel {
+ public:
+  explicit LshSimHashSparseOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), attrs_(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& indices = ctx->input(0);
+    const Tensor& weights = ctx->input(1);
+    const Tensor& projection = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckSparseRows(indices, weights));
+    lsh::CodeLayout layout;
+    OP_REQUIRES_OK(ctx, SimHashLayout(attrs_, projection, &layout));
+    const int64_t n = indices.dim_size(0), s = indices.dim_size(1);
+    const int64_t e = projection.dim_size(0), H = projection.dim_size(1);
+    const int64_t L = layout.num_tables;
+    Tensor* codes = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, L}), &codes));
+    if (n == 0) return;
+    const int32_t* idx = indices.flat<int32_t>().data();
+    const float* w = weights.flat<float>().data();
+    const float* proj = projection.flat<float>().data();
+    int32_t* out = codes->flat<int32_t>().data();
+    SparseErrors errs;
+    const cpu::Isa isa = cpu::CpuIsa();
+    auto work = [&](int64_t start, int64_t limit) {
+      std::vector<float> acc(H);
+      std::vector<std::pair<int32_t, float>> entries;
+      for (int64_t i = start; i < limit; ++i) {
+        if (!SparseRow(idx + i * s, w + i * s, s, e, i, &errs, &entries)) {
+          continue;
+        }
+        lsh::SimHashSparse(entries, proj, H, layout, acc.data(), out + i * L,
+                           isa);
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(workers->num_threads, workers->workers, n,
+                        2 * s * H + 8 * H + 20 * s, work);
+    OP_REQUIRES_OK(ctx, ReportSparseErrors(errs, indices, weights, e));
+  }
+
+ private:
+  HashAttrs attrs_;
+};
+
+// ----- DWTA ------------------------------------------------------------------
+
+// Validates bins [H, w] (coordinates in [0, input_dim)) and the layout.
+absl::Status DwtaLayout(const HashAttrs& attrs, const Tensor& bins,
+                        int64_t input_dim, lsh::CodeLayout* layout) {
+  TF_RETURN_IF_ERROR(CheckRank(bins, 2, "bins", "[K * L, bin_size]"));
+  const int64_t H = bins.dim_size(0), w = bins.dim_size(1);
+  const int bph = Log2Exact(w);
+  if (w < 2 || w > 256 || bph < 0) {
+    return errors::InvalidArgument(
+        "bin_size (bins.shape[1]) must be a power of two in [2, 256], got ",
+        w);
+  }
+  const std::string err =
+      lsh::ValidateLayout(attrs.num_bits, bph, attrs.bucket_bits, H);
+  if (!err.empty()) return errors::InvalidArgument(err);
+  const int32_t* b = bins.flat<int32_t>().data();
+  for (int64_t t = 0; t < H * w; ++t) {
+    if (b[t] < 0 || b[t] >= input_dim) {
+      return errors::InvalidArgument("bins[", t / w, ", ", t % w, "] = ", b[t],
+                                     " is not in [0, ", input_dim,
+                                     ") (input_dim)");
+    }
+  }
+  layout->num_bits = static_cast<int>(attrs.num_bits);
+  layout->bits_per_hash = bph;
+  layout->bucket_bits = static_cast<int>(attrs.bucket_bits);
+  layout->num_tables = H / attrs.num_bits;
+  return absl::OkStatus();
+}
+
+class LshDwtaHashOp : public OpKernel {
+ public:
+  explicit LshDwtaHashOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), attrs_(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& vectors = ctx->input(0);
+    const Tensor& bins = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckRank(vectors, 2, "vectors", "[n, input_dim]"));
+    const int64_t n = vectors.dim_size(0), d = vectors.dim_size(1);
+    lsh::CodeLayout layout;
+    OP_REQUIRES_OK(ctx, DwtaLayout(attrs_, bins, d, &layout));
+    const int64_t L = layout.num_tables, H = bins.dim_size(0);
+    Tensor* codes = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, L}), &codes));
+    if (n == 0) return;
+    const lsh::DwtaHasher hasher(bins.flat<int32_t>().data(), H,
+                                 static_cast<int>(bins.dim_size(1)), d,
+                                 static_cast<uint64_t>(seed_),
+                                 /*sparse=*/false);
+    const float* x = vectors.flat<float>().data();
+    int32_t* out = codes->flat<int32_t>().data();
+    FirstBad bad;
+    auto work = [&](int64_t start, int64_t limit) {
+      lsh::DwtaHasher::Scratch scratch;
+      for (int64_t i = start; i < limit; ++i) {
+        if (FirstNonFinite(x + i * d, d) >= 0) {
+          bad.Record(i);
+          continue;
+        }
+        hasher.HashDense(x + i * d, layout, &scratch, out + i * L);
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(workers->num_threads, workers->workers, n,
+                        3 * H * bins.dim_size(1) + d, work);
+    OP_REQUIRES(ctx, !bad.found(),
+                errors::InvalidArgument("vectors[", bad.get(),
+                                        "] contains a NaN or infinite value"));
+  }
+
+ private:
+  HashAttrs attrs_;
+  int64_t seed_ = 0;
+};
+
+class LshDwtaHashSparseOp : public OpKernel {
+ public:
+  explicit LshDwtaHashSparseOp(OpKernelConstruction* ctx)
+      : OpKernel(ctx), attrs_(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
+    OP_REQUIRES_OK(ctx, CheckNumFeatures(num_features_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& indices = ctx->input(0);
+    const Tensor& weights = ctx->input(1);
+    const Tensor& bins = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckSparseRows(indices, weights));
+    lsh::CodeLayout layout;
+    OP_REQUIRES_OK(ctx, DwtaLayout(attrs_, bins, num_features_, &layout));
+    const int64_t n = indices.dim_size(0), s = indices.dim_size(1);
+    const int64_t L = layout.num_tables, H = bins.dim_size(0);
+    Tensor* codes = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, L}), &codes));
+    if (n == 0) return;
+    const lsh::DwtaHasher hasher(bins.flat<int32_t>().data(), H,
+                                 static_cast<int>(bins.dim_size(1)),
+                                 num_features_, static_cast<uint64_t>(seed_),
+                                 /*sparse=*/true);
+    const int32_t* idx = indices.flat<int32_t>().data();
+    const float* w = weights.flat<float>().data();
+    int32_t* out = codes->flat<int32_t>().data();
+    SparseErrors errs;
+    auto work = [&](int64_t start, int64_t limit) {
+      lsh::DwtaHasher::Scratch scratch;
+      std::vector<std::pair<int32_t, float>> entries;
+      for (int64_t i = start; i < limit; ++i) {
+        if (!SparseRow(idx + i * s, w + i * s, s, num_features_, i, &errs,
+                       &entries)) {
+          continue;
+        }
+        hasher.HashSparse(entries, layout, &scratch, out + i * L);
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t per_coord =
+        1 + H * bins.dim_size(1) / std::max<int64_t>(num_features_, 1);
+    ::tensorflow::Shard(workers->num_threads, workers->workers, n,
+                        4 * s * per_coord + 4 * H + 20 * s, work);
+    OP_REQUIRES_OK(ctx,
+                   ReportSparseErrors(errs, indices, weights, num_features_));
+  }
+
+ private:
+  HashAttrs attrs_;
+  int64_t seed_ = 0;
+  int64_t num_features_ = 1;
+};
+
+}  // namespace
+
+REGISTER_KERNEL_BUILDER(Name("Xmc>LshSimHash").Device(DEVICE_CPU), LshSimHashOp);
+REGISTER_KERNEL_BUILDER(Name("Xmc>LshSimHashSparse").Device(DEVICE_CPU), LshSimHashSparseOp);
+REGISTER_KERNEL_BUILDER(Name("Xmc>LshDwtaHash").Device(DEVICE_CPU), LshDwtaHashOp);
+REGISTER_KERNEL_BUILDER(Name("Xmc>LshDwtaHashSparse").Device(DEVICE_CPU), LshDwtaHashSparseOp);
+
+}  // namespace xmc_tf
