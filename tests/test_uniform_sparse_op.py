@@ -182,6 +182,8 @@ ALL_OPS = {
         lib.xmc_uniform_sparse_matmul_grad_features(g, x, i, w),
     "grad_weights": lambda x, i, w, g:
         lib.xmc_uniform_sparse_matmul_grad_weights(g, x, i),
+    "grad": lambda x, i, w, g:
+        lib.xmc_uniform_sparse_matmul_grad(g, x, i, w),
 }
 
 
@@ -206,12 +208,12 @@ def test_wrong_rank(op):
 
 
 def test_weights_shape_mismatch():
-    for op in ("forward", "grad_features"):
+    for op in ("forward", "grad_features", "grad"):
         with pytest.raises(tf.errors.InvalidArgumentError, match="weights shape"):
             ALL_OPS[op](X, IDX, W[:2], G)
 
 
-@pytest.mark.parametrize("op", ["grad_features", "grad_weights"])
+@pytest.mark.parametrize("op", ["grad_features", "grad_weights", "grad"])
 def test_backward_shape_mismatch(op):
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"backward shape|Dimensions must be"):
@@ -334,6 +336,10 @@ def test_grad_weights_zero_signal_against_non_finite_features(b, e, density):
     g[7, : m // 2] = 0.0    # -inf features with signal on half the labels
     gw = lib.xmc_uniform_sparse_matmul_grad_weights(
         backward=g, features=x, indices=indices).numpy()
+    weights = np.ones(indices.shape, np.float32)
+    _, fused_gw = lib.xmc_uniform_sparse_matmul_grad(
+        backward=g, features=x, indices=indices, weights=weights)
+    np.testing.assert_array_equal(fused_gw.numpy(), gw)
     ref = _skip_zeros_reference(x, indices, g)
     np.testing.assert_array_equal(np.isnan(gw), np.isnan(ref))
     np.testing.assert_array_equal(np.isposinf(gw), np.isposinf(ref))
@@ -360,6 +366,9 @@ def test_grad_features_zero_signal_against_non_finite_weights():
     g[:, 4] = 0.0
     gx = lib.xmc_uniform_sparse_matmul_grad_features(
         backward=g, features=x, indices=indices, weights=weights).numpy()
+    fused_gx, _ = lib.xmc_uniform_sparse_matmul_grad(
+        backward=g, features=x, indices=indices, weights=weights)
+    np.testing.assert_array_equal(fused_gx.numpy(), gx)
     w_ok = weights.copy()
     w_ok[2, :] = w_ok[4, :] = 0.0
     _, ref_gx, _ = reference(x, indices, w_ok, g)
@@ -416,3 +425,98 @@ def test_grad_features_partly_zero_column_against_non_finite_weight(
     np.testing.assert_array_equal(np.isposinf(gx), np.isposinf(ref))
     finite = np.isfinite(ref)
     np.testing.assert_allclose(gx[finite], ref[finite], rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# The fused gradient (Xmc>UniformSparseMatmulGrad, the registered gradient)
+# and the signal paths of the CPU pass: a signal loaded as dense columns or
+# as per-label non-zero lists (by its estimated density), and per label the
+# vectorised loops (many non-zeros) or one update per non-zero (few).
+
+def mixed_signal(rng, b, m, head, head_density, tail_density):
+    """[b, m] signal whose first `head` label columns have `head_density`
+    non-zeros and the rest `tail_density` (head and tail labels, as the
+    squared hinge leaves them)."""
+    g = rng.normal(size=(b, m)).astype(np.float32)
+    keep = rng.random((b, m)) < tail_density
+    keep[:, :head] = rng.random((b, head)) < head_density
+    g[~keep] = 0.0
+    g[:, m - 1] = 0.0  # one all-zero column
+    return g
+
+
+SIGNAL_CASES = {
+    # mean density 0.12: columns loaded dense; tail labels take the lists
+    # built from their columns.
+    "dense_mode_mixed": dict(b=128, e=300, m=400, s=9, head=50,
+                             head_density=0.9, tail_density=0.01),
+    # mean density < 1%: lists; the head labels' columns are built from them.
+    "sparse_mode_mixed": dict(b=128, e=300, m=400, s=9, head=3,
+                              head_density=0.9, tail_density=0.002),
+    "sparse_mode_b256": dict(b=256, e=64, m=300, s=32, head=0,
+                             head_density=0.0, tail_density=0.01),
+    "one_block_partial": dict(b=20, e=30, m=70, s=5, head=7,
+                              head_density=1.0, tail_density=0.05),
+    "b1": dict(b=1, e=30, m=300, s=5, head=100, head_density=1.0,
+               tail_density=0.0),
+}
+
+
+@pytest.mark.parametrize("isa", ["base", "avx2"])
+@pytest.mark.parametrize("name", sorted(SIGNAL_CASES))
+def test_fused_gradient_matches_reference_and_separate_ops(name, isa,
+                                                           monkeypatch):
+    monkeypatch.setenv("XMC_TF_CPU_ISA", isa)
+    case = dict(SIGNAL_CASES[name])
+    rng = np.random.default_rng(sum(map(ord, name)))
+    b, e, m, s = (case.pop(k) for k in ("b", "e", "m", "s"))
+    x, indices, weights, _ = make_case(rng, b, e, m, s)
+    g = mixed_signal(rng, b, m, **case)
+    gx, gw = (t.numpy() for t in lib.xmc_uniform_sparse_matmul_grad(
+        backward=g, features=x, indices=indices, weights=weights))
+    _, ref_gx, ref_gw = reference(x, indices, weights, g)
+    np.testing.assert_allclose(gx, ref_gx, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(gw, ref_gw, rtol=1e-5, atol=1e-4)
+    assert (gw[m - 1] == 0).all()  # the all-zero column
+    # The separate ops take the same paths: the same bits.
+    np.testing.assert_array_equal(
+        gx, lib.xmc_uniform_sparse_matmul_grad_features(
+            backward=g, features=x, indices=indices, weights=weights).numpy())
+    np.testing.assert_array_equal(
+        gw, lib.xmc_uniform_sparse_matmul_grad_weights(
+            backward=g, features=x, indices=indices).numpy())
+
+
+def test_fused_gradient_reduced_precision():
+    rng = np.random.default_rng(21)
+    x, indices, weights, g = make_case(rng, 40, 50, 300, 6, density=0.02)
+    for dtype, tol in ((tf.float16, 2e-2), (tf.bfloat16, 5e-2)):
+        gx, gw = lib.xmc_uniform_sparse_matmul_grad(
+            tf.cast(g, dtype), tf.cast(x, dtype), indices,
+            tf.cast(weights, dtype))
+        assert gx.dtype == dtype and gw.dtype == dtype
+        _, ref_gx, ref_gw = reference(
+            tf.cast(tf.cast(x, dtype), tf.float32).numpy(), indices,
+            tf.cast(tf.cast(weights, dtype), tf.float32).numpy(),
+            tf.cast(tf.cast(g, dtype), tf.float32).numpy())
+        np.testing.assert_allclose(tf.cast(gx, tf.float32).numpy(), ref_gx,
+                                   rtol=tol, atol=tol)
+        np.testing.assert_allclose(tf.cast(gw, tf.float32).numpy(), ref_gw,
+                                   rtol=tol, atol=tol)
+
+
+def test_registered_gradient_uses_the_fused_op():
+    x = tf.constant(X)
+    w = tf.constant(W)
+
+    @tf.function
+    def grads(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            y = xmc_tf.ops.uniform_sparse_matmul(x, IDX, w)
+        return tape.gradient(y, [x, w])
+
+    graph = grads.get_concrete_function(x, w).graph
+    types = {op.type for op in graph.get_operations()}
+    assert "Xmc>UniformSparseMatmulGrad" in types
+    assert "Xmc>UniformSparseMatmulGradFeatures" not in types
