@@ -1,44 +1,47 @@
-// CPU kernels (and, when built with nvcc, GPU registrations) of the
-// uniform-sparse op family.  See uniform_sparse_ops.cc for the op contracts.
+// Op kernels of the uniform-sparse product and its gradients: one OpKernel
+// class per op, templated on the device, calling the functors declared in
+// uniform_sparse_kernels.h (CPU here; GPU: the launchers of
+// uniform_sparse_kernels.cu.cc).  See uniform_sparse_ops.cc for the op
+// contracts.
 //
 // Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 // Extremely Large Output Spaces", Sec. 3.2-3.3, Algorithms 1-3.
 //
-// CPU design (all three kernels run on TensorFlow's intra-op thread pool; the
-// hot loops are in uniform_sparse_cpu_loops.h, compiled for AVX-512, AVX2 +
-// FMA and baseline x86-64 and picked at run time by CPU features):
+// CPU design (every functor runs on TensorFlow's intra-op thread pool; the
+// vector loops are in uniform_sparse_cpu_loops.h, compiled for AVX-512,
+// AVX2 + FMA and baseline x86-64 and picked at run time by CPU features):
 //  * Forward: features are first transposed to featT [num_features, bp]
 //    (float32, the batch padded with zeros to bp, a multiple of 16).  Labels
 //    are processed in tiles of kTile; every connection (j, k) adds
 //    weights[j, k] * featT[indices[j, k], :] to the label's accumulators,
 //    held in vector registers (four independent partial sums over k).  The
 //    tile's results are written to scores[:, j0:j0+kTile] row by row.
-//  * Gradient w.r.t. features: when the backward signal has on average at
-//    least one non-zero per label column (kDenseColumnEntries), the
-//    transpose of the forward: each thread takes a range of label tiles,
-//    gathers their backward columns, and adds weights[j, k] * column to row
-//    indices[j, k] of a private gT [num_features, bp] buffer (a vector
-//    read-modify-write per connection); the buffers are then summed into
-//    grad [batch, num_features].  A label with an all-zero column is
-//    skipped without reading its indices or weights (Sec. 3.3); a label
-//    with a non-finite weight adds its non-zero entries one by one.  For a
-//    sparser signal (or when the buffers would be too large), work units
-//    are (instance i, chunk of labels) as before: each unit owns its output
-//    row (or a private buffer when there are more chunks than one), and a
-//    zero backward[i, j] skips label j without reading it.
-//  * Gradient w.r.t. weights: labels are processed in tiles; a tile's
-//    backward columns are gathered once, a label whose column is all zero
-//    writes zeros without reading its indices, a sparse column visits only
-//    its non-zero instances, a dense one computes the dot products of its
-//    column with the featT rows of its connections, sixteen connections at
-//    a time (register accumulators, one shuffle-tree reduction).  In every
-//    path (and on the GPU) a zero backward[i, j] contributes
-//    exactly 0 to grad_weights[j, :], even where features[i, indices[j, k]]
-//    is inf or NaN (no 0 * inf = NaN): which outputs are non-finite does not
-//    depend on the density of backward.  The same holds for the gradient
-//    w.r.t. features (zero entries are skipped there too).
-//  * Every kernel validates ranks, shapes and the index range first and fails
-//    with InvalidArgument naming the offending entry.
+//  * Gradients (GradientsCpu: both, as Xmc>UniformSparseMatmulGrad, the
+//    registered gradient, or either one, as the two single-gradient ops):
+//    one pass over the labels in blocks of kSignalBlock.  A block's signal
+//    backward[:, j0:j0+128] is loaded (TileSignal) as dense columns when the
+//    estimated density is high, else as per-label lists of non-zeros, its
+//    rows read 16 values at a time and an all-zero run skipped with one
+//    test.  Then per label: an all-zero column is skipped without reading
+//    indices or weights (Sec. 3.3; grad_weights[j, :] = 0); a column with
+//    at least bp / kDenseColumnFactor non-zeros takes the vector loops (the
+//    dot products of the column with the featT rows of its connections,
+//    sixteen connections at a time; the scatter of weights[j, k] * column
+//    into row indices[j, k] of the thread's gT [num_features, bp] buffer);
+//    a sparser one costs one update per non-zero and connection
+//    (grad_weights from the untransposed features rows, grad_features into
+//    gT).  The gT buffers are summed into grad_features at the end.  When
+//    the signal has less than one non-zero per column on average (or the
+//    buffers would exceed kMaxScatterBytes), grad_features is computed by
+//    instance rows instead (GradFeaturesByRows: each unit owns its output
+//    row; zero runs of the row are skipped 16 at a time).
+//  * In every path (and on the GPU) a zero backward[i, j] contributes
+//    exactly 0, even against an inf / NaN feature or weight (no 0 * inf =
+//    NaN): which outputs are non-finite does not depend on the density of
+//    backward or on the path.
+//  * Every kernel validates ranks and shapes, and its functor the index
+//    range, first, and fails with InvalidArgument naming the offending
+//    entry.
 
 #include <algorithm>
 #include <cmath>
