@@ -1,5 +1,6 @@
 """The process-memory helpers of the job (:mod:`xmc_tf.job.report`):
-``return_free_memory`` (between the job's phases)."""
+``return_free_memory`` (between the job's phases) and
+``limit_malloc_heaps`` (``xmc-tf train``)."""
 
 import ctypes
 
@@ -27,3 +28,12 @@ def test_return_free_memory_gives_back_freed_heap():
     assert report.return_free_memory() > 50 << 20
     assert report.return_free_memory() >= 0
 
+
+def test_limit_malloc_heaps_respects_the_environment(monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert report.limit_malloc_heaps() is False
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
+    assert report.limit_malloc_heaps() is False
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    assert report.limit_malloc_heaps() is _glibc()

@@ -1,7 +1,8 @@
 """The report of a run: the dict written to ``metrics.json`` (test metrics,
 sizes, seconds, bytes), built by one function for single runs and
-ensembles, and the byte counts it holds; and
-:func:`return_free_memory` (between the job's phases).
+ensembles, and the byte counts it holds; and the process's memory:
+:func:`return_free_memory` (between the job's phases) and
+:func:`limit_malloc_heaps` (``xmc-tf train``).
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import os
 import resource
 
 import keras
 import numpy as np
 
 
-__all__ = ["peak_memory_bytes", "return_free_memory", "variable_bytes",
-           "layer_bytes", "model_bytes", "run_report", "MEMBER_KEYS"]
+__all__ = ["peak_memory_bytes", "return_free_memory", "limit_malloc_heaps",
+           "MMAP_THRESHOLD_BYTES", "variable_bytes", "layer_bytes",
+           "model_bytes", "run_report", "MEMBER_KEYS"]
 
 #: What an ensemble's ``metrics.json`` keeps of each member's.
 MEMBER_KEYS = ("P@1", "P@3", "P@5", "train_seconds", "epochs")
@@ -60,6 +63,45 @@ def return_free_memory() -> int:
     trim.argtypes = [ctypes.c_size_t]
     trim(0)
     return max(0, before - _resident_bytes())
+
+
+#: ``malloc`` blocks of at least this many bytes get their own mapping
+#: under ``xmc-tf train`` (:func:`limit_malloc_heaps`).
+MMAP_THRESHOLD_BYTES = 1 << 20
+
+_M_MMAP_THRESHOLD = -3  # glibc's <malloc.h>
+
+
+def limit_malloc_heaps(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Serves ``malloc`` blocks of ``threshold`` bytes or more from their own
+    memory mappings, returned to the system when freed.
+
+    glibc starts with a 128 KiB threshold and raises it, up to 32 MiB, to
+    the size of every mapped block that is freed; after that, TensorFlow's
+    1-32 MiB tensors come from the heaps, and what they leave free there
+    stays resident.  At Amazon-670K shape that was 0.2-0.25 GiB under
+    training's peak (``docs/scaling.md``); with a fixed 1 MiB threshold
+    the training steps took the same CPU time.  ``mallopt`` changes this
+    process's allocator, so the ``xmc-tf`` command calls this and the
+    library does not.  A threshold the user set (``MALLOC_MMAP_THRESHOLD_``
+    or ``GLIBC_TUNABLES`` ``glibc.malloc.mmap_threshold``) is left alone.
+
+    Args:
+      threshold: bytes (> 0).
+
+    Returns:
+      True if the threshold was set; False without glibc's ``mallopt``, or
+      when the environment already sets one.
+    """
+    if ("MALLOC_MMAP_THRESHOLD_" in os.environ
+            or "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", "")):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(_M_MMAP_THRESHOLD, int(threshold)))
 
 
 def variable_bytes(variables) -> int:
