@@ -460,14 +460,14 @@ def main(argv=None):
                           ("child_returncode", "killed_at_rss_bytes",
                            "error")}, indent=1))
     if args.out:
-        runs = []
+        doc = {}
         if os.path.exists(args.out):
             with open(args.out) as f:
-                runs = [r for r in json.load(f).get("runs", [])
-                        if r.get("label") != args.label]
-        runs.append(result)
+                doc = json.load(f)  # its other keys (description) are kept
+        doc["runs"] = [r for r in doc.get("runs", [])
+                       if r.get("label") != args.label] + [result]
         with open(args.out, "w") as f:
-            json.dump({"runs": runs}, f, indent=1)
+            json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":

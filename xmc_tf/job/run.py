@@ -165,6 +165,9 @@ class Run:
                 distributed=self.cluster.strategy is not None,
                 fit_data=self.fit_data)
         self.model.summary(print_fn=logging.info)
+        # What parsing, normalising and initialising freed stays resident
+        # in malloc's heaps otherwise, under training's peak.
+        _return_free_memory("the data and the model are built")
         cbs = xfit.make_callbacks(self.config, self.wd.path, self.head,
                                   self.layer, self.val_data, self.cluster)
         self.callbacks = cbs + self.extra_callbacks
@@ -200,6 +203,7 @@ class Run:
         if released:
             logging.info("released the optimizer state (%.2f GiB) before "
                          "evaluation and export", released / 2**30)
+        _return_free_memory("training is over")
         exported, tree_info, tree_seconds = xfinalize.finalize(
             self.config, self.wd, self.head, self.model, self.fit_data,
             self.val_data, self.summary.sparse, self.norm)
@@ -237,6 +241,14 @@ class Run:
         self.plan()
         self.build()
         self.fit()
+
+
+def _return_free_memory(when: str) -> None:
+    """:func:`xmc_tf.job.report.return_free_memory`, logged."""
+    returned = xreport.return_free_memory()
+    if returned >= 2**20:
+        logging.info("returned %.2f GiB of freed memory to the system (%s)",
+                     returned / 2**30, when)
 
 
 def train_and_evaluate(config, workdir: str, *, data: JobData | None = None,
