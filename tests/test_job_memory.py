@@ -1,4 +1,4 @@
-"""The process-memory helpers of the job (:mod:`xmc_tf.job.report`):
+"""The process-memory helpers of the job (:mod:`xmc_tf.job.memory`):
 ``return_free_memory`` (between the job's phases) and
 ``limit_malloc_heaps`` (``xmc-tf train``)."""
 
@@ -7,7 +7,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from xmc_tf.job import report
+from xmc_tf.job import memory
 
 
 def _glibc() -> bool:
@@ -25,15 +25,15 @@ def test_return_free_memory_gives_back_freed_heap():
     # them resident until trimmed.
     blocks = [np.ones(512) for _ in range(100_000)]  # ~0.4 GB
     del blocks
-    assert report.return_free_memory() > 50 << 20
-    assert report.return_free_memory() >= 0
+    assert memory.return_free_memory() > 50 << 20
+    assert memory.return_free_memory() >= 0
 
 
 def test_limit_malloc_heaps_respects_the_environment(monkeypatch):
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    assert report.limit_malloc_heaps() is False
+    assert memory.limit_malloc_heaps() is False
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
-    assert report.limit_malloc_heaps() is False
+    assert memory.limit_malloc_heaps() is False
     monkeypatch.delenv("GLIBC_TUNABLES")
-    assert report.limit_malloc_heaps() is _glibc()
+    assert memory.limit_malloc_heaps() is _glibc()

@@ -491,7 +491,7 @@ def _train(fv, config_path):
     :class:`xmc_tf.ExtremeClassifier` (:meth:`~xmc_tf.ExtremeClassifier.fit_files`)."""
     _import_xmc_tf()
     from xmc_tf.job import cluster as xcluster
-    from xmc_tf.job.report import limit_malloc_heaps
+    from xmc_tf.job.memory import limit_malloc_heaps
     # Large blocks mapped and returned on free, not cached in malloc's
     # heaps under training's peak (a process setting: the command's).
     limit_malloc_heaps()

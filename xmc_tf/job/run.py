@@ -56,6 +56,7 @@ from xmc_tf.job import finalize as xfinalize
 from xmc_tf.job import fit as xfit
 from xmc_tf.job import inputs as xinputs
 from xmc_tf.job import plan as xplan
+from xmc_tf.job import memory as xmemory
 from xmc_tf.job import report as xreport
 from xmc_tf.job import resume as xresume
 from xmc_tf.job.scoring import evaluate_model
@@ -244,8 +245,8 @@ class Run:
 
 
 def _return_free_memory(when: str) -> None:
-    """:func:`xmc_tf.job.report.return_free_memory`, logged."""
-    returned = xreport.return_free_memory()
+    """:func:`xmc_tf.job.memory.return_free_memory`, logged."""
+    returned = xmemory.return_free_memory()
     if returned >= 2**20:
         logging.info("returned %.2f GiB of freed memory to the system (%s)",
                      returned / 2**30, when)
