@@ -87,7 +87,8 @@ using cpu_loops::PaddedBatch;
 
 // Checks ranks and shapes of the operands that are present (nullptr = absent).
 Status ValidateShapes(const Tensor* features, const Tensor& indices,
-                      const Tensor* weights, const Tensor* backward, UniformSparseDims* d) {
+                      const Tensor* weights, const Tensor* backward,
+                      UniformSparseDims* d) {
   TF_RETURN_IF_ERROR(CheckMatrix(indices, "indices"));
   d->num_labels = indices.dim_size(0);
   d->fan_in = indices.dim_size(1);
@@ -95,19 +96,12 @@ Status ValidateShapes(const Tensor* features, const Tensor& indices,
     TF_RETURN_IF_ERROR(CheckMatrix(*features, "features"));
     d->batch = features->dim_size(0);
     d->num_features = features->dim_size(1);
-    if (d->num_features > std::numeric_limits<int32_t>::max()) {
-      return errors::InvalidArgument("num_features = ", d->num_features,
-                                     " does not fit int32 indices");
-    }
+    TF_RETURN_IF_ERROR(CheckInt32Indexable(d->num_features, "num_features"));
   }
   if (weights != nullptr) {
     TF_RETURN_IF_ERROR(CheckMatrix(*weights, "weights"));
-    if (weights->shape() != indices.shape()) {
-      return errors::InvalidArgument(
-          "weights shape ", weights->shape().DebugString(),
-          " must equal indices shape ", indices.shape().DebugString(),
-          " ([num_labels, fan_in])");
-    }
+    TF_RETURN_IF_ERROR(CheckSameShape(*weights, "weights", indices, "indices",
+                                      "[num_labels, fan_in]"));
   }
   if (backward != nullptr) {
     TF_RETURN_IF_ERROR(CheckMatrix(*backward, "backward"));
