@@ -90,7 +90,8 @@ using cpu_loops::PaddedBatch;
 
 // Checks ranks and shapes of the operands that are present (nullptr = absent).
 Status ValidateShapes(const Tensor* features, const Tensor& indices,
-                      const Tensor* weights, const Tensor* backward, UniformSparseDims* d) {
+                      const Tensor* weights, const Tensor* backward,
+                      UniformSparseDims* d) {
   TF_RETURN_IF_ERROR(CheckMatrix(indices, "indices"));
   d->num_labels = indices.dim_size(0);
   d->fan_in = indices.dim_size(1);
@@ -98,19 +99,12 @@ Status ValidateShapes(const Tensor* features, const Tensor& indices,
     TF_RETURN_IF_ERROR(CheckMatrix(*features, "features"));
     d->batch = features->dim_size(0);
     d->num_features = features->dim_size(1);
-    if (d->num_features > std::numeric_limits<int32_t>::max()) {
-      return errors::InvalidArgument("num_features = ", d->num_features,
-                                     " does not fit int32 indices");
-    }
+    TF_RETURN_IF_ERROR(CheckInt32Indexable(d->num_features, "num_features"));
   }
   if (weights != nullptr) {
     TF_RETURN_IF_ERROR(CheckMatrix(*weights, "weights"));
-    if (weights->shape() != indices.shape()) {
-      return errors::InvalidArgument(
-          "weights shape ", weights->shape().DebugString(),
-          " must equal indices shape ", indices.shape().DebugString(),
-          " ([num_labels, fan_in])");
-    }
+    TF_RETURN_IF_ERROR(CheckSameShape(*weights, "weights", indices, "indices",
+                                      "[num_labels, fan_in]"));
   }
   if (backward != nullptr) {
     TF_RETURN_IF_ERROR(CheckMatrix(*backward, "backward"));
@@ -747,10 +741,17 @@ struct UniformSparseMatmulGrad<CpuDevice, T> {
 
 namespace {
 
-// Runs a launcher and fails the op on a CUDA error or an out-of-range index.
-template <typename Launch>
+// Calls launcher(pointers..., batch, num_features, num_labels, fan_in,
+// error_scratch, bad_position, stream) (the launchers' common signature) and
+// fails the op on a CUDA error or an out-of-range index.
+template <typename Launcher, typename... Pointers>
 void RunUniformSparseGpu(OpKernelContext* ctx, const UniformSparseDims& d,
-                         const Launch& launch) {
+                         Launcher launcher, Pointers... pointers) {
+  const auto launch = [&](int64_t* scratch, int64_t* bad_position,
+                          void* stream) {
+    return launcher(pointers..., d.batch, d.num_features, d.num_labels,
+                    d.fan_in, scratch, bad_position, stream);
+  };
   int64_t bad = -1;
   OP_REQUIRES_OK(ctx, RunCheckedLauncher(ctx, "a uniform-sparse kernel", 1,
                                          &bad, launch));
@@ -769,12 +770,8 @@ struct UniformSparseMatmul<GpuDevice, float> {
   void operator()(OpKernelContext* ctx, const float* features,
                   const int32_t* indices, const float* weights,
                   const UniformSparseDims& d, float* scores) const {
-    RunUniformSparseGpu(ctx, d, [&](int64_t* scratch, int64_t* bad,
-                                    void* stream) {
-      return XmcUniformSparseForwardGpuF32(
-          features, indices, weights, scores, d.batch, d.num_features,
-          d.num_labels, d.fan_in, scratch, bad, stream);
-    });
+    RunUniformSparseGpu(ctx, d, XmcUniformSparseForwardGpuF32, features,
+                        indices, weights, scores);
   }
 };
 
@@ -783,12 +780,8 @@ struct UniformSparseMatmulGradFeatures<GpuDevice, float> {
   void operator()(OpKernelContext* ctx, const float* backward,
                   const int32_t* indices, const float* weights,
                   const UniformSparseDims& d, float* grad_features) const {
-    RunUniformSparseGpu(ctx, d, [&](int64_t* scratch, int64_t* bad,
-                                    void* stream) {
-      return XmcUniformSparseGradFeaturesGpuF32(
-          backward, indices, weights, grad_features, d.batch, d.num_features,
-          d.num_labels, d.fan_in, scratch, bad, stream);
-    });
+    RunUniformSparseGpu(ctx, d, XmcUniformSparseGradFeaturesGpuF32, backward,
+                        indices, weights, grad_features);
   }
 };
 
@@ -797,12 +790,8 @@ struct UniformSparseMatmulGradWeights<GpuDevice, float> {
   void operator()(OpKernelContext* ctx, const float* backward,
                   const float* features, const int32_t* indices,
                   const UniformSparseDims& d, float* grad_weights) const {
-    RunUniformSparseGpu(ctx, d, [&](int64_t* scratch, int64_t* bad,
-                                    void* stream) {
-      return XmcUniformSparseGradWeightsGpuF32(
-          backward, features, indices, grad_weights, d.batch, d.num_features,
-          d.num_labels, d.fan_in, scratch, bad, stream);
-    });
+    RunUniformSparseGpu(ctx, d, XmcUniformSparseGradWeightsGpuF32, backward,
+                        features, indices, grad_weights);
   }
 };
 
@@ -839,6 +828,23 @@ T* Data(Tensor* t) {
   return t->flat<T>().data();
 }
 
+// The operands of the gradient ops: backward, features, indices (inputs 0-2)
+// and, `with_weights`, weights (input 3).
+struct GradientOperands {
+  GradientOperands(OpKernelContext* ctx, bool with_weights)
+      : backward(ctx->input(0)),
+        features(ctx->input(1)),
+        indices(ctx->input(2)),
+        weights(with_weights ? &ctx->input(3) : nullptr) {}
+  Status Validate(UniformSparseDims* d) const {
+    return ValidateShapes(&features, indices, weights, &backward, d);
+  }
+  const Tensor& backward;
+  const Tensor& features;
+  const Tensor& indices;
+  const Tensor* weights;  // nullptr without weights
+};
+
 template <typename Device, typename T>
 class UniformSparseMatmulOp : public OpKernel {
  public:
@@ -865,18 +871,14 @@ class UniformSparseMatmulGradFeaturesOp : public OpKernel {
   explicit UniformSparseMatmulGradFeaturesOp(OpKernelConstruction* c)
       : OpKernel(c) {}
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& backward = ctx->input(0);
-    const Tensor& features = ctx->input(1);
-    const Tensor& indices = ctx->input(2);
-    const Tensor& weights = ctx->input(3);
+    const GradientOperands in(ctx, /*with_weights=*/true);
     UniformSparseDims d;
-    OP_REQUIRES_OK(ctx,
-                   ValidateShapes(&features, indices, &weights, &backward, &d));
+    OP_REQUIRES_OK(ctx, in.Validate(&d));
     Tensor* grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, features.shape(), &grad));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, in.features.shape(), &grad));
     functor::UniformSparseMatmulGradFeatures<Device, T>()(
-        ctx, Data<T>(backward), Data<int32_t>(indices), Data<T>(weights), d,
-        Data<T>(grad));
+        ctx, Data<T>(in.backward), Data<int32_t>(in.indices),
+        Data<T>(*in.weights), d, Data<T>(grad));
   }
 };
 
@@ -886,17 +888,14 @@ class UniformSparseMatmulGradWeightsOp : public OpKernel {
   explicit UniformSparseMatmulGradWeightsOp(OpKernelConstruction* c)
       : OpKernel(c) {}
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& backward = ctx->input(0);
-    const Tensor& features = ctx->input(1);
-    const Tensor& indices = ctx->input(2);
+    const GradientOperands in(ctx, /*with_weights=*/false);
     UniformSparseDims d;
-    OP_REQUIRES_OK(ctx,
-                   ValidateShapes(&features, indices, nullptr, &backward, &d));
+    OP_REQUIRES_OK(ctx, in.Validate(&d));
     Tensor* grad = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, indices.shape(), &grad));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, in.indices.shape(), &grad));
     functor::UniformSparseMatmulGradWeights<Device, T>()(
-        ctx, Data<T>(backward), Data<T>(features), Data<int32_t>(indices), d,
-        Data<T>(grad));
+        ctx, Data<T>(in.backward), Data<T>(in.features),
+        Data<int32_t>(in.indices), d, Data<T>(grad));
   }
 };
 
@@ -905,22 +904,19 @@ class UniformSparseMatmulGradOp : public OpKernel {
  public:
   explicit UniformSparseMatmulGradOp(OpKernelConstruction* c) : OpKernel(c) {}
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& backward = ctx->input(0);
-    const Tensor& features = ctx->input(1);
-    const Tensor& indices = ctx->input(2);
-    const Tensor& weights = ctx->input(3);
+    const GradientOperands in(ctx, /*with_weights=*/true);
     UniformSparseDims d;
-    OP_REQUIRES_OK(ctx,
-                   ValidateShapes(&features, indices, &weights, &backward, &d));
+    OP_REQUIRES_OK(ctx, in.Validate(&d));
     Tensor* grad_features = nullptr;
     Tensor* grad_weights = nullptr;
     OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(0, features.shape(), &grad_features));
+                   ctx->allocate_output(0, in.features.shape(), &grad_features));
     OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(1, indices.shape(), &grad_weights));
+                   ctx->allocate_output(1, in.indices.shape(), &grad_weights));
     functor::UniformSparseMatmulGrad<Device, T>()(
-        ctx, Data<T>(backward), Data<T>(features), Data<int32_t>(indices),
-        Data<T>(weights), d, Data<T>(grad_features), Data<T>(grad_weights));
+        ctx, Data<T>(in.backward), Data<T>(in.features),
+        Data<int32_t>(in.indices), Data<T>(*in.weights), d,
+        Data<T>(grad_features), Data<T>(grad_weights));
   }
 };
 

@@ -74,27 +74,32 @@
 // grad-features checks the tile's indices once in the blocks with
 // blockIdx.y == 0 (one coalesced pass over indices, m * s * 4 bytes) and also
 // re-checks every index it dereferences.  An out-of-range entry is recorded
-// with atomicMin of its flat position into error_scratch (initialised to
-// INT64_MAX by a one-thread kernel) and is never used as an address, so the
-// reported position is the smallest bad one, as on the CPU.  Zero-size
-// inputs launch no empty grid: see the launchers at the end of the file.
+// with atomicMin of its flat position into error_scratch (cuda::RecordBad
+// and cuda::RunWithChecks<1> of ops/common/cuda_launch.h, which initialises
+// the slot, copies it back and synchronises) and is never used as an
+// address, so the reported position is the smallest bad one, as on the CPU.
+// Zero-size inputs launch no empty grid: see the launchers at the end of the
+// file.
 
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
 
+#include "ops/common/cuda_launch.h"
 #include "ops/uniform_sparse/uniform_sparse_kernels.h"
 
 namespace xmc_tf {
 namespace uniform_sparse_cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
-constexpr unsigned kFullMask = 0xffffffffu;
+using cuda::CeilDiv;
+using cuda::kFullMask;
+using cuda::kWarpSize;
+using cuda::RecordBad;
+
 constexpr int kMaxWarps = 8;                       // warps per block (max)
 constexpr int kMaxThreads = kMaxWarps * kWarpSize;  // 256
-constexpr int64_t kNoError = INT64_MAX;
 
 // Forward.
 constexpr int kFwdLabels = 32;               // labels per block (one per lane)
@@ -115,9 +120,6 @@ constexpr int kGwUnroll = 8;  // backward loads in flight per thread
 constexpr int kBlocksPerSmTarget = 8;
 constexpr int64_t kMaxGridY = 65535;
 
-__host__ __device__ inline int64_t CeilDiv(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
 __host__ __device__ inline int64_t Min64(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
@@ -127,16 +129,6 @@ __host__ __device__ inline int64_t Max64(int64_t a, int64_t b) {
 
 __device__ __forceinline__ bool InRange(int32_t idx, int64_t num_features) {
   return idx >= 0 && static_cast<int64_t>(idx) < num_features;
-}
-
-__device__ __forceinline__ void RecordBad(int64_t* error_scratch,
-                                          int64_t position) {
-  atomicMin(reinterpret_cast<long long*>(error_scratch),
-            static_cast<long long>(position));
-}
-
-__global__ void InitErrorKernel(int64_t* error_scratch) {
-  *error_scratch = kNoError;
 }
 
 // Range check of every entry of indices [total] (grid-stride).
@@ -417,13 +409,6 @@ __global__ void __launch_bounds__(kGwThreads)
 // ---------------------------------------------------------------------------
 // Host helpers.
 
-cudaError_t MultiprocessorCount(int* count) {
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  return cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
-}
-
 // Splits `batch` instances over gridDim.y so that about
 // kBlocksPerSmTarget * num_sms blocks exist, each range at least `min_range`
 // instances and a multiple of `multiple`.  Returns instances per block
@@ -450,37 +435,15 @@ int WarpsFor(int64_t instances, int64_t rows_per_warp) {
   return static_cast<int>(Min64(w, kMaxWarps));
 }
 
-// Initialises error_scratch, runs `enqueue` (which returns the first error of
-// what it enqueued), then copies the check result back, synchronises the
-// stream and sets *bad_position.
-template <typename Enqueue>
-int RunWithIndexCheck(int64_t* error_scratch, int64_t* bad_position,
-                      cudaStream_t stream, Enqueue enqueue) {
-  InitErrorKernel<<<1, 1, 0, stream>>>(error_scratch);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return static_cast<int>(err);
-  err = enqueue();
-  if (err != cudaSuccess) return static_cast<int>(err);
-  int64_t first_bad = kNoError;
-  err = cudaMemcpyAsync(&first_bad, error_scratch, sizeof(first_bad),
-                        cudaMemcpyDeviceToHost, stream);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  err = cudaStreamSynchronize(stream);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  *bad_position = first_bad == kNoError ? -1 : first_bad;
-  return static_cast<int>(cudaSuccess);
-}
-
 cudaError_t EnqueueValidate(const int32_t* indices, int64_t total,
                             int64_t num_features, int num_sms,
                             int64_t* error_scratch, cudaStream_t stream) {
   if (total <= 0) return cudaSuccess;
-  const int64_t blocks =
-      Min64(CeilDiv(total, kMaxThreads),
-            static_cast<int64_t>(num_sms) * kBlocksPerSmTarget * 4);
-  ValidateIndicesKernel<<<static_cast<unsigned>(blocks), kMaxThreads, 0,
-                          stream>>>(indices, total, num_features,
-                                    error_scratch);
+  const unsigned blocks =
+      cuda::Grid1d(CeilDiv(total, kMaxThreads),
+                   static_cast<int64_t>(num_sms) * kBlocksPerSmTarget * 4);
+  ValidateIndicesKernel<<<blocks, kMaxThreads, 0, stream>>>(
+      indices, total, num_features, error_scratch);
   return cudaGetLastError();
 }
 
@@ -492,6 +455,8 @@ cudaError_t EnqueueValidate(const int32_t* indices, int64_t total,
 // Launchers (extern "C", declared in uniform_sparse_kernels.h).
 
 using namespace xmc_tf::uniform_sparse_cuda;  // NOLINT(build/namespaces)
+using xmc_tf::cuda::MultiprocessorCount;
+using xmc_tf::cuda::RunWithChecks;
 
 extern "C" int XmcUniformSparseForwardGpuF32(
     const float* features, const int32_t* indices, const float* weights,
@@ -519,7 +484,7 @@ extern "C" int XmcUniformSparseForwardGpuF32(
   if (batch == 0 || num_features == 0) {
     // Nothing to compute (batch == 0), or every index is out of range
     // (num_features == 0) and the features must not be read: check only.
-    return RunWithIndexCheck(error_scratch, bad_position, stream, [&] {
+    return RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
       return EnqueueValidate(indices, num_labels * fan_in, num_features,
                              num_sms, error_scratch, stream);
     });
@@ -535,7 +500,7 @@ extern "C" int XmcUniformSparseForwardGpuF32(
   const size_t smem = 2 * static_cast<size_t>(chunk) * kFwdStride * 4;
   const dim3 grid(static_cast<unsigned>(label_tiles),
                   static_cast<unsigned>(splits));
-  return RunWithIndexCheck(error_scratch, bad_position, stream, [&] {
+  return RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
     ForwardKernel<<<grid, warps * kWarpSize, smem, stream>>>(
         features, indices, weights, scores, batch, num_features, num_labels,
         fan_in, chunk, per_block, error_scratch);
@@ -577,7 +542,7 @@ extern "C" int XmcUniformSparseGradFeaturesGpuF32(
                   static_cast<unsigned>(splits));
   // Runs even when batch == 0: the blockIdx.y == 0 blocks check the indices.
   // With num_features == 0 every index is out of range and none is used.
-  return RunWithIndexCheck(error_scratch, bad_position, stream, [&] {
+  return RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
     GradFeaturesKernel<<<grid, warps * kWarpSize, 0, stream>>>(
         backward, indices, weights, grad_features, batch, num_features,
         num_labels, fan_in, log2_group, per_block, error_scratch);
@@ -612,7 +577,7 @@ extern "C" int XmcUniformSparseGradWeightsGpuF32(
                   static_cast<unsigned>(splits));
   // With batch == 0 the kernel still runs: it checks every index and writes
   // zeros.
-  return RunWithIndexCheck(error_scratch, bad_position, stream, [&] {
+  return RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
     if (accumulate) {
       const cudaError_t e = cudaMemsetAsync(
           grad_weights, 0, static_cast<size_t>(total) * sizeof(float), stream);

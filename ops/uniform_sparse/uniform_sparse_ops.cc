@@ -8,25 +8,31 @@
 // Extremely Large Output Spaces -- Learning with 500k Labels on a Single
 // Commodity GPU", Sec. 3.1-3.3, Algorithms 1-3.
 
+#include "ops/common/shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace xmc_tf {
-
-using ::tensorflow::Status;
-using ::tensorflow::shape_inference::DimensionHandle;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
-
 namespace {
 
-// indices [m, s] and weights [m, s] must agree; returns the merged shape.
-Status MergeConnections(InferenceContext* c, int indices_input,
-                        int weights_input, ShapeHandle* merged) {
-  ShapeHandle indices, weights;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(indices_input), 2, &indices));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(weights_input), 2, &weights));
-  return c->Merge(indices, weights, merged);
+// The operands of the gradients: backward [batch, num_labels] (input 0),
+// features [batch, num_features] (input 1, *features), indices
+// [num_labels, fan_in] (input 2) and, with `with_weights`, weights of the
+// same shape (input 3); *connections is the [num_labels, fan_in] shape.
+Status GradientShapes(InferenceContext* c, bool with_weights,
+                      ShapeHandle* features, ShapeHandle* connections) {
+  ShapeHandle backward;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &backward));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, features));
+  if (with_weights) {
+    TF_RETURN_IF_ERROR(MergeMatrices(c, 2, 3, connections));
+  } else {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, connections));
+  }
+  DimensionHandle unused;
+  TF_RETURN_IF_ERROR(
+      c->Merge(c->Dim(backward, 0), c->Dim(*features, 0), &unused));
+  return c->Merge(c->Dim(backward, 1), c->Dim(*connections, 0), &unused);
 }
 
 }  // namespace
@@ -40,7 +46,7 @@ REGISTER_OP("Xmc>UniformSparseMatmul")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle features, connections;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &features));
-      TF_RETURN_IF_ERROR(MergeConnections(c, 1, 2, &connections));
+      TF_RETURN_IF_ERROR(MergeMatrices(c, 1, 2, &connections));
       c->set_output(0, c->Matrix(c->Dim(features, 0), c->Dim(connections, 0)));
       return ::tensorflow::OkStatus();
     })
@@ -69,15 +75,9 @@ REGISTER_OP("Xmc>UniformSparseMatmulGradFeatures")
     .Output("grad_features: T")
     .Attr("T: {float, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle backward, features, connections;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &backward));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &features));
-      TF_RETURN_IF_ERROR(MergeConnections(c, 2, 3, &connections));
-      DimensionHandle unused;
-      TF_RETURN_IF_ERROR(
-          c->Merge(c->Dim(backward, 0), c->Dim(features, 0), &unused));
-      TF_RETURN_IF_ERROR(
-          c->Merge(c->Dim(backward, 1), c->Dim(connections, 0), &unused));
+      ShapeHandle features, connections;
+      TF_RETURN_IF_ERROR(GradientShapes(c, /*with_weights=*/true, &features,
+                                        &connections));
       c->set_output(0, features);
       return ::tensorflow::OkStatus();
     })
@@ -102,15 +102,9 @@ REGISTER_OP("Xmc>UniformSparseMatmulGradWeights")
     .Output("grad_weights: T")
     .Attr("T: {float, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle backward, features, indices;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &backward));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &features));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &indices));
-      DimensionHandle unused;
-      TF_RETURN_IF_ERROR(
-          c->Merge(c->Dim(backward, 0), c->Dim(features, 0), &unused));
-      TF_RETURN_IF_ERROR(
-          c->Merge(c->Dim(backward, 1), c->Dim(indices, 0), &unused));
+      ShapeHandle features, indices;
+      TF_RETURN_IF_ERROR(GradientShapes(c, /*with_weights=*/false, &features,
+                                        &indices));
       c->set_output(0, indices);
       return ::tensorflow::OkStatus();
     })
@@ -135,15 +129,9 @@ REGISTER_OP("Xmc>UniformSparseMatmulGrad")
     .Output("grad_weights: T")
     .Attr("T: {float, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle backward, features, connections;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &backward));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &features));
-      TF_RETURN_IF_ERROR(MergeConnections(c, 2, 3, &connections));
-      DimensionHandle unused;
-      TF_RETURN_IF_ERROR(
-          c->Merge(c->Dim(backward, 0), c->Dim(features, 0), &unused));
-      TF_RETURN_IF_ERROR(
-          c->Merge(c->Dim(backward, 1), c->Dim(connections, 0), &unused));
+      ShapeHandle features, connections;
+      TF_RETURN_IF_ERROR(GradientShapes(c, /*with_weights=*/true, &features,
+                                        &connections));
       c->set_output(0, features);
       c->set_output(1, connections);
       return ::tensorflow::OkStatus();
@@ -168,18 +156,6 @@ grad_features: [batch, num_features]; grad_weights: [num_labels, fan_in].
 // classifier on tf-idf features): the transposed ("inverted") traversal.
 
 namespace {
-
-// rows / cols / values: vectors of one length, starting at input `first`.
-Status SparseInputEntryShapes(InferenceContext* c, int first) {
-  ShapeHandle entries;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(first), 1, &entries));
-  for (int i = first + 1; i < first + 3; ++i) {
-    ShapeHandle other;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &other));
-    TF_RETURN_IF_ERROR(c->Merge(entries, other, &entries));
-  }
-  return ::tensorflow::OkStatus();
-}
 
 // offsets [D + 1] (D + 1 >= 1), entries [m * s] against weights [m, s].
 Status InvertedIndexShapes(InferenceContext* c, int offsets_input,
@@ -254,8 +230,8 @@ REGISTER_OP("Xmc>UniformSparseMatmulSparseInput")
     .Attr("T: {float} = DT_FLOAT")
     .Attr("Tidx: {int32, int64} = DT_INT32")
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(SparseInputEntryShapes(c, 0));
-      ShapeHandle unused, weights;
+      ShapeHandle entries, unused, weights;
+      TF_RETURN_IF_ERROR(MergeVectors(c, 0, 3, &entries));  // rows, cols, values
       TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &unused));
       TF_RETURN_IF_ERROR(InvertedIndexShapes(c, 4, 5, 6, &weights));
       DimensionHandle batch;
@@ -310,9 +286,9 @@ REGISTER_OP("Xmc>UniformSparseMatmulSparseInputGradWeights")
     .Attr("T: {float} = DT_FLOAT")
     .Attr("Tidx: {int32, int64} = DT_INT32")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle backward, weights;
+      ShapeHandle backward, entries, weights;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &backward));
-      TF_RETURN_IF_ERROR(SparseInputEntryShapes(c, 1));
+      TF_RETURN_IF_ERROR(MergeVectors(c, 1, 3, &entries));  // rows, cols, values
       TF_RETURN_IF_ERROR(InvertedIndexShapes(c, 4, 5, 6, &weights));
       DimensionHandle unused;
       TF_RETURN_IF_ERROR(
@@ -359,7 +335,7 @@ REGISTER_OP("Xmc>SetRewire")
     .Attr("num_moved: int >= 0")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle merged, unused;
-      TF_RETURN_IF_ERROR(MergeConnections(c, 0, 1, &merged));
+      TF_RETURN_IF_ERROR(MergeMatrices(c, 0, 1, &merged));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &unused));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &unused));
       int64_t num_moved = 0;

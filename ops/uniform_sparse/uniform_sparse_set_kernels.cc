@@ -5,18 +5,22 @@
 // in them: 70-130x the memory-bandwidth limit at 670k labels).
 //
 // Per label: a selection of the num_moved smallest |weight| (integer keys:
-// one pass with a sorted buffer for num_moved <= 16, else nth_element), then rejection draws against the sources to avoid, held in a
+// one pass with a sorted buffer for num_moved <= 16, else nth_element),
+// then rejection draws against the sources to avoid, held in a
 // per-thread bitmap of num_features bits (set for the row's sources and its
 // draws, cleared after the row: O(fan_in) per label) when num_features <=
 // kMaxBitmapBits, else found by a scan of the row.  The generator is
 // SplitMix64 keyed by (seed, row) with Lemire's unbiased bounded draws, so
 // the result does not depend on the sharding.
 //
+// The operands are checked first (ops/common/validation.h messages; the
+// index range with the sharded first-bad search of ops/common/bad_index.h),
+// failing with InvalidArgument.
+//
 // Source: Mocanu et al. (SET, Nature Communications 2018); Schultheis &
 // Babbar, Sec. 2 and 4.1.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -24,21 +28,13 @@
 #include <utility>
 #include <vector>
 
+#include "ops/common/bad_index.h"
+#include "ops/common/validation.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace xmc_tf {
-
-using ::tensorflow::DEVICE_CPU;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::TensorShapeUtils;
-namespace errors = ::tensorflow::errors;
-
 namespace {
 
 constexpr int64_t kMaxBitmapBits = int64_t{1} << 24;  // 2 MiB per thread
@@ -113,26 +109,17 @@ class SetRewireOp : public OpKernel {
     const Tensor& weights = ctx->input(1);
     const Tensor& num_features_t = ctx->input(2);
     const Tensor& seed_t = ctx->input(3);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsMatrix(indices.shape()),
-                errors::InvalidArgument(
-                    "indices must be a matrix (rank 2), got shape ",
-                    indices.shape().DebugString()));
-    OP_REQUIRES(ctx, weights.shape() == indices.shape(),
-                errors::InvalidArgument(
-                    "weights shape ", weights.shape().DebugString(),
-                    " must equal indices shape ",
-                    indices.shape().DebugString(), " ([num_labels, fan_in])"));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(num_features_t.shape()),
-                errors::InvalidArgument("num_features must be a scalar, got "
-                                        "shape ",
-                                        num_features_t.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckMatrix(indices, "indices"));
+    OP_REQUIRES_OK(ctx, CheckSameShape(weights, "weights", indices, "indices",
+                                       "[num_labels, fan_in]"));
+    int64_t e = 0;
+    OP_REQUIRES_OK(ctx, NonNegativeScalar(num_features_t, "num_features", &e));
     OP_REQUIRES(ctx,
                 TensorShapeUtils::IsVector(seed_t.shape()) &&
                     seed_t.NumElements() == 2,
                 errors::InvalidArgument("seed must be a [2] vector, got shape ",
                                         seed_t.shape().DebugString()));
     const int64_t m = indices.dim_size(0), s = indices.dim_size(1);
-    const int64_t e = num_features_t.scalar<int64_t>()();
     const int64_t n = num_moved_;
     OP_REQUIRES(ctx, n <= s,
                 errors::InvalidArgument("num_moved = ", n,
@@ -146,25 +133,10 @@ class SetRewireOp : public OpKernel {
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
 
     // Range check (the first bad entry in row-major order).
-    std::atomic<int64_t> first_bad{std::numeric_limits<int64_t>::max()};
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, m * s, 1,
-        [&](int64_t start, int64_t limit) {
-          for (int64_t p = start; p < limit; ++p) {
-            if (static_cast<uint32_t>(idx[p]) >= static_cast<uint64_t>(e)) {
-              int64_t cur = first_bad.load();
-              while (p < cur && !first_bad.compare_exchange_weak(cur, p)) {
-              }
-              return;
-            }
-          }
-        });
-    const int64_t bad = first_bad.load();
-    OP_REQUIRES(ctx, bad == std::numeric_limits<int64_t>::max(),
-                errors::InvalidArgument(
-                    "indices[", bad / std::max<int64_t>(s, 1), ", ",
-                    bad % std::max<int64_t>(s, 1), "] = ", idx[bad],
-                    " is out of range [0, ", e, ") (num_features)"));
+    const int64_t bad = FirstOutOfRange(ctx, idx, m * s, 0, e);
+    OP_REQUIRES(ctx, bad < 0,
+                OutOfRange("indices", indices.shape(), bad, idx[bad], 0, e,
+                           "num_features"));
 
     Tensor* new_t = nullptr;
     Tensor* pos_t = nullptr;

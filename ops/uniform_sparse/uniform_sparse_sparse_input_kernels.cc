@@ -33,13 +33,14 @@
 //    (output shapes are built with TensorShape::BuildTensorShape).
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <numeric>
 #include <type_traits>
 #include <vector>
 
+#include "ops/common/bad_index.h"
+#include "ops/common/validation.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -48,70 +49,11 @@
 
 namespace xmc_tf {
 
-using ::tensorflow::DEVICE_CPU;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::TensorShapeUtils;
-namespace errors = ::tensorflow::errors;
-
 namespace {
 
-constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-
 // ---------------------------------------------------------------------------
-// Validation.
-
-Status NonNegativeScalar(const Tensor& t, const char* name, int64_t* value) {
-  if (!TensorShapeUtils::IsScalar(t.shape())) {
-    return errors::InvalidArgument(name, " must be a scalar, got shape ",
-                                   t.shape().DebugString());
-  }
-  *value = t.scalar<int64_t>()();
-  if (*value < 0) {
-    return errors::InvalidArgument(name, " must be >= 0, got ", *value);
-  }
-  return ::tensorflow::OkStatus();
-}
-
-Status CheckMatrix(const Tensor& t, const char* name) {
-  if (!TensorShapeUtils::IsMatrix(t.shape())) {
-    return errors::InvalidArgument(name, " must be a matrix (rank 2), got "
-                                   "shape ", t.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
-}
-
-Status CheckVector(const Tensor& t, const char* name) {
-  if (!TensorShapeUtils::IsVector(t.shape())) {
-    return errors::InvalidArgument(name, " must be a vector (rank 1), got "
-                                   "shape ", t.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
-}
-
-// Smallest q in [0, n) with bad(q), or kNone; sharded, `cost` per element.
-template <typename Bad>
-int64_t FirstBad(OpKernelContext* ctx, int64_t n, int64_t cost, Bad bad) {
-  std::atomic<int64_t> first{kNone};
-  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-  ::tensorflow::Shard(workers->num_threads, workers->workers, n, cost,
-                      [&](int64_t start, int64_t limit) {
-                        for (int64_t q = start; q < limit; ++q) {
-                          if (bad(q)) {
-                            int64_t cur = first.load();
-                            while (q < cur &&
-                                   !first.compare_exchange_weak(cur, q)) {
-                            }
-                            return;
-                          }
-                        }
-                      });
-  return first.load();
-}
+// Validation (the shared checks and messages of ops/common/validation.h; the
+// sharded first-bad searches of ops/common/bad_index.h).
 
 // Checks the inverted index (offsets [D + 1], entries [num_connections]) and
 // returns D.  O(D + num_connections), sharded.
@@ -136,9 +78,9 @@ Status ValidateInvertedIndex(OpKernelContext* ctx, const Tensor& offsets,
   if (o[0] != 0) {
     return errors::InvalidArgument("offsets[0] = ", o[0], " must be 0");
   }
-  const int64_t bad_offset =
-      FirstBad(ctx, d, 2, [o](int64_t f) { return o[f + 1] < o[f]; });
-  if (bad_offset != kNone) {
+  const int64_t bad_offset = FirstBadPosition(
+      ctx, d, [o](int64_t f) { return o[f + 1] < o[f]; }, /*cost=*/2);
+  if (bad_offset >= 0) {
     return errors::InvalidArgument(
         "offsets[", bad_offset + 1, "] = ", o[bad_offset + 1], " < offsets[",
         bad_offset, "] = ", o[bad_offset], ": offsets must be non-decreasing");
@@ -148,24 +90,23 @@ Status ValidateInvertedIndex(OpKernelContext* ctx, const Tensor& offsets,
                                    " must equal the number of entries ", n);
   }
   const Tidx* e = entries.flat<Tidx>().data();
-  const uint64_t bound = static_cast<uint64_t>(n);
-  const int64_t bad_entry = FirstBad(ctx, n, 1, [e, bound](int64_t q) {
-    return static_cast<uint64_t>(static_cast<int64_t>(e[q])) >= bound;
-  });
-  if (bad_entry != kNone) {
-    return errors::InvalidArgument(
-        "entries[", bad_entry, "] = ", static_cast<int64_t>(e[bad_entry]),
-        " is out of range [0, ", n, ") (num_labels * fan_in)");
+  const int64_t bad_entry = FirstOutOfRange(ctx, e, n, 0, n);
+  if (bad_entry >= 0) {
+    return OutOfRange("entries", entries.shape(), bad_entry,
+                      static_cast<int64_t>(e[bad_entry]), 0, n,
+                      "num_labels * fan_in");
   }
   *num_features = d;
   return ::tensorflow::OkStatus();
 }
 
 // rows / cols / values: vectors of one length; rows in [0, num_rows), cols
-// in [0, num_features).  `rows_bound` names num_rows in messages.
-Status ValidateSparseInput(const Tensor& rows, const Tensor& cols,
-                           const Tensor& values, int64_t num_rows,
-                           int64_t num_features, const char* rows_bound) {
+// in [0, num_features).  `rows_bound` names num_rows in messages.  The
+// first bad entry e is reported (its row if that is bad, else its col).
+Status ValidateSparseInput(OpKernelContext* ctx, const Tensor& rows,
+                           const Tensor& cols, const Tensor& values,
+                           int64_t num_rows, int64_t num_features,
+                           const char* rows_bound) {
   TF_RETURN_IF_ERROR(CheckVector(rows, "rows"));
   TF_RETURN_IF_ERROR(CheckVector(cols, "cols"));
   TF_RETURN_IF_ERROR(CheckVector(values, "values"));
@@ -177,19 +118,20 @@ Status ValidateSparseInput(const Tensor& rows, const Tensor& cols,
   }
   const int64_t* r = rows.flat<int64_t>().data();
   const int64_t* c = cols.flat<int64_t>().data();
-  for (int64_t e = 0; e < nnz; ++e) {
-    if (r[e] < 0 || r[e] >= num_rows) {
-      return errors::InvalidArgument("rows[", e, "] = ", r[e],
-                                     " is out of range [0, ", num_rows, ") (",
-                                     rows_bound, ")");
-    }
-    if (c[e] < 0 || c[e] >= num_features) {
-      return errors::InvalidArgument(
-          "cols[", e, "] = ", c[e], " is out of range [0, ", num_features,
-          ") (num_features = offsets size - 1)");
-    }
+  auto row_bad = [r, num_rows](int64_t e) {
+    return r[e] < 0 || r[e] >= num_rows;
+  };
+  const int64_t bad = FirstBadPosition(
+      ctx, nnz, [&row_bad, c, num_features](int64_t e) {
+        return row_bad(e) || c[e] < 0 || c[e] >= num_features;
+      });
+  if (bad < 0) return ::tensorflow::OkStatus();
+  if (row_bad(bad)) {
+    return OutOfRange("rows", rows.shape(), bad, r[bad], 0, num_rows,
+                      rows_bound);
   }
-  return ::tensorflow::OkStatus();
+  return OutOfRange("cols", cols.shape(), bad, c[bad], 0, num_features,
+                    "num_features = offsets size - 1");
 }
 
 // weights [m, s] (or, in the gradient, only its shape).
@@ -252,7 +194,6 @@ class UniformSparseInvertedIndexOp : public OpKernel {
     OP_REQUIRES_OK(ctx, NonNegativeScalar(ctx->input(1), "num_features", &d));
     OP_REQUIRES(ctx, d < std::numeric_limits<int64_t>::max(),
                 errors::InvalidArgument("num_features = ", d, " is too large"));
-    const int64_t fan_in = indices.dim_size(1);
     const int64_t n = indices.NumElements();
     constexpr bool wide = std::is_same<Tidx, int64_t>::value;
     OP_REQUIRES(ctx, wide || n <= std::numeric_limits<int32_t>::max(),
@@ -289,7 +230,10 @@ class UniformSparseInvertedIndexOp : public OpKernel {
     Tidx* counts = counts_t.flat<Tidx>().data();
     std::fill(counts, counts + chunks * d, Tidx{0});
     const uint64_t bound = static_cast<uint64_t>(d);
-    std::atomic<int64_t> first_bad{kNone};
+    // The range check rides on the histogram pass (a chunk stops at its
+    // first bad position; chunks are contiguous, so the smallest recorded
+    // position is the first bad one).
+    FirstBad first_bad;
     ::tensorflow::Shard(
         workers->num_threads, workers->workers, chunks, per_chunk * 3,
         [&](int64_t start, int64_t limit) {
@@ -300,22 +244,16 @@ class UniformSparseInvertedIndexOp : public OpKernel {
               const uint64_t f =
                   static_cast<uint64_t>(static_cast<int64_t>(idx[p]));
               if (f >= bound) {  // negative values wrap to >= 2^63
-                int64_t cur = first_bad.load();
-                while (p < cur && !first_bad.compare_exchange_weak(cur, p)) {
-                }
+                first_bad.Record(p);
                 break;
               }
               ++count[f];
             }
           }
         });
-    const int64_t bad = first_bad.load();
-    OP_REQUIRES(ctx, bad == kNone,
-                errors::InvalidArgument(
-                    "indices[", bad / std::max<int64_t>(fan_in, 1), ", ",
-                    bad % std::max<int64_t>(fan_in, 1), "] = ",
-                    idx[bad], " is out of range [0, ", d,
-                    ") (num_features)"));
+    OP_REQUIRES(ctx, !first_bad.found(),
+                OutOfRange("indices", indices.shape(), first_bad.get(),
+                           idx[first_bad.get()], 0, d, "num_features"));
     // Exclusive prefix sum in (feature, chunk) order: counts become cursors.
     int64_t running = 0;
     for (int64_t f = 0; f < d; ++f) {
@@ -362,7 +300,7 @@ class UniformSparseMatmulSparseInputOp : public OpKernel {
     OP_REQUIRES_OK(ctx, WeightsDims(weights, &m, &s));
     OP_REQUIRES_OK(ctx, ValidateInvertedIndex<Tidx>(ctx, offsets, entries,
                                                     m * s, &d));
-    OP_REQUIRES_OK(ctx, ValidateSparseInput(rows, cols, values, batch, d,
+    OP_REQUIRES_OK(ctx, ValidateSparseInput(ctx, rows, cols, values, batch, d,
                                             "batch_size"));
     TensorShape out_shape;
     OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({batch, m}, &out_shape));
@@ -434,7 +372,7 @@ class UniformSparseMatmulSparseInputGradWeightsOp : public OpKernel {
     const int64_t n = m * s;
     OP_REQUIRES_OK(ctx,
                    ValidateInvertedIndex<Tidx>(ctx, offsets, entries, n, &d));
-    OP_REQUIRES_OK(ctx, ValidateSparseInput(rows, cols, values, batch, d,
+    OP_REQUIRES_OK(ctx, ValidateSparseInput(ctx, rows, cols, values, batch, d,
                                             "rows of backward"));
     Tensor* grad_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, weights.shape(), &grad_t));
