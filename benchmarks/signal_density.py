@@ -194,9 +194,11 @@ def _measure_point(model, layer, batches, repeats):
                 load_average=_load_average())
 
 
-def make_callback(store: dict, num_batches: int, repeats: int, log=print):
+def make_callback(store: dict, num_batches: int, repeats: int, log=print,
+                  on_point=None):
     """The Keras callback measuring at train begin and every epoch end
-    (rows in ``store["points"]``)."""
+    (rows in ``store["points"]``; ``on_point()`` after each, e.g. to save
+    what a killed run has measured)."""
     import keras
     from xmc_tf import decoding
 
@@ -228,6 +230,8 @@ def make_callback(store: dict, num_batches: int, repeats: int, log=print):
             p.update(epoch=epoch, epoch_s=epoch_s, validation_s=val_s,
                      measure_s=time.perf_counter() - t)
             store["points"].append(p)
+            if on_point is not None:
+                on_point()
             log(f"  epoch {epoch}: non-zero {p['nonzero_fraction']:.4%}, "
                 f"labels with signal {p['labels_with_signal']:.2%}, "
                 f"backward {p['backward_ms_real']:.2f} vs "
@@ -261,26 +265,10 @@ def load_data(name: str, args):
     raise ValueError(f"unknown data set {name!r}")
 
 
-def run_dataset(name: str, epochs: int, args) -> dict:
-    """Trains the default model on ``name`` for ``epochs`` epochs with the
-    callback; returns the data set's result dict."""
-    import xmc_tf
-    train = load_data(name, args)
-    print(f"{name}: {train.num_instances} instances, {train.num_features} "
-          f"features, {train.num_labels} labels, {epochs} epochs", flush=True)
-    store = {}
-    overrides = {"train.epochs": epochs, "data.train": "", "data.test": "", "tree.enabled": False,
-                 "train.verbose": 2, "seed": args.seed}
-    t = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="xmc-density-") as wd, \
-            capture_train_stream(store):
-        clf = xmc_tf.ExtremeClassifier(
-            "uniform_sparse", overrides=overrides, workdir=wd,
-            callbacks=[make_callback(store, args.sample_batches,
-                                     args.repeats)])
-        clf.fit_datasets(train)
-    points = store["points"]
-    steps = store["steps_per_epoch"]
+def _result(name, train, epochs, store, args, t0, complete):
+    """The data set's result dict from the callback's ``store``."""
+    points = [dict(p) for p in store.get("points", [])]
+    steps = store.get("steps_per_epoch")
     for prev, p in zip(points, points[1:]):
         saved_ms = 0.5 * ((prev["backward_ms_dense"] - prev["backward_ms_real"])
                           + (p["backward_ms_dense"] - p["backward_ms_real"]))
@@ -288,11 +276,38 @@ def run_dataset(name: str, epochs: int, args) -> dict:
         p["saved_s_per_epoch"] = saved_ms * steps / 1e3
     return dict(dataset=name, num_instances=train.num_instances,
                 num_features=train.num_features, num_labels=train.num_labels,
-                epochs=epochs, steps_per_epoch=steps,
-                fan_in=store["fan_in"], epochs_run=len(points) - 1,
-                batch_size=64, sample_batches=args.sample_batches,
-                repeats=args.repeats, job_s=time.perf_counter() - t,
-                points=points)
+                epochs=epochs, epochs_run=max(len(points) - 1, 0),
+                complete=complete, steps_per_epoch=steps,
+                fan_in=store.get("fan_in"), batch_size=64,
+                sample_batches=args.sample_batches, repeats=args.repeats,
+                job_s=time.perf_counter() - t0, points=points)
+
+
+def run_dataset(name: str, epochs: int, args, save=None) -> dict:
+    """Trains the default model on ``name`` for ``epochs`` epochs with the
+    callback; returns the data set's result dict (``save(result)`` with
+    the partial one after every measurement)."""
+    import xmc_tf
+    train = load_data(name, args)
+    print(f"{name}: {train.num_instances} instances, {train.num_features} "
+          f"features, {train.num_labels} labels, {epochs} epochs", flush=True)
+    store = {}
+    overrides = {"train.epochs": epochs, "data.train": "", "data.test": "", "tree.enabled": False,
+                 "train.verbose": 2, "seed": args.seed}
+    t0 = time.perf_counter()
+
+    def on_point():
+        if save is not None:
+            save(_result(name, train, epochs, store, args, t0, False))
+
+    with tempfile.TemporaryDirectory(prefix="xmc-density-") as wd, \
+            capture_train_stream(store):
+        clf = xmc_tf.ExtremeClassifier(
+            "uniform_sparse", overrides=overrides, workdir=wd,
+            callbacks=[make_callback(store, args.sample_batches,
+                                     args.repeats, on_point=on_point)])
+        clf.fit_datasets(train)
+    return _result(name, train, epochs, store, args, t0, True)
 
 
 def table(results: list[dict]) -> str:
@@ -335,24 +350,33 @@ def main(argv=None):
     args = parse_args(argv)
     epochs = dict((k, int(v)) for k, v in
                   (kv.split("=") for kv in args.epochs.split(",")))
-    results = [run_dataset(name, epochs.get(name, 5), args)
-               for name in args.datasets.split(",")]
-    print(table(results))
-    old = []
-    if args.out and os.path.exists(args.out):
-        now = {r["dataset"] for r in results}
-        with open(args.out) as f:
-            old = [r for r in json.load(f).get("results", [])
-                   if r["dataset"] not in now]
-    if args.out:
+    results = []
+
+    def save(partial=None):
+        if not args.out:
+            return
         import tensorflow as tf
+        now = results + ([partial] if partial else [])
+        names = {r["dataset"] for r in now}
+        old = []
+        if os.path.exists(args.out):
+            with open(args.out) as f:
+                old = [r for r in json.load(f).get("results", [])
+                       if r["dataset"] not in names]
         doc = dict(machine=dict(platform=platform.platform(),
                                 cpus=os.cpu_count(),
                                 tensorflow=tf.__version__),
-                   results=old + results)
+                   results=old + now)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
+        with open(args.out + ".tmp", "w") as f:
             json.dump(doc, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
+
+    for name in args.datasets.split(","):
+        results.append(run_dataset(name, epochs.get(name, 5), args, save))
+        save()
+    print(table(results))
+    if args.out:
         print(f"wrote {args.out}")
 
 
