@@ -80,6 +80,24 @@ def uniform_sparse_matmul(features, indices, weights, name=None):
         features=features, indices=indices, weights=weights, name=name)
 
 
+def _checked_weights(indices, weights):
+    """``weights`` after checking that its shape equals ``indices``' ``[m,
+    s]``: now where the static shapes say it, else when the graph runs.
+
+    Raises:
+      ValueError: the static shapes differ.
+    """
+    if not indices.shape.is_compatible_with(weights.shape):
+        raise ValueError(f"weights shape {weights.shape} must equal "
+                         f"indices shape {indices.shape} ([m, s])")
+    if indices.shape.is_fully_defined() and weights.shape.is_fully_defined():
+        return weights
+    with tf.control_dependencies([tf.debugging.assert_equal(
+            tf.shape(indices), tf.shape(weights),
+            message="weights shape must equal indices shape")]):
+        return tf.identity(weights)
+
+
 def uniform_sparse_matmul_stock(features, indices, weights, name=None):
     """`uniform_sparse_matmul` in TensorFlow's own ops (no ``Xmc>`` op).
 
@@ -135,15 +153,7 @@ def uniform_sparse_matmul_stock(features, indices, weights, name=None):
             raise ValueError("features [batch, e] and indices [m, s] must be "
                              f"matrices, got {features.shape} and "
                              f"{indices.shape}")
-        if not indices.shape.is_compatible_with(weights.shape):
-            raise ValueError(f"weights shape {weights.shape} must equal "
-                             f"indices shape {indices.shape} ([m, s])")
-        if not (indices.shape.is_fully_defined() and
-                weights.shape.is_fully_defined()):
-            with tf.control_dependencies([tf.debugging.assert_equal(
-                    tf.shape(indices), tf.shape(weights),
-                    message="weights shape must equal indices shape")]):
-                weights = tf.identity(weights)
+        weights = _checked_weights(indices, weights)
         dtype = features.dtype
         x_t = tf.transpose(tf.cast(features, tf.float32))  # [e, b]
         batch = tf.shape(x_t)[1]
@@ -318,15 +328,7 @@ def uniform_sparse_matmul_sparse_input(sp_input, indices, weights, name=None,
         weights = tf.convert_to_tensor(weights)
         indices = tf.convert_to_tensor(indices, tf.int32)
         # The ops see only m * s through the index: check [m, s] here.
-        if not indices.shape.is_compatible_with(weights.shape):
-            raise ValueError(f"weights shape {weights.shape} must equal "
-                             f"indices shape {indices.shape} ([m, s])")
-        if not (indices.shape.is_fully_defined() and
-                weights.shape.is_fully_defined()):
-            with tf.control_dependencies([tf.debugging.assert_equal(
-                    tf.shape(indices), tf.shape(weights),
-                    message="weights shape must equal indices shape")]):
-                weights = tf.identity(weights)
+        weights = _checked_weights(indices, weights)
         dense_shape = tf.cast(sp_input.dense_shape, tf.int64)
         if inverted_index is None:
             inverted_index = uniform_sparse_inverted_index(indices,
