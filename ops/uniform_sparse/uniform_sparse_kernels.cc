@@ -53,6 +53,7 @@
 
 #include "ops/common/bad_index.h"
 #include "ops/common/gpu.h"
+#include "ops/common/sum_chunks.h"
 #include "ops/common/validation.h"
 #include "ops/uniform_sparse/uniform_sparse_cpu_loops.h"
 #include "ops/uniform_sparse/uniform_sparse_kernels.h"
@@ -476,16 +477,7 @@ void GradFeaturesByRows(OpKernelContext* ctx, const T* back,
                              d.fan_in, row);
         }
       });
-  if (direct) return;
-  ::tensorflow::Shard(
-      workers->num_threads, workers->workers, out_size, chunks,
-      [&](int64_t start, int64_t limit) {
-        for (int64_t p = start; p < limit; ++p) {
-          float s = 0.0f;
-          for (int64_t c = 0; c < chunks; ++c) s += buffer[c * out_size + p];
-          out[p] = static_cast<T>(s);
-        }
-      });
+  if (!direct) SumChunks(ctx, buffer, chunks, out_size, out);
 }
 
 // One label's share of both gradients, from its signal (count(t) = n > 0
@@ -661,20 +653,18 @@ void GradientsCpu(OpKernelContext* ctx, const T* back, const T* feat,
         }
       });
   if (parts == 0) return;
-  // grad_features[i, f] = sum over parts of gT[part, f, i], in blocks of
-  // features.
+  // grad_features[i, f] = sum over parts of gT[part, f, i]: the parts are
+  // summed into the first (in place), which is then transposed in blocks
+  // of features.
+  SumChunks(ctx, gT_all, parts, slice, gT_all);
   constexpr int64_t kBlock = 64;
   const int64_t feature_blocks = (d.num_features + kBlock - 1) / kBlock;
   ::tensorflow::Shard(
-      workers->num_threads, workers->workers, feature_blocks,
-      kBlock * bp * (parts + 1), [&](int64_t start, int64_t limit) {
+      workers->num_threads, workers->workers, feature_blocks, kBlock * bp * 2,
+      [&](int64_t start, int64_t limit) {
         for (int64_t blk = start; blk < limit; ++blk) {
           const int64_t f0 = blk * kBlock;
           const int64_t f1 = std::min(d.num_features, f0 + kBlock);
-          for (int64_t part = 1; part < parts; ++part) {
-            const float* src = gT_all + part * slice;
-            for (int64_t q = f0 * bp; q < f1 * bp; ++q) gT_all[q] += src[q];
-          }
           for (int64_t i = 0; i < d.batch; ++i) {
             T* row = grad_features + i * d.num_features;
             for (int64_t f = f0; f < f1; ++f) {
