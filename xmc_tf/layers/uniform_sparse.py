@@ -202,8 +202,8 @@ class UniformSparseDense(keras.layers.Layer):
 
     Mixed precision (``keras.mixed_precision.set_global_policy(
     "mixed_float16")`` or ``"mixed_bfloat16"``): the variables stay float32
-    and the op runs in the compute dtype (its CPU kernels accumulate in
-    float32; the GPU kernels are float32 only), so outputs, and the
+    and the op runs in the compute dtype (its CPU and GPU kernels
+    accumulate in float32), so outputs, and the
     ``score_candidates`` / ``score_shared`` logits, are float16 / bfloat16
     (tests/test_mixed_precision.py: within 4e-3 / 3e-2 of a float32 copy,
     relative to the largest score).  Those two cast the whole kernel to
