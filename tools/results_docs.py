@@ -241,58 +241,11 @@ def scaling_page() -> str:
 
 
 def plot_scale(path: str) -> None:
-    """Memory and time per step against labels: ``scale.json``'s runs and,
-    on the time panel, ``roofline.json``'s steady-state steps."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    scale, roof = load("scale.json"), load("roofline.json")
-    gib = 2 ** 30
-    fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(11, 4.2))
-    heads = [h for h in dict.fromkeys(r["head"] for r in scale["runs"])
-             if h not in ("base", "dense (predicted)")]
-    for head in heads:
-        pts = sorted((r["num_labels"], r) for r in scale["runs"]
-                     if r["head"] == head and r.get("returncode") == 0
-                     and r.get("train_peak_bytes"))
-        if not pts:
-            continue
-        xs = [p[0] for p in pts]
-        line, = ax_mem.plot(xs, [p[1]["train_peak_bytes"] / gib for p in pts],
-                            "o-", label=head)
-        ax_time.plot(xs, [_step_seconds(p[1]) for p in pts], "o-",
-                     color=line.get_color(), label=f"{head}: whole CLI step")
-        if head == "dense":
-            for r in scale["runs"]:
-                if r["head"] == "dense (predicted)":
-                    ax_mem.plot([xs[-1], r["num_labels"]],
-                                [pts[-1][1]["train_peak_bytes"] / gib,
-                                 r["train_peak_bytes"] / gib], "x--",
-                                color=line.get_color(),
-                                label="dense (predicted)")
-        if head == "uniform_sparse":
-            ms = sorted((s["shape"]["m"], s["step"]["step_s"])
-                        for s in roof["scales"].values())
-            ax_time.plot(*zip(*ms), "*-", ms=11, color=line.get_color(),
-                         label="uniform_sparse: steady-state step "
-                               "(roofline)")
-    ax_mem.axhline(24, color="grey", lw=0.8, ls=":")
-    ax_mem.text(0.02, 24.3, "24 GiB machine", color="grey", fontsize=8,
-                transform=ax_mem.get_yaxis_transform())
-    for ax, label in ((ax_mem, "peak RSS of the training process (GiB)"),
-                      (ax_time, "seconds per step of 32 (2 shared cores)")):
-        ax.set_xscale("log")
-        ax.set_xlabel("number of labels")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    ax_time.set_yscale("log")
-    ax_mem.legend(fontsize=8)
-    ax_time.legend(fontsize=7)
-    ax_mem.set_title("memory", fontsize=9)
-    ax_time.set_title("time per training step", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """``benchmarks/scale.py``'s figure of ``scale.json``, with
+    ``roofline.json``'s steady-state steps on the time panel."""
+    steady = [(s["shape"]["m"], s["step"]["step_s"])
+              for s in load("roofline.json")["scales"].values()]
+    _benchmark("scale").plot(load("scale.json")["runs"], path, steady=steady)
 
 
 # ------------------------------------------------------- sampled and SCENT
