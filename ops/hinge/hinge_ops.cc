@@ -35,10 +35,11 @@ Status HingeShapes(InferenceContext* c, int upstream_input,
 }  // namespace
 
 REGISTER_OP("Xmc>SquaredHingeLoss")
-    .Input("scores: float")
+    .Input("scores: T")
     .Input("labels: Tlabels")
     .Output("loss: float")
     .Attr("margin: float = 1.0")
+    .Attr("T: {float, half, bfloat16} = DT_FLOAT")
     .Attr("Tlabels: {int32, int64} = DT_INT64")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle scores;
@@ -56,19 +57,22 @@ padding).  Equals the squared hinge of xmc_tf.losses.SquaredHinge on the
 multi-hot targets of labels, without building them: one pass over the scores
 plus one over the ids.
 
-scores: [batch, num_labels] float32.
+scores: [batch, num_labels] T (float32; float16 and bfloat16 on the CPU, where
+  they are computed in float32 as their float32 values would be).
 labels: [batch, n] int32/int64 positive ids padded with -1; every entry in
   [-1, num_labels).
 margin: the margin (1.0 in the paper); finite.
-loss: [batch] float32 (accumulated in float64 across column blocks).
+loss: [batch] float32 for every T (accumulated in float64 across column
+  blocks; a float16 row sum would overflow at 65,504).
 )doc");
 
 REGISTER_OP("Xmc>SquaredHingeLossGrad")
-    .Input("scores: float")
+    .Input("scores: T")
     .Input("labels: Tlabels")
     .Input("upstream: float")
-    .Output("grad: float")
+    .Output("grad: T")
     .Attr("margin: float = 1.0")
+    .Attr("T: {float, half, bfloat16} = DT_FLOAT")
     .Attr("Tlabels: {int32, int64} = DT_INT64")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle scores;
@@ -84,9 +88,10 @@ grad[i, j] = -2 s_ij relu(margin - s_ij * scores[i, j]) * upstream[i];
 exactly 0 where the margin holds (s_ij * scores[i, j] >= margin), whatever
 upstream[i] is, so zero-skipping backward kernels skip it.
 
-scores: [batch, num_labels] float32; labels: [batch, n] as for
+scores: [batch, num_labels] T; labels: [batch, n] as for
 Xmc>SquaredHingeLoss; upstream: [batch] float32, the gradient of the loss.
-grad: [batch, num_labels] float32.
+grad: [batch, num_labels] T (for float16 / bfloat16: computed in float32,
+  rounded once).
 )doc");
 
 }  // namespace xmc_tf
