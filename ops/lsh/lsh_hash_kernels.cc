@@ -579,6 +579,16 @@ struct HashAttrs {
   }
 };
 
+// Output 0 of the hashing ops: codes [n, L].
+absl::Status AllocateCodes(OpKernelContext* ctx, int64_t n,
+                           const lsh::CodeLayout& layout, int32_t** codes) {
+  Tensor* t = nullptr;
+  TF_RETURN_IF_ERROR(
+      ctx->allocate_output(0, TensorShape({n, layout.num_tables}), &t));
+  *codes = t->flat<int32_t>().data();
+  return absl::OkStatus();
+}
+
 // ----- SimHash ---------------------------------------------------------------
 
 // Validates the shape of projection [e, H] and returns the layout.
@@ -614,12 +624,11 @@ class LshSimHashOp : public OpKernel {
                     "projection.shape[0] must equal vectors.shape[1] = ", d,
                     " (input_dim), got projection shape ",
                     projection.shape().DebugString()));
-    Tensor* codes = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({n, layout.num_tables}), &codes));
+    int32_t* codes = nullptr;
+    OP_REQUIRES_OK(ctx, AllocateCodes(ctx, n, layout, &codes));
     functor::LshSimHash<Device>()(ctx, vectors.flat<float>().data(), n, d,
                                   projection.flat<float>().data(), layout,
-                                  codes->flat<int32_t>().data());
+                                  codes);
   }
 
  private:
@@ -647,13 +656,12 @@ class LshSimHashSparseOp : public OpKernel {
     lsh::CodeLayout layout;
     OP_REQUIRES_OK(ctx, SimHashLayout(attrs_, projection, &layout));
     const int64_t n = indices.dim_size(0), s = indices.dim_size(1);
-    Tensor* codes = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({n, layout.num_tables}), &codes));
+    int32_t* codes = nullptr;
+    OP_REQUIRES_OK(ctx, AllocateCodes(ctx, n, layout, &codes));
     functor::LshSimHashSparse<Device>()(
         ctx, indices.flat<int32_t>().data(), weights.flat<float>().data(), n,
         s, projection.flat<float>().data(), projection.dim_size(0), layout,
-        codes->flat<int32_t>().data());
+        codes);
   }
 
  private:
@@ -699,13 +707,12 @@ class LshDwtaHashOp : public OpKernel {
     const int64_t n = vectors.dim_size(0), d = vectors.dim_size(1);
     lsh::CodeLayout layout;
     OP_REQUIRES_OK(ctx, DwtaLayout(attrs_, bins, &layout));
-    Tensor* codes = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({n, layout.num_tables}), &codes));
+    int32_t* codes = nullptr;
+    OP_REQUIRES_OK(ctx, AllocateCodes(ctx, n, layout, &codes));
     functor::LshDwtaHash<Device>()(
         ctx, vectors.flat<float>().data(), n, d, bins.flat<int32_t>().data(),
         static_cast<int>(bins.dim_size(1)), static_cast<uint64_t>(seed_),
-        layout, codes->flat<int32_t>().data());
+        layout, codes);
   }
 
  private:
@@ -731,14 +738,12 @@ class LshDwtaHashSparseOp : public OpKernel {
     lsh::CodeLayout layout;
     OP_REQUIRES_OK(ctx, DwtaLayout(attrs_, bins, &layout));
     const int64_t n = indices.dim_size(0), s = indices.dim_size(1);
-    Tensor* codes = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({n, layout.num_tables}), &codes));
+    int32_t* codes = nullptr;
+    OP_REQUIRES_OK(ctx, AllocateCodes(ctx, n, layout, &codes));
     functor::LshDwtaHashSparse<Device>()(
         ctx, indices.flat<int32_t>().data(), weights.flat<float>().data(), n,
         s, bins.flat<int32_t>().data(), static_cast<int>(bins.dim_size(1)),
-        num_features_, static_cast<uint64_t>(seed_), layout,
-        codes->flat<int32_t>().data());
+        num_features_, static_cast<uint64_t>(seed_), layout, codes);
   }
 
  private:
