@@ -16,20 +16,25 @@ namespace xmc_tf {
 
 namespace {
 
-// scores [b, m], labels [b, n], optional upstream [b] (input position < 0:
-// absent).  Sets *scores with the merged batch, *batch to it.
-Status HingeShapes(InferenceContext* c, int upstream_input,
-                   ShapeHandle* scores, DimensionHandle* batch) {
-  ShapeHandle labels;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, scores));
+// The shape function of both ops: scores [b, m], labels [b, n] and, for
+// the gradient (3 inputs), upstream [b], with one batch size b; the output
+// is the loss [b] or, for the gradient, the scores' shape [b, m].
+Status HingeShapeFn(InferenceContext* c) {
+  ShapeHandle scores, labels;
+  DimensionHandle batch;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &scores));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &labels));
-  TF_RETURN_IF_ERROR(c->Merge(c->Dim(*scores, 0), c->Dim(labels, 0), batch));
-  if (upstream_input >= 0) {
-    ShapeHandle upstream;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(upstream_input), 1, &upstream));
-    TF_RETURN_IF_ERROR(c->Merge(*batch, c->Dim(upstream, 0), batch));
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(scores, 0), c->Dim(labels, 0), &batch));
+  if (c->num_inputs() == 2) {  // Xmc>SquaredHingeLoss
+    c->set_output(0, c->Vector(batch));
+    return ::tensorflow::OkStatus();
   }
-  return c->ReplaceDim(*scores, 0, *batch, scores);
+  ShapeHandle upstream;  // Xmc>SquaredHingeLossGrad
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &upstream));
+  TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(upstream, 0), &batch));
+  TF_RETURN_IF_ERROR(c->ReplaceDim(scores, 0, batch, &scores));
+  c->set_output(0, scores);
+  return ::tensorflow::OkStatus();
 }
 
 }  // namespace
@@ -41,13 +46,7 @@ REGISTER_OP("Xmc>SquaredHingeLoss")
     .Attr("margin: float = 1.0")
     .Attr("T: {float, half, bfloat16} = DT_FLOAT")
     .Attr("Tlabels: {int32, int64} = DT_INT64")
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle scores;
-      DimensionHandle batch;
-      TF_RETURN_IF_ERROR(HingeShapes(c, -1, &scores, &batch));
-      c->set_output(0, c->Vector(batch));
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn(HingeShapeFn)
     .Doc(R"doc(
 One-vs-all squared hinge of every row over all labels, from label ids.
 
@@ -74,13 +73,7 @@ REGISTER_OP("Xmc>SquaredHingeLossGrad")
     .Attr("margin: float = 1.0")
     .Attr("T: {float, half, bfloat16} = DT_FLOAT")
     .Attr("Tlabels: {int32, int64} = DT_INT64")
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle scores;
-      DimensionHandle batch;
-      TF_RETURN_IF_ERROR(HingeShapes(c, 2, &scores, &batch));
-      c->set_output(0, scores);
-      return ::tensorflow::OkStatus();
-    })
+    .SetShapeFn(HingeShapeFn)
     .Doc(R"doc(
 Gradient of Xmc>SquaredHingeLoss w.r.t. scores, in one pass.
 
