@@ -33,6 +33,7 @@
 #include "ops/common/bad_index.h"
 #include "ops/common/gpu.h"
 #include "ops/common/validation.h"
+#include "ops/common/widen.h"
 #include "ops/hinge/hinge_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -97,19 +98,6 @@ float MarginAttr(OpKernelConstruction* c) {
   return margin;
 }
 
-// The n scores at x as floats: x itself for float, else widened into
-// *buffer (half and bfloat16: exact conversions).
-template <typename T>
-const float* Widen(const T* x, int64_t n, std::vector<float>* buffer) {
-  if constexpr (std::is_same<T, float>::value) {
-    return x;
-  } else {
-    buffer->resize(n);
-    for (int64_t j = 0; j < n; ++j) (*buffer)[j] = static_cast<float>(x[j]);
-    return buffer->data();
-  }
-}
-
 // The ids of labels row `row` in [j0, j1) (unsorted, with repeats).
 template <typename TL>
 void IdsInBlock(const TL* row, int64_t n, int64_t j0, int64_t j1,
@@ -156,7 +144,7 @@ struct SquaredHingeLoss<CpuDevice, T, TL> {
             const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
             const T* row = x + i * m;
             double sum = hinge::NegativeSquaredHingeSum(
-                Widen(row + j0, j1 - j0, &wide), j1 - j0, margin);
+                WidenToFloat(row + j0, j1 - j0, &wide), j1 - j0, margin);
             IdsInBlock<TL>(ids + i * n, n, j0, j1, &in_block);
             std::sort(in_block.begin(), in_block.end());
             const auto end = std::unique(in_block.begin(), in_block.end());
@@ -194,7 +182,7 @@ struct SquaredHingeLossGrad<CpuDevice, T, TL> {
             const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
             const T* row = x + i * m;
             T* out = grad + i * m;
-            const float* in = Widen(row + j0, j1 - j0, &wide);
+            const float* in = WidenToFloat(row + j0, j1 - j0, &wide);
             if constexpr (std::is_same<T, float>::value) {
               hinge::NegativeSquaredHingeGrad(in, j1 - j0, margin, up[i],
                                               out + j0);
