@@ -141,6 +141,59 @@ def label_feature_connections(features, labels, fan_in: int, seed=None,
     return out, weights / np.maximum(norms, 1e-12)
 
 
+def label_centroids(features, labels, fan_in: int, seed=None,
+                    name: str = "label_centroids") -> "UniformSparseDense":
+    """A frozen nearest-centroid scorer: label ``j``'s score is the cosine
+    of the instance and ``j``'s (truncated) centroid.
+
+    Row ``j`` keeps the ``fan_in`` strongest features of the sum of label
+    ``j``'s training instances (PIFA, :func:`label_feature_connections`),
+    scaled to unit l2 norm; the layer is a non-trainable
+    :class:`UniformSparseDense` without bias, so on l2-normalised inputs its
+    scores lie in ``[-1, 1]``.  For labels with a handful of training
+    instances this is a strong scorer of its own (the centroid is the
+    instances), which a network's softmax or one-vs-all head learns
+    slowly; :func:`xmc_tf.layers.fuse_scores` adds it to a model's
+    scores with a weight (:mod:`xmc_tf.job` reads the weight on the
+    validation split).  Sources: PIFA (Prabhu et al., Parabel, WWW 2018;
+    Yu et al., PECOS, JMLR 2022); nearest-centroid few-shot classifiers
+    (Snell et al., "Prototypical Networks for Few-shot Learning", NeurIPS
+    2017).
+
+    Args:
+      features: ``scipy.sparse`` ``[n, e]`` float, the training features as
+        the scorer will see them (normalised).
+      labels: ``scipy.sparse`` ``[n, m]``, non-zero = positive.
+      fan_in: s, features kept per label, ``1 <= s <= e``.
+      seed: int or None, for the random fill of labels with fewer features
+        (at weight 0).
+      name: the layer's name.
+
+    Returns:
+      a built :class:`UniformSparseDense` ``[batch, e] -> [batch, m]``
+      float32, ``trainable=False``.  Memory: ``8 m s`` bytes.
+
+    Raises:
+      ValueError: as :func:`label_feature_connections`.
+
+    >>> import scipy.sparse as sp
+    >>> x = sp.csr_matrix(np.array([[1., 0., 0.], [0., .6, .8], [0., 1., 0.]]))
+    >>> y = sp.csr_matrix(np.array([[1, 0], [0, 1], [0, 1]]))
+    >>> layer = label_centroids(x, y, 2, seed=0)
+    >>> layer(tf.constant([[0., .6, .8]])).numpy().astype(float).round(3).tolist()
+    [[0.0, 0.894]]
+    """
+    indices, weights = label_feature_connections(features, labels, fan_in,
+                                                 seed, return_weights=True)
+    layer = UniformSparseDense(indices.shape[0], fan_in, use_bias=False,
+                               kernel_initializer="zeros", seed=seed,
+                               trainable=False, name=name)
+    layer.build((None, features.shape[1]))
+    layer.indices.assign(indices)
+    layer.kernel.assign(weights)
+    return layer
+
+
 @keras.saving.register_keras_serializable(package="xmc_tf")
 class UniformSparseDense(keras.layers.Layer):
     """Output layer in which every label has exactly ``s`` incoming connections.
@@ -176,12 +229,13 @@ class UniformSparseDense(keras.layers.Layer):
         ``BinaryCrossentropy().bias_initializer(labels_per_instance)``.
         Models saved with an explicit initializer (e.g. ``"zeros"``, the
         default before) reload with it.
-      kernel_initializer, kernel_regularizer,
-      bias_regularizer, activity_regularizer, kernel_constraint,
-      bias_constraint: as in ``keras.layers.Dense``.  The kernel
+      kernel_initializer: as in ``keras.layers.Dense``.  The kernel
         initializer is called with the shape ``[units, s]``, which Keras reads
         as fan_in = units, fan_out = s (``glorot_uniform``: limit
         ``sqrt(6 / (units + s))``).
+      kernel_regularizer, bias_regularizer, activity_regularizer: as in
+        ``keras.layers.Dense``.
+      kernel_constraint, bias_constraint: as in ``keras.layers.Dense``.
       seed: int seed of the connection draw (None: random).
       kernel_scale: float > 0; the connection weights are ``kernel_scale *
         kernel``.  Under Adam-type optimizers (steps of about the learning
@@ -202,8 +256,8 @@ class UniformSparseDense(keras.layers.Layer):
 
     Mixed precision (``keras.mixed_precision.set_global_policy(
     "mixed_float16")`` or ``"mixed_bfloat16"``): the variables stay float32
-    and the op runs in the compute dtype (its CPU kernels accumulate in
-    float32; the GPU kernels are float32 only), so outputs, and the
+    and the op runs in the compute dtype (its CPU and GPU kernels
+    accumulate in float32), so outputs, and the
     ``score_candidates`` / ``score_shared`` logits, are float16 / bfloat16
     (tests/test_mixed_precision.py: within 4e-3 / 3e-2 of a float32 copy,
     relative to the largest score).  Those two cast the whole kernel to
@@ -401,8 +455,8 @@ class UniformSparseDense(keras.layers.Layer):
 
     @property
     def num_labels(self) -> int:
-        """m, the number of labels (``units``): :class:`~xmc_tf.layers.
-        scorer.LabelScorer`."""
+        """m, the number of labels (``units``):
+        :class:`~xmc_tf.layers.scorer.LabelScorer`."""
         return self.units
 
     def label_layout(self) -> LabelLayout:

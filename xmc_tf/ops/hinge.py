@@ -7,7 +7,7 @@ w.r.t. the scores, each in one pass over the ``[batch, m]`` scores: no
 multi-hot targets, no sign / margin / relu / square temporaries, and no
 autodiff chain over them.  At 670k labels, batch 32, those element-wise
 temporaries took about as long as the uniform-sparse layer's forward pass
-(``docs/scaling.md``).
+(``docs/notes/scaling.md``).
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 2 (eq. 2) and Sec. 3.3 (the gradient is
@@ -65,15 +65,17 @@ def squared_hinge_loss(scores, labels, margin=1.0, name=None):
     holds (even for a non-finite ``upstream[i]``).
 
     Args:
-      scores: float32 ``[batch, num_labels]``.
+      scores: float32 ``[batch, num_labels]``; float16 and bfloat16 on the
+        CPU (computed in float32 from their float32 values; the gradient
+        has the scores' dtype, rounded once; the loss stays float32).
       labels: int32 or int64 ``[batch, n]`` positive ids padded with -1;
         every entry in ``[-1, num_labels)``.
       margin: finite Python float (an op attribute: one kernel per value).
       name: optional op name.
 
     Returns:
-      float32 ``[batch]``: the loss of every row (accumulated in float64
-      over column blocks).
+      float32 ``[batch]`` (for every scores dtype): the loss of every row
+      (accumulated in float64 over column blocks).
 
     Raises:
       tf.errors.InvalidArgumentError: ``scores`` or ``labels`` not a matrix,
