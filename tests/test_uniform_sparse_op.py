@@ -314,8 +314,9 @@ def _skip_zeros_reference(x, indices, g):
 # depends on the density of backward (see uniform_sparse_kernels.cc).
 @pytest.mark.parametrize("b,e,density", [
     (64, 8, 1.0),      # transposed features, dense dot product per label
-    (64, 8, 0.05),     # transposed features, sparse gather per label
-    (64, 3000, 0.05),  # no transpose, sparse gather from features
+    (64, 8, 0.1),      # transposed features, dense or sparse per label
+    (64, 8, 0.05),     # instance-major: gathers from features rows
+    (64, 3000, 0.05),  # instance-major, wider rows
     (64, 8, 0.0),      # all-zero columns: zeros without reading indices
 ])
 def test_grad_weights_zero_signal_against_non_finite_features(b, e, density):
@@ -376,6 +377,39 @@ def test_grad_features_zero_signal_against_non_finite_weights():
     np.testing.assert_allclose(gx, ref_gx, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("isa", ["base", "avx2", "avx512"])
+def test_sparse_signal_against_non_finite_weights_and_features(
+        isa, monkeypatch):
+    """The instance-major path (a sparse signal, several spans of labels):
+    only the non-zero backward entries multiply inf / NaN weights and
+    features."""
+    monkeypatch.setenv("XMC_TF_CPU_ISA", isa)
+    rng = np.random.default_rng(16)
+    b, e, m, s = 32, 40, 1100, 32
+    x, indices, weights, g = make_case(rng, b, e, m, s, density=0.02)
+    weights[2, :] = np.inf
+    weights[700, 5] = np.nan
+    x[3, :] = np.inf
+    g[3, :] = 0.0        # zero signal against inf features
+    g[:, 2] = 0.0
+    g[5, 2] = 1.0        # one non-zero against the inf weights of label 2
+    g[:, 700] = 0.0      # no signal against the NaN weight
+    gx, gw = (t.numpy() for t in lib.xmc_uniform_sparse_matmul_grad(
+        backward=g, features=x, indices=indices, weights=weights))
+    ref_gw = _skip_zeros_reference(x, indices, g)
+    ref_gx = np.zeros((b, e))
+    for i, j in zip(*np.nonzero(g)):
+        np.add.at(ref_gx[i], indices[j], float(g[i, j]) * weights[j])
+    for got, ref in ((gx, ref_gx), (gw, ref_gw)):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+        finite = np.isfinite(ref)
+        np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-5,
+                                   atol=1e-4)
+    assert np.isinf(gx[5]).any() and np.isfinite(np.delete(gx, 5, 0)).all()
+    assert np.isfinite(gw).all()
+
+
 # Every instruction set of the CPU loops (uniform_sparse_cpu_loops.h;
 # XMC_TF_CPU_ISA can only lower the detected one), on cases that reach the
 # tiled paths: batches that are not a multiple of 16 (padding), wider than
@@ -429,8 +463,9 @@ def test_grad_features_partly_zero_column_against_non_finite_weight(
 
 # ---------------------------------------------------------------------------
 # The fused gradient (Xmc>UniformSparseMatmulGrad, the registered gradient)
-# and the signal paths of the CPU pass: a signal loaded as dense columns or
-# as per-label non-zero lists (by its estimated density), and per label the
+# and the signal paths of the CPU kernels, by the estimated density of the
+# signal: instance-major over its non-zeros (sparse), or a pass over label
+# blocks with the signal loaded as dense columns and per label the
 # vectorised loops (many non-zeros) or one update per non-zero (few).
 
 def mixed_signal(rng, b, m, head, head_density, tail_density):
@@ -450,7 +485,7 @@ SIGNAL_CASES = {
     # built from their columns.
     "dense_mode_mixed": dict(b=128, e=300, m=400, s=9, head=50,
                              head_density=0.9, tail_density=0.01),
-    # mean density < 1%: lists; the head labels' columns are built from them.
+    # mean density < 1%: instance-major, dense head columns included.
     "sparse_mode_mixed": dict(b=128, e=300, m=400, s=9, head=3,
                               head_density=0.9, tail_density=0.002),
     "sparse_mode_b256": dict(b=256, e=64, m=300, s=32, head=0,
@@ -459,6 +494,13 @@ SIGNAL_CASES = {
                               head_density=1.0, tail_density=0.05),
     "b1": dict(b=1, e=30, m=300, s=5, head=100, head_density=1.0,
                tail_density=0.0),
+    # Sparse signals over several spans of labels (instance-major path:
+    # 512 labels a span at fan_in 32, 3264 at fan_in 5), so over several
+    # threads' parts; the last span partial.
+    "sparse_spans": dict(b=48, e=100, m=1700, s=32, head=0, head_density=0.0,
+                         tail_density=0.01),
+    "sparse_spans_s5": dict(b=20, e=40, m=7000, s=5, head=40,
+                            head_density=0.9, tail_density=0.002),
 }
 
 
@@ -485,6 +527,37 @@ def test_fused_gradient_matches_reference_and_separate_ops(name, isa,
     np.testing.assert_array_equal(
         gw, lib.xmc_uniform_sparse_matmul_grad_weights(
             backward=g, features=x, indices=indices).numpy())
+
+
+@pytest.mark.parametrize("isa", ["base", "avx2", "avx512"])
+def test_sparse_signal_duplicate_sources_over_spans(isa, monkeypatch):
+    """Two connections of a label with the same source feature, on the
+    sparse (instance-major) path over several spans: both updates land."""
+    monkeypatch.setenv("XMC_TF_CPU_ISA", isa)
+    rng = np.random.default_rng(43)
+    x, indices, weights, g = make_case(rng, 32, 50, 1200, 32, density=0.01,
+                                       duplicates=True)
+    gx, gw = (t.numpy() for t in lib.xmc_uniform_sparse_matmul_grad(
+        backward=g, features=x, indices=indices, weights=weights))
+    _, ref_gx, ref_gw = reference(x, indices, weights, g)
+    np.testing.assert_allclose(gx, ref_gx, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(gw, ref_gw, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", sorted(ALL_OPS))
+@pytest.mark.parametrize("density", [0.0, 0.01])
+def test_smallest_bad_index_over_spans(op, density):
+    """Bad indices in two spans of labels (so in two threads' parts of the
+    sparse path): the error names the smallest position, whatever the
+    signal."""
+    rng = np.random.default_rng(7)
+    x, indices, weights, g = make_case(rng, 8, 64, 2000, 32, density=density)
+    indices[1500, 3] = 64
+    indices[700, 20] = -5
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"indices\[700, 20\] = -5 is out of range "
+                             r"\[0, 64\)"):
+        ALL_OPS[op](x, indices, weights, g)
 
 
 def test_fused_gradient_reduced_precision():

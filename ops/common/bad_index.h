@@ -13,7 +13,9 @@
 //   const int64_t p = FirstBadPosition(ctx, n, [&](int64_t p) { ... });
 //   // Over an integer array, entries outside [lo, hi):
 //   const int64_t p = FirstOutOfRange(ctx, ids, n, lo, hi);
-// Both return -1 when every position is fine.
+//   // The same on the calling thread (a kernel that checks as it goes):
+//   const int64_t p = FirstOutOfRangeSerial(ids, n, lo, hi);
+// All return -1 when every position is fine.
 #ifndef XMC_TF_OPS_COMMON_BAD_INDEX_H_
 #define XMC_TF_OPS_COMMON_BAD_INDEX_H_
 
@@ -65,13 +67,14 @@ int64_t FirstBadPosition(::tensorflow::OpKernelContext* ctx, int64_t n,
   return first.found() ? first.get() : -1;
 }
 
-// The smallest p in [0, n) with ids[p] outside [lo, hi), or -1.  Each
-// shard tests blocks of kBlock ids with a branch-free (vectorised) loop and
-// searches a block only when it holds a bad id: the common all-good case
-// reads the ids at memory speed.
+// The smallest p in [0, n) with ids[p] outside [lo, hi), or -1, on the
+// calling thread: for a kernel that checks its ids piece by piece as its
+// work reaches them.  Blocks of kBlock ids are tested with a branch-free
+// (vectorised) loop and a block is searched only when it holds a bad id:
+// the common all-good case reads the ids at memory speed.
 template <typename TI>
-int64_t FirstOutOfRange(::tensorflow::OpKernelContext* ctx, const TI* ids,
-                        int64_t n, int64_t lo, int64_t hi) {
+int64_t FirstOutOfRangeSerial(const TI* ids, int64_t n, int64_t lo,
+                              int64_t hi) {
   if (n <= 0) return -1;
   if (hi <= lo) return 0;  // an empty range: every id is out of it
   constexpr int64_t kBlock = 256;
@@ -79,28 +82,41 @@ int64_t FirstOutOfRange(::tensorflow::OpKernelContext* ctx, const TI* ids,
   // (modular arithmetic: also right for ids far outside the range).
   const uint64_t ulo = static_cast<uint64_t>(lo);
   const uint64_t width = static_cast<uint64_t>(hi) - ulo;
+  for (int64_t p0 = 0; p0 < n; p0 += kBlock) {
+    const int64_t p1 = p0 + kBlock < n ? p0 + kBlock : n;
+    bool bad = false;
+    for (int64_t p = p0; p < p1; ++p) {
+      bad |= static_cast<uint64_t>(static_cast<int64_t>(ids[p])) - ulo >=
+             width;
+    }
+    if (!bad) continue;
+    for (int64_t p = p0; p < p1; ++p) {
+      if (static_cast<uint64_t>(static_cast<int64_t>(ids[p])) - ulo >= width) {
+        return p;
+      }
+    }
+  }
+  return -1;
+}
+
+// The smallest p in [0, n) with ids[p] outside [lo, hi), or -1: the ids in
+// pieces of kPiece sharded over the kernel's CPU threads, each piece tested
+// by FirstOutOfRangeSerial.
+template <typename TI>
+int64_t FirstOutOfRange(::tensorflow::OpKernelContext* ctx, const TI* ids,
+                        int64_t n, int64_t lo, int64_t hi) {
+  if (n <= 0) return -1;
+  if (hi <= lo) return 0;
+  constexpr int64_t kPiece = 256;
   FirstBad first;
   auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
   ::tensorflow::Shard(
-      workers->num_threads, workers->workers, (n + kBlock - 1) / kBlock,
-      kBlock, [&](int64_t start, int64_t limit) {
-        for (int64_t b = start; b < limit; ++b) {
-          const int64_t p0 = b * kBlock;
-          const int64_t p1 = p0 + kBlock < n ? p0 + kBlock : n;
-          bool bad = false;
-          for (int64_t p = p0; p < p1; ++p) {
-            bad |= static_cast<uint64_t>(static_cast<int64_t>(ids[p])) - ulo >=
-                   width;
-          }
-          if (!bad) continue;
-          for (int64_t p = p0; p < p1; ++p) {
-            if (static_cast<uint64_t>(static_cast<int64_t>(ids[p])) - ulo >=
-                width) {
-              first.Record(p);
-              return;  // every later position of this shard is larger
-            }
-          }
-        }
+      workers->num_threads, workers->workers, (n + kPiece - 1) / kPiece,
+      kPiece, [&](int64_t start, int64_t limit) {
+        const int64_t p0 = start * kPiece;
+        const int64_t p1 = limit * kPiece < n ? limit * kPiece : n;
+        const int64_t bad = FirstOutOfRangeSerial(ids + p0, p1 - p0, lo, hi);
+        if (bad >= 0) first.Record(p0 + bad);
       });
   return first.found() ? first.get() : -1;
 }

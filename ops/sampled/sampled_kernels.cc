@@ -63,6 +63,7 @@
 #include "ops/common/bad_index.h"
 #include "ops/common/cpu_isa.h"
 #include "ops/common/gpu.h"
+#include "ops/common/sum_chunks.h"
 #include "ops/common/validation.h"
 #include "ops/sampled/sampled_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -493,16 +494,7 @@ struct SampledMatmulGradFeatures<CpuDevice, T> {
       }));
       return;
     }
-    if (direct || out_size == 0) return;
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, out_size, chunks,
-        [&](int64_t start, int64_t limit) {
-          for (int64_t q = start; q < limit; ++q) {
-            float sum = 0.0f;
-            for (int64_t k = 0; k < chunks; ++k) sum += buffer[k * out_size + q];
-            out[q] = static_cast<T>(sum);
-          }
-        });
+    if (!direct) SumChunks(ctx, buffer, chunks, out_size, out);
   }
 };
 

@@ -15,12 +15,20 @@
 //    label's connections, sixteen at a time, reduced by a shuffle tree.
 //  * GradFeaturesScatter: gT[idx[k], :] += w[k] * col for one label's
 //    connections (the transpose of the forward).
+//  * NonZeros: the non-zero entries of a signal row (positions and
+//    values), found and compressed a vector at a time.
+//  * SparseRow: both gradients' updates from one instance's non-zero
+//    signal entries (hardware gathers for the weights gradient).
 #ifndef XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_CPU_LOOPS_H_
 #define XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_CPU_LOOPS_H_
 
 #include <cstdint>
 
 #include "ops/common/cpu_isa.h"
+
+#if XMC_CPU_MULTI_ISA
+#include <immintrin.h>  // the AVX2 / AVX-512 variants' gathers and masks
+#endif
 
 namespace xmc_tf {
 namespace cpu_loops {
@@ -97,6 +105,28 @@ inline void GradFeaturesScatter(Isa isa, float* gT, int64_t bp,
                                 const float* col, const int32_t* ij,
                                 const float* wj, int64_t fan_in) {
   XMC_CPU_DISPATCH(isa, GradFeaturesScatter, gT, bp, col, ij, wj, fan_in)
+}
+
+// The non-zero entries of sig[0:n] (+-0 is zero), in order: positions into
+// pos, values into val (room for n rounded up to 16 in each); returns
+// their number.
+inline int64_t NonZeros(Isa isa, const float* sig, int64_t n, int32_t* pos,
+                        float* val) {
+  XMC_CPU_DISPATCH(isa, NonZeros, sig, n, pos, val)
+}
+
+// For one instance's non-zero signal entries (label pos[q] relative to idx /
+// w / gw, value val[q], q < count, in order): gw[t * fan_in + k] += val[q] *
+// frow[idx[t, k]] when gw is not null, grow[idx[t, k]] += val[q] * w[t, k]
+// when grow is not null (t = pos[q], k < fan_in; frow / grow: the
+// instance's features and features-gradient rows).  The indices must have
+// been range-checked.
+inline void SparseRow(Isa isa, const int32_t* pos, const float* val,
+                      int64_t count, const int32_t* idx, const float* w,
+                      int64_t fan_in, const float* frow, float* gw,
+                      float* grow) {
+  XMC_CPU_DISPATCH(isa, SparseRow, pos, val, count, idx, w, fan_in, frow, gw,
+                   grow)
 }
 
 #undef XMC_CPU_DISPATCH

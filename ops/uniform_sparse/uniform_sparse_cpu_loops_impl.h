@@ -5,7 +5,9 @@
 // target` regions, with XMC_CPU_LANES (floats per vector register: 16, 8,
 // 4) and kMaxVC (vectors per accumulator set: as many as the registers hold
 // without spilling) defined.  Every function defined here is compiled for
-// the region's instruction set; include nothing here.
+// the region's instruction set; include nothing here (the AVX2 and AVX-512
+// variants, XMC_CPU_LANES 8 and 16, may use the <immintrin.h> intrinsics
+// that uniform_sparse_cpu_loops.h includes).
 //
 // The batch axis is padded to `bp`, a multiple of 16 (so of every
 // XMC_CPU_LANES), padding entries zero.
@@ -203,4 +205,136 @@ inline void GradFeaturesScatter(float* gT, int64_t bp, const float* col,
     ScatterChunk<kMaxVC>(gT, bp, off, col, ij, wj, fan_in);
   }
   for (; off < bp; off += kLanes) ScatterChunk<1>(gT, bp, off, col, ij, wj, fan_in);
+}
+
+// ---------------------------------------------------------------------------
+// Both gradients from one instance's sparse signal (instance-major).
+
+// out[k] += g * x[ij[k]] for k < n (8-wide hardware gathers on AVX2 and
+// AVX-512 CPUs).
+inline void GatherAxpy(float g, const float* x, const int32_t* ij, int64_t n,
+                       float* out) {
+  int64_t k = 0;
+#if XMC_CPU_LANES == 16 || XMC_CPU_LANES == 8
+  const __m256 gv = _mm256_set1_ps(g);
+  for (; k + 8 <= n; k += 8) {
+    const __m256i iv =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ij + k));
+    _mm256_storeu_ps(out + k,
+                     _mm256_fmadd_ps(gv, _mm256_i32gather_ps(x, iv, 4),
+                                     _mm256_loadu_ps(out + k)));
+  }
+#endif
+  for (; k < n; ++k) out[k] += g * x[ij[k]];
+}
+
+// out[ij[k]] += g * w[k] for k < n, in order of k (two connections of one
+// label may share a source).
+inline void ScatterAxpy(float g, const float* w, const int32_t* ij, int64_t n,
+                        float* out) {
+  for (int64_t k = 0; k < n; ++k) out[ij[k]] += g * w[k];
+}
+
+#if XMC_CPU_LANES == 8
+// kCompress8[mask]: the lanes set in the 8-bit mask, in increasing order,
+// then zeros (a permutation for _mm256_permutevar8x32_epi32).
+struct Compress8Table {
+  int32_t lanes[256][8];
+  constexpr Compress8Table() : lanes() {
+    for (int m = 0; m < 256; ++m) {
+      int c = 0;
+      for (int l = 0; l < 8; ++l) {
+        if (m & (1 << l)) lanes[m][c++] = l;
+      }
+    }
+  }
+};
+inline constexpr Compress8Table kCompress8{};
+#endif
+
+// The non-zero entries of sig[0:n] (+0 and -0 count as zero), in order:
+// their positions t into pos and values into val; returns their number.
+// pos and val must have room for n rounded up to a multiple of 16 (whole
+// vectors are stored).  Runs of 16 are tested with one vector compare and
+// written without a branch per entry (AVX-512: vpcompressd; AVX2: a
+// permutation from a table).
+inline int64_t NonZeros(const float* sig, int64_t n, int32_t* pos,
+                        float* val) {
+  int64_t count = 0;
+  int64_t t0 = 0;
+#if XMC_CPU_LANES == 16
+  const __m512i step = _mm512_set1_epi32(16);
+  __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                    13, 14, 15);
+  for (; t0 + 16 <= n; t0 += 16) {
+    const __m512 v = _mm512_loadu_ps(sig + t0);
+    const __mmask16 mask = _mm512_test_epi32_mask(
+        _mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
+    _mm512_storeu_si512(pos + count, _mm512_maskz_compress_epi32(mask, lanes));
+    _mm512_storeu_ps(val + count, _mm512_maskz_compress_ps(mask, v));
+    count += __builtin_popcount(mask);
+    lanes = _mm512_add_epi32(lanes, step);
+  }
+#elif XMC_CPU_LANES == 8
+  const __m256i step = _mm256_set1_epi32(8);
+  const __m256i abs = _mm256_set1_epi32(0x7fffffff);
+  __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (; t0 + 8 <= n; t0 += 8) {
+    const __m256 v = _mm256_loadu_ps(sig + t0);
+    const __m256i zero = _mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_castps_si256(v), abs), _mm256_setzero_si256());
+    const uint32_t mask =
+        ~static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(zero))) &
+        0xffu;
+    const __m256i perm = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(kCompress8.lanes[mask]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pos + count),
+                        _mm256_permutevar8x32_epi32(lanes, perm));
+    _mm256_storeu_ps(val + count, _mm256_permutevar8x32_ps(v, perm));
+    count += __builtin_popcount(mask);
+    lanes = _mm256_add_epi32(lanes, step);
+  }
+#else
+  for (; t0 + 16 <= n; t0 += 16) {
+    uint32_t any = 0;  // one test for a run of 16 zeros (bits without sign)
+    for (int l = 0; l < 16; ++l) {
+      uint32_t u;
+      __builtin_memcpy(&u, sig + t0 + l, sizeof(u));
+      any |= u << 1;
+    }
+    if (any == 0) continue;
+    for (int64_t t = t0; t < t0 + 16; ++t) {
+      if (sig[t] != 0.0f) {
+        pos[count] = static_cast<int32_t>(t);
+        val[count++] = sig[t];
+      }
+    }
+  }
+#endif
+  for (; t0 < n; ++t0) {
+    if (sig[t0] != 0.0f) {
+      pos[count] = static_cast<int32_t>(t0);
+      val[count++] = sig[t0];
+    }
+  }
+  return count;
+}
+
+// For one instance's non-zero signal entries (label pos[q], value val[q],
+// q < count, in order; labels relative to idx / w / gw), with label t's
+// connections ij = idx + t * fan_in:
+//   gw[t * fan_in + k] += val[q] * frow[ij[k]]   (when gw is not null)
+//   grow[ij[k]] += val[q] * w[t * fan_in + k]    (when grow is not null)
+// for k < fan_in; frow and grow are the instance's features and
+// features-gradient rows.  The indices must have been range-checked.
+inline void SparseRow(const int32_t* pos, const float* val, int64_t count,
+                      const int32_t* idx, const float* w, int64_t fan_in,
+                      const float* frow, float* gw, float* grow) {
+  for (int64_t q = 0; q < count; ++q) {
+    const float g = val[q];
+    const int64_t t = pos[q];
+    const int32_t* ij = idx + t * fan_in;
+    if (gw != nullptr) GatherAxpy(g, frow, ij, fan_in, gw + t * fan_in);
+    if (grow != nullptr) ScatterAxpy(g, w + t * fan_in, ij, fan_in, grow);
+  }
 }

@@ -17,24 +17,37 @@
 //    held in vector registers (four independent partial sums over k).  The
 //    tile's results are written to scores[:, j0:j0+kTile] row by row.
 //  * Gradients (GradientsCpu: both, as Xmc>UniformSparseMatmulGrad, the
-//    registered gradient, or either one, as the two single-gradient ops):
-//    one pass over the labels in blocks of kSignalBlock.  A block's signal
-//    backward[:, j0:j0+128] is loaded (TileSignal) as dense columns when the
-//    estimated density is high, else as per-label lists of non-zeros, its
-//    rows read 16 values at a time and an all-zero run skipped with one
-//    test.  Then per label: an all-zero column is skipped without reading
-//    indices or weights (Sec. 3.3; grad_weights[j, :] = 0); a column with
-//    at least bp / kDenseColumnFactor non-zeros takes the vector loops (the
-//    dot products of the column with the featT rows of its connections,
-//    sixteen connections at a time; the scatter of weights[j, k] * column
-//    into row indices[j, k] of the thread's gT [num_features, bp] buffer);
-//    a sparser one costs one update per non-zero and connection
-//    (grad_weights from the untransposed features rows, grad_features into
-//    gT).  The gT buffers are summed into grad_features at the end.  When
-//    the signal has less than one non-zero per column on average (or the
-//    buffers would exceed kMaxScatterBytes), grad_features is computed by
-//    instance rows instead (GradFeaturesByRows: each unit owns its output
-//    row; zero runs of the row are skipped 16 at a time).
+//    registered gradient, or either one, as the two single-gradient ops),
+//    by the estimated density of the backward signal:
+//    - a sparse signal (fewer than bp / kSparseSignalFactor non-zeros per
+//      label column on average) goes instance-major
+//      (GradientsBySignalRows): the backward rows are read front to back
+//      once and their non-zero entries kept (SignalEntries, found and
+//      compressed a vector at a time); then, per span of labels whose
+//      indices, weights and grad_weights rows fit in L2, every instance's
+//      entries in the span add g * features[i, indices[j, :]] to
+//      grad_weights[j, :] (hardware gathers) and g * weights[j, :] to row
+//      i of the thread's [batch, num_features] features-gradient buffer,
+//      which stays in L1 while the instance's entries are applied.  The
+//      work is proportional to the non-zeros (Sec. 3.3); the indices are
+//      range-checked span by span as the pass reaches them;
+//    - a denser one: one pass over the labels in blocks of kSignalBlock.
+//      A block's signal backward[:, j0:j0+128] is loaded (TileSignal) as
+//      dense columns (as per-label lists of non-zeros for a sparse signal
+//      whose instance-major buffers would exceed kMaxScatterBytes).  Then
+//      per label: an all-zero column is skipped without
+//      reading indices or weights (grad_weights[j, :] = 0); a column with
+//      at least bp / kDenseColumnFactor non-zeros takes the vector loops
+//      (the dot products of the column with the featT rows of its
+//      connections, sixteen connections at a time; the scatter of
+//      weights[j, k] * column into row indices[j, k] of the thread's gT
+//      [num_features, bp] buffer); a sparser one costs one update per
+//      non-zero and connection.  The gT buffers are summed into
+//      grad_features at the end.  When the signal has less than one
+//      non-zero per column on average (or the buffers would exceed
+//      kMaxScatterBytes), grad_features is computed by instance rows
+//      instead (GradFeaturesByRows: each unit owns its output row; zero
+//      runs of the row are skipped 16 at a time).
 //  * In every path (and on the GPU) a zero backward[i, j] contributes
 //    exactly 0, even against an inf / NaN feature or weight (no 0 * inf =
 //    NaN): which outputs are non-finite does not depend on the density of
@@ -47,12 +60,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <type_traits>
 #include <vector>
 
 #include "ops/common/bad_index.h"
 #include "ops/common/gpu.h"
+#include "ops/common/sum_chunks.h"
 #include "ops/common/validation.h"
 #include "ops/uniform_sparse/uniform_sparse_cpu_loops.h"
 #include "ops/uniform_sparse/uniform_sparse_kernels.h"
@@ -78,6 +93,13 @@ constexpr double kDenseColumnEntries = 1.0;
 // vectorised dense loops; a sparser one visits only its non-zeros (scalar
 // gathers / scatters, several times the cost per entry of the vector loops).
 constexpr int64_t kDenseColumnFactor = 32;
+// The gradients go instance-major, visiting only the signal's non-zeros
+// (GradientsBySignalRows), when the signal has fewer than bp /
+// kSparseSignalFactor non-zeros per label column on average (estimated):
+// about 10x the cost per non-zero of the dense loops, whose cost does not
+// depend on the density, so the instance-major path stays ahead up to
+// about 1/10 of the entries non-zero.
+constexpr int64_t kSparseSignalFactor = 16;
 constexpr int64_t kMaxScatterBytes = int64_t{1} << 30;
 
 using cpu_loops::CpuIsa;
@@ -379,6 +401,12 @@ inline bool DenseSignal(double density, int64_t batch, int64_t bp) {
   return density * batch * kDenseColumnFactor >= bp;
 }
 
+// Whether a signal of this estimated density takes the instance-major
+// path (GradientsBySignalRows).
+inline bool SparseSignal(double density, int64_t batch, int64_t bp) {
+  return density * batch * kSparseSignalFactor < bp;
+}
+
 // ---------------------------------------------------------------------------
 // CPU implementation.
 
@@ -476,16 +504,7 @@ void GradFeaturesByRows(OpKernelContext* ctx, const T* back,
                              d.fan_in, row);
         }
       });
-  if (direct) return;
-  ::tensorflow::Shard(
-      workers->num_threads, workers->workers, out_size, chunks,
-      [&](int64_t start, int64_t limit) {
-        for (int64_t p = start; p < limit; ++p) {
-          float s = 0.0f;
-          for (int64_t c = 0; c < chunks; ++c) s += buffer[c * out_size + p];
-          out[p] = static_cast<T>(s);
-        }
-      });
+  if (!direct) SumChunks(ctx, buffer, chunks, out_size, out);
 }
 
 // One label's share of both gradients, from its signal (count(t) = n > 0
@@ -552,8 +571,225 @@ struct LabelGradients {
   }
 };
 
-// Both gradients or either one (a null output is not computed), in one
-// pass over the signal: labels in blocks of kSignalBlock (TileSignal), each
+// Labels per span of the sparse-signal path (GradientsBySignalRows): the
+// span's indices, weights and weights-gradient rows (12 * fan_in bytes a
+// label) take about kSpanBytes, so they stay in a core's L2 cache while the
+// span's signal entries are applied.
+constexpr int64_t kSpanBytes = int64_t{192} << 10;
+
+inline int64_t SpanLabels(int64_t fan_in) {
+  const int64_t n = kSpanBytes / (12 * std::max<int64_t>(1, fan_in));
+  return std::min<int64_t>(4096, std::max<int64_t>(16, n / 16 * 16));
+}
+
+// Hints the cache lines of p[0:bytes] into the cache (never faults).
+inline void PrefetchBytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b);
+}
+
+// The non-zero entries of a range of backward rows, row by row and within
+// a row in label order: (label relative to its span, value) pairs, and for
+// row r and span sp the index of the first entry, start(r, sp) (the span's
+// entries end at start(r, sp + 1); start(r, num_spans) is the next row's
+// start(0)).
+class SignalEntries {
+ public:
+  SignalEntries(int64_t rows, int64_t num_spans, int64_t expected)
+      : num_spans_(num_spans), start_(rows * num_spans + 1, 0) {
+    Grow(expected, 0);
+  }
+  // Appends the non-zeros of row r's span sp, sig[0:n] (rows and, within a
+  // row, spans in order).
+  void Add(Isa isa, int64_t r, int64_t sp, const float* sig, int64_t n) {
+    const int64_t begin = start_[r * num_spans_ + sp];
+    if (begin + n + 16 > capacity_) Grow(2 * (begin + n + 16), begin);
+    const int64_t count = cpu_loops::NonZeros(isa, sig, n, pos_.get() + begin,
+                                              val_.get() + begin);
+    start_[r * num_spans_ + sp + 1] = begin + count;
+  }
+  int64_t start(int64_t r, int64_t sp) const {
+    return start_[r * num_spans_ + sp];
+  }
+  const int32_t* pos() const { return pos_.get(); }
+  const float* val() const { return val_.get(); }
+
+ private:
+  // Room for `capacity` entries, keeping the first `used`.
+  void Grow(int64_t capacity, int64_t used) {
+    std::unique_ptr<int32_t[]> pos(new int32_t[capacity]);
+    std::unique_ptr<float[]> val(new float[capacity]);
+    if (used > 0) {
+      std::copy(pos_.get(), pos_.get() + used, pos.get());
+      std::copy(val_.get(), val_.get() + used, val.get());
+    }
+    pos_ = std::move(pos);
+    val_ = std::move(val);
+    capacity_ = capacity;
+  }
+  int64_t num_spans_;
+  std::vector<int64_t> start_;
+  std::unique_ptr<int32_t[]> pos_;
+  std::unique_ptr<float[]> val_;
+  int64_t capacity_ = 0;
+};
+
+// Both gradients or either one (a null output is not computed) from a
+// sparse signal, in two sharded passes:
+//  1. collect: the instances are cut into `collectors` ranges; each reads
+//     its instances' backward rows front to back (a sequential read: the
+//     signal is the largest operand) and keeps their non-zero entries
+//     (SignalEntries), indexed by span of labels (SpanLabels);
+//  2. apply: the spans are cut into `parts` contiguous ranges.  For a span,
+//     its indices are range-checked (a bad one stops the part and fails the
+//     op, naming the smallest bad position of all parts), its rows of
+//     grad_weights zeroed, and then every instance's entries in the span
+//     applied (cpu_loops::SparseRow), instances in order: each adds
+//     g * features[i, indices[j, :]] to grad_weights[j, :] and
+//     g * weights[j, :] to row i of the part's [batch, num_features]
+//     features-gradient buffer at columns indices[j, :].  The span's rows
+//     stay in L2, and an instance's features and buffer rows in L1 while
+//     its entries of the span are applied.  The buffers are summed into
+//     grad_features at the end (SumChunks).
+// A zero entry contributes exactly 0 and nothing of its label is read
+// (Sec. 3.3).
+template <typename T>
+void GradientsBySignalRows(OpKernelContext* ctx, const T* back, const T* feat,
+                           const int32_t* idx, const T* weights,
+                           const UniformSparseDims& d, double density,
+                           T* grad_features, T* grad_weights, int64_t parts) {
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  const int64_t threads = std::max(1, workers->num_threads);
+  const int64_t span = SpanLabels(d.fan_in);
+  const int64_t num_spans = (d.num_labels + span - 1) / span;
+  const bool features_grad = grad_features != nullptr;
+  const bool weights_grad = grad_weights != nullptr;
+  const int64_t row_size = d.batch * d.num_features;
+  const Isa isa = CpuIsa();
+
+  // 1. Collect.
+  const int64_t collectors =
+      std::max<int64_t>(1, std::min<int64_t>(threads, d.batch));
+  std::vector<std::optional<SignalEntries>> entries(collectors);
+  ::tensorflow::Shard(
+      workers->num_threads, workers->workers, collectors,
+      (d.batch + collectors - 1) / collectors * d.num_labels,
+      [&](int64_t start, int64_t limit) {
+        std::vector<float> sig_storage;
+        for (int64_t c = start; c < limit; ++c) {
+          const int64_t i0 = d.batch * c / collectors;
+          const int64_t i1 = d.batch * (c + 1) / collectors;
+          // Reserved for the estimated density (it grows when needed).
+          const int64_t expected = static_cast<int64_t>(
+              density * 1.25 * static_cast<double>((i1 - i0) * d.num_labels));
+          SignalEntries& list = entries[c].emplace(i1 - i0, num_spans,
+                                                   expected + span + 16);
+          for (int64_t i = i0; i < i1; ++i) {
+            const T* row = back + i * d.num_labels;
+            for (int64_t sp = 0; sp < num_spans; ++sp) {
+              const int64_t j0 = sp * span;
+              const int64_t n = std::min(span, d.num_labels - j0);
+              list.Add(isa, i - i0, sp, AsFloat(row + j0, n, &sig_storage), n);
+            }
+          }
+        }
+      });
+
+  // 2. Apply.
+  std::vector<float> feat_storage, w_storage;
+  const float* featf =
+      weights_grad ? AsFloat(feat, row_size, &feat_storage) : nullptr;
+  const float* w = features_grad
+                       ? AsFloat(weights, d.num_labels * d.fan_in, &w_storage)
+                       : nullptr;
+  Tensor buffer_t;
+  float* buffer = nullptr;
+  if (features_grad) {
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT,
+                                           TensorShape({parts, row_size}),
+                                           &buffer_t));
+    buffer = buffer_t.flat<float>().data();
+  } else {
+    parts = std::max<int64_t>(1, num_spans);
+  }
+  FirstBad bad;
+  const int64_t cost =
+      (num_spans + parts - 1) / parts * span *
+      (1 + static_cast<int64_t>(density * d.batch) * 4 * d.fan_in);
+  ::tensorflow::Shard(
+      workers->num_threads, workers->workers, parts, cost,
+      [&](int64_t start, int64_t limit) {
+        std::vector<float> gw_storage;
+        if (weights_grad && !std::is_same<T, float>::value) {
+          gw_storage.resize(span * d.fan_in);
+        }
+        for (int64_t unit = start; unit < limit; ++unit) {
+          float* rows = nullptr;
+          if (features_grad) {
+            rows = buffer + unit * row_size;
+            std::fill(rows, rows + row_size, 0.0f);
+          }
+          const int64_t s0 = num_spans * unit / parts;
+          const int64_t s1 = num_spans * (unit + 1) / parts;
+          for (int64_t sp = s0; sp < s1; ++sp) {
+            const int64_t j0 = sp * span;
+            const int64_t n = std::min(span, d.num_labels - j0);
+            const int32_t* ij = idx + j0 * d.fan_in;
+            const int64_t first = FirstOutOfRangeSerial(
+                ij, n * d.fan_in, 0, d.num_features);
+            if (first >= 0) {
+              bad.Record(j0 * d.fan_in + first);
+              break;  // every later position of this part is larger
+            }
+            const float* wj = w != nullptr ? w + j0 * d.fan_in : nullptr;
+            // The span's weights, read at random by its entries next.
+            if (wj != nullptr) PrefetchBytes(wj, n * d.fan_in * sizeof(float));
+            float* gw = nullptr;
+            if (weights_grad) {
+              gw = std::is_same<T, float>::value
+                       ? reinterpret_cast<float*>(grad_weights +
+                                                  j0 * d.fan_in)
+                       : gw_storage.data();
+              std::fill(gw, gw + n * d.fan_in, 0.0f);
+            }
+            for (int64_t c = 0; c < collectors; ++c) {
+              const SignalEntries& list = *entries[c];
+              const int64_t i0 = d.batch * c / collectors;
+              const int64_t i1 = d.batch * (c + 1) / collectors;
+              for (int64_t i = i0; i < i1; ++i) {
+                const int64_t q0 = list.start(i - i0, sp);
+                const int64_t q1 = list.start(i - i0, sp + 1);
+                if (q0 == q1) continue;
+                cpu_loops::SparseRow(
+                    isa, list.pos() + q0, list.val() + q0, q1 - q0, ij, wj,
+                    d.fan_in,
+                    featf != nullptr ? featf + i * d.num_features : nullptr,
+                    gw, rows != nullptr ? rows + i * d.num_features : nullptr);
+              }
+            }
+            if (weights_grad && !std::is_same<T, float>::value) {
+              T* out = grad_weights + j0 * d.fan_in;
+              for (int64_t q = 0; q < n * d.fan_in; ++q) {
+                out[q] = static_cast<T>(gw[q]);
+              }
+            }
+          }
+        }
+      });
+  if (bad.found()) {
+    const int64_t p = bad.get();
+    ctx->CtxFailure(OutOfRange("indices",
+                               TensorShape({d.num_labels, d.fan_in}), p,
+                               idx[p], 0, d.num_features, "num_features"));
+    return;
+  }
+  if (features_grad) SumChunks(ctx, buffer, parts, row_size, grad_features);
+}
+
+// Both gradients or either one (a null output is not computed).  A sparse
+// signal (estimated) goes instance-major (GradientsBySignalRows) when its
+// per-thread buffers fit in kMaxScatterBytes.  Otherwise one pass over the
+// signal: labels in blocks of kSignalBlock (TileSignal), each
 // label's work skipped when its column is zero and proportional to its
 // non-zeros otherwise (Sec. 3.3).  The features gradient is scattered into
 // per-thread gT [num_features, bp] buffers (the transpose of the forward),
@@ -565,13 +801,27 @@ void GradientsCpu(OpKernelContext* ctx, const T* back, const T* feat,
                   const int32_t* idx, const T* weights,
                   const UniformSparseDims& d, T* grad_features,
                   T* grad_weights) {
-  if (!IndicesInRange(ctx, idx, d)) return;
   auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
   const int64_t threads = std::max(1, workers->num_threads);
   const int64_t bp = PaddedBatch(d.batch);
   const int64_t num_blocks = (d.num_labels + kSignalBlock - 1) / kSignalBlock;
   const double density = EstimateDensity(back, d.batch * d.num_labels);
   const bool dense_signal = DenseSignal(density, d.batch, bp);
+  if (SparseSignal(density, d.batch, bp) && d.num_labels > 0) {
+    // A sparse signal: instance-major, when the per-unit features-gradient
+    // buffers fit.
+    const int64_t spans =
+        (d.num_labels + SpanLabels(d.fan_in) - 1) / SpanLabels(d.fan_in);
+    const int64_t p = std::max<int64_t>(1, std::min(threads, spans));
+    if (grad_features == nullptr ||
+        static_cast<double>(p) * d.batch * d.num_features * 4 <=
+            static_cast<double>(kMaxScatterBytes)) {
+      GradientsBySignalRows(ctx, back, feat, idx, weights, d, density,
+                            grad_features, grad_weights, p);
+      return;
+    }
+  }
+  if (!IndicesInRange(ctx, idx, d)) return;
 
   // The features gradient: in the pass (scattered into per-part buffers),
   // by rows, or nothing to do.
@@ -661,20 +911,18 @@ void GradientsCpu(OpKernelContext* ctx, const T* back, const T* feat,
         }
       });
   if (parts == 0) return;
-  // grad_features[i, f] = sum over parts of gT[part, f, i], in blocks of
-  // features.
+  // grad_features[i, f] = sum over parts of gT[part, f, i]: the parts are
+  // summed into the first (in place), which is then transposed in blocks
+  // of features.
+  SumChunks(ctx, gT_all, parts, slice, gT_all);
   constexpr int64_t kBlock = 64;
   const int64_t feature_blocks = (d.num_features + kBlock - 1) / kBlock;
   ::tensorflow::Shard(
-      workers->num_threads, workers->workers, feature_blocks,
-      kBlock * bp * (parts + 1), [&](int64_t start, int64_t limit) {
+      workers->num_threads, workers->workers, feature_blocks, kBlock * bp * 2,
+      [&](int64_t start, int64_t limit) {
         for (int64_t blk = start; blk < limit; ++blk) {
           const int64_t f0 = blk * kBlock;
           const int64_t f1 = std::min(d.num_features, f0 + kBlock);
-          for (int64_t part = 1; part < parts; ++part) {
-            const float* src = gT_all + part * slice;
-            for (int64_t q = f0 * bp; q < f1 * bp; ++q) gT_all[q] += src[q];
-          }
           for (int64_t i = 0; i < d.batch; ++i) {
             T* row = grad_features + i * d.num_features;
             for (int64_t f = f0; f < f1; ++f) {

@@ -142,9 +142,9 @@ Both gradients of Xmc>UniformSparseMatmul (Algorithms 2 and 3) in one pass.
 grad_features = Xmc>UniformSparseMatmulGradFeatures(backward, features,
 indices, weights) and grad_weights = Xmc>UniformSparseMatmulGradWeights(
 backward, features, indices), computed together: the CPU kernel reads
-`backward` and `indices` once for both (on a sparse signal reading
-`backward` is most of the work), skipping every zero entry of `backward`
-(Sec. 3.3).  The gradient registered for Xmc>UniformSparseMatmul.
+`backward` and `indices` once for both, skipping every zero entry of
+`backward` (Sec. 3.3; on a sparse signal the work is proportional to its
+non-zeros).  The gradient registered for Xmc>UniformSparseMatmul.
 
 backward: [batch, num_labels]; features: [batch, num_features];
 indices, weights: [num_labels, fan_in].
