@@ -65,3 +65,26 @@ def test_wheel_scripts_exist_and_ci_runs_them():
                  ".ci/serve_from_wheel.py"):
         assert os.path.exists(os.path.join(REPO, name)), name
         assert name in ci, f".ci/run does not run {name}"
+
+
+def test_missing_tensorflow_names_the_extras(tmp_path):
+    """The wheel installs TensorFlow only through its cpu/gpu extra: without
+    it, ``import xmc_tf`` and ``xmc-tf`` say which to install (one line
+    from the command, exit status 2)."""
+    import subprocess
+    import sys
+    block = "import sys; sys.modules['tensorflow'] = None; "
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-c", block + "import xmc_tf"],
+                          capture_output=True, text=True, env=env, cwd=REPO)
+    assert proc.returncode == 1
+    assert "pip install 'xmc_tf[cpu]'" in proc.stderr.splitlines()[-1]
+    run = ("import xmc_tf_cli; sys.argv = ['xmc-tf', 'train', "
+           f"'--config=quickstart', '--workdir={tmp_path / 'run'}']; "
+           "sys.exit(xmc_tf_cli.main())")
+    proc = subprocess.run([sys.executable, "-c", block + run],
+                          capture_output=True, text=True, env=env, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "xmc-tf: error: xmc_tf needs TensorFlow"), proc.stderr
