@@ -31,7 +31,7 @@ element-wise ``x * 1.0`` of the same size, each counted as read + write);
 ``--head`` (default on) also times the head at 670k labels, forward and
 backward: intermediate 32,768 -> ``UniformSparseDense`` (670,091 labels,
 s = 32, prior bias), loss + gradients w.r.t. the layer's variables and
-input: the "1.1 s of a 2.3 s step" of ``docs/scaling.md``, before/after.
+input: the "1.1 s of a 2.3 s step" of ``docs/notes/scaling.md``, before/after.
 
 How to run
 ----------

@@ -68,7 +68,7 @@ Measured (``results/real_data.json``, seeds 0/1/2, idle 2-core machine;
 ours the three-seed mean, test P@1): WordNetHypernyms 65.78 (Omikuji 65.42,
 PECOS 65.17, napkinXC 62.00; ours 313 s, Omikuji 5.5 s), Bibtex 64.12
 (63.62 / 63.54 / 62.78), Delicious 70.47 (69.01 / 67.60 / 68.95); the
-table and the reading are in ``docs/real_data.md``.
+table and the reading are in ``docs/notes/real_data.md``.
 Peers on the same files in earlier runs (``../shared/data/README.md``,
 2 threads): Bibtex P@1 Omikuji 63.74, napkinXC 62.94; Delicious 67.79 /
 68.95; WordNetHypernyms Omikuji 65.80, PECOS 65.15, napkinXC 61.90.

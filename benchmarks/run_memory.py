@@ -55,7 +55,7 @@ for the life of the process; ``TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1`` hands it
 back to ``malloc`` (and so to the system), and
 ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` lets ``malloc`` map those blocks
 with transparent huge pages, which takes back most of the page-fault cost
-of a system allocator (docs/scaling.md).  The JSON records these
+of a system allocator (docs/notes/scaling.md).  The JSON records these
 variables.
 
 Usage::

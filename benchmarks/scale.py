@@ -422,7 +422,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], path: str) -> None:
+def plot(rows: list[dict], path: str, steady=None) -> None:
+    """Peak memory and seconds per step against the number of labels, a
+    line per head (a whole CLI step; ``step_seconds_without_stop`` where a
+    run records time its process was stopped).
+
+    Args:
+      rows: the JSON's ``"runs"``.
+      path: PNG file to write.
+      steady: optional ``[(num_labels, seconds)]`` of the uniform-sparse
+        head's steady-state step (``benchmarks/roofline.py``), drawn as
+        stars beside the whole CLI steps.
+    """
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -436,8 +447,15 @@ def plot(rows: list[dict], path: str) -> None:
             xs = [p[0] for p in pts]
             line, = ax_mem.plot(xs, [p[1]["train_peak_bytes"] / GIB
                                      for p in pts], "o-", label=head)
-            ax_time.plot(xs, [p[1]["step_seconds"] for p in pts], "o-",
-                         color=line.get_color(), label=head)
+            ax_time.plot(xs, [p[1].get("step_seconds_without_stop",
+                                       p[1]["step_seconds"]) for p in pts],
+                         "o-", color=line.get_color(),
+                         label=f"{head}: whole CLI step")
+            if head == "uniform_sparse" and steady:
+                ax_time.plot(*zip(*sorted(steady)), "*-", ms=11,
+                             color=line.get_color(),
+                             label="uniform_sparse: steady-state step "
+                                   "(roofline)")
             if head == "dense":
                 pred = [r for r in rows if r["head"] == "dense (predicted)"]
                 for r in pred:
@@ -462,6 +480,9 @@ def plot(rows: list[dict], path: str) -> None:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     ax_mem.legend(fontsize=8)
+    if steady:
+        ax_time.set_yscale("log")
+        ax_time.legend(fontsize=7)
     ax_mem.set_title("memory (black bar: same job without output side)",
                      fontsize=9)
     ax_time.set_title("time per training step", fontsize=9)

@@ -1,12 +1,13 @@
 """GPU benchmark of the framework-free uniform-sparse CUDA launchers.
 
-Times ``XmcUniformSparse{Forward,GradFeatures,GradWeights}GpuF32``
+Times ``XmcUniformSparse{Forward,GradFeatures,GradWeights,Grad}Gpu*``
 (``ops/uniform_sparse/uniform_sparse_kernels.cu.cc``; Schultheis & Babbar,
 Sec. 3.2-3.3, Algorithms 1-3) through ``ctypes`` on CuPy arrays -- no
-TensorFlow -- and compares them with cuSPARSE on the same matrix (the
-weights as a CSR ``[m, e]`` of ``s`` entries per row; SpMM, for the forward
-product and the features gradient) and with a dense float32 cuBLAS layer
-of the same number of labels (``cupy.matmul``).
+TensorFlow -- for the value types of ``--dtypes`` (float32, float16,
+bfloat16; float32 accumulation), and compares them with cuSPARSE on the same
+matrix (the weights as a float32 CSR ``[m, e]`` of ``s`` entries per row;
+SpMM, for the forward product and the features gradient) and with a dense
+float32 cuBLAS layer of the same number of labels (``cupy.matmul``).
 
 The default problem set is issue 33's: ``m = 670k`` labels with ``s = 32``
 connections per label and ``m = 2.8M`` with ``s = 96``, batch 32 and 256,
@@ -16,38 +17,44 @@ Usage (on a GPU machine; ``--help`` works anywhere)::
 
     python benchmarks/uniform_sparse_gpu.py --out results.json
     python benchmarks/uniform_sparse_gpu.py --quick --out quick.json
+    python benchmarks/uniform_sparse_gpu.py --dtypes float32,bfloat16
 
 Timing: CUDA events around one launcher call on the null stream, after one
 warm-up call; the median of 3-20 repeats (adaptive, about
 ``--seconds-per-case`` per case).  A launcher call includes what a
-TensorFlow op pays: initialising the 8-byte error scratch, the kernel(s),
-copying the index-check result to the host and synchronising the stream
-(~10-20 us of fixed cost).
+TensorFlow op pays: initialising the 8-byte error scratch, transposing the
+features into the workspace (and the features gradient back), the kernel,
+copying the index-check result to the host and synchronising the stream.
+The JSON is rewritten after every problem size (``"partial": true`` until
+the run ends), so a killed run keeps what it measured.
 
 Bytes model (compulsory traffic: every byte that must cross DRAM at least
-once; gathers, L2 hits and atomics are not counted, so GB/s is an *effective*
-bandwidth, comparable to the device peak):
+once, with v = 4 or 2 bytes per value; gathers, L2 hits, the workspace and
+atomics are not counted, so GB/s is an *effective* bandwidth, comparable to
+the device peak):
 
-* forward:        8*m*s (indices + weights) + 4*b*e (features)
-                  + 4*b*m (scores)
-* grad features:  4*b*m (backward) + 4*m*s (all indices, range-checked)
-                  + 4*A*s (weights of the A labels with any non-zero signal)
-                  + 4*b*e (grad_features)
-* grad weights:   4*b*m (backward) + 4*m*s (indices) + 4*b*e (features)
-                  + 4*m*s (grad_weights)
+* forward:        (4+v)*m*s (indices + weights) + v*b*e (features)
+                  + v*b*m (scores)
+* grad features:  v*b*m (backward) + 4*m*s (all indices, range-checked)
+                  + v*A*s (weights of the A labels with any non-zero signal)
+                  + v*b*e (grad_features)
+* grad weights:   v*b*m (backward) + 4*m*s (indices) + v*b*e (features)
+                  + v*m*s (grad_weights)
 
-The table also gives the gather rate (forward, grad weights: features loads
-per second) and the atomic rate (grad features: atomicAdds per second).
+The table also gives the gather rate (forward, grad weights: feature values
+multiplied per second) and the atomic rate (grad features: non-zero signal
+entries times s per second).
 Peak bandwidth: 2 * memory clock * bus width / 8 from the device attributes,
 and a measured device-to-device copy (bytes read + written).
 
-The cuSPARSE baseline (``cupyx.cusparse.spmm``, CSR of the same indices and
-weights, column indices sorted within each row, duplicates kept as separate
-entries, which SpMM sums as the kernels do): forward ``W @ features.T``,
-features gradient ``W.T @ backward.T`` (``transa``); both read the dense
-operand and write the result with no copy (transposed views are
-F-contiguous).  The weights gradient is a sampled dense-dense product
-(cuSPARSE's SDDMM), which CuPy does not wrap: not compared.
+The cuSPARSE baseline (``cupyx.cusparse.spmm``, float32 CSR of the same
+indices and weights, column indices sorted within each row, a repeated
+connection summed into one entry, since SpMM takes canonical CSR only):
+forward ``W @ features.T``, features gradient ``W.T @ backward.T``
+(``transa``); both read the dense operand and write the result with no copy
+(transposed views are F-contiguous).  The weights gradient is a sampled
+dense-dense product (cuSPARSE's SDDMM), which CuPy does not wrap: not
+compared.
 
 The dense baseline multiplies features [b, e] by W [e, m] (and, for the
 backward, backward @ W.T and features.T @ backward).  When W does not fit
@@ -78,8 +85,14 @@ DENSE_MAX_LABELS = 131072  # labels per timed dense block
 
 _I64 = ctypes.c_int64
 _P = ctypes.c_void_p
-_ARGTYPES = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _P,
+# operands (4), batch, num_features, num_labels, fan_in, workspace,
+# error_scratch, bad_position, stream
+_ARGTYPES = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _P, _P,
              ctypes.POINTER(_I64), _P]
+_GRAD_ARGTYPES = [_P] * 6 + [_I64] * 4 + [_P, _P, ctypes.POINTER(_I64), _P]
+# dtype name -> (launcher suffix, bytes, CuPy dtype of the buffers)
+DTYPES = {"float32": ("F32", 4, "float32"), "float16": ("F16", 2, "float16"),
+          "bfloat16": ("BF16", 2, "uint16")}
 
 
 def _int_list(text):
@@ -177,6 +190,9 @@ def parse_args(argv=None):
                         help="skip the dense cuBLAS baseline")
     parser.add_argument("--no-cusparse", action="store_true",
                         help="skip the cuSPARSE (CSR SpMM) baseline")
+    parser.add_argument("--dtypes", default="float32",
+                        help="comma-separated value types: float32, float16, "
+                             "bfloat16 (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -190,11 +206,14 @@ def load_library(path):
             os.path.join(tempfile.mkdtemp(prefix="xmc_bench_"),
                          "libxmc_uniform_sparse_cuda.so"), archs="native")
     lib = ctypes.CDLL(path)
-    for name in ("XmcUniformSparseForwardGpuF32",
-                 "XmcUniformSparseGradFeaturesGpuF32",
-                 "XmcUniformSparseGradWeightsGpuF32"):
-        getattr(lib, name).argtypes = _ARGTYPES
-        getattr(lib, name).restype = ctypes.c_int
+    for suffix, _, _ in DTYPES.values():
+        for op in ("Forward", "GradFeatures", "GradWeights", "Grad"):
+            fn = getattr(lib, f"XmcUniformSparse{op}Gpu{suffix}")
+            fn.argtypes = _GRAD_ARGTYPES if op == "Grad" else _ARGTYPES
+            fn.restype = ctypes.c_int
+    lib.XmcUniformSparseGpuWorkspaceBytes.argtypes = [
+        ctypes.c_int, ctypes.c_int, _I64, _I64, _I64, _I64]
+    lib.XmcUniformSparseGpuWorkspaceBytes.restype = _I64
     return lib, path
 
 
@@ -267,15 +286,24 @@ class Bench:
         return self.cp.cuda.runtime.memGetInfo()[0]
 
 
-def call(fn, *ptrs_and_dims):
-    """Calls a launcher; raises on a CUDA error or an index error."""
-    scratch_ptr, args = ptrs_and_dims[-1], ptrs_and_dims[:-1]
+def call(fn, *args):
+    """Calls a launcher with (operands..., dims..., workspace, scratch);
+    raises on a CUDA error or an index error."""
     bad = _I64(-1)
-    err = fn(*args, scratch_ptr, ctypes.byref(bad), 0)
+    err = fn(*args, ctypes.byref(bad), 0)
     if err != 0:
         raise RuntimeError(f"CUDA error {err}")
     if bad.value != -1:
         raise RuntimeError(f"index check failed at {bad.value}")
+
+
+def to_storage(cp, a, dtype):
+    """float32 CuPy array -> the launcher's storage of `dtype` (float16, or
+    bfloat16 as uint16 bits rounded to nearest even)."""
+    if dtype == "float16":
+        return a.astype(cp.float16)
+    u = a.view(cp.uint32).astype(cp.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(cp.uint16)
 
 
 def fill_backward(cp, out, density, rng_rows=None):
@@ -324,9 +352,6 @@ def run(args):
     preset["shapes"] = problem_shapes(preset, args.num_labels, args.fan_ins)
     bench = Bench(cp, args.seconds_per_case)
     lib, lib_path = load_library(args.lib)
-    fwd = lib.XmcUniformSparseForwardGpuF32
-    gf = lib.XmcUniformSparseGradFeaturesGpuF32
-    gw = lib.XmcUniformSparseGradWeightsGpuF32
     info = bench.device_info()
     peak = info["peak_bandwidth_gbs"] or info["copy_bandwidth_gbs"]
     print(f"# {info['name']}: peak {info['peak_bandwidth_gbs']} GB/s "
@@ -337,7 +362,8 @@ def run(args):
     rows = []
     truncated = []  # problem sizes skipped for --max-minutes
     t_start = time.time()
-    header = (f"{'m':>8} {'s':>3} {'b':>5} {'kernel':<13} {'dens':>5} "
+    header = (f"{'m':>8} {'s':>3} {'b':>5} {'type':<8} {'kernel':<13} "
+              f"{'dens':>5} "
               f"{'ms':>9} {'GB/s':>7} {'%peak':>6} {'rate':>14} "
               f"{'cuSPARSE ms':>11} {'x cuSP':>7} "
               f"{'dense ms':>10} {'x dense':>8}")
@@ -360,9 +386,22 @@ def run(args):
         cus_txt = "" if cus is None else "%.3f" % cus
         cus_ratio = "" if cus is None else "%.2f" % (cus / row["ms"])
         print(f"{row['num_labels']:>8} {row['fan_in']:>3} {row['batch']:>5} "
-              f"{row['kernel']:<13} {str(row.get('density', '')):>5} "
+              f"{row['dtype']:<8} {row['kernel']:<13} "
+              f"{str(row.get('density', '')):>5} "
               f"{row['ms']:>9.3f} {gbs} {rate:>14} {cus_txt:>11} "
               f"{cus_ratio:>7} {dense_txt:>10} {ratio:>8}", flush=True)
+
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for name in dtypes:
+        if name not in DTYPES:
+            raise SystemExit(f"--dtypes: unknown value type {name!r}")
+    partial = dict(device=info, library=lib_path, rows=rows)
+
+    def save():  # after every problem size, so a killed run keeps its rows
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(dict(partial, truncated=truncated, partial=True), f,
+                          indent=1, default=str)
 
     for m, s in preset["shapes"]:
         if time.time() - t_start > 60 * args.max_minutes:
@@ -375,83 +414,114 @@ def run(args):
             print(f"# skip m={m} s={s}: not enough GPU memory", flush=True)
             continue
         indices = cp.random.randint(0, e, size=(m, s), dtype=cp.int32)
-        weights = cp.random.standard_normal((m, s), dtype=cp.float32)
-        grad_w = cp.empty((m, s), cp.float32)
+        weights32 = cp.random.standard_normal((m, s), dtype=cp.float32)
         scratch = cp.empty(1, cp.int64)
         csr = None
         if not args.no_cusparse:
             csr = cupyx.scipy.sparse.csr_matrix(
-                csr_parts(cp, indices, weights), shape=(m, e))
+                csr_parts(cp, indices, weights32), shape=(m, e))
+            # SpMM takes a canonical CSR only: a repeated connection
+            # becomes one entry holding the sum (the same product).
+            csr.sum_duplicates()
             cp.get_default_memory_pool().free_all_blocks()
         for b in preset["batches"]:
             if time.time() - t_start > 60 * args.max_minutes:
                 truncated.append(dict(num_labels=m, fan_in=s, batch=b))
                 continue
-            need = b * m * 4 + 2 * b * e * 4
+            need = b * m * 4 + 4 * b * e * 4
             if bench.free_bytes() < need * 1.2:
                 print(f"# skip m={m} s={s} b={b}: not enough GPU memory",
                       flush=True)
                 continue
-            base = dict(num_labels=m, fan_in=s, batch=b, num_features=e)
             dense = (None if args.no_dense else
                      dense_baseline(bench, b, e, m, bench.free_bytes()))
-            features = cp.random.standard_normal((b, e), dtype=cp.float32)
-            grad_f = cp.empty((b, e), cp.float32)
-            big = cp.empty((b, m), cp.float32)  # scores, then backward
+            features32 = cp.random.standard_normal((b, e), dtype=cp.float32)
+            big32 = cp.empty((b, m), cp.float32)  # scores, then backward
+            cus = None
+            if csr is not None:  # values of big32 do not matter to SpMM
+                cus = cusparse_baseline(bench, csr, features32, big32)
+                cp.get_default_memory_pool().free_all_blocks()
+            for dtype in dtypes:
+                suffix, vbytes, storage = DTYPES[dtype]
+                fn = {op: getattr(lib, f"XmcUniformSparse{op}Gpu{suffix}")
+                      for op in ("Forward", "GradFeatures", "GradWeights",
+                                 "Grad")}
+                as_t = (lambda a: a) if dtype == "float32" else (
+                    lambda a, dt=dtype: to_storage(cp, a, dt))
+                features, weights = as_t(features32), as_t(weights32)
+                big = cp.empty((b, m), storage)
+                grad_f = cp.empty((b, e), storage)
+                grad_w = cp.empty((m, s), storage)
+                ws_bytes = max(lib.XmcUniformSparseGpuWorkspaceBytes(
+                    kind, vbytes, b, e, m, s) for kind in range(4))
+                workspace = cp.empty(max(ws_bytes, 1), cp.uint8)
+                dims = (b, e, m, s)
+                ws, sc = workspace.data.ptr, scratch.data.ptr
+                base = dict(num_labels=m, fan_in=s, batch=b, num_features=e,
+                            dtype=dtype, workspace_bytes=ws_bytes)
 
-            ms, reps = bench.time_ms(lambda: call(
-                fwd, features.data.ptr, indices.data.ptr,
-                weights.data.ptr, big.data.ptr, b, e, m, s,
-                scratch.data.ptr))
-            nbytes = 8 * m * s + 4 * b * e + 4 * b * m
-            # cuSPARSE on the same matrix (values of `big` do not matter
-            # to SpMM's time: it reads the dense operand whole).
-            cus = (None if csr is None else
-                   cusparse_baseline(bench, csr, features, big))
-            cp.get_default_memory_pool().free_all_blocks()
-            report(dict(base, kernel="forward", ms=ms, repeats=reps,
-                        bytes=nbytes, gbs=nbytes / ms / 1e6,
-                        ggathers_per_s=b * m * s / ms / 1e6,
-                        cusparse_ms=cus and cus["cusparse_forward_ms"],
-                        dense_ms=dense and dense["dense_forward_ms"],
-                        dense=dense))
-
-            for density in preset["densities"]:
-                fill_backward(cp, big, density)
-                nnz = int(cp.count_nonzero(big))
-                active = int(cp.count_nonzero(cp.any(big != 0, axis=0)))
                 ms, reps = bench.time_ms(lambda: call(
-                    gf, big.data.ptr, indices.data.ptr, weights.data.ptr,
-                    grad_f.data.ptr, b, e, m, s, scratch.data.ptr))
-                nbytes = 4 * b * m + 4 * m * s + 4 * active * s + 4 * b * e
-                report(dict(base, kernel="grad_features", density=density,
-                            nnz=nnz, active_labels=active, ms=ms,
-                            repeats=reps, bytes=nbytes,
-                            gbs=nbytes / ms / 1e6,
-                            gatomics_per_s=nnz * s / ms / 1e6,
-                            cusparse_ms=cus and
-                            cus["cusparse_grad_features_ms"]))
-                gf_ms = ms
-                ms, reps = bench.time_ms(lambda: call(
-                    gw, big.data.ptr, features.data.ptr, indices.data.ptr,
-                    grad_w.data.ptr, b, e, m, s, scratch.data.ptr))
-                nbytes = 4 * b * m + 8 * m * s + 4 * b * e
-                report(dict(base, kernel="grad_weights", density=density,
-                            nnz=nnz, ms=ms, repeats=reps, bytes=nbytes,
-                            gbs=nbytes / ms / 1e6,
-                            ggathers_per_s=nnz * s / ms / 1e6))
-                report(dict(base, kernel="backward", density=density,
-                            ms=gf_ms + ms,
-                            dense_ms=dense and dense["dense_backward_ms"]))
-            del features, grad_f, big
+                    fn["Forward"], features.data.ptr, indices.data.ptr,
+                    weights.data.ptr, big.data.ptr, *dims, ws, sc))
+                nbytes = (4 + vbytes) * m * s + vbytes * (b * e + b * m)
+                report(dict(base, kernel="forward", ms=ms, repeats=reps,
+                            bytes=nbytes, gbs=nbytes / ms / 1e6,
+                            ggathers_per_s=b * m * s / ms / 1e6,
+                            cusparse_ms=(cus and dtype == "float32" and
+                                         cus["cusparse_forward_ms"]) or None,
+                            dense_ms=dense and dense["dense_forward_ms"],
+                            dense=dense))
+                for density in preset["densities"]:
+                    fill_backward(cp, big32, density)
+                    big[...] = as_t(big32)
+                    nnz = int(cp.count_nonzero(big32))
+                    active = int(cp.count_nonzero(cp.any(big32 != 0, axis=0)))
+                    ms, reps = bench.time_ms(lambda: call(
+                        fn["GradFeatures"], big.data.ptr, indices.data.ptr,
+                        weights.data.ptr, grad_f.data.ptr, *dims, ws, sc))
+                    nbytes = (vbytes * b * m + 4 * m * s + vbytes * active * s
+                              + vbytes * b * e)
+                    report(dict(base, kernel="grad_features", density=density,
+                                nnz=nnz, active_labels=active, ms=ms,
+                                repeats=reps, bytes=nbytes,
+                                gbs=nbytes / ms / 1e6,
+                                gatomics_per_s=nnz * s / ms / 1e6,
+                                cusparse_ms=(cus and dtype == "float32" and
+                                             cus["cusparse_grad_features_ms"])
+                                or None))
+                    gf_ms = ms
+                    ms, reps = bench.time_ms(lambda: call(
+                        fn["GradWeights"], big.data.ptr, features.data.ptr,
+                        indices.data.ptr, grad_w.data.ptr, *dims, ws, sc))
+                    nbytes = vbytes * b * m + (4 + vbytes) * m * s + \
+                        vbytes * b * e
+                    report(dict(base, kernel="grad_weights", density=density,
+                                nnz=nnz, ms=ms, repeats=reps, bytes=nbytes,
+                                gbs=nbytes / ms / 1e6,
+                                ggathers_per_s=nnz * s / ms / 1e6))
+                    report(dict(base, kernel="backward", density=density,
+                                ms=gf_ms + ms,
+                                dense_ms=dense and dense["dense_backward_ms"]))
+                    ms, reps = bench.time_ms(lambda: call(
+                        fn["Grad"], big.data.ptr, features.data.ptr,
+                        indices.data.ptr, weights.data.ptr, grad_f.data.ptr,
+                        grad_w.data.ptr, *dims, ws, sc))
+                    report(dict(base, kernel="grad_fused", density=density,
+                                ms=ms, repeats=reps,
+                                dense_ms=dense and dense["dense_backward_ms"]))
+                del features, weights, big, grad_f, grad_w, workspace
+                cp.get_default_memory_pool().free_all_blocks()
+            del features32, big32
             cp.get_default_memory_pool().free_all_blocks()
-        del indices, weights, grad_w, scratch, csr
+            save()
+        del indices, weights32, scratch, csr
         cp.get_default_memory_pool().free_all_blocks()
     return {"device": info, "library": lib_path, "preset": preset,
             "quick": args.quick, "python": platform.python_version(),
             "bytes_model": __doc__[__doc__.index("Bytes model"):
                                    __doc__.index("The table also")].strip(),
-            "note": "kernel 'backward' = grad_features + grad_weights, "
+            "note": "kernel 'backward' = grad_features + grad_weights (separate "
+                    "launchers), 'grad_fused' = both from one launcher; "
                     "compared with the dense backward (both gradients); "
                     "x dense = dense_ms / ms; x cuSP = cusparse_ms / ms "
                     "(cuSPARSE CSR SpMM on the same matrix; forward and "

@@ -1,6 +1,6 @@
 """The callbacks' and samplers' own defaults are the ones the CLI's config
-uses (xmc_tf.config; how they were chosen: docs/defaults.md,
-docs/sampled.md), so ``RefreshIndex(sampler)``, ``Rehash(sampler)``,
+uses (xmc_tf.config; how they were chosen: docs/notes/defaults.md,
+docs/notes/sampled.md), so ``RefreshIndex(sampler)``, ``Rehash(sampler)``,
 ``SetRewiring()`` and ``LshNegativeSampler(m, k)`` train as ``xmc-tf
 train`` does."""
 

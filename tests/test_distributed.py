@@ -8,7 +8,7 @@
   :func:`xmc_tf.data.distribute_tf_dataset`, with SET rewiring every 3
   steps: both end with bit-identical weights, connectivity and optimizer
   state, and both rewire on the same optimizer steps.
-* The same two processes then train MACH the way ``docs/mach.md`` shards
+* The same two processes then train MACH the way ``docs/notes/mach.md`` shards
   it: worker ``w`` owns the repetitions ``r mod 2 = w`` of one hash family
   and trains alone; the concatenated meta-probabilities decode with the
   whole family to the labels a NumPy count-min sketch gives, and beat each
@@ -21,7 +21,7 @@
 Keras 3.15 needs two work-arounds under ``MultiWorkerMirroredStrategy``
 (both in :class:`xmc_tf.models.DistributedModel`, which :data:`_WORKER`
 fits as ``xmc-tf train --strategy`` does; documented in
-``docs/scaling.md``): its symbolic build reduces the whole ``(x, y)`` tuple
+``docs/notes/scaling.md``): its symbolic build reduces the whole ``(x, y)`` tuple
 of the first batch with ``strategy.reduce``, which that strategy does not
 support for nested values (nor for a ``SparseTensor``), and it reduces the
 scalar step logs with ``axis=0``.  The processes run in fresh interpreters

@@ -1,19 +1,23 @@
-"""Every ```python block of README.md and docs/*.md runs, and its asserts hold.
+"""Every ```python block of README.md and docs/**/*.md runs, and its asserts hold.
 
 Blocks are found by their fence (```python; shell blocks are ```bash or
-plain and are not run).  Each block is executed on its own, in a fresh
-namespace, with a temporary directory as the working directory (what an
-example writes stays there) and the repository root on ``sys.path``, like a
-user running it from a checkout; the examples state their claims as
-``assert`` statements.  Two kinds of block need more:
+plain and are not run, nor are ```text blocks).  Each block is executed on
+its own, in a fresh namespace, with a temporary directory as the working
+directory (what an example writes stays there) and the repository root on
+``sys.path``, like a user running it from a checkout; the examples state
+their claims as ``assert`` statements.  Three kinds of block need more:
 
+* a block whose first line is ``# with ... from the block above`` continues
+  an earlier block of the same page: it runs in the namespace left by the
+  nearest block above it without that line (which is run first), so a page
+  can set up its data once and show each technique in a few lines;
 * a block whose first line is ``# NAME.py`` is a file of a script: it is
   written to the temporary directory and the script is run in a fresh
   interpreter from the repository root with the arguments in
   :data:`SCRIPT_RUNS` (``tf.distribute.MultiWorkerMirroredStrategy`` must
   be created before TensorFlow initialises, which pytest's process has
   long done);
-* a block that reads ``workdir/quickstart`` (the README's serving example)
+* a block that reads ``workdir/quickstart`` (the serving example)
   runs where ``workdir/quickstart`` holds a finished quick-start run
   (``xmc-tf train --config=configs/quickstart.py``; one small epoch),
   trained here.
@@ -30,8 +34,14 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(
-    os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
-    if f.endswith(".md"))
+    os.path.relpath(os.path.join(folder, f), ROOT)
+    for folder, dirs, files in os.walk(os.path.join(ROOT, "docs"))
+    if "_build" not in os.path.relpath(folder, ROOT).split(os.sep)
+    for f in files if f.endswith(".md"))
+
+#: First line of a block that continues the block above it (see the module
+#: docstring).
+CONTINUED = re.compile(r"#\s*with\b.*\bfrom the block above\s*$")
 
 #: Script blocks (``# NAME.py`` first line) -> the command-line arguments
 #: of their test run (small: a few seconds on 2 cores).
@@ -65,8 +75,22 @@ def _script_name(code):
     return match.group(1) if match else None
 
 
+def _continued(code):
+    return bool(CONTINUED.match(code.split("\n", 1)[0]))
+
+
 BLOCKS = [(rel, line, code) for rel in DOCS
           for line, code in python_blocks(rel)]
+
+
+def _base_block(rel, line):
+    """The code of the block a continued block at ``rel:line`` runs after."""
+    base = None
+    for other_rel, other_line, code in BLOCKS:
+        if other_rel == rel and other_line < line and not _continued(code):
+            base = code
+    assert base is not None, f"{rel}:{line}: no block above to continue"
+    return base
 SCRIPTS = {name: code for _, _, code in BLOCKS
            if (name := _script_name(code))}
 
@@ -82,9 +106,10 @@ def test_every_doc_with_python_has_blocks_found():
             assert rel in found, rel
         fences += sum(line.strip() == "```python"
                       for line in text.splitlines())
-    # Every fence is a block (6 when multi_worker_fixes.py moved from
-    # docs/scaling.md into xmc_tf.job.cluster).
-    assert len(BLOCKS) == fences >= 6
+    # Every fence is a block (20 when the guide was written: README 7,
+    # docs/guide 13 or more, the lab notes 6).
+    assert len(BLOCKS) == fences >= 20
+    assert any(rel.startswith(os.path.join("docs", "guide")) for rel in found)
     assert set(SCRIPT_RUNS) <= set(SCRIPTS), (
         f"SCRIPT_RUNS names scripts no doc has: {set(SCRIPT_RUNS) - set(SCRIPTS)}")
 
@@ -130,6 +155,9 @@ def test_python_block(rel, line, code, tmp_path, monkeypatch, request):
     monkeypatch.chdir(cwd)
     monkeypatch.syspath_prepend(ROOT)
     namespace = {"__name__": "__doc_example__"}
+    if _continued(code):
+        exec(compile(_base_block(rel, line), f"{rel} (block above {line})",
+                     "exec"), namespace)
     exec(compile(code, f"{rel}:{line}", "exec"), namespace)
 
 

@@ -11,7 +11,7 @@ The *packaged configs* (``xmc_tf/configs/<name>.py``, shipped with the
 package) are short overrides of :func:`base`, each line a value that
 differs and why; :func:`get_config` loads one by name, and ``xmc-tf train
 --config=NAME`` takes a name as well as a file (:func:`config_file`).  The
-measurements behind the defaults are in ``docs/defaults.md``.
+measurements behind the defaults are in ``docs/notes/defaults.md``.
 
 This module imports neither TensorFlow nor keras (``xmc-tf train --help``
 loads it without them; see :mod:`xmc_tf.job.cli`).
@@ -54,7 +54,7 @@ DEFAULT_HEAD = "uniform_sparse"
 def _base() -> dict:
     """The fields every job reads, with their defaults: the paper's
     uniform-sparse model (Schultheis & Babbar, Sec. 3-4), re-chosen on
-    validation splits (docs/defaults.md)."""
+    validation splits (docs/notes/defaults.md)."""
     return dict(
         seed=0,  # initialisation, batch order, SET draws, the validation split
         # "squared_hinge" (Sec. 3.3) or "bce"; heads may take others
@@ -242,15 +242,15 @@ HEAD_DEFAULTS = {
 #: Values of the fields a config leaves to the data (:func:`by_regime`) on
 #: *multi-class* training labels (every instance has at most one label):
 #: configs/scent.py's network and schedule, measured on ManNextWord (50k
-#: classes; docs/scent.md).  With them the shared ASTRA head tied SCENT's
+#: classes; docs/notes/scent.md).  With them the shared ASTRA head tied SCENT's
 #: validation P@1 after 2 epochs (12.80 vs 12.75) at 1.5x its time, against
-#: 10.50 at 4.1x with the base network (docs/sampled.md).  On multi-label
+#: 10.50 at 4.1x with the base network (docs/notes/sampled.md).  On multi-label
 #: labels the fields take the head's schema default (:func:`base`), the
-#: values measured on Bibtex / Delicious (docs/defaults.md).
+#: values measured on Bibtex / Delicious (docs/notes/defaults.md).
 #: ``train.min_delta`` is not here: None in both (the sampled head's and
 #: SCENT's), and None means Keras' thresholds there.
 MULTI_CLASS_DEFAULTS = {
-    "data.normalize": "l2",  # as measured for SCENT (docs/scent.md)
+    "data.normalize": "l2",  # as measured for SCENT (docs/notes/scent.md)
     "data.validation_fraction": 0.05,  # large multi-class training files
     "model.encoder_dims": (512,),
     "model.intermediate_dim": 0,  # encoder output -> head

@@ -734,23 +734,67 @@ struct UniformSparseMatmulGrad<CpuDevice, T> {
 
 // ---------------------------------------------------------------------------
 // GPU functors: framework-free CUDA launchers (uniform_sparse_kernels.cu.cc)
-// called on TensorFlow's stream; they range-check indices on the device.
-// float32 only.
+// called on TensorFlow's stream with a workspace from TensorFlow's allocator;
+// they range-check indices on the device.  float, half and bfloat16 (float
+// accumulation).
 
 #if XMC_TF_WITH_CUDA
 
 namespace {
 
-// Calls launcher(pointers..., batch, num_features, num_labels, fan_in,
-// error_scratch, bad_position, stream) (the launchers' common signature) and
-// fails the op on a CUDA error or an out-of-range index.
-template <typename Launcher, typename... Pointers>
+// The launchers of one value type (F32 / F16 / BF16); Bits is the pointer
+// type they take (float, or the uint16_t bits of Eigen::half / bfloat16).
+template <typename T>
+struct GpuLaunchers;
+
+#define XMC_US_GPU_LAUNCHERS(T, BITS, SUFFIX)                     \
+  template <>                                                     \
+  struct GpuLaunchers<T> {                                        \
+    using Bits = BITS;                                            \
+    static constexpr auto forward = XmcUniformSparseForwardGpu##SUFFIX;  \
+    static constexpr auto grad_features =                         \
+        XmcUniformSparseGradFeaturesGpu##SUFFIX;                  \
+    static constexpr auto grad_weights =                          \
+        XmcUniformSparseGradWeightsGpu##SUFFIX;                   \
+    static constexpr auto grad = XmcUniformSparseGradGpu##SUFFIX; \
+  };
+XMC_US_GPU_LAUNCHERS(float, float, F32)
+XMC_US_GPU_LAUNCHERS(Eigen::half, uint16_t, F16)
+XMC_US_GPU_LAUNCHERS(Eigen::bfloat16, uint16_t, BF16)
+#undef XMC_US_GPU_LAUNCHERS
+
+// A T pointer as the launchers' pointer type (same bits).
+template <typename T>
+auto Bits(const T* p) {
+  return reinterpret_cast<const typename GpuLaunchers<T>::Bits*>(p);
+}
+template <typename T>
+auto Bits(T* p) {
+  return reinterpret_cast<typename GpuLaunchers<T>::Bits*>(p);
+}
+
+// Calls launcher(operands..., batch, num_features, num_labels, fan_in,
+// workspace, error_scratch, bad_position, stream) (the launchers' common
+// signature) with a workspace of the size the launcher asks for (`kind`:
+// 0 forward, 1 grad features, 2 grad weights, 3 both), and fails the op on
+// an allocation failure, a CUDA error or an out-of-range index.
+template <typename T, typename Launcher, typename... Operands>
 void RunUniformSparseGpu(OpKernelContext* ctx, const UniformSparseDims& d,
-                         Launcher launcher, Pointers... pointers) {
+                         int kind, Launcher launcher, Operands... operands) {
+  const int64_t bytes = XmcUniformSparseGpuWorkspaceBytes(
+      kind, sizeof(T), d.batch, d.num_features, d.num_labels, d.fan_in);
+  OP_REQUIRES(ctx, bytes >= 0,
+              errors::Internal("xmc_tf: bad uniform-sparse workspace query"));
+  Tensor workspace;
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT8,
+                                         TensorShape({std::max<int64_t>(
+                                             bytes, 1)}),
+                                         &workspace));
+  void* workspace_ptr = workspace.flat<int8_t>().data();
   const auto launch = [&](int64_t* scratch, int64_t* bad_position,
                           void* stream) {
-    return launcher(pointers..., d.batch, d.num_features, d.num_labels,
-                    d.fan_in, scratch, bad_position, stream);
+    return launcher(operands..., d.batch, d.num_features, d.num_labels,
+                    d.fan_in, workspace_ptr, scratch, bad_position, stream);
   };
   int64_t bad = -1;
   OP_REQUIRES_OK(ctx, RunCheckedLauncher(ctx, "a uniform-sparse kernel", 1,
@@ -765,47 +809,48 @@ void RunUniformSparseGpu(OpKernelContext* ctx, const UniformSparseDims& d,
 
 }  // namespace
 
-template <>
-struct UniformSparseMatmul<GpuDevice, float> {
-  void operator()(OpKernelContext* ctx, const float* features,
-                  const int32_t* indices, const float* weights,
-                  const UniformSparseDims& d, float* scores) const {
-    RunUniformSparseGpu(ctx, d, XmcUniformSparseForwardGpuF32, features,
-                        indices, weights, scores);
+template <typename T>
+struct UniformSparseMatmul<GpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* features,
+                  const int32_t* indices, const T* weights,
+                  const UniformSparseDims& d, T* scores) const {
+    RunUniformSparseGpu<T>(ctx, d, 0, GpuLaunchers<T>::forward,
+                           Bits(features), indices, Bits(weights),
+                           Bits(scores));
   }
 };
 
-template <>
-struct UniformSparseMatmulGradFeatures<GpuDevice, float> {
-  void operator()(OpKernelContext* ctx, const float* backward,
-                  const int32_t* indices, const float* weights,
-                  const UniformSparseDims& d, float* grad_features) const {
-    RunUniformSparseGpu(ctx, d, XmcUniformSparseGradFeaturesGpuF32, backward,
-                        indices, weights, grad_features);
+template <typename T>
+struct UniformSparseMatmulGradFeatures<GpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* backward,
+                  const int32_t* indices, const T* weights,
+                  const UniformSparseDims& d, T* grad_features) const {
+    RunUniformSparseGpu<T>(ctx, d, 1, GpuLaunchers<T>::grad_features,
+                           Bits(backward), indices, Bits(weights),
+                           Bits(grad_features));
   }
 };
 
-template <>
-struct UniformSparseMatmulGradWeights<GpuDevice, float> {
-  void operator()(OpKernelContext* ctx, const float* backward,
-                  const float* features, const int32_t* indices,
-                  const UniformSparseDims& d, float* grad_weights) const {
-    RunUniformSparseGpu(ctx, d, XmcUniformSparseGradWeightsGpuF32, backward,
-                        features, indices, grad_weights);
+template <typename T>
+struct UniformSparseMatmulGradWeights<GpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* backward, const T* features,
+                  const int32_t* indices, const UniformSparseDims& d,
+                  T* grad_weights) const {
+    RunUniformSparseGpu<T>(ctx, d, 2, GpuLaunchers<T>::grad_weights,
+                           Bits(backward), Bits(features), indices,
+                           Bits(grad_weights));
   }
 };
 
-template <>
-struct UniformSparseMatmulGrad<GpuDevice, float> {
-  void operator()(OpKernelContext* ctx, const float* backward,
-                  const float* features, const int32_t* indices,
-                  const float* weights, const UniformSparseDims& d,
-                  float* grad_features, float* grad_weights) const {
-    UniformSparseMatmulGradFeatures<GpuDevice, float>()(
-        ctx, backward, indices, weights, d, grad_features);
-    if (!ctx->status().ok()) return;
-    UniformSparseMatmulGradWeights<GpuDevice, float>()(
-        ctx, backward, features, indices, d, grad_weights);
+template <typename T>
+struct UniformSparseMatmulGrad<GpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* backward, const T* features,
+                  const int32_t* indices, const T* weights,
+                  const UniformSparseDims& d, T* grad_features,
+                  T* grad_weights) const {
+    RunUniformSparseGpu<T>(ctx, d, 3, GpuLaunchers<T>::grad, Bits(backward),
+                           Bits(features), indices, Bits(weights),
+                           Bits(grad_features), Bits(grad_weights));
   }
 };
 
@@ -943,6 +988,8 @@ REGISTER(DEVICE_CPU, CpuDevice, Eigen::half);
 REGISTER(DEVICE_CPU, CpuDevice, Eigen::bfloat16);
 #if XMC_TF_WITH_CUDA
 REGISTER(DEVICE_GPU, GpuDevice, float);
+REGISTER(DEVICE_GPU, GpuDevice, Eigen::half);
+REGISTER(DEVICE_GPU, GpuDevice, Eigen::bfloat16);
 #endif
 #undef REGISTER
 

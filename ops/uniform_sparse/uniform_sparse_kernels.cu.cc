@@ -1,90 +1,90 @@
-// Framework-free CUDA launchers of the uniform-sparse op family (float32).
+// Framework-free CUDA launchers of the uniform-sparse op family (float32,
+// float16 and bfloat16 values; float32 accumulation).
 //
 // Source: E. Schultheis, R. Babbar, "Towards Memory-Efficient Training for
 // Extremely Large Output Spaces -- Learning with 500k Labels on a Single
-// Commodity GPU", Sec. 3.1-3.3, Algorithms 1-3.  The contract (layout, error
-// reporting) is in uniform_sparse_kernels.h; this file includes no TensorFlow
-// header so that it builds with nvcc alone and can be tested through ctypes
-// (tools/build_cuda_harness.py, tests/gpu/).
+// Commodity GPU", Sec. 3.1-3.3, Algorithms 1-3.  The contract (layout,
+// workspace, error reporting) is in uniform_sparse_kernels.h; this file
+// includes no TensorFlow header so that it builds with nvcc alone and can be
+// tested through ctypes (tools/build_cuda_harness.py, tests/gpu/).
 //
 // Notation: b = batch, e = num_features, m = num_labels, s = fan_in.
 // features [b, e], indices/weights [m, s] (row j = the s connections of label
 // j), scores/backward [b, m], all row-major.  Offsets are int64 (b * m
 // exceeds 2^31 for m = 3M, b = 1024).
 //
-// Kernel designs (written without a GPU to measure on; the reasoning is the
-// memory-access pattern, which dominates: every kernel is memory-bound):
+// Design.  Every kernel gathers, for each connection (j, k), the values of
+// one feature for many instances.  In the operands' own layout those values
+// are b floats e apart (features[i, idx] for i = 0..b), so a warp's gather
+// touches 32 sectors of 32 bytes for 128 useful bytes.  The launchers
+// therefore first transpose features into a workspace `features_t` [e, ld]
+// (ld = b rounded up to a multiple of 32), where the values of one feature
+// for 32 consecutive instances are one aligned 128-byte line (64 bytes for
+// 16-bit types).  The transposed copy costs 2 * b * e * sizeof(T) bytes of
+// traffic and is reused by every one of the m * s connections.
 //
-// * Forward (Algorithm 1, tiled).  A block owns a tile of 32 labels (one per
-//   lane) and a range of instances; its 1-8 warps split the instances.  The
-//   tile's indices and weights (32 x s, contiguous in memory) are loaded once
-//   with coalesced reads, range-checked, and stored transposed in shared
-//   memory ([k][lane], row stride 33 so neither the transposing store nor the
-//   per-k read has bank conflicts).  Each thread then computes the scores of
-//   its label for kFwdRows = 4 instances at a time: per connection k one
-//   shared-memory read of (index, weight) is reused for 4 independent
-//   feature gathers (memory-level parallelism), accumulating in float.  A
-//   warp writes scores[i, j0:j0+32], one coalesced 128-byte store.
-//   With the whole batch in one block (the default for large m) indices and
-//   weights are read from DRAM exactly once instead of b times (Algorithm 1
-//   literally re-reads them for every instance).  Because all blocks walk the
-//   instances in the same order, the feature rows being gathered at any time
-//   are the same few rows across the GPU and stay in L2.
-//   Features are deliberately NOT staged in shared memory: the gathers are
-//   random over e, so a block would have to stage whole rows (e * 4 bytes,
-//   128 KiB at e = 32768, beyond the 48 KiB default and Turing's 64 KiB) to
-//   serve only 32 * s gathers per row; L1/L2 serve those gathers at sector
-//   granularity for less traffic.  For s > 64 the connections are staged in
-//   chunks of 64 and re-staged per group of instances (L1/L2 hits).
-//   Small batches use fewer warps per block so that no warp idles.
+// A block owns a tile of 32 consecutive labels and walks the instances in
+// tiles of 32 * R (R = 1, 2, 4 or 8 rows per lane, from the batch size); its
+// 8 warps take the tile's labels in turn, one label per warp at a time.  A
+// warp loads 32 connections of its label with one coalesced read of indices
+// and weights (each lane one connection, range-checked there), then walks
+// them, broadcasting each (index, weight) with __shfl_sync; lane l handles
+// instances l, l + 32, ..., so every gather is a coalesced line of
+// features_t.  A block's scores and back-propagated signal are staged in
+// shared memory as [32 * R instances][32 labels] (row stride 33: no bank
+// conflicts) so that scores / backward are read and written as rows of 32
+// consecutive labels (128-byte lines), never as strided columns.
 //
-// * Gradient w.r.t. features (Algorithm 2).  Lanes map to 32 consecutive
-//   labels of one instance, so backward[i, j0:j0+32] is one coalesced load;
-//   a __ballot_sync of "signal != 0" lets a warp whose 32 signals are all zero
-//   skip the (i, tile) pair without touching indices or weights (the warp-level
-//   skip of Sec. 3.3, footnote 3); each warp issues the loads of 4 instances
-//   together so that skipping is bandwidth-, not latency-bound.  The
-//   non-zero labels of the warp are then compacted (rank within the ballot
-//   -> per-warp shared slot) and processed by groups of
-//   G = min(32, next_pow2(s)) lanes, one label per group, lanes
-//   striding over k: for s >= 32 a whole warp reads a label's indices/weights
-//   with coalesced loads and issues 32 independent atomicAdds, and no lane
-//   idles because a neighbouring label had zero signal (the naive
-//   one-thread-per-(i, j) loop of Algorithm 2 would leave 31 of 32 lanes idle
-//   at 3 % density).  For s = 1, G = 1 and this is exactly Algorithm 2.
-//   grad_features is zeroed with cudaMemsetAsync first; updates are
-//   atomicAdd (fire-and-forget RED instructions, result unused).  The 8 warps
-//   of a block take different instances of the same label tile, so the
-//   tile's indices/weights are re-read from L1, not DRAM.
+// * Forward (Algorithm 1): scores[i, j] = sum_k features_t[idx_jk, i] *
+//   w_jk, accumulated in float in registers, written through the shared tile.
+// * Gradient w.r.t. features (Algorithm 2): grad_features_t[idx_jk, i] +=
+//   backward[i, j] * w_jk by float atomicAdd into a zeroed float workspace
+//   [e, ld] (the lanes of a warp add into one 128-byte line), then one
+//   transposing, converting pass writes grad_features [b, e].
+// * Gradient w.r.t. weights (Algorithm 3): grad_weights[j, k] = sum_i
+//   backward[i, j] * features_t[idx_jk, i]: each lane accumulates its
+//   instances' products for 32 connections in registers, then a transposing
+//   butterfly reduction (31 shuffles for 32 sums) leaves the sum of
+//   connection kc + l in lane l, stored with one coalesced write.
+// * Zero signal (Sec. 3.3): per label and group of 32 instances a
+//   __ballot_sync counts the non-zero backward[i, j].  A label with none in
+//   the tile reads only its indices (for the range check).  A group with
+//   more than kSparseGroupMax is dense: it takes the connection-by-
+//   connection path above, where a lane whose own signal is zero reads and
+//   adds nothing (per-lane predicates, no data-dependent branch, so the
+//   loads of many connections are in flight together).  The non-zeros of
+//   the other groups are taken one at a time with the lanes over the
+//   connections (each lane its own index and weight: one instruction per
+//   non-zero instead of one per connection).  A zero entry therefore
+//   contributes exactly 0, even against an inf or NaN feature or weight, as
+//   on the CPU.
+// * Both gradients (XmcUniformSparseGradGpu*): the same kernel with both
+//   parts enabled reads backward, indices and weights once, as long as the
+//   transposed features and the features gradient fit in half of the L2
+//   together; beyond that, two kernels (one per gradient) are faster.
 //
-// * Gradient w.r.t. weights (Algorithm 3).  One thread per structural
-//   non-zero (j, k), consecutive threads = consecutive flat positions j*s+k,
-//   so reading indices and writing grad_weights are coalesced and the threads
-//   of one label (a whole warp for s >= 32) read the same backward[i, j]
-//   (broadcast, uniform branch).  The instance loop is unrolled by 8: eight
-//   backward loads are issued together, then the feature gathers of the
-//   non-zero ones only (the features load is skipped when backward[i, j] is
-//   0).  When m * s is too small to fill the GPU, the instance range is split
-//   over gridDim.y and partial sums are atomically added into a zeroed
-//   grad_weights.
+// When the label tiles alone cannot fill the GPU (small m), the instance
+// tiles are also split over gridDim.y; the weights gradient then adds its
+// partial sums atomically into a zeroed float accumulator.  With more than
+// one instance tile and a 16-bit T that accumulator is a float workspace
+// [m, s], converted to T at the end (one rounding, as on the CPU).
 //
-// Index checks: every launcher range-checks all m * s indices (the contract of
-// the header: bad_position is -1 iff every index is in range, like the CPU
-// kernels).  Forward and grad-weights check each index where they load it;
-// grad-features checks the tile's indices once in the blocks with
-// blockIdx.y == 0 (one coalesced pass over indices, m * s * 4 bytes) and also
-// re-checks every index it dereferences.  An out-of-range entry is recorded
-// with atomicMin of its flat position into error_scratch (cuda::RecordBad
-// and cuda::RunWithChecks<1> of ops/common/cuda_launch.h, which initialises
-// the slot, copies it back and synchronises) and is never used as an
-// address, so the reported position is the smallest bad one, as on the CPU.
-// Zero-size inputs launch no empty grid: see the launchers at the end of the
-// file.
+// Index checks: every launcher range-checks all m * s indices (the contract
+// of the header: bad_position is -1 iff every index is in range, like the
+// CPU kernels).  Each warp checks the indices of its label where it loads
+// them (also when its signal is zero); an out-of-range entry is recorded with
+// atomicMin of its flat position (cuda::RecordBad, cuda::RunWithChecks<1> of
+// ops/common/cuda_launch.h) and replaced by (index 0, weight 0), never used
+// as an address, so the reported position is the smallest bad one.
+// Zero-size inputs launch no empty grid: see the launchers at the end.
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/common/cuda_launch.h"
 #include "ops/uniform_sparse/uniform_sparse_kernels.h"
@@ -98,25 +98,14 @@ using cuda::kFullMask;
 using cuda::kWarpSize;
 using cuda::RecordBad;
 
-constexpr int kMaxWarps = 8;                       // warps per block (max)
-constexpr int kMaxThreads = kMaxWarps * kWarpSize;  // 256
-
-// Forward.
-constexpr int kFwdLabels = 32;               // labels per block (one per lane)
-constexpr int kFwdStride = kFwdLabels + 1;   // padded shared-memory row
-constexpr int kFwdMaxChunk = 64;             // connections staged per pass
-constexpr int kFwdRows = 4;                  // instances per thread per pass
-
-// Grad features.
-constexpr int kGfLabels = kWarpSize;  // labels per block (one per lane)
-constexpr int kGfUnroll = 4;           // instances per warp per step
-
-// Grad weights.
-constexpr int kGwThreads = 256;
-constexpr int kGwUnroll = 8;  // backward loads in flight per thread
-
-// Target number of resident blocks per SM when deciding whether to split the
-// batch over gridDim.y (only matters when m is small).
+constexpr int kWarps = 8;                       // warps per block
+constexpr int kThreads = kWarps * kWarpSize;    // 256
+constexpr int kLabels = kWarpSize;              // labels per block tile
+constexpr int kStride = kLabels + 1;            // shared tile row stride
+constexpr int kMaxRows = 8;                     // max instance rows per lane
+constexpr int kLd = kWarpSize;                  // features_t row alignment
+constexpr int64_t kAlign = 256;                 // workspace part alignment
+// Resident blocks per SM aimed at when splitting instance tiles over y.
 constexpr int kBlocksPerSmTarget = 8;
 constexpr int64_t kMaxGridY = 65535;
 
@@ -126,13 +115,37 @@ __host__ __device__ inline int64_t Min64(int64_t a, int64_t b) {
 __host__ __device__ inline int64_t Max64(int64_t a, int64_t b) {
   return a < b ? b : a;
 }
+inline int64_t AlignUp(int64_t x, int64_t a) { return CeilDiv(x, a) * a; }
 
 __device__ __forceinline__ bool InRange(int32_t idx, int64_t num_features) {
   return idx >= 0 && static_cast<int64_t>(idx) < num_features;
 }
 
+// Loads as float / stores from float, for each value type.
+__device__ __forceinline__ float Load(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float Load(const __half* p) {
+  return __half2float(__ldg(p));
+}
+__device__ __forceinline__ float Load(const __nv_bfloat16* p) {
+  return __bfloat162float(__ldg(p));
+}
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
 // Range check of every entry of indices [total] (grid-stride).
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(kThreads)
     ValidateIndicesKernel(const int32_t* __restrict__ indices, int64_t total,
                           int64_t num_features,
                           int64_t* __restrict__ error_scratch) {
@@ -143,296 +156,357 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// ---------------------------------------------------------------------------
-// Forward (Algorithm 1, tiled; see the file comment).
-//
-// Grid: x = label tiles of kFwdLabels, y = instance ranges of
-// `instances_per_block` (a multiple of warps * kFwdRows).  Block: 32 * warps
-// threads.  Dynamic shared memory: 2 * chunk * kFwdStride * 4 bytes.
-
-// Stages connections [k0, k0 + kc) of the block's labels into shared memory,
-// transposed: s_idx[kk * kFwdStride + jj].  Out-of-range indices are recorded
-// and replaced by (index 0, weight 0); labels past num_labels get the same.
-// The caller guarantees num_features > 0, so index 0 is a valid address.
-__device__ __forceinline__ void StageForwardChunk(
-    const int32_t* __restrict__ indices, const float* __restrict__ weights,
-    int64_t label_begin, int labels_here, int64_t fan_in, int64_t k0, int kc,
-    int64_t num_features, int32_t* s_idx, float* s_w,
-    int64_t* __restrict__ error_scratch) {
-  const int total = kFwdLabels * kc;
-  for (int t = threadIdx.x; t < total; t += blockDim.x) {
-    const int jj = t / kc;
-    const int kk = t - jj * kc;
-    int32_t idx = 0;
-    float w = 0.0f;
-    if (jj < labels_here) {
-      const int64_t pos = (label_begin + jj) * fan_in + k0 + kk;
-      const int32_t raw = __ldg(indices + pos);
-      if (InRange(raw, num_features)) {
-        idx = raw;
-        w = __ldg(weights + pos);
-      } else {
-        RecordBad(error_scratch, pos);
+// out[c * ld_out + r] = in[r * ld_in + c] for r < rows, c < cols, converted
+// to Out (32 x 32 tiles through shared memory; both sides coalesced).
+// Block (32, 8); grid x over column tiles, y (grid-stride) over row tiles.
+template <typename In, typename Out>
+__global__ void __launch_bounds__(kThreads)
+    TransposeKernel(const In* __restrict__ in, int64_t rows, int64_t cols,
+                    int64_t ld_in, Out* __restrict__ out, int64_t ld_out) {
+  __shared__ float tile[kWarpSize][kWarpSize + 1];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kWarpSize;
+  const int64_t row_tiles = CeilDiv(rows, kWarpSize);
+  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+    const int64_t r0 = rt * kWarpSize;
+    for (int dy = threadIdx.y; dy < kWarpSize; dy += blockDim.y) {
+      const int64_t r = r0 + dy, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) tile[dy][threadIdx.x] = Load(in + r * ld_in + c);
+    }
+    __syncthreads();
+    for (int dy = threadIdx.y; dy < kWarpSize; dy += blockDim.y) {
+      const int64_t c = c0 + dy, r = r0 + threadIdx.x;
+      if (r < rows && c < cols) {
+        out[c * ld_out + r] = FromFloat<Out>(tile[threadIdx.x][dy]);
       }
     }
-    s_idx[kk * kFwdStride + jj] = idx;
-    s_w[kk * kFwdStride + jj] = w;
-  }
-}
-
-__global__ void __launch_bounds__(kMaxThreads)
-    ForwardKernel(const float* __restrict__ features,
-                  const int32_t* __restrict__ indices,
-                  const float* __restrict__ weights, float* __restrict__ scores,
-                  int64_t batch, int64_t num_features, int64_t num_labels,
-                  int64_t fan_in, int chunk, int64_t instances_per_block,
-                  int64_t* __restrict__ error_scratch) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  int32_t* s_idx = reinterpret_cast<int32_t*>(smem_raw);
-  float* s_w = reinterpret_cast<float*>(smem_raw) + chunk * kFwdStride;
-
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
-  const int64_t label_begin = static_cast<int64_t>(blockIdx.x) * kFwdLabels;
-  const int labels_here =
-      static_cast<int>(Min64(kFwdLabels, num_labels - label_begin));
-  const int64_t j = label_begin + lane;
-  const bool label_ok = lane < labels_here;
-  const int64_t i_begin =
-      static_cast<int64_t>(blockIdx.y) * instances_per_block;
-  const int64_t i_end = Min64(batch, i_begin + instances_per_block);
-  const bool single_chunk = fan_in <= chunk;
-
-  if (single_chunk) {
-    StageForwardChunk(indices, weights, label_begin, labels_here, fan_in, 0,
-                      static_cast<int>(fan_in), num_features, s_idx, s_w,
-                      error_scratch);
     __syncthreads();
   }
+}
 
-  // The loop bounds are uniform over the block (required by __syncthreads).
-  for (int64_t pass = i_begin; pass < i_end; pass += warps * kFwdRows) {
-    const int64_t my_first = pass + warp * kFwdRows;
-    const bool warp_active = my_first < i_end;  // uniform within the warp
-    // Rows [0, valid_rows) of this thread's kFwdRows instances exist.
-    const int valid_rows =
-        label_ok ? static_cast<int>(Max64(0, Min64(kFwdRows, i_end - my_first)))
-                 : 0;
-    const float* rows[kFwdRows];
-    float acc[kFwdRows];
-#pragma unroll
-    for (int r = 0; r < kFwdRows; ++r) {
-      rows[r] = features + (r < valid_rows ? (my_first + r) * num_features : 0);
-      acc[r] = 0.0f;
-    }
-    for (int64_t k0 = 0; k0 < fan_in; k0 += chunk) {
-      const int kc = static_cast<int>(Min64(chunk, fan_in - k0));
-      if (!single_chunk) {
-        __syncthreads();  // previous chunk fully consumed
-        StageForwardChunk(indices, weights, label_begin, labels_here, fan_in,
-                          k0, kc, num_features, s_idx, s_w, error_scratch);
-        __syncthreads();
-      }
-      if (warp_active) {
-#pragma unroll 4
-        for (int kk = 0; kk < kc; ++kk) {
-          const int32_t idx = s_idx[kk * kFwdStride + lane];
-          const float w = s_w[kk * kFwdStride + lane];
-#pragma unroll
-          for (int r = 0; r < kFwdRows; ++r) {
-            if (r < valid_rows) acc[r] = fmaf(__ldg(rows[r] + idx), w, acc[r]);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kFwdRows; ++r) {
-      if (r < valid_rows) scores[(my_first + r) * num_labels + j] = acc[r];
+// out[p] = in[p] converted, p < total (grid-stride).
+template <typename Out>
+__global__ void __launch_bounds__(kThreads)
+    ConvertKernel(const float* __restrict__ in, int64_t total,
+                  Out* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       p < total; p += stride) {
+    out[p] = FromFloat<Out>(in[p]);
+  }
+}
+
+// Loads connections [kc, kc + 32) of the label whose first connection is at
+// flat position `row`: lane l gets (index, weight) of connection kc + l, or
+// (0, 0) past fan_in or for an out-of-range index (recorded).
+template <typename T, bool kWithWeights>
+__device__ __forceinline__ void LoadConnections(
+    const int32_t* __restrict__ indices, const T* __restrict__ weights,
+    int64_t row, int64_t kc, int64_t fan_in, int64_t num_features, int lane,
+    int32_t* idx, float* w, int64_t* __restrict__ error_scratch) {
+  *idx = 0;
+  *w = 0.0f;
+  const int64_t k = kc + lane;
+  if (k < fan_in) {
+    const int32_t raw = __ldg(indices + row + k);
+    if (InRange(raw, num_features)) {
+      *idx = raw;
+      if (kWithWeights) *w = Load(weights + row + k);
+    } else {
+      RecordBad(error_scratch, row + k);
     }
   }
 }
 
 // ---------------------------------------------------------------------------
-// Gradient w.r.t. features (Algorithm 2 with warp-level skipping and
-// compaction; see the file comment).
+// Forward (Algorithm 1; see the file comment).
 //
-// Grid: x = label tiles of 32, y = instance ranges of `instances_per_block`.
-// Block: 32 * warps threads; warp w takes instances i_begin + w, + warps, ...
-// (kGfUnroll of them per step).
-// `log2_group`: log2 of the lanes cooperating on one label.
+// Grid: x = label tiles of 32, y = groups of instance tiles (tile t goes to
+// blockIdx.y = t mod gridDim.y).  Block: kThreads.  R: rows per lane.
 
-__global__ void __launch_bounds__(kMaxThreads)
-    GradFeaturesKernel(const float* __restrict__ backward,
-                       const int32_t* __restrict__ indices,
-                       const float* __restrict__ weights,
-                       float* __restrict__ grad_features, int64_t batch,
-                       int64_t num_features, int64_t num_labels,
-                       int64_t fan_in, int log2_group,
-                       int64_t instances_per_block,
-                       int64_t* __restrict__ error_scratch) {
-  __shared__ int s_lane[kMaxWarps][kWarpSize];
-  __shared__ float s_val[kMaxWarps][kWarpSize];
-
+template <typename T, int R>
+__global__ void __launch_bounds__(kThreads)
+    ForwardKernel(const T* __restrict__ features_t, int64_t ld,
+                  const int32_t* __restrict__ indices,
+                  const T* __restrict__ weights, T* __restrict__ scores,
+                  int64_t batch, int64_t num_features, int64_t num_labels,
+                  int64_t fan_in, int64_t* __restrict__ error_scratch) {
+  constexpr int kTileRows = kWarpSize * R;
+  __shared__ float tile[kTileRows][kStride];
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
-  const int64_t label_begin = static_cast<int64_t>(blockIdx.x) * kGfLabels;
-  const int64_t labels_here =
-      Min64(kGfLabels, num_labels - label_begin);
-  const int64_t j = label_begin + lane;
-  const bool label_ok = lane < labels_here;
+  const int64_t label_begin = static_cast<int64_t>(blockIdx.x) * kLabels;
+  const int64_t tiles = CeilDiv(batch, kTileRows);
 
-  // Full index check of this label tile, once per tile (contract: every
-  // index is checked even if its label never has a non-zero signal).
-  if (blockIdx.y == 0) {
-    const int64_t first = label_begin * fan_in;
-    const int64_t count = labels_here * fan_in;
-    for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
-      if (!InRange(__ldg(indices + first + t), num_features)) {
-        RecordBad(error_scratch, first + t);
-      }
-    }
-  }
-
-  const int group = 1 << log2_group;       // lanes per label
-  const int groups = kWarpSize >> log2_group;  // labels per warp step
-  const int my_group = lane >> log2_group;
-  const int sub = lane & (group - 1);
-  const unsigned lanes_below = (1u << lane) - 1u;
-  const int64_t i_begin =
-      static_cast<int64_t>(blockIdx.y) * instances_per_block;
-  const int64_t i_end = Min64(batch, i_begin + instances_per_block);
-
-  // kGfUnroll backward loads are issued together (memory-level parallelism
-  // for the common case where most warps skip); then each is processed.
-  for (int64_t i0 = i_begin + warp; i0 < i_end;
-       i0 += static_cast<int64_t>(warps) * kGfUnroll) {
-    float signal[kGfUnroll];
+  for (int64_t t = blockIdx.y; t < tiles; t += gridDim.y) {
+    const int64_t i0 = t * kTileRows;
+    const int64_t rows_here = Min64(kTileRows, batch - i0);
+    for (int jj = warp; jj < kLabels; jj += kWarps) {
+      const int64_t j = label_begin + jj;
+      float acc[R];
 #pragma unroll
-    for (int u = 0; u < kGfUnroll; ++u) {
-      const int64_t i = i0 + static_cast<int64_t>(u) * warps;
-      signal[u] = (label_ok && i < i_end)
-                      ? __ldg(backward + i * num_labels + j) : 0.0f;
-    }
+      for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+      if (j < num_labels) {  // uniform within the warp
+        const int64_t row = j * fan_in;
+        const T* base = features_t + i0 + lane;
+        for (int64_t kc = 0; kc < fan_in; kc += kWarpSize) {
+          int32_t idx;
+          float w;
+          LoadConnections<T, true>(indices, weights, row, kc, fan_in,
+                                   num_features, lane, &idx, &w,
+                                   error_scratch);
+          const int n = static_cast<int>(Min64(kWarpSize, fan_in - kc));
+#pragma unroll 4
+          for (int q = 0; q < n; ++q) {
+            const int64_t it = __shfl_sync(kFullMask, idx, q);
+            const float wt = __shfl_sync(kFullMask, w, q);
+            const T* line = base + it * ld;
 #pragma unroll
-    for (int u = 0; u < kGfUnroll; ++u) {
-      const int64_t i = i0 + static_cast<int64_t>(u) * warps;
-      const float g = signal[u];
-      const unsigned nonzero = __ballot_sync(kFullMask, g != 0.0f);
-      if (nonzero == 0u) continue;  // whole warp skipped (uniform branch)
-      if (g != 0.0f) {
-        const int rank = __popc(nonzero & lanes_below);
-        s_lane[warp][rank] = lane;
-        s_val[warp][rank] = g;
-      }
-      __syncwarp();
-      const int n = __popc(nonzero);
-      float* grad_row = grad_features + i * num_features;
-      for (int base = 0; base < n; base += groups) {
-        const int t = base + my_group;
-        if (t < n) {
-          const int64_t row = (label_begin + s_lane[warp][t]) * fan_in;
-          const float v = s_val[warp][t];
-          for (int64_t k = sub; k < fan_in; k += group) {
-            const int32_t idx = __ldg(indices + row + k);
-            if (InRange(idx, num_features)) {
-              atomicAdd(grad_row + idx, v * __ldg(weights + row + k));
-            } else {
-              RecordBad(error_scratch, row + k);
+            for (int r = 0; r < R; ++r) {
+              if (lane + kWarpSize * r < rows_here) {
+                acc[r] = fmaf(Load(line + kWarpSize * r), wt, acc[r]);
+              }
             }
           }
         }
       }
-      __syncwarp();  // slots are read before the next instance rewrites them
+#pragma unroll
+      for (int r = 0; r < R; ++r) tile[lane + kWarpSize * r][jj] = acc[r];
     }
+    __syncthreads();
+    const int64_t j = label_begin + lane;
+    if (j < num_labels) {
+      for (int64_t r = warp; r < rows_here; r += kWarps) {
+        scores[(i0 + r) * num_labels + j] = FromFloat<T>(tile[r][lane]);
+      }
+    }
+    __syncthreads();  // the tile is rewritten by the next instance tile
   }
 }
 
 // ---------------------------------------------------------------------------
-// Gradient w.r.t. weights (Algorithm 3; see the file comment).
+// Gradients (Algorithms 2 and 3; see the file comment), one or both.
 //
-// Grid: x = ceil(m * s / 256) blocks of 256 threads, one thread per flat
-// position p = j * s + k; y = instance ranges of `instances_per_block`.  With
-// gridDim.y == 1 the thread stores its sum; otherwise (`accumulate`) it
-// atomically adds its partial sum into grad_weights, zeroed by the launcher.
+// Grid and block as ForwardKernel.  kFeatures: atomically add into
+// grad_features_t [e, ld] (float, zeroed).  kWeights: the weights gradient,
+// stored to grad_weights [m, s] (T) when `accumulate` is false (one instance
+// tile and gridDim.y == 1), else atomically added to grad_weights_acc
+// [m, s] (float, zeroed).
 
-__global__ void __launch_bounds__(kGwThreads)
-    GradWeightsKernel(const float* __restrict__ backward,
-                      const float* __restrict__ features,
-                      const int32_t* __restrict__ indices,
-                      float* __restrict__ grad_weights, int64_t batch,
-                      int64_t num_features, int64_t num_labels,
-                      int64_t fan_in, int64_t instances_per_block,
-                      bool accumulate, int64_t* __restrict__ error_scratch) {
-  const int64_t p =
-      static_cast<int64_t>(blockIdx.x) * kGwThreads + threadIdx.x;
-  if (p >= num_labels * fan_in) return;
-  const int64_t j = p / fan_in;
-  const int32_t idx = __ldg(indices + p);
-  if (!InRange(idx, num_features)) {
-    RecordBad(error_scratch, p);
-    if (!accumulate) grad_weights[p] = 0.0f;
-    return;  // the bad index is never used as an address
-  }
-  const int64_t i_begin =
-      static_cast<int64_t>(blockIdx.y) * instances_per_block;
-  const int64_t i_end = Min64(batch, i_begin + instances_per_block);
-  const float* back_col = backward + j;   // backward[i, j] = back_col[i * m]
-  const float* feat_col = features + idx;  // features[i, idx] = feat_col[i * e]
-  float acc = 0.0f;
-  int64_t i = i_begin;
-  for (; i + kGwUnroll <= i_end; i += kGwUnroll) {
-    float g[kGwUnroll];
+// Transposing butterfly: on entry lane l holds p[q] = its partial sum for
+// connection q (q < 32); on return p[0] of lane l is the warp's sum for
+// connection l.
+__device__ __forceinline__ void ReduceTranspose32(float (&p)[kWarpSize],
+                                                  int lane) {
 #pragma unroll
-    for (int u = 0; u < kGwUnroll; ++u) {
-      g[u] = __ldg(back_col + (i + u) * num_labels);
+  for (int half = kWarpSize / 2; half >= 1; half /= 2) {
+    const bool upper = (lane & half) != 0;
+#pragma unroll
+    for (int q = 0; q < half; ++q) {
+      const float send = upper ? p[q] : p[q + half];
+      const float keep = upper ? p[q + half] : p[q];
+      p[q] = keep + __shfl_xor_sync(kFullMask, send, half);
     }
+  }
+}
+
+// The dense part of one chunk of connections: lane l's instances
+// i0 + l + 32 r with gd[r] != 0 (groups with many non-zeros).  Connection q
+// (q < n) of the chunk is (idx, w) of lane q.  kWeights: p[q] = this lane's
+// sum over its instances of gd[r] * features_t[idx_q, i]; kFeatures: adds
+// gd[r] * w_q to grad_features_t[idx_q, i].  No branch depends on the data
+// (zero entries are per-lane predicates), so the compiler may issue the
+// loads of many connections together.
+template <typename T, int R, bool kFeatures, bool kWeights, bool kFull>
+__device__ __forceinline__ void DenseChunk(
+    const T* __restrict__ base, float* __restrict__ out_base, int64_t ld,
+    int32_t idx, float w, const float (&gd)[R], int n, float (&p)[kWarpSize]) {
+  if (kWeights) {
 #pragma unroll
-    for (int u = 0; u < kGwUnroll; ++u) {
-      if (g[u] != 0.0f) {
-        acc = fmaf(g[u], __ldg(feat_col + (i + u) * num_features), acc);
+    for (int q = 0; q < kWarpSize; ++q) {
+      p[q] = 0.0f;
+      if (kFull || q < n) {  // uniform
+        const int64_t offset =
+            static_cast<int64_t>(__shfl_sync(kFullMask, idx, q)) * ld;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          // gd[r] == 0 past the batch and for a zero signal: no read (a
+          // zero signal contributes exactly 0, even against inf / NaN).
+          float v = 0.0f;
+          if (gd[r] != 0.0f) v = Load(base + offset + kWarpSize * r);
+          p[q] = fmaf(gd[r], v, p[q]);
+        }
       }
     }
   }
-  for (; i < i_end; ++i) {
-    const float g = __ldg(back_col + i * num_labels);
-    if (g != 0.0f) acc = fmaf(g, __ldg(feat_col + i * num_features), acc);
+  if (kFeatures) {
+#pragma unroll
+    for (int q = 0; q < kWarpSize; ++q) {
+      if (kFull || q < n) {  // uniform
+        const int64_t offset =
+            static_cast<int64_t>(__shfl_sync(kFullMask, idx, q)) * ld;
+        const float wq = __shfl_sync(kFullMask, w, q);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (gd[r] != 0.0f) {
+            atomicAdd(out_base + offset + kWarpSize * r, gd[r] * wq);
+          }
+        }
+      }
+    }
   }
-  if (accumulate) {
-    atomicAdd(grad_weights + p, acc);
-  } else {
-    grad_weights[p] = acc;
+}
+
+// At most this many non-zero instances in a group of 32 make the group
+// sparse: its non-zeros are taken one at a time with the lanes over the
+// connections (one instruction per non-zero instead of one per connection).
+constexpr int kSparseGroupMax = 4;
+
+template <typename T, int R, bool kFeatures, bool kWeights>
+__global__ void __launch_bounds__(kThreads)
+    GradKernel(const T* __restrict__ backward, const T* __restrict__ features_t,
+               int64_t ld, const int32_t* __restrict__ indices,
+               const T* __restrict__ weights,
+               float* __restrict__ grad_features_t, T* __restrict__ grad_weights,
+               float* __restrict__ grad_weights_acc, bool accumulate,
+               int64_t batch, int64_t num_features, int64_t num_labels,
+               int64_t fan_in, int64_t* __restrict__ error_scratch) {
+  constexpr int kTileRows = kWarpSize * R;
+  __shared__ float tile[kTileRows][kStride];
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int64_t label_begin = static_cast<int64_t>(blockIdx.x) * kLabels;
+  const int64_t tiles = CeilDiv(batch, kTileRows);
+
+  for (int64_t t = blockIdx.y; t < tiles; t += gridDim.y) {
+    const int64_t i0 = t * kTileRows;
+    const int64_t rows_here = Min64(kTileRows, batch - i0);
+    // Stage backward[i0 .., label_begin ..] as rows of 32 labels.
+    {
+      const int64_t j = label_begin + lane;
+      for (int r = warp; r < kTileRows; r += kWarps) {
+        tile[r][lane] = (r < rows_here && j < num_labels)
+                            ? Load(backward + (i0 + r) * num_labels + j)
+                            : 0.0f;
+      }
+    }
+    __syncthreads();
+    for (int jj = warp; jj < kLabels; jj += kWarps) {
+      const int64_t j = label_begin + jj;
+      if (j >= num_labels) continue;  // uniform within the warp
+      // Lane l's signal for instances i0 + l + 32 r, split into dense
+      // groups (gd) and the non-zero lanes of sparse groups (sparse[r]).
+      float g[R], gd[R];
+      unsigned sparse[R];
+      bool any = false, any_dense = false;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        g[r] = tile[lane + kWarpSize * r][jj];
+        const unsigned nz = __ballot_sync(kFullMask, g[r] != 0.0f);
+        const bool dense = __popc(nz) > kSparseGroupMax;
+        gd[r] = dense ? g[r] : 0.0f;
+        sparse[r] = dense ? 0u : nz;
+        any = any || nz != 0u;
+        any_dense = any_dense || dense;
+      }
+      const int64_t row = j * fan_in;
+      const T* base = kWeights ? features_t + i0 + lane : nullptr;
+      float* out_base = kFeatures ? grad_features_t + i0 + lane : nullptr;
+      for (int64_t kc = 0; kc < fan_in; kc += kWarpSize) {
+        int32_t idx;
+        float w;
+        // Indices are loaded (and checked) even without signal; weights only
+        // for the features gradient of a label with signal.
+        if (kFeatures && any) {
+          LoadConnections<T, true>(indices, weights, row, kc, fan_in,
+                                   num_features, lane, &idx, &w,
+                                   error_scratch);
+        } else {
+          LoadConnections<T, false>(indices, weights, row, kc, fan_in,
+                                    num_features, lane, &idx, &w,
+                                    error_scratch);
+        }
+        const int64_t k = kc + lane;
+        if (!any) {
+          if (kWeights && !accumulate && k < fan_in) {
+            grad_weights[row + k] = FromFloat<T>(0.0f);
+          }
+          continue;
+        }
+        float own = 0.0f;  // kWeights: the sum for connection k
+        if (any_dense) {
+          const int n = static_cast<int>(Min64(kWarpSize, fan_in - kc));
+          float p[kWarpSize];
+          if (n == kWarpSize) {
+            DenseChunk<T, R, kFeatures, kWeights, true>(base, out_base, ld,
+                                                        idx, w, gd, n, p);
+          } else {
+            DenseChunk<T, R, kFeatures, kWeights, false>(base, out_base, ld,
+                                                         idx, w, gd, n, p);
+          }
+          if (kWeights) {
+            ReduceTranspose32(p, lane);
+            own = p[0];
+          }
+        }
+        // Sparse groups: one non-zero instance at a time, lane l on
+        // connection kc + l (its own idx, w: no shuffle).
+        const int64_t line = static_cast<int64_t>(idx) * ld + i0;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          unsigned mask = sparse[r];
+          while (mask != 0u) {  // uniform
+            const int l = __ffs(mask) - 1;
+            mask &= mask - 1u;
+            const float gi = __shfl_sync(kFullMask, g[r], l);
+            if (k < fan_in) {
+              const int64_t at = line + kWarpSize * r + l;
+              if (kWeights) own = fmaf(gi, Load(features_t + at), own);
+              if (kFeatures) atomicAdd(grad_features_t + at, gi * w);
+            }
+          }
+        }
+        if (kWeights && k < fan_in) {
+          if (accumulate) {
+            atomicAdd(grad_weights_acc + row + k, own);
+          } else {
+            grad_weights[row + k] = FromFloat<T>(own);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the tile is rewritten by the next instance tile
   }
 }
 
 // ---------------------------------------------------------------------------
-// Host helpers.
+// Host side.
 
-// Splits `batch` instances over gridDim.y so that about
-// kBlocksPerSmTarget * num_sms blocks exist, each range at least `min_range`
-// instances and a multiple of `multiple`.  Returns instances per block
-// (>= 1) and sets *splits.
-int64_t SplitInstances(int64_t batch, int64_t blocks_x, int num_sms,
-                       int64_t min_range, int64_t multiple, int64_t* splits) {
-  if (batch <= 0) {
-    *splits = 1;
-    return 1;
-  }
-  const int64_t target = static_cast<int64_t>(num_sms) * kBlocksPerSmTarget;
-  int64_t want = blocks_x >= target ? 1 : CeilDiv(target, blocks_x);
-  want = Min64(want, CeilDiv(batch, min_range));
-  want = Max64(1, Min64(want, kMaxGridY));
-  int64_t per_block = CeilDiv(CeilDiv(batch, want), multiple) * multiple;
-  *splits = CeilDiv(batch, per_block);
-  return per_block;
+// Rows per lane for a batch: the smallest of 1, 2, 4, 8 whose tile (32 * R
+// instances) covers the batch, 8 beyond 256 instances.
+int RowsPerLane(int64_t batch) {
+  int r = 1;
+  while (r < kMaxRows && static_cast<int64_t>(r) * kWarpSize < batch) r *= 2;
+  return r;
 }
 
-// Warps per block for kernels whose warps split `instances` instances
-// `rows_per_warp` at a time: no more than needed, 1..kMaxWarps.
-int WarpsFor(int64_t instances, int64_t rows_per_warp) {
-  const int64_t w = CeilDiv(Max64(instances, 1), rows_per_warp);
-  return static_cast<int>(Min64(w, kMaxWarps));
+// features_t row length: the batch rounded up to whole 128-byte lines.
+int64_t LeadingDim(int64_t batch) { return AlignUp(Max64(batch, 1), kLd); }
+
+// Instance-tile groups over gridDim.y so that about kBlocksPerSmTarget
+// blocks per SM exist.
+int64_t SplitTiles(int64_t label_tiles, int64_t instance_tiles, int num_sms) {
+  const int64_t target = static_cast<int64_t>(num_sms) * kBlocksPerSmTarget;
+  if (label_tiles >= target) return 1;
+  return Max64(1, Min64(Min64(CeilDiv(target, label_tiles), instance_tiles),
+                        kMaxGridY));
+}
+
+// *bytes = the L2 cache size of the current device.
+cudaError_t L2CacheBytes(int* bytes) {
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  return cudaDeviceGetAttribute(bytes, cudaDevAttrL2CacheSize, device);
 }
 
 cudaError_t EnqueueValidate(const int32_t* indices, int64_t total,
@@ -440,11 +514,292 @@ cudaError_t EnqueueValidate(const int32_t* indices, int64_t total,
                             int64_t* error_scratch, cudaStream_t stream) {
   if (total <= 0) return cudaSuccess;
   const unsigned blocks =
-      cuda::Grid1d(CeilDiv(total, kMaxThreads),
+      cuda::Grid1d(CeilDiv(total, kThreads),
                    static_cast<int64_t>(num_sms) * kBlocksPerSmTarget * 4);
-  ValidateIndicesKernel<<<blocks, kMaxThreads, 0, stream>>>(
+  ValidateIndicesKernel<<<blocks, kThreads, 0, stream>>>(
       indices, total, num_features, error_scratch);
   return cudaGetLastError();
+}
+
+template <typename In, typename Out>
+cudaError_t EnqueueTranspose(const In* in, int64_t rows, int64_t cols,
+                             int64_t ld_in, Out* out, int64_t ld_out,
+                             cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const int64_t col_tiles = CeilDiv(cols, kWarpSize);
+  if (col_tiles > INT_MAX) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(col_tiles),
+                  static_cast<unsigned>(
+                      Min64(CeilDiv(rows, kWarpSize), kMaxGridY)));
+  TransposeKernel<In, Out><<<grid, dim3(kWarpSize, kWarps), 0, stream>>>(
+      in, rows, cols, ld_in, out, ld_out);
+  return cudaGetLastError();
+}
+
+template <typename Out>
+cudaError_t EnqueueConvert(const float* in, int64_t total, Out* out,
+                           int num_sms, cudaStream_t stream) {
+  if (total <= 0) return cudaSuccess;
+  const unsigned blocks =
+      cuda::Grid1d(CeilDiv(total, kThreads),
+                   static_cast<int64_t>(num_sms) * kBlocksPerSmTarget * 4);
+  ConvertKernel<Out><<<blocks, kThreads, 0, stream>>>(in, total, out);
+  return cudaGetLastError();
+}
+
+// The workspace parts (byte offsets from the workspace start) of a launch.
+struct Workspace {
+  int64_t ld = 0;
+  int64_t features_t = -1, grad_features_t = -1, grad_weights_acc = -1;
+  int64_t bytes = 0;
+};
+
+// kind: 0 forward, 1 grad features, 2 grad weights, 3 both gradients.
+Workspace PlanWorkspace(int kind, int value_bytes, int64_t batch,
+                        int64_t num_features, int64_t num_labels,
+                        int64_t fan_in) {
+  Workspace w;
+  w.ld = LeadingDim(batch);
+  const int64_t lines = num_features * w.ld;
+  const bool features = kind == 1 || kind == 3;
+  const bool weights = kind == 2 || kind == 3;
+  if (kind != 1) {
+    w.features_t = w.bytes;
+    w.bytes += AlignUp(lines * value_bytes, kAlign);
+  }
+  if (features) {
+    w.grad_features_t = w.bytes;
+    w.bytes += AlignUp(lines * 4, kAlign);
+  }
+  // A float accumulator for 16-bit weights gradients; float ones accumulate
+  // in grad_weights itself.
+  if (weights && value_bytes != 4) {
+    w.grad_weights_acc = w.bytes;
+    w.bytes += AlignUp(num_labels * fan_in * 4, kAlign);
+  }
+  return w;
+}
+
+template <typename T>
+T* Part(void* workspace, int64_t offset) {
+  return reinterpret_cast<T*>(static_cast<unsigned char*>(workspace) + offset);
+}
+
+template <typename T, int R>
+cudaError_t EnqueueForwardR(const T* features_t, int64_t ld,
+                            const int32_t* indices, const T* weights,
+                            T* scores, int64_t batch, int64_t num_features,
+                            int64_t num_labels, int64_t fan_in, dim3 grid,
+                            int64_t* error_scratch, cudaStream_t stream) {
+  ForwardKernel<T, R><<<grid, kThreads, 0, stream>>>(
+      features_t, ld, indices, weights, scores, batch, num_features,
+      num_labels, fan_in, error_scratch);
+  return cudaGetLastError();
+}
+
+template <typename T>
+int Forward(const T* features, const int32_t* indices, const T* weights,
+            T* scores, int64_t batch, int64_t num_features, int64_t num_labels,
+            int64_t fan_in, void* workspace, int64_t* error_scratch,
+            int64_t* bad_position, cudaStream_t stream) {
+  *bad_position = -1;
+  if (batch < 0 || num_features < 0 || num_labels < 0 || fan_in < 0) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (num_labels == 0) return static_cast<int>(cudaSuccess);  // no indices
+  if (fan_in == 0) {  // every score is an empty sum (all-zero bits)
+    if (batch == 0) return static_cast<int>(cudaSuccess);
+    return static_cast<int>(cudaMemsetAsync(
+        scores, 0, static_cast<size_t>(batch * num_labels) * sizeof(T),
+        stream));
+  }
+  int num_sms = 0;
+  cudaError_t err = cuda::MultiprocessorCount(&num_sms);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  const int64_t label_tiles = CeilDiv(num_labels, kLabels);
+  if (label_tiles > INT_MAX) return static_cast<int>(cudaErrorInvalidValue);
+  if (batch == 0 || num_features == 0) {
+    // Nothing to compute (batch == 0), or every index is out of range
+    // (num_features == 0) and the features must not be read: check only.
+    return cuda::RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
+      return EnqueueValidate(indices, num_labels * fan_in, num_features,
+                             num_sms, error_scratch, stream);
+    });
+  }
+  const Workspace ws = PlanWorkspace(0, sizeof(T), batch, num_features,
+                                     num_labels, fan_in);
+  T* features_t = Part<T>(workspace, ws.features_t);
+  const int rows = RowsPerLane(batch);
+  const int64_t instance_tiles = CeilDiv(batch, kWarpSize * rows);
+  const dim3 grid(static_cast<unsigned>(label_tiles),
+                  static_cast<unsigned>(
+                      SplitTiles(label_tiles, instance_tiles, num_sms)));
+  return cuda::RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
+    cudaError_t e = EnqueueTranspose(features, batch, num_features,
+                                     num_features, features_t, ws.ld, stream);
+    if (e != cudaSuccess) return e;
+    const auto go = [&](auto r_tag) {
+      constexpr int kR = decltype(r_tag)::value;
+      return EnqueueForwardR<T, kR>(features_t, ws.ld, indices, weights,
+                                    scores, batch, num_features, num_labels,
+                                    fan_in, grid, error_scratch, stream);
+    };
+    switch (rows) {
+      case 1: return go(std::integral_constant<int, 1>());
+      case 2: return go(std::integral_constant<int, 2>());
+      case 4: return go(std::integral_constant<int, 4>());
+      default: return go(std::integral_constant<int, 8>());
+    }
+  });
+}
+
+template <typename T, int R, bool kFeatures, bool kWeights>
+cudaError_t EnqueueGradR(const T* backward, const T* features_t, int64_t ld,
+                         const int32_t* indices, const T* weights,
+                         float* grad_features_t, T* grad_weights,
+                         float* grad_weights_acc, bool accumulate,
+                         int64_t batch, int64_t num_features,
+                         int64_t num_labels, int64_t fan_in, dim3 grid,
+                         int64_t* error_scratch, cudaStream_t stream) {
+  GradKernel<T, R, kFeatures, kWeights><<<grid, kThreads, 0, stream>>>(
+      backward, features_t, ld, indices, weights, grad_features_t,
+      grad_weights, grad_weights_acc, accumulate, batch, num_features,
+      num_labels, fan_in, error_scratch);
+  return cudaGetLastError();
+}
+
+// Both gradients or one (grad_features / grad_weights may be null; then
+// features / weights may be too).
+template <typename T>
+int Gradients(const T* backward, const T* features, const int32_t* indices,
+              const T* weights, T* grad_features, T* grad_weights,
+              int64_t batch, int64_t num_features, int64_t num_labels,
+              int64_t fan_in, void* workspace, int64_t* error_scratch,
+              int64_t* bad_position, cudaStream_t stream) {
+  *bad_position = -1;
+  if (batch < 0 || num_features < 0 || num_labels < 0 || fan_in < 0) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const bool want_features = grad_features != nullptr;
+  const bool want_weights = grad_weights != nullptr;
+  const int kind = want_features ? (want_weights ? 3 : 1) : 2;
+  const int64_t total = num_labels * fan_in;
+  if (want_features && batch > 0 && num_features > 0 && total == 0) {
+    return static_cast<int>(cudaMemsetAsync(
+        grad_features, 0,
+        static_cast<size_t>(batch * num_features) * sizeof(T), stream));
+  }
+  if (total == 0) return static_cast<int>(cudaSuccess);
+  int num_sms = 0;
+  cudaError_t err = cuda::MultiprocessorCount(&num_sms);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  const int64_t label_tiles = CeilDiv(num_labels, kLabels);
+  if (label_tiles > INT_MAX) return static_cast<int>(cudaErrorInvalidValue);
+  if (batch == 0 || num_features == 0) {
+    // No signal (batch == 0) or no feature (every index is out of range):
+    // check the indices; the weights gradient is all zero, the features
+    // gradient has no entry or is all zero.
+    return cuda::RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
+      if (want_weights) {
+        const cudaError_t e = cudaMemsetAsync(
+            grad_weights, 0, static_cast<size_t>(total) * sizeof(T), stream);
+        if (e != cudaSuccess) return e;
+      }
+      return EnqueueValidate(indices, total, num_features, num_sms,
+                             error_scratch, stream);
+    });
+  }
+  const Workspace ws = PlanWorkspace(kind, sizeof(T), batch, num_features,
+                                     num_labels, fan_in);
+  T* features_t =
+      ws.features_t >= 0 ? Part<T>(workspace, ws.features_t) : nullptr;
+  float* grad_features_t = ws.grad_features_t >= 0
+                               ? Part<float>(workspace, ws.grad_features_t)
+                               : nullptr;
+  const int rows = RowsPerLane(batch);
+  const int64_t instance_tiles = CeilDiv(batch, kWarpSize * rows);
+  const int64_t splits = SplitTiles(label_tiles, instance_tiles, num_sms);
+  const dim3 grid(static_cast<unsigned>(label_tiles),
+                  static_cast<unsigned>(splits));
+  // Both gradients in one kernel only while the transposed features and
+  // the features gradient fit in half of the L2 cache together: the one
+  // kernel gathers from the first and adds into the second at random rows,
+  // and beyond the L2 both would go to DRAM (then two kernels, each with
+  // its own operand in the L2, are faster).
+  bool fused = false;
+  if (kind == 3) {
+    int l2_bytes = 0;
+    err = L2CacheBytes(&l2_bytes);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    fused = num_features * ws.ld * (4 + static_cast<int64_t>(sizeof(T))) <=
+            static_cast<int64_t>(l2_bytes) / 2;
+  }
+  // One instance tile in one block per label tile: the weights gradient is
+  // stored; otherwise accumulated atomically in float.
+  const bool accumulate = want_weights && (instance_tiles > 1 || splits > 1);
+  float* grad_weights_acc = nullptr;
+  if (accumulate) {
+    grad_weights_acc = ws.grad_weights_acc >= 0
+                           ? Part<float>(workspace, ws.grad_weights_acc)
+                           : reinterpret_cast<float*>(grad_weights);
+  }
+  return cuda::RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
+    cudaError_t e = cudaSuccess;
+    if (want_weights) {
+      e = EnqueueTranspose(features, batch, num_features, num_features,
+                           features_t, ws.ld, stream);
+      if (e != cudaSuccess) return e;
+    }
+    if (want_features) {
+      e = cudaMemsetAsync(grad_features_t, 0,
+                          static_cast<size_t>(num_features * ws.ld) * 4,
+                          stream);
+      if (e != cudaSuccess) return e;
+    }
+    if (accumulate) {
+      e = cudaMemsetAsync(grad_weights_acc, 0,
+                          static_cast<size_t>(total) * 4, stream);
+      if (e != cudaSuccess) return e;
+    }
+    const auto go = [&](auto r_tag, auto f_tag, auto w_tag) {
+      constexpr int kR = decltype(r_tag)::value;
+      constexpr bool kF = decltype(f_tag)::value;
+      constexpr bool kW = decltype(w_tag)::value;
+      return EnqueueGradR<T, kR, kF, kW>(
+          backward, features_t, ws.ld, indices, weights, grad_features_t,
+          grad_weights, grad_weights_acc, accumulate, batch, num_features,
+          num_labels, fan_in, grid, error_scratch, stream);
+    };
+    const auto with_parts = [&](auto r_tag) {
+      if (kind == 1) {
+        return go(r_tag, std::true_type(), std::false_type());
+      }
+      if (kind == 2) {
+        return go(r_tag, std::false_type(), std::true_type());
+      }
+      if (fused) return go(r_tag, std::true_type(), std::true_type());
+      const cudaError_t first = go(r_tag, std::true_type(), std::false_type());
+      if (first != cudaSuccess) return first;
+      return go(r_tag, std::false_type(), std::true_type());
+    };
+    switch (rows) {
+      case 1: e = with_parts(std::integral_constant<int, 1>()); break;
+      case 2: e = with_parts(std::integral_constant<int, 2>()); break;
+      case 4: e = with_parts(std::integral_constant<int, 4>()); break;
+      default: e = with_parts(std::integral_constant<int, 8>()); break;
+    }
+    if (e != cudaSuccess) return e;
+    if (want_features) {
+      e = EnqueueTranspose(grad_features_t, num_features, batch, ws.ld,
+                           grad_features, num_features, stream);
+      if (e != cudaSuccess) return e;
+    }
+    if (accumulate && ws.grad_weights_acc >= 0) {
+      e = EnqueueConvert(grad_weights_acc, total, grad_weights, num_sms,
+                         stream);
+    }
+    return e;
+  });
 }
 
 }  // namespace
@@ -454,138 +809,75 @@ cudaError_t EnqueueValidate(const int32_t* indices, int64_t total,
 // ---------------------------------------------------------------------------
 // Launchers (extern "C", declared in uniform_sparse_kernels.h).
 
-using namespace xmc_tf::uniform_sparse_cuda;  // NOLINT(build/namespaces)
-using xmc_tf::cuda::MultiprocessorCount;
-using xmc_tf::cuda::RunWithChecks;
+using xmc_tf::uniform_sparse_cuda::Forward;
+using xmc_tf::uniform_sparse_cuda::Gradients;
+using xmc_tf::uniform_sparse_cuda::PlanWorkspace;
 
-extern "C" int XmcUniformSparseForwardGpuF32(
-    const float* features, const int32_t* indices, const float* weights,
-    float* scores, int64_t batch, int64_t num_features, int64_t num_labels,
-    int64_t fan_in, int64_t* error_scratch, int64_t* bad_position,
-    void* stream_ptr) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  *bad_position = -1;
-  if (batch < 0 || num_features < 0 || num_labels < 0 || fan_in < 0) {
-    return static_cast<int>(cudaErrorInvalidValue);
+extern "C" int64_t XmcUniformSparseGpuWorkspaceBytes(
+    int kind, int value_bytes, int64_t batch, int64_t num_features,
+    int64_t num_labels, int64_t fan_in) {
+  if (kind < 0 || kind > 3 || (value_bytes != 2 && value_bytes != 4) ||
+      batch < 0 || num_features < 0 || num_labels < 0 || fan_in < 0) {
+    return -1;
   }
-  if (num_labels == 0) return static_cast<int>(cudaSuccess);  // no indices
-  if (fan_in == 0) {  // every score is an empty sum
-    if (batch == 0) return static_cast<int>(cudaSuccess);
-    return static_cast<int>(cudaMemsetAsync(
-        scores, 0, static_cast<size_t>(batch * num_labels) * sizeof(float),
-        stream));
-  }
-  int num_sms = 0;
-  cudaError_t err = MultiprocessorCount(&num_sms);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  const int64_t label_tiles = CeilDiv(num_labels, kFwdLabels);
-  if (label_tiles > INT_MAX) return static_cast<int>(cudaErrorInvalidValue);
-
-  if (batch == 0 || num_features == 0) {
-    // Nothing to compute (batch == 0), or every index is out of range
-    // (num_features == 0) and the features must not be read: check only.
-    return RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
-      return EnqueueValidate(indices, num_labels * fan_in, num_features,
-                             num_sms, error_scratch, stream);
-    });
-  }
-
-  const int chunk =
-      static_cast<int>(Min64(fan_in, kFwdMaxChunk));
-  int64_t splits = 1;
-  const int64_t per_block =
-      SplitInstances(batch, label_tiles, num_sms, /*min_range=*/kFwdRows * 8,
-                     /*multiple=*/kFwdRows, &splits);
-  const int warps = WarpsFor(Min64(per_block, batch), kFwdRows);
-  const size_t smem = 2 * static_cast<size_t>(chunk) * kFwdStride * 4;
-  const dim3 grid(static_cast<unsigned>(label_tiles),
-                  static_cast<unsigned>(splits));
-  return RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
-    ForwardKernel<<<grid, warps * kWarpSize, smem, stream>>>(
-        features, indices, weights, scores, batch, num_features, num_labels,
-        fan_in, chunk, per_block, error_scratch);
-    return cudaGetLastError();
-  });
+  return PlanWorkspace(kind, value_bytes, batch, num_features, num_labels,
+                       fan_in)
+      .bytes;
 }
 
-extern "C" int XmcUniformSparseGradFeaturesGpuF32(
-    const float* backward, const int32_t* indices, const float* weights,
-    float* grad_features, int64_t batch, int64_t num_features,
-    int64_t num_labels, int64_t fan_in, int64_t* error_scratch,
-    int64_t* bad_position, void* stream_ptr) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  *bad_position = -1;
-  if (batch < 0 || num_features < 0 || num_labels < 0 || fan_in < 0) {
-    return static_cast<int>(cudaErrorInvalidValue);
+#define XMC_US_LAUNCHERS(SUFFIX, CT, T)                                       \
+  extern "C" int XmcUniformSparseForwardGpu##SUFFIX(                          \
+      const CT* features, const int32_t* indices, const CT* weights,          \
+      CT* scores, int64_t batch, int64_t num_features, int64_t num_labels,    \
+      int64_t fan_in, void* workspace, int64_t* error_scratch,                \
+      int64_t* bad_position, void* stream) {                                  \
+    return Forward<T>(reinterpret_cast<const T*>(features), indices,          \
+                      reinterpret_cast<const T*>(weights),                    \
+                      reinterpret_cast<T*>(scores), batch, num_features,      \
+                      num_labels, fan_in, workspace, error_scratch,           \
+                      bad_position, static_cast<cudaStream_t>(stream));       \
+  }                                                                           \
+  extern "C" int XmcUniformSparseGradFeaturesGpu##SUFFIX(                     \
+      const CT* backward, const int32_t* indices, const CT* weights,          \
+      CT* grad_features, int64_t batch, int64_t num_features,                 \
+      int64_t num_labels, int64_t fan_in, void* workspace,                    \
+      int64_t* error_scratch, int64_t* bad_position, void* stream) {          \
+    return Gradients<T>(reinterpret_cast<const T*>(backward), nullptr,        \
+                        indices, reinterpret_cast<const T*>(weights),         \
+                        reinterpret_cast<T*>(grad_features), nullptr, batch,  \
+                        num_features, num_labels, fan_in, workspace,          \
+                        error_scratch, bad_position,                          \
+                        static_cast<cudaStream_t>(stream));                   \
+  }                                                                           \
+  extern "C" int XmcUniformSparseGradWeightsGpu##SUFFIX(                      \
+      const CT* backward, const CT* features, const int32_t* indices,         \
+      CT* grad_weights, int64_t batch, int64_t num_features,                  \
+      int64_t num_labels, int64_t fan_in, void* workspace,                    \
+      int64_t* error_scratch, int64_t* bad_position, void* stream) {          \
+    return Gradients<T>(reinterpret_cast<const T*>(backward),                 \
+                        reinterpret_cast<const T*>(features), indices,        \
+                        nullptr, nullptr, reinterpret_cast<T*>(grad_weights), \
+                        batch, num_features, num_labels, fan_in, workspace,   \
+                        error_scratch, bad_position,                          \
+                        static_cast<cudaStream_t>(stream));                   \
+  }                                                                           \
+  extern "C" int XmcUniformSparseGradGpu##SUFFIX(                             \
+      const CT* backward, const CT* features, const int32_t* indices,         \
+      const CT* weights, CT* grad_features, CT* grad_weights, int64_t batch,  \
+      int64_t num_features, int64_t num_labels, int64_t fan_in,               \
+      void* workspace, int64_t* error_scratch, int64_t* bad_position,         \
+      void* stream) {                                                         \
+    return Gradients<T>(reinterpret_cast<const T*>(backward),                 \
+                        reinterpret_cast<const T*>(features), indices,        \
+                        reinterpret_cast<const T*>(weights),                  \
+                        reinterpret_cast<T*>(grad_features),                  \
+                        reinterpret_cast<T*>(grad_weights), batch,            \
+                        num_features, num_labels, fan_in, workspace,          \
+                        error_scratch, bad_position,                          \
+                        static_cast<cudaStream_t>(stream));                   \
   }
-  if (batch > 0 && num_features > 0) {
-    const cudaError_t err = cudaMemsetAsync(
-        grad_features, 0,
-        static_cast<size_t>(batch * num_features) * sizeof(float), stream);
-    if (err != cudaSuccess) return static_cast<int>(err);
-  }
-  if (num_labels == 0 || fan_in == 0) return static_cast<int>(cudaSuccess);
-  int num_sms = 0;
-  cudaError_t err = MultiprocessorCount(&num_sms);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  const int64_t label_tiles = CeilDiv(num_labels, kGfLabels);
-  if (label_tiles > INT_MAX) return static_cast<int>(cudaErrorInvalidValue);
 
-  int log2_group = 0;
-  while (log2_group < 5 && (int64_t{1} << log2_group) < fan_in) ++log2_group;
-  int64_t splits = 1;
-  const int64_t per_block =
-      SplitInstances(batch, label_tiles, num_sms, /*min_range=*/kMaxWarps * 4,
-                     /*multiple=*/kMaxWarps, &splits);
-  const int warps = WarpsFor(Min64(per_block, batch), 1);
-  const dim3 grid(static_cast<unsigned>(label_tiles),
-                  static_cast<unsigned>(splits));
-  // Runs even when batch == 0: the blockIdx.y == 0 blocks check the indices.
-  // With num_features == 0 every index is out of range and none is used.
-  return RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
-    GradFeaturesKernel<<<grid, warps * kWarpSize, 0, stream>>>(
-        backward, indices, weights, grad_features, batch, num_features,
-        num_labels, fan_in, log2_group, per_block, error_scratch);
-    return cudaGetLastError();
-  });
-}
-
-extern "C" int XmcUniformSparseGradWeightsGpuF32(
-    const float* backward, const float* features, const int32_t* indices,
-    float* grad_weights, int64_t batch, int64_t num_features,
-    int64_t num_labels, int64_t fan_in, int64_t* error_scratch,
-    int64_t* bad_position, void* stream_ptr) {
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  *bad_position = -1;
-  if (batch < 0 || num_features < 0 || num_labels < 0 || fan_in < 0) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  const int64_t total = num_labels * fan_in;
-  if (total == 0) return static_cast<int>(cudaSuccess);  // empty output
-  int num_sms = 0;
-  cudaError_t err = MultiprocessorCount(&num_sms);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  const int64_t blocks_x = CeilDiv(total, kGwThreads);
-  if (blocks_x > INT_MAX) return static_cast<int>(cudaErrorInvalidValue);
-
-  int64_t splits = 1;
-  const int64_t per_block =
-      SplitInstances(batch, blocks_x, num_sms, /*min_range=*/kGwUnroll * 8,
-                     /*multiple=*/kGwUnroll, &splits);
-  const bool accumulate = splits > 1;
-  const dim3 grid(static_cast<unsigned>(blocks_x),
-                  static_cast<unsigned>(splits));
-  // With batch == 0 the kernel still runs: it checks every index and writes
-  // zeros.
-  return RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
-    if (accumulate) {
-      const cudaError_t e = cudaMemsetAsync(
-          grad_weights, 0, static_cast<size_t>(total) * sizeof(float), stream);
-      if (e != cudaSuccess) return e;
-    }
-    GradWeightsKernel<<<grid, kGwThreads, 0, stream>>>(
-        backward, features, indices, grad_weights, batch, num_features,
-        num_labels, fan_in, per_block, accumulate, error_scratch);
-    return cudaGetLastError();
-  });
-}
+XMC_US_LAUNCHERS(F32, float, float)
+XMC_US_LAUNCHERS(F16, uint16_t, __half)
+XMC_US_LAUNCHERS(BF16, uint16_t, __nv_bfloat16)
+#undef XMC_US_LAUNCHERS

@@ -17,9 +17,9 @@
 // the device, validates ranks and shapes, allocates the outputs and calls
 // the functor below; the CpuDevice functors (every registered T: float,
 // half, bfloat16, accumulated in float32) are in uniform_sparse_kernels.cc,
-// the GpuDevice ones (float32, behind XMC_TF_WITH_CUDA) call the extern "C"
-// launchers declared further down.  Each functor range-checks `indices`
-// itself (the CPU ones on the host, the GPU launchers on the device) and
+// the GpuDevice ones (float, half and bfloat16, behind XMC_TF_WITH_CUDA)
+// call the extern "C" launchers declared further down.  Each functor
+// range-checks `indices` itself (the CPU ones on the host, the GPU launchers on the device) and
 // fails the op with InvalidArgument on an entry outside [0, num_features).
 #ifndef XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_KERNELS_H_
 #define XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_KERNELS_H_
@@ -80,48 +80,75 @@ extern "C" {
 //
 // All pointers are device pointers except `bad_position` (host).  `stream` is
 // a `cudaStream_t` passed as `void*` so that callers need no CUDA headers.
+// Value types: F32 = float; F16 / BF16 = IEEE half / bfloat16, passed as
+// their uint16_t bit patterns (Eigen::half / Eigen::bfloat16 have the same
+// layout); products are accumulated in float32 for every type.
 // `error_scratch` is a device buffer of at least one int64 that the launcher
-// may overwrite.
+// may overwrite.  `workspace` is a device buffer of at least
+// XmcUniformSparseGpuWorkspaceBytes(kind, sizeof(value), batch,
+// num_features, num_labels, fan_in) bytes, 256-byte aligned, that the
+// launcher may overwrite (it holds the features transposed to [e, ld], the
+// features gradient in that layout, and for 16-bit types a float
+// accumulator of the weights gradient; ld = batch rounded up to a multiple
+// of 32).
 //
 // Each launcher enqueues its work on `stream`, then copies the index check
-// result back and synchronises the stream, and returns a `cudaError_t` as int
-// (0 = cudaSuccess).  On return, `*bad_position` is -1 when every index was in
-// range, else the flat position (j * fan_in + k) of an out-of-range entry of
-// `indices`; outputs are then unspecified and must not be used.
+// result back and synchronises the stream (the one host synchronisation per
+// call), and returns a `cudaError_t` as int (0 = cudaSuccess).  On return,
+// `*bad_position` is -1 when every index was in range, else the smallest
+// flat position (j * fan_in + k) of an out-of-range entry of `indices`;
+// outputs are then unspecified and must not be used.
+
+// Workspace bytes of a launch: kind 0 = forward, 1 = gradient w.r.t.
+// features, 2 = gradient w.r.t. weights, 3 = both gradients; value_bytes is
+// 4 (F32) or 2 (F16, BF16).  -1 for a bad argument.
+int64_t XmcUniformSparseGpuWorkspaceBytes(int kind, int value_bytes,
+                                          int64_t batch, int64_t num_features,
+                                          int64_t num_labels, int64_t fan_in);
+
+// Declares, for one value type CT and suffix:
 //
 // Forward (Algorithm 1): scores[i, j] = sum_k features[i, indices[j, k]] *
 // weights[j, k].
-int XmcUniformSparseForwardGpuF32(const float* features, const int32_t* indices,
-                                  const float* weights, float* scores,
-                                  int64_t batch, int64_t num_features,
-                                  int64_t num_labels, int64_t fan_in,
-                                  int64_t* error_scratch,
-                                  int64_t* bad_position, void* stream);
-
+//
 // Gradient w.r.t. features (Algorithm 2): grad_features[i, indices[j, k]] +=
-// backward[i, j] * weights[j, k], skipping zero backward[i, j] without reading
-// indices/weights.  `grad_features` [batch, num_features] is fully written
-// (zeroed first by the launcher).
-int XmcUniformSparseGradFeaturesGpuF32(const float* backward,
-                                       const int32_t* indices,
-                                       const float* weights,
-                                       float* grad_features, int64_t batch,
-                                       int64_t num_features,
-                                       int64_t num_labels, int64_t fan_in,
-                                       int64_t* error_scratch,
-                                       int64_t* bad_position, void* stream);
-
+// backward[i, j] * weights[j, k]; a zero backward[i, j] contributes nothing
+// (no weight or feature is read for it).  `grad_features` [batch,
+// num_features] is fully written.
+//
 // Gradient w.r.t. weights (Algorithm 3): grad_weights[j, k] = sum_i
 // backward[i, j] * features[i, indices[j, k]], skipping the features load
 // where backward[i, j] == 0.  `grad_weights` [num_labels, fan_in] is fully
 // written.
-int XmcUniformSparseGradWeightsGpuF32(const float* backward,
-                                      const float* features,
-                                      const int32_t* indices,
-                                      float* grad_weights, int64_t batch,
-                                      int64_t num_features, int64_t num_labels,
-                                      int64_t fan_in, int64_t* error_scratch,
-                                      int64_t* bad_position, void* stream);
+//
+// Both gradients (Algorithms 2 and 3 in one pass over backward).
+#define XMC_US_DECLARE_LAUNCHERS(SUFFIX, CT)                                   \
+  int XmcUniformSparseForwardGpu##SUFFIX(                                      \
+      const CT* features, const int32_t* indices, const CT* weights,           \
+      CT* scores, int64_t batch, int64_t num_features, int64_t num_labels,     \
+      int64_t fan_in, void* workspace, int64_t* error_scratch,                 \
+      int64_t* bad_position, void* stream);                                    \
+  int XmcUniformSparseGradFeaturesGpu##SUFFIX(                                 \
+      const CT* backward, const int32_t* indices, const CT* weights,           \
+      CT* grad_features, int64_t batch, int64_t num_features,                  \
+      int64_t num_labels, int64_t fan_in, void* workspace,                     \
+      int64_t* error_scratch, int64_t* bad_position, void* stream);            \
+  int XmcUniformSparseGradWeightsGpu##SUFFIX(                                  \
+      const CT* backward, const CT* features, const int32_t* indices,          \
+      CT* grad_weights, int64_t batch, int64_t num_features,                   \
+      int64_t num_labels, int64_t fan_in, void* workspace,                     \
+      int64_t* error_scratch, int64_t* bad_position, void* stream);            \
+  int XmcUniformSparseGradGpu##SUFFIX(                                         \
+      const CT* backward, const CT* features, const int32_t* indices,          \
+      const CT* weights, CT* grad_features, CT* grad_weights, int64_t batch,   \
+      int64_t num_features, int64_t num_labels, int64_t fan_in,                \
+      void* workspace, int64_t* error_scratch, int64_t* bad_position,          \
+      void* stream);
+
+XMC_US_DECLARE_LAUNCHERS(F32, float)
+XMC_US_DECLARE_LAUNCHERS(F16, uint16_t)
+XMC_US_DECLARE_LAUNCHERS(BF16, uint16_t)
+#undef XMC_US_DECLARE_LAUNCHERS
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -374,7 +374,7 @@ class SetRewiring(keras.callbacks.Callback):
     History, CSVLogger and a TensorBoard callback placed after this one see
     them):
     ``set_moved`` (connections moved per rewire), ``set_mean_abs_pruned``
-    (mean |w| of the pruned connections) and ``set_rewires`` (count so far).
+    (mean ``|w|`` of the pruned connections) and ``set_rewires`` (count so far).
     ``get_state``/``set_state`` carry the counters and the RNG across a
     resume (:mod:`xmc_tf.job.checkpoint`).
 

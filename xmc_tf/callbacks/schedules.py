@@ -76,7 +76,8 @@ class EarlyStopping(_RestoredState, keras.callbacks.EarlyStopping):
     Args:
       best_weights_dir: directory for the best-weights file (created), or
         None for Keras' in-memory copy.
-      *args, **kwargs: as for ``keras.callbacks.EarlyStopping``.
+      *args: as for ``keras.callbacks.EarlyStopping``.
+      **kwargs: as for ``keras.callbacks.EarlyStopping``.
 
     Raises:
       CheckpointError: (``on_train_begin``) a restored state names a

@@ -2,7 +2,7 @@
 
 A fully connected head, ``4 (d + 1) m`` bytes; better than the
 uniform-sparse head on Delicious' validation splits, worse on Bibtex's
-(docs/defaults.md).
+(docs/notes/defaults.md).
 """
 
 from xmc_tf.config import base

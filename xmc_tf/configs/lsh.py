@@ -5,7 +5,7 @@ As the ``astra`` config with ``sampler.kind = "lsh"``: ``L`` hash tables of
 instance the labels in the buckets hit by its embedding
 (``sampler.query="embedding"``) or by its positive labels' vectors
 (``"label"``) are the negatives (LSH paper, Sec. 2, Algorithm 1).  How the
-defaults were chosen: docs/defaults.md.  Network and schedule follow the
+defaults were chosen: docs/notes/defaults.md.  Network and schedule follow the
 training labels' regime as in the ``astra`` config (multi-class data:
 configs/scent.py's; multi-label: the sampled head's; an explicit value
 is kept).

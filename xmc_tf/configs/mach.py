@@ -6,7 +6,7 @@ one ``[R, d, B]`` kernel, ``4 R B (d + 1)`` bytes instead of ``4 m (d + 1)``
 for a dense output layer.  Loss ``"bce"`` (the paper's multi-label variant)
 or ``"softmax"`` (multi-class data); top-k labels from the exact decoder op
 ``Xmc>MachTopK``.  B^R >> m keeps labels distinguishable; MACH saves memory
-over a dense head only when R B << m (docs/mach.md).  B=32, R=16 are round
+over a dense head only when R B << m (docs/notes/mach.md).  B=32, R=16 are round
 defaults: set them for your m::
 
     xmc-tf train --config=mach \\
@@ -20,6 +20,6 @@ from xmc_tf.config import base
 
 def get_config():
     c = base("mach")
-    c.model.dropout = 0.5  # chosen on Delicious' val P@3 (docs/defaults.md)
+    c.model.dropout = 0.5  # chosen on Delicious' val P@3 (docs/notes/defaults.md)
     c.model.intermediate_dim = 64  # d: the same choice
     return c

@@ -7,7 +7,7 @@ uniform-sparse one, trained by SCENT (Algorithm 26 of
 closed form with step ``scent.alpha``, only the batch's classes scored.
 Multi-class data only (one label per instance).  Paper-faithful setting:
 ``scent.correction="none"``, ``train.optimizer="scent_momentum"``.  How
-the defaults were chosen (ManNextWord): docs/defaults.md, docs/scent.md.
+the defaults were chosen (ManNextWord): docs/notes/defaults.md, docs/notes/scent.md.
 
     xmc-tf train --config=scent \\
         --config.data.train=TRAIN.txt.gz --config.data.test=TEST.txt.gz \\
@@ -21,7 +21,7 @@ def get_config():
     c = base("scent")
     c.data.train = ""  # multi-class data to be named (Bibtex is multi-label)
     c.data.test = ""
-    c.data.normalize = "l2"  # as measured (docs/scent.md)
+    c.data.normalize = "l2"  # as measured (docs/notes/scent.md)
     c.data.validation_fraction = 0.05  # large multi-class training files
     c.model.encoder_dims = (512,)  # 512 beat 256 on ManNextWord's val P@1
     c.model.dropout = 0.5  # without it every head overfitted in 2-3 epochs

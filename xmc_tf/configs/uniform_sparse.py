@@ -8,7 +8,7 @@ LazyAdam 1e-3 halved on val-P@3 plateaus, early stopping, SET
 (Parabel-style, :mod:`xmc_tf.job.tree`) fit on the same features, its
 log-scores added with a weight read on the validation split
 (``config.tree``).  Fields and defaults: :mod:`xmc_tf.config`; how they
-were chosen: docs/defaults.md, docs/real_data.md::
+were chosen: docs/notes/defaults.md, docs/notes/real_data.md::
 
     xmc-tf train --config=uniform_sparse \\
         --config.data.train=TRAIN.txt.gz --config.data.test=TEST.txt.gz \\

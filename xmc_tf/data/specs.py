@@ -15,7 +15,7 @@ from xmc_tf.data.xc_reader import read_xc, read_xc_xy
 
 __all__ = ["BUNDLED_DATASETS", "load_bundled", "load_dataset"]
 
-# Bundled data sets: name -> {split: file name inside xmc_tf/data/bundled}.
+#: Bundled data sets: name -> {split: file name inside xmc_tf/data/bundled}.
 BUNDLED_DATASETS = {
     "bibtex": {
         "train": "bibtex_xcsplit_train.txt.gz",

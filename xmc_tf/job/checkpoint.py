@@ -181,8 +181,8 @@ class Checkpoint:
 
         Args:
           path: destination ``.npz``.
-          meta: the bookkeeping part of :attr:`meta` (JSON-serialisable).
-          model_variables / optimizer_variables: Keras variables, saved in
+          meta: the bookkeeping part of ``meta`` (JSON-serialisable).
+          model_variables, optimizer_variables: Keras variables, saved in
             order as ``model/NNNNNN`` / ``optimizer/NNNNNN``.
           objects: ``{key: get_state() result}``.
         """

@@ -46,7 +46,7 @@ level, so that the console script (``xmc_tf_cli``) can answer ``--help``
 without the ~10 s TensorFlow import; commands import what they need.  The
 config schema (:mod:`xmc_tf.config`, which config files import) and the
 ``TF_CONFIG`` check (:mod:`xmc_tf.job.cluster`) are loaded from their files
-when the package is not imported yet (:func:`_light_module`).
+when the package is not imported yet (``_light_module()``).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _light_module(name: str):
 
 
 def _config_module():
-    """:mod:`xmc_tf.config` (see :func:`_light_module`)."""
+    """:mod:`xmc_tf.config` (see ``_light_module()``)."""
     return _light_module("config")
 
 

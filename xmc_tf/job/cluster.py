@@ -363,7 +363,7 @@ class Cluster:
     def broadcast_files(self, directory: str, names=()) -> list:
         """Copies the chief's files ``directory/NAME`` into the same-named
         ``directory`` of every other worker, in blocks of
-        :data:`CHUNK_WORDS` words (one block in memory at a time).
+        ``CHUNK_WORDS`` words (one block in memory at a time).
 
         Args:
           directory: on the chief, where the files are; on the others,

@@ -1,6 +1,6 @@
 """The process's memory between the job's phases: :func:`return_free_memory`
 (after building and after training) and :func:`limit_malloc_heaps`
-(``xmc-tf train``).  Measurements: docs/scaling.md, benchmarks/run_memory.py.
+(``xmc-tf train``).  Measurements: docs/notes/scaling.md, benchmarks/run_memory.py.
 """
 
 from __future__ import annotations

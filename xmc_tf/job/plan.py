@@ -406,7 +406,7 @@ def _resolve_regime(config, summary) -> tuple:
     values = xconfig.regime_values(config, summary.multi_class)
     for field, value in values.items():
         logging.info("config.%s=%r: chosen for %s training labels (left to "
-                     "the data's regime; docs/defaults.md)", field, value,
+                     "the data's regime; docs/notes/defaults.md)", field, value,
                      summary.regime)
     return xconfig.resolve_regime(config, summary.multi_class), values
 

@@ -57,8 +57,8 @@ class Normalization:
 
 
 def fit_normalization(method: str, fit_data: xdata.XCDataset) -> Normalization:
-    """Resolves ``method`` (``"auto"``: :func:`xmc_tf.data.
-    resolve_normalization`) and fits the idf on ``fit_data``'s features.
+    """Resolves ``method`` (``"auto"``:
+    :func:`xmc_tf.data.resolve_normalization`) and fits the idf on ``fit_data``'s features.
 
     Args:
       method: ``config.data.normalize``.

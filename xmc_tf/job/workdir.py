@@ -316,7 +316,7 @@ class Workdir:
     def mark_complete(self, results: dict, run_id: str, **extra) -> dict:
         """Writes ``metrics.json`` (atomically, last) with the completion
         marker ``"run": {"complete": true, "id", "finished", "fingerprints",
-        ...extra}`` over :attr:`ARTIFACTS`; returns the written dict."""
+        ...extra}`` over ``ARTIFACTS``; returns the written dict."""
         fingerprints = {name: fingerprint(self.file(name))
                         for name in self.ARTIFACTS
                         if os.path.exists(self.file(name))}

@@ -63,9 +63,10 @@ class LabelDense(keras.layers.Layer):
         softmax; for the binary cross-entropy pass
         ``BinaryCrossentropy().bias_initializer(labels_per_instance)``.
         Saved models reload with the initializer they were saved with.
-      kernel_initializer, kernel_regularizer,
-      bias_regularizer, activity_regularizer, kernel_constraint,
-      bias_constraint: as in ``keras.layers.Dense``.
+      kernel_initializer: as in ``keras.layers.Dense``.
+      kernel_regularizer, bias_regularizer, activity_regularizer: as in
+        ``keras.layers.Dense``.
+      kernel_constraint, bias_constraint: as in ``keras.layers.Dense``.
 
     Input shape: ``[..., input_dim]`` float (rank >= 2).
     Output shape: ``[..., units]``.
@@ -222,8 +223,8 @@ class LabelDense(keras.layers.Layer):
 
     @property
     def num_labels(self) -> int:
-        """m, the number of labels (``units``): :class:`~xmc_tf.layers.
-        scorer.LabelScorer`."""
+        """m, the number of labels (``units``):
+        :class:`~xmc_tf.layers.scorer.LabelScorer`."""
         return self.units
 
     def label_layout(self) -> LabelLayout:

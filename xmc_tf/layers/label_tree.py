@@ -200,7 +200,7 @@ def fuse_with_tree(model: keras.Model, tree_layer: LabelTreeScores,
 
     Args:
       model: a model on sparse features ``[batch, D]`` whose output is
-        float32 ``[batch, num_labels]`` scores (renamed :data:`DEEP_MODEL`;
+        float32 ``[batch, num_labels]`` scores (renamed ``DEEP_MODEL``;
         its weights are shared, not copied).
       tree_layer: a built :class:`LabelTreeScores` of the same ``D`` and
         ``num_labels``.

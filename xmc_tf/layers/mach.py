@@ -74,12 +74,13 @@ class MachHead(keras.layers.Layer):
         trained with :class:`~xmc_tf.losses.mach.MachSoftmaxCrossentropy`)
         or ``"sigmoid"`` (:class:`~xmc_tf.losses.mach.MachBinaryCrossentropy`);
         stored in the config so a reloaded head decodes as it was trained.
-      kernel_initializer, bias_initializer, kernel_regularizer,
-      bias_regularizer, kernel_constraint, bias_constraint: as for
-        ``keras.layers.Dense``; they receive the full shapes ``[R, d, B]``
-        and ``[R, B]`` (Keras' fan-in/out rules then treat R as a receptive
-        field, so ``glorot_uniform`` is ``sqrt(R)`` narrower than R separate
+      kernel_initializer, kernel_regularizer, kernel_constraint: as for
+        ``keras.layers.Dense``; they receive the full shape ``[R, d, B]``
+        (Keras' fan-in/out rules then treat R as a receptive field, so
+        ``glorot_uniform`` is ``sqrt(R)`` narrower than R separate
         ``Dense(B)`` layers).
+      bias_initializer, bias_regularizer, bias_constraint: as for
+        ``keras.layers.Dense``; they receive the full shape ``[R, B]``.
       **kwargs: base ``keras.layers.Layer`` arguments (``name``, ``dtype``,
         ``activity_regularizer``, ...).
 
@@ -273,7 +274,7 @@ class MachDecoder(keras.layers.Layer):
 
     Input shape: ``[batch, R, B]``.
     Output: ``(ids, scores)``: int32 ``[batch, k]`` and float32 ``[batch, k]``,
-      best first.
+    best first.
 
     Raises:
       ValueError: invalid hash parameters, ``k``, ``activation`` or

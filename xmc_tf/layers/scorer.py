@@ -8,7 +8,7 @@ of a few labels per row, and the labels' weight vectors.  A layer that
 provides them implements :class:`LabelScorer`;
 :class:`~xmc_tf.layers.LabelDense` and
 :class:`~xmc_tf.layers.UniformSparseDense` do.  The samplers read a
-layer's weights through :meth:`LabelScorer.label_layout` (which of the two
+layer's weights through ``LabelScorer.label_layout()`` (which of the two
 storage layouts it uses is the layer's to say, not the sampler's to guess).
 
 Source: ASTRA (Mehta et al.), Sec. 3.1 ("build ANNS-indices on classifier

@@ -176,12 +176,13 @@ class UniformSparseDense(keras.layers.Layer):
         ``BinaryCrossentropy().bias_initializer(labels_per_instance)``.
         Models saved with an explicit initializer (e.g. ``"zeros"``, the
         default before) reload with it.
-      kernel_initializer, kernel_regularizer,
-      bias_regularizer, activity_regularizer, kernel_constraint,
-      bias_constraint: as in ``keras.layers.Dense``.  The kernel
+      kernel_initializer: as in ``keras.layers.Dense``.  The kernel
         initializer is called with the shape ``[units, s]``, which Keras reads
         as fan_in = units, fan_out = s (``glorot_uniform``: limit
         ``sqrt(6 / (units + s))``).
+      kernel_regularizer, bias_regularizer, activity_regularizer: as in
+        ``keras.layers.Dense``.
+      kernel_constraint, bias_constraint: as in ``keras.layers.Dense``.
       seed: int seed of the connection draw (None: random).
       kernel_scale: float > 0; the connection weights are ``kernel_scale *
         kernel``.  Under Adam-type optimizers (steps of about the learning
@@ -202,8 +203,8 @@ class UniformSparseDense(keras.layers.Layer):
 
     Mixed precision (``keras.mixed_precision.set_global_policy(
     "mixed_float16")`` or ``"mixed_bfloat16"``): the variables stay float32
-    and the op runs in the compute dtype (its CPU kernels accumulate in
-    float32; the GPU kernels are float32 only), so outputs, and the
+    and the op runs in the compute dtype (its CPU and GPU kernels
+    accumulate in float32), so outputs, and the
     ``score_candidates`` / ``score_shared`` logits, are float16 / bfloat16
     (tests/test_mixed_precision.py: within 4e-3 / 3e-2 of a float32 copy,
     relative to the largest score).  Those two cast the whole kernel to
@@ -401,8 +402,8 @@ class UniformSparseDense(keras.layers.Layer):
 
     @property
     def num_labels(self) -> int:
-        """m, the number of labels (``units``): :class:`~xmc_tf.layers.
-        scorer.LabelScorer`."""
+        """m, the number of labels (``units``):
+        :class:`~xmc_tf.layers.scorer.LabelScorer`."""
         return self.units
 
     def label_layout(self) -> LabelLayout:

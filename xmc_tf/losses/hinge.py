@@ -181,7 +181,7 @@ class SquaredHinge(_MultiLabelLoss):
         """``margin * (2 p - 1)`` per label: the minimiser over constant
         scores ``c`` of ``p (margin - c)^2 + (1 - p) (margin + c)^2`` (both
         hinges active for ``|c| <= margin``), so ``-margin`` for a rare
-        label.  See :meth:`_MultiLabelLoss.prior_scores`.
+        label.  See ``_MultiLabelLoss.prior_scores``.
 
         >>> SquaredHinge().prior_scores([0.0, 0.25, 1.0])
         array([-1. , -0.5,  1. ], dtype=float32)

@@ -213,12 +213,12 @@ class ScentLoss(keras.layers.Layer):
         number, unknown ``variant``/``negatives``/``correction``,
         ``"log_q"`` without ``num_labels``/``label_counts`` or with
         ``"unique"``, ``label_counts`` of the wrong length or negative.
-      tf.errors.InvalidArgumentError (at call): an example id outside
+      tf.errors.InvalidArgumentError: (at call) an example id outside
         ``[0, num_examples)``, a label with no column, in training a class
         with a zero count under ``"log_q"`` (in validation it is weighted
         as a class counted once), duplicate or out-of-range column labels, or
         inconsistent shapes.
-      TypeError (at call): non-integer labels or ids.
+      TypeError: (at call) non-integer labels or ids.
 
     Example:
       >>> loss = ScentLoss(num_examples=4, alpha=1.0)
@@ -307,7 +307,7 @@ class ScentLoss(keras.layers.Layer):
         self.built = True
 
     #: The settings :meth:`from_labels` uses: those of the CLI's ``scent``
-    #: config, measured on ManNextWord (docs/scent.md, docs/defaults.md;
+    #: config, measured on ManNextWord (docs/notes/scent.md, docs/notes/defaults.md;
     #: xmc_tf.config.HEAD_DEFAULTS["scent"] holds the same values, checked
     #: by a test).
     MEASURED_DEFAULTS = {"alpha": 1000.0, "variant": "scent",

@@ -2,7 +2,7 @@
 
 The full-softmax baseline of extreme multi-class training (the SCENT and LSH
 papers' reference): for an instance with positives ``P`` and scores ``s``
-over all ``m`` labels,
+over all ``m`` labels::
 
     loss = (1 / |P|) * sum_{p in P} ( logsumexp_j s_j - s_p ),
 

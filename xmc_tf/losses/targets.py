@@ -20,7 +20,7 @@
 :func:`target_label_ids` turns any of them into padded ids without a
 ``[batch, num_labels]`` tensor for forms 1, 2 and 4; :func:`dense_targets`
 into a multi-hot tensor.  One rule decides the form
-(:func:`_dispatch_targets`), for the losses and the metrics alike.
+(``_dispatch_targets``), for the losses and the metrics alike.
 """
 
 from __future__ import annotations

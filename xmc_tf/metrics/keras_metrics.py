@@ -315,7 +315,7 @@ class PSPAtK(keras.metrics.Metric):
         return self._inv_np
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        """Accumulates a batch; inputs as :meth:`PrecisionAtK.update_state`."""
+        """Accumulates a batch; inputs as ``PrecisionAtK.update_state``."""
         ids, _, topk = _prepare(y_true, y_pred, self.k)
         hits, num_pos, ids, valid = _hits_and_positives(ids, topk)
         num = tf.reduce_sum(hits * tf.gather(self._inv, topk), axis=-1)

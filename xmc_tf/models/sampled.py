@@ -15,7 +15,7 @@ weight the candidates so that the loss estimates the full one-vs-all loss
 (importance weights, ASTRA Eq. 2) or the full softmax (log-Q correction).
 
 Defaults read from the training labels (``loss=None``, ``shared="auto"``),
-as measured for the CLI's ``astra`` / ``lsh`` configs (docs/sampled.md):
+as measured for the CLI's ``astra`` / ``lsh`` configs (docs/notes/sampled.md):
 multi-class labels (every instance at most one label) train with
 :class:`~xmc_tf.losses.SampledSoftmax` on one candidate set shared by the
 batch (when the sampler has a shared mode), multi-label labels with
@@ -57,7 +57,7 @@ def sampled_defaults(labels, supports_shared: bool) -> dict:
       ``tf.nn.sampled_softmax_loss``; the squared hinge with ASTRA's
       weights ``m / k`` of ~200 reached P@1 0.03 on a 50k-class set), the
       squared hinge on per-row candidates for multi-label labels
-      (Delicious val P@1 70.0 per row vs 67.6 shared: docs/sampled.md).
+      (Delicious val P@1 70.0 per row vs 67.6 shared: docs/notes/sampled.md).
 
     >>> sampled_defaults(np.array([[3], [1]]), True)["shared"]
     True
@@ -121,8 +121,8 @@ class SampledTrainer(CandidateTrainer):
         scored by every row with ``score_shared``; False: per-row
         candidates; ``"auto"``: shared for multi-class training labels when
         the sampler has a shared mode.
-      head, train_metrics, **kwargs: see
-        :class:`~xmc_tf.models.CandidateTrainer`.
+      head, train_metrics: see :class:`~xmc_tf.models.CandidateTrainer`.
+      **kwargs: see :class:`~xmc_tf.models.CandidateTrainer`.
 
     Labels: see :meth:`~xmc_tf.models.CandidateTrainer.fit`.
     ``compile()`` without an optimizer uses
@@ -182,7 +182,7 @@ class SampledTrainer(CandidateTrainer):
 
     def prepare(self, labels, dataset=None):
         """Resolves ``loss=None`` / ``shared="auto"`` from the training
-        labels (arrays, or the first :data:`PEEK_BATCHES` batches of a
+        labels (arrays, or the first ``PEEK_BATCHES`` batches of a
         ``tf.data`` set) and logs the choice."""
         if self.sampled_loss is not None and self._shared_arg != "auto":
             return
@@ -264,7 +264,7 @@ class SampledTrainer(CandidateTrainer):
 
 
 def _label_batches(dataset, num_labels):
-    """Padded int32 ids of the first :data:`PEEK_BATCHES` batches."""
+    """Padded int32 ids of the first ``PEEK_BATCHES`` batches."""
     for batch in dataset.take(PEEK_BATCHES):
         _, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
         if isinstance(y, (tuple, list)):

@@ -71,8 +71,8 @@ class ScentTrainer(CandidateTrainer):
       loss: a :class:`~xmc_tf.losses.ScentLoss` for the training set, or
         None: :meth:`ScentLoss.from_labels` of the labels ``fit`` gets (the
         measured settings; ``fit`` must then get arrays).
-      head, train_metrics, **kwargs: see
-        :class:`~xmc_tf.models.CandidateTrainer`.
+      head, train_metrics: see :class:`~xmc_tf.models.CandidateTrainer`.
+      **kwargs: see :class:`~xmc_tf.models.CandidateTrainer`.
 
     ``compile()`` without an optimizer uses
     :class:`xmc_tf.optimizers.LazyAdam` at :data:`LEARNING_RATE` (the

@@ -7,7 +7,7 @@ w.r.t. the scores, each in one pass over the ``[batch, m]`` scores: no
 multi-hot targets, no sign / margin / relu / square temporaries, and no
 autodiff chain over them.  At 670k labels, batch 32, those element-wise
 temporaries took about as long as the uniform-sparse layer's forward pass
-(``docs/scaling.md``).
+(``docs/notes/scaling.md``).
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 2 (eq. 2) and Sec. 3.3 (the gradient is

@@ -400,7 +400,7 @@ def _checked_probs(probs, hashing: MachHashing) -> tf.Tensor:
 def _bucket_rows(hashing: MachHashing) -> tf.Tensor:
     """int32 ``[m, R]``: row ``r * B + h_r(j)`` of ``probs`` transposed to
     ``[R B, batch]`` for label ``j`` and repetition ``r``; a constant up to
-    :data:`STOCK_TABLE_ENTRIES` entries, else hashed in the graph."""
+    ``STOCK_TABLE_ENTRIES`` entries, else hashed in the graph."""
     m, R, B = (hashing.num_labels, hashing.num_repetitions,
                hashing.num_buckets)
     if m * R <= STOCK_TABLE_ENTRIES:
@@ -432,7 +432,7 @@ def mach_top_k_stock(probs, k: int, hashing, name: str | None = None):
     ``[batch, m]`` tensor.  The bucket table ``[m, R]`` int32 is a graph
     constant (``4 R m`` bytes per trace in a SavedModel's graph; hashing
     it on every call took longer than decoding a batch of one) up to
-    :data:`STOCK_TABLE_ENTRIES` entries, else hashed on every call.
+    ``STOCK_TABLE_ENTRIES`` entries, else hashed on every call.
 
     Args:
       probs: float ``[batch, R, B]`` meta-class probabilities (cast to

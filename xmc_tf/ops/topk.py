@@ -4,7 +4,7 @@ Evaluation and prediction take the top ``k`` (5, say) of ``[batch, m]``
 score blocks with ``m`` in the hundreds of thousands to millions.
 ``tf.math.top_k``'s CPU kernel costs about 1 ns per score there (71 ms for a
 ``[100, 670k]`` block on the 2-core development machine, 18x the time of
-one read of the block; ``docs/scaling.md``).  ``Xmc>TopK`` makes one pass
+one read of the block; ``docs/notes/scaling.md``).  ``Xmc>TopK`` makes one pass
 over each row that compares groups of 64 scores with the worst of the ``k``
 best seen so far (vectorised) and hands the few that pass to
 ``std::nth_element``: memory-bound, ``O(m)`` per row even on adversarial

@@ -219,18 +219,24 @@ class LazyAdam(_RowSparseMixin, keras.optimizers.Adam):
     Keras' own Adam does with sparse gradients.
 
     Args:
-      learning_rate, beta_1, beta_2, epsilon, amsgrad, weight_decay,
-      clipnorm, clipvalue, global_clipnorm, use_ema, ema_momentum,
-      ema_overwrite_frequency, loss_scale_factor,
-      gradient_accumulation_steps, name: as ``keras.optimizers.Adam``
-        (``gradient_accumulation_steps`` and ``use_ema`` work but are dense).
+      learning_rate, beta_1, beta_2, epsilon, amsgrad: as
+        ``keras.optimizers.Adam``.
+      weight_decay, clipnorm, clipvalue, global_clipnorm: as
+        ``keras.optimizers.Adam``.
+      use_ema, ema_momentum, ema_overwrite_frequency: as
+        ``keras.optimizers.Adam`` (``use_ema`` works but is dense).
+      loss_scale_factor, gradient_accumulation_steps, name: as
+        ``keras.optimizers.Adam`` (``gradient_accumulation_steps`` works but
+        is dense).
       fused: use the fused CPU ops (row and dense updates) where they apply
         (default True); False always runs the composite row update and
         Keras' own dense update.
       **kwargs: base optimizer keyword arguments.
 
     Attributes:
-      _momentums, _velocities, _velocity_hats: slot lists, as Keras' Adam.
+      _momentums: slot list, as Keras' Adam.
+      _velocities: slot list, as Keras' Adam.
+      _velocity_hats: slot list, as Keras' Adam.
       fused: the ``fused`` argument.
 
     Raises:
@@ -331,7 +337,7 @@ class LazyAdamW(LazyAdam):
 
     Args:
       weight_decay: float, default 0.004 (Keras' AdamW default).
-      other arguments: as :class:`LazyAdam`.
+      **kwargs: the other arguments, as :class:`LazyAdam`.
 
     Raises:
       ValueError: ``weight_decay`` is None.
@@ -388,7 +394,7 @@ class LazySGD(_RowSparseMixin, keras.optimizers.SGD):
       dampening: float in [0, 1]; scales the gradient entering the velocity
         by ``1 - dampening`` (0 gives Keras' SGD).
       weight_decay: decoupled weight decay; only rows in the gradient decay.
-      other arguments: as ``keras.optimizers.SGD``.
+      **kwargs: the other arguments, as ``keras.optimizers.SGD``.
 
     Attributes:
       momentums: velocity slots (Keras' SGD name); empty when momentum is 0.

@@ -5,7 +5,7 @@ ASTRA (Mehta et al.), Sec. 3.1 Idea 1 and Algorithm 1 lines 10-13: index the
 current loss scores highest for an instance ("hard" negatives), and refresh
 the index only every few epochs (stale).  :meth:`AnnNegativeSampler.refresh`
 (driven by :class:`xmc_tf.callbacks.RefreshIndex`) rebuilds it from the bound
-head's current weights; :meth:`~AnnNegativeSampler.sample` queries it with
+head's current weights; :meth:`~xmc_tf.samplers.NegativeSampler.sample` queries it with
 the batch's head inputs (fresh queries, stale index) inside the train step
 through ``tf.numpy_function`` and returns, per instance, the ``k`` labels
 with the highest index scores that are not among its positives.
@@ -163,7 +163,7 @@ class AnnNegativeSampler(NegativeSampler):
       num_labels: m.
       num_candidates: k, hard negatives per instance.
       index: ``"auto"``, ``"flat"``, ``"ivf_flat"`` or ``"hnsw"``.
-      nlist: IVF lists (default :func:`default_nlist`).
+      nlist: IVF lists (default ``default_nlist(num_labels)``).
       nprobe: IVF lists searched per query.
       hnsw_m: HNSW neighbours per node.
       ef_search, ef_construction: HNSW search / build breadth.

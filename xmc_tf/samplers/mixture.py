@@ -3,13 +3,13 @@
 ASTRA (Mehta et al.), Sec. 3.1 Idea 2, Algorithm 1 and Eq. 2: per instance
 ``i`` take ``k_h`` hard negatives ``H_i`` from a stale index (weight 1) and
 ``k_r`` negatives ``R_i`` uniformly from the rest, weighted ``1 / (p k_r)``
-with ``p`` the probability of one uniform draw, so that
+with ``p`` the probability of one uniform draw, so that::
 
     L_+ + sum_{l in H_i} l(-1, s_l) + sum_{l in R_i} w_i l(-1, s_l)
 
 is an unbiased estimate of the full one-vs-all loss (Lemma 4.1).  The paper
 writes ``p = 1 / (L - k_h)``; with several positives per row the uniform
-part here draws from ``N_i = [0, m) \\ (P_i u H_i)``, so
+part here draws from ``N_i = [0, m) \\ (P_i u H_i)``, so::
 
     w_i = |N_i| / k_r = (m - |P_i| - |H_i|) / k_r,
 
@@ -52,7 +52,7 @@ instead of all b: the search (a faiss query or an LSH probe per row) is
 a large part of a shared step's cost, and on multi-class data the rows' hard
 negatives overlap (ManNextWord, a trained head: the exact top-32 of 2,048
 instances hold 542 distinct labels), so q rows find most of the pool that
-b rows would.  Measured in docs/sampled.md.
+b rows would.  Measured in docs/notes/sampled.md.
 
 Ablation in the paper (its Table 5, LF-AmazonTitles-131K P@1): uniform only
 72.49, stale hard only 52.84, mixture 84.88; Table 11 uses

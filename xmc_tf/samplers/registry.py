@@ -10,9 +10,10 @@ callbacks that keep it up to date with the head's weights.  The sampled head
 one new module that registers itself (and is imported before the config is
 checked).
 
-Built-in kinds: ``"uniform"`` (:mod:`.uniform`), ``"in_batch"``
-(:mod:`.in_batch`), ``"ann"`` (:mod:`.ann`), ``"mixture"`` (:mod:`.mixture`),
-``"lsh"`` (:mod:`.lsh`).
+Built-in kinds: ``"uniform"`` (:mod:`xmc_tf.samplers.uniform`),
+``"in_batch"`` (:mod:`xmc_tf.samplers.in_batch`), ``"ann"``
+(:mod:`xmc_tf.samplers.ann`), ``"mixture"`` (:mod:`xmc_tf.samplers.mixture`),
+``"lsh"`` (:mod:`xmc_tf.samplers.lsh`).
 
 Example:
     >>> import ml_collections

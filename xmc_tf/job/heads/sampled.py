@@ -89,7 +89,7 @@ def regime_choices(config, labels) -> dict:
     ASTRA's Eq. 2 gave P@1 0.03 after an epoch on a 50k-class set, loss
     7,286, the weights ``m / k_r`` being ~200); multi-label data with the
     squared hinge on per-row candidates (Bibtex equal, Delicious val P@1
-    70.0 per row vs 67.6 shared: docs/sampled.md).  Only ``"auto"`` values
+    70.0 per row vs 67.6 shared: docs/notes/sampled.md).  Only ``"auto"`` values
     are replaced; a value the config sets is kept.
 
     Args:

@@ -10,7 +10,7 @@ the rows ``W[C_t]``, and the row-sparse momentum step of
 rows and their momentum, as the algorithm's ``V[C_t]``/``W[C_t]`` update.
 The per-instance duals need each batch's instance ids: the training data
 set is built with ``make_tf_dataset(..., with_example_ids=True)``
-(:meth:`ScentHead.dataset_kwargs`) and sized from the training set
+(:meth:`~xmc_tf.job.heads.base.Head.dataset_kwargs`) and sized from the training set
 (:meth:`ScentHead.prepare`).
 
 Cost per step: ``b x |C_t| <= b^2`` scores instead of ``b x m``: the head
