@@ -5,7 +5,8 @@ fastText (``train_supervised``: softmax for multi-class data, one-vs-all
 for multi-label), each on an :class:`xmc_tf.data.XCDataset` loaded from the
 same XC-repo files as the xmc_tf rows, with ``threads`` CPU threads.
 Every runner returns ``{"method", "P@1", "P@3", "P@5", "train_s",
-"decode_qps"}`` (P@k in percent, train time in wall seconds).
+"decode_qps"}`` (P@k in percent, train time in wall seconds), plus
+``"topk_ids"`` (int64 ``[n_test, 5]``, -1 padded) with ``return_ids=True``.
 Benchmark-only dependencies: ``pip install xmc_tf[bench]``.
 
 Also here: the small timing / P@k / config helpers every benchmark uses.
@@ -141,7 +142,7 @@ def _plain_copy(path, tmpdir):
     return out
 
 
-def run_napkinxc(train, test, threads=2, **_):
+def run_napkinxc(train, test, threads=2, return_ids=False, **_):
     """napkinXC 0.7 PLT with its defaults."""
     from napkinxc.models import PLT
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,10 +158,12 @@ def run_napkinxc(train, test, threads=2, **_):
     for i, p in enumerate(pred):
         ids[i, :len(p)] = p[:5]
     return {"method": "napkinXC PLT", **precision(ids, test.labels),
-            "train_s": wall, "decode_qps": test.num_instances / pwall}
+            "train_s": wall, "decode_qps": test.num_instances / pwall,
+            **({"topk_ids": ids} if return_ids else {})}
 
 
-def run_omikuji(train, test, threads=2, train_path=None, **_):
+def run_omikuji(train, test, threads=2, train_path=None, return_ids=False,
+                **_):
     """Omikuji 0.5 (Parabel-like) with its defaults, trained on the file."""
     import omikuji
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,7 +182,8 @@ def run_omikuji(train, test, threads=2, train_path=None, **_):
         ids[i, :len(pred)] = [p[0] for p in pred]
     pwall, _ = elapsed(start)
     return {"method": "Omikuji", **precision(ids, test.labels),
-            "train_s": wall, "decode_qps": test.num_instances / pwall}
+            "train_s": wall, "decode_qps": test.num_instances / pwall,
+            **({"topk_ids": ids} if return_ids else {})}
 
 
 def _fasttext_lines(data, with_labels):
@@ -193,7 +197,8 @@ def _fasttext_lines(data, with_labels):
             yield words
 
 
-def run_fasttext(train, test, threads=2, epoch=None, dim=100, lr=0.5, **_):
+def run_fasttext(train, test, threads=2, epoch=None, dim=100, lr=0.5,
+                 return_ids=False, **_):
     """fastText ``train_supervised`` on the feature ids as words.
 
     Multi-class data (one label per instance): ``loss="hs"`` (hierarchical
@@ -228,7 +233,8 @@ def run_fasttext(train, test, threads=2, epoch=None, dim=100, lr=0.5, **_):
         ids[i, :len(got)] = got
     return {"method": f"fastText ({loss}, {epoch} ep)",
             **precision(ids, test.labels), "train_s": wall,
-            "decode_qps": test.num_instances / pwall}
+            "decode_qps": test.num_instances / pwall,
+            **({"topk_ids": ids} if return_ids else {})}
 
 
 #: name -> runner(train, test, threads=..., train_path=...).

@@ -8,7 +8,8 @@ Two families of implementations that agree with each other:
 
 * NumPy, for offline evaluation of score matrices too large to hold in
   memory: :func:`top_k`, :class:`XMCEvaluator` (streaming, batch by batch)
-  and :func:`evaluate_scores`. :meth:`XMCEvaluator.result` reports
+  and :func:`evaluate_scores`; :func:`evaluate_by_frequency` splits them by
+  the labels' training frequency (the tail: labels with few instances). :meth:`XMCEvaluator.result` reports
   **percentages** (values in [0, 100]).
 * Keras 3 streaming metrics for ``model.compile(metrics=[...])``:
   :class:`PrecisionAtK`, :class:`NDCGAtK`, :class:`RecallAtK` and
@@ -58,7 +59,8 @@ Example:
     50.0
 """
 
-from xmc_tf.metrics.evaluator import (XMCEvaluator, evaluate_scores,
+from xmc_tf.metrics.evaluator import (XMCEvaluator, evaluate_by_frequency,
+                                      evaluate_scores, frequency_buckets,
                                       inverse_propensities, top_k)
 from xmc_tf.metrics.keras_metrics import (NDCGAtK, PrecisionAtK, PSPAtK,
                                           RecallAtK)
@@ -69,6 +71,8 @@ __all__ = [
     "top_k",
     "XMCEvaluator",
     "evaluate_scores",
+    "frequency_buckets",
+    "evaluate_by_frequency",
     "PrecisionAtK",
     "NDCGAtK",
     "RecallAtK",

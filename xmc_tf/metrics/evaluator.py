@@ -20,7 +20,8 @@ import scipy.sparse as sp
 
 __all__ = ["inverse_propensities", "top_k", "XMCEvaluator", "evaluate_scores",
            "decode_batches", "evaluate_top_k", "score_batch_size",
-           "SCORE_BLOCK_BYTES"]
+           "SCORE_BLOCK_BYTES", "FREQUENCY_EDGES", "frequency_buckets",
+           "evaluate_by_frequency"]
 
 
 # ---------------------------------------------------------------------------
@@ -586,3 +587,122 @@ def evaluate_top_k(top_k, dataset, inv_propensities=None, ks=(1, 3, 5),
         evaluator.update(ids, dataset.labels[start:stop])
         start = stop
     return evaluator.result()
+
+
+# ---------------------------------------------------------------------------
+# Metrics per label-frequency bucket
+# ---------------------------------------------------------------------------
+
+#: Default bucket edges of :func:`evaluate_by_frequency`: labels with 1,
+#: 2-3, 4-8, 9-32 and 33 or more training instances.
+FREQUENCY_EDGES = (1, 2, 4, 9, 33)
+
+
+def frequency_buckets(train_counts, edges=FREQUENCY_EDGES):
+    """Assigns every label to a bucket of its training frequency.
+
+    Args:
+        train_counts: int array ``[L]``: training instances per label.
+        edges: increasing positive ints ``e_0 < e_1 < ...``: bucket ``b``
+            holds the labels with ``e_b <= count < e_{b+1}`` (the last one
+            is open); labels below ``e_0`` (e.g. never seen in training)
+            get bucket ``-1``.
+
+    Returns:
+        ``(bucket_of_label, names)``: int64 array ``[L]`` and the bucket
+        names, e.g. ``["1", "2-3", "4-8", "9-32", "33+"]``.
+
+    Raises:
+        ValueError: ``train_counts`` is not 1-D or has negative entries, or
+            ``edges`` is empty, not increasing or holds a value < 1.
+
+    >>> b, names = frequency_buckets(np.array([0, 1, 3, 40]))
+    >>> b.tolist(), names
+    ([-1, 0, 1, 4], ['1', '2-3', '4-8', '9-32', '33+'])
+    """
+    counts = np.asarray(train_counts)
+    if counts.ndim != 1:
+        raise ValueError(f"train_counts must be 1-D, got shape {counts.shape}")
+    if counts.size and counts.min() < 0:
+        raise ValueError("train_counts must be non-negative")
+    edges = [int(e) for e in edges]
+    if not edges or edges[0] < 1 or any(
+            b <= a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"edges must be increasing ints >= 1, got {edges}")
+    names = []
+    for lo, hi in zip(edges, edges[1:]):
+        names.append(str(lo) if hi == lo + 1 else f"{lo}-{hi - 1}")
+    names.append(f"{edges[-1]}+")
+    bucket = np.searchsorted(np.asarray(edges), counts, side="right") - 1
+    return bucket.astype(np.int64), names
+
+
+def evaluate_by_frequency(topk_ids, true_labels, train_counts, ks=(1, 5),
+                          inv_propensities=None, edges=FREQUENCY_EDGES):
+    """P@k, nDCG@k, R@k (and PSP@k) restricted to labels of each frequency.
+
+    For bucket ``B`` (labels whose training frequency falls in it, see
+    :func:`frequency_buckets`) the evaluated instances are those with at
+    least one true label in ``B``, and their ground truth is cut to the
+    labels in ``B``; the ranking is not cut (a correct prediction of a label
+    outside ``B`` is not a hit there).  So on multi-class data P@1 of a
+    bucket is the accuracy on the instances whose class has that many
+    training instances; on multi-label data it is the precision on the
+    bucket's labels, as in the tail-label tables of e.g. Jain et al.
+    (KDD 2016) and Dahiya et al. (DECAF, WSDM 2021).  PSP@k uses
+    ``inv_propensities`` over the cut ground truth.
+
+    Args:
+        topk_ids: int array ``[n, K]``, ``K >= max(ks)``: predicted label
+            ids per instance, best first (negative: no prediction).
+        true_labels: the instances' true labels in any form that
+            :meth:`XMCEvaluator.update` takes.
+        train_counts: int array ``[L]``: training instances per label.
+        ks: cut-offs.
+        inv_propensities: optional float array ``[L]`` (PSP@k).
+        edges: bucket edges (:func:`frequency_buckets`).
+
+    Returns:
+        list of dicts, one per bucket that holds a true label of some
+        instance (bucket ``"0"`` for labels never seen in training, first,
+        when present): ``"bucket"`` (name), ``"labels"`` (labels of the
+        bucket among the true labels), ``"num_instances"``, and the metrics
+        of :meth:`XMCEvaluator.result` in percent.
+
+    Raises:
+        ValueError: as :func:`frequency_buckets` and
+            :meth:`XMCEvaluator.update`, or a true label id ``>= L``.
+
+    >>> ids = np.array([[0, 1], [1, 0], [2, 0]])
+    >>> rows = evaluate_by_frequency(ids, [[0], [0], [2]], np.array([1, 5, 40]),
+    ...                              ks=(1,))
+    >>> [(r["bucket"], r["num_instances"], r["P@1"]) for r in rows]
+    [('1', 2, 50.0), ('33+', 1, 100.0)]
+    """
+    topk_ids = np.asarray(topk_ids)
+    if topk_ids.ndim != 2:
+        raise ValueError(
+            f"topk_ids must be 2-D [n, K], got shape {topk_ids.shape}")
+    n = topk_ids.shape[0]
+    counts = np.asarray(train_counts)
+    bucket, names = frequency_buckets(counts, edges)
+    rows, ids = _label_pairs(true_labels, n)
+    if ids.size and ids.max() >= counts.size:
+        raise ValueError(f"true label id {int(ids.max())} >= the "
+                         f"{counts.size} labels of train_counts")
+    pair_bucket = bucket[ids]
+    out = []
+    for b, name in [(-1, "0")] + list(enumerate(names)):
+        keep = pair_bucket == b
+        if not keep.any():
+            continue
+        inst = np.unique(rows[keep])
+        local = np.searchsorted(inst, rows[keep])
+        truth = sp.csr_matrix(
+            (np.ones(local.size), (local, ids[keep])),
+            shape=(inst.size, counts.size))
+        ev = XMCEvaluator(ks=ks, inv_propensities=inv_propensities)
+        ev.update(topk_ids[inst], truth)
+        out.append({"bucket": name, "labels": int(np.unique(ids[keep]).size),
+                    **ev.result()})
+    return out
