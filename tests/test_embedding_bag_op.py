@@ -109,5 +109,85 @@ def test_grad_table_op_rejects_out_of_range_position():
 def test_supported_dtypes_and_devices():
     assert eb.embedding_bag_supported(tf.float32)
     assert eb.embedding_bag_supported("float64", "/device:CPU:0")
-    assert not eb.embedding_bag_supported(tf.float16)
+    assert eb.embedding_bag_supported(tf.float16)
+    assert eb.embedding_bag_supported(tf.bfloat16)
+    assert not eb.embedding_bag_supported(tf.int32)
     assert not eb.embedding_bag_supported(tf.float32, "/device:GPU:0")
+
+
+# Unit roundoff of the narrow types: the op sums in float32 and rounds once,
+# so each output is within u * |exact| (plus float32 summation error) of the
+# float64 sum of the same (already rounded) inputs.  A sum in half or
+# bfloat16 itself would be off by about (terms) * u.
+NARROW = {"float16": (tf.float16, 2.0 ** -11), "bfloat16": (tf.bfloat16,
+                                                            2.0 ** -8)}
+
+
+def _narrow(x, dtype):
+    """x rounded to dtype, and the float64 values of the rounded entries."""
+    t = tf.cast(tf.constant(x, tf.float32), dtype)
+    return t, tf.cast(t, tf.float64).numpy()
+
+
+def _assert_within_rounding(got, want, magnitude, u):
+    """|got - want| <= u |want| + 1e-6 magnitude (float32 summation)."""
+    got = tf.cast(got, tf.float64).numpy()
+    err = np.abs(got - want)
+    bound = u * np.abs(want) + 1e-6 * magnitude + 1e-30
+    assert (err <= bound).all(), float(np.max(err / bound))
+
+
+@pytest.mark.parametrize("name", sorted(NARROW))
+@pytest.mark.parametrize("nnz,batch,u,d", [(0, 3, 2, 4), (1, 1, 1, 1),
+                                           (50, 7, 9, 5), (2000, 4, 60, 33)])
+def test_half_and_bfloat16_sum_in_float(name, nnz, batch, u, d):
+    """Forward and table gradient in float16 / bfloat16 against a float64
+    NumPy reference of the rounded inputs (2,000 entries in 4 rows: 500
+    terms per output, which a half / bfloat16 sum would miss by far)."""
+    dtype, unit = NARROW[name]
+    rng = np.random.default_rng(nnz + d + 7)
+    rows, positions, weights = entries(rng, nnz, batch, u)
+    w, w64 = _narrow(weights, dtype)
+    table, table64 = _narrow(rng.standard_normal((u, d)), dtype)
+    got = eb.embedding_bag(rows, positions, w, table, batch)
+    assert got.dtype == dtype and got.shape == (batch, d)
+    want = numpy_bag(rows, positions, w64, table64, batch)
+    magnitude = numpy_bag(rows, positions, np.abs(w64), np.abs(table64),
+                          batch)
+    _assert_within_rounding(got, want, magnitude, unit)
+    backward, backward64 = _narrow(rng.standard_normal((batch, d)), dtype)
+    grad = eb._ops().xmc_embedding_bag_grad_table(
+        backward=backward, rows=tf.constant(rows, tf.int64),
+        positions=tf.constant(positions, tf.int64), weights=w,
+        num_table_rows=tf.constant(u, tf.int64))
+    assert grad.dtype == dtype and grad.shape == (u, d)
+    want_grad = numpy_bag(positions, rows, w64, backward64, u)
+    magnitude = numpy_bag(positions, rows, np.abs(w64), np.abs(backward64), u)
+    _assert_within_rounding(grad, want_grad, magnitude, unit)
+
+
+@pytest.mark.parametrize("name", sorted(NARROW))
+def test_half_and_bfloat16_gradients_follow_float32(name):
+    """tf.GradientTape through the op in float16 / bfloat16 gives the float32
+    op's gradients up to the narrow type's rounding."""
+    dtype, unit = NARROW[name]
+    rng = np.random.default_rng(5)
+    batch, u, d = 5, 8, 6
+    rows, positions, weights = entries(rng, 60, batch, u)
+    table32 = rng.standard_normal((u, d)).astype(np.float32)
+    upstream32 = rng.standard_normal((batch, d)).astype(np.float32)
+    grads = {}
+    for dt in (tf.float32, dtype):
+        table = tf.cast(tf.constant(table32), dt)
+        w = tf.cast(tf.constant(weights), dt)
+        upstream = tf.cast(tf.constant(upstream32), dt)
+        with tf.GradientTape() as tape:
+            tape.watch([table, w])
+            y = eb.embedding_bag(rows, positions, w, table, batch)
+            loss = tf.reduce_sum(y * upstream)
+        gt, gw = tape.gradient(loss, [table, w])
+        assert gt.dtype == dt and gw.dtype == dt
+        grads[dt] = [tf.cast(g, tf.float64).numpy() for g in (gt, gw)]
+    for narrow, wide in zip(grads[dtype], grads[tf.float32]):
+        np.testing.assert_allclose(narrow, wide, rtol=40 * unit,
+                                   atol=40 * unit * np.abs(wide).max())

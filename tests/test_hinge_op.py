@@ -77,6 +77,47 @@ def test_loss_and_grad_match_numpy_and_dense_path(margin, id_dtype, b, m, n):
     np.testing.assert_array_equal(grad == 0, tf_grad == 0)
 
 
+NARROW = {"float16": (tf.float16, 2.0 ** -11), "bfloat16": (tf.bfloat16,
+                                                            2.0 ** -8)}
+
+
+@pytest.mark.parametrize("name", sorted(NARROW))
+@pytest.mark.parametrize("id_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("b,m,n", [(6, 37, 5), (3, 40000, 9), (1, 1, 3)])
+def test_half_and_bfloat16_scores_computed_in_float(name, id_dtype, b, m, n):
+    """float16 / bfloat16 scores (CPU): the loss (float32) and the gradient
+    (the scores' dtype) against the float64 NumPy reference of the rounded
+    scores, and bit for bit the float32 op on their float32 values (the
+    gradient rounded once)."""
+    dtype, unit = NARROW[name]
+    rng = np.random.default_rng(b * 7 + m + n + 1)
+    scores, labels = random_case(rng, b, m, n)
+    if m == 40000:  # ids at the CPU block edges (16384)
+        labels[0, :4] = [16383, 16384, 32767, 39999]
+    labels = labels.astype(id_dtype)
+    narrow = tf.cast(tf.constant(scores), dtype)
+    wide = tf.cast(narrow, tf.float32)  # exact
+    upstream = tf.constant(rng.normal(size=b).astype(np.float32))
+    with tf.GradientTape() as tape:
+        tape.watch(narrow)
+        loss = squared_hinge_loss(narrow, labels, 0.75)
+        weighted = tf.reduce_sum(loss * upstream)
+    grad = tape.gradient(weighted, narrow)
+    assert loss.dtype == tf.float32 and loss.shape == (b,)
+    assert grad.dtype == dtype and grad.shape == (b, m)
+    want_loss, want_grad = np_reference(wide.numpy(), labels, 0.75,
+                                        upstream.numpy())
+    np.testing.assert_allclose(loss.numpy(), want_loss, rtol=1e-5, atol=1e-5)
+    got = tf.cast(grad, tf.float64).numpy()
+    assert (np.abs(got - want_grad) <= (unit + 1e-6) * np.abs(want_grad)
+            ).all()
+    np.testing.assert_array_equal(got == 0, want_grad == 0)
+    loss32, grad32 = fused(wide.numpy(), labels, 0.75, upstream)
+    np.testing.assert_array_equal(loss.numpy(), loss32)
+    np.testing.assert_array_equal(got, tf.cast(tf.cast(grad32, dtype),
+                                               tf.float64).numpy())
+
+
 def test_gradient_zero_where_margin_holds_even_for_nonfinite_upstream():
     scores = np.array([[3.0, -3.0, 0.0]], np.float32)
     labels = np.array([[0, -1]])

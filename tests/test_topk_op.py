@@ -95,6 +95,40 @@ def test_rows_split_into_chunks():
     assert_matches(rng.standard_normal((2, m)).astype(np.float32), m)
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("m", [7, 65, 5000, 200_003])
+def test_half_and_bfloat16_rank_like_their_float32_values(dtype, m):
+    """float16 / bfloat16 scores (CPU): the ids of the NumPy ranking of
+    their float32 values (exact), the values in the scores' dtype, and the
+    same as tf.math.top_k in that dtype; rounding makes many ties."""
+    rng = np.random.default_rng(m + 11)
+    for name, x in _cases(rng, 2, m):
+        narrow = tf.cast(tf.constant(x), dtype)
+        wide = tf.cast(narrow, tf.float32).numpy()
+        for k in sorted({0, 1, min(m, 5), min(m, 100), m}):
+            values, ids = _loader.load().xmc_top_k(narrow, k=k)
+            assert values.dtype == dtype and ids.dtype == tf.int32
+            ref_values, ref_ids = np_top_k(wide, k)
+            try:
+                np.testing.assert_array_equal(ids.numpy(), ref_ids)
+                np.testing.assert_array_equal(
+                    tf.cast(values, tf.float32).numpy(), ref_values)
+                ref = tf.math.top_k(narrow, k)
+                np.testing.assert_array_equal(ids.numpy(),
+                                              ref.indices.numpy())
+                np.testing.assert_array_equal(
+                    tf.cast(values, tf.float32).numpy(),
+                    tf.cast(ref.values, tf.float32).numpy())
+            except AssertionError as e:
+                raise AssertionError(f"case {name!r}, m={m}, k={k}") from e
+    # The wrapper runs the op for these dtypes too.
+    narrow = tf.cast(tf.constant(rng.standard_normal((3, m))), dtype)
+    got = top_k(narrow, min(m, 4))
+    values, ids = _loader.load().xmc_top_k(narrow, k=min(m, 4))
+    assert got.values.dtype == dtype
+    np.testing.assert_array_equal(got.indices.numpy(), ids.numpy())
+
+
 def test_nan_ranks_below_every_number():
     x = np.array([[1.0, np.nan, 3.0, -np.inf, np.nan, 2.0]], np.float32)
     values, ids = op(x, 6)

@@ -8,6 +8,7 @@
 // messages are the ones the op tests match, e.g.
 //   CheckMatrix(t, "weights")   "weights must be a matrix (rank 2), got shape [3]"
 //   CheckVector(t, "rows")      "rows must be a vector (rank 1), got shape [2,2]"
+//   CheckScalar(t, "step")      "step must be a scalar, got shape [2]"
 //   CheckRank(t, 3, "probs", "[batch, R, B]")
 //                               "probs must have rank 3 [batch, R, B], got shape [2]"
 //   NonNegativeScalar(t, "batch_size", &v)
@@ -82,13 +83,19 @@ inline Status CheckRank(const Tensor& t, int rank, const char* name,
   return ::tensorflow::OkStatus();
 }
 
-// `t` is an int64 scalar >= 0, stored in *value.
-inline Status NonNegativeScalar(const Tensor& t, const char* name,
-                                int64_t* value) {
+// "<name> must be a scalar, got shape <shape>".
+inline Status CheckScalar(const Tensor& t, const char* name) {
   if (!TensorShapeUtils::IsScalar(t.shape())) {
     return errors::InvalidArgument(name, " must be a scalar, got shape ",
                                    t.shape().DebugString());
   }
+  return ::tensorflow::OkStatus();
+}
+
+// `t` is an int64 scalar >= 0, stored in *value.
+inline Status NonNegativeScalar(const Tensor& t, const char* name,
+                                int64_t* value) {
+  TF_RETURN_IF_ERROR(CheckScalar(t, name));
   *value = t.scalar<int64_t>()();
   if (*value < 0) {
     return errors::InvalidArgument(name, " must be >= 0, got ", *value);

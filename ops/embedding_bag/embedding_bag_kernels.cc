@@ -11,9 +11,11 @@
 // thousand entries), then shard the output rows over TensorFlow's intra-op
 // thread pool; each row is zeroed and receives one axpy of d values per
 // entry, so every output row has one writer and the sums run in entry order
-// (deterministic).
+// (deterministic).  half and bfloat16 sum in float (Accumulator), rounded
+// once per output value.
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "ops/common/validation.h"
@@ -61,6 +63,20 @@ Status ValidateEntries(const Tensor& rows, const Tensor& positions,
   return ::tensorflow::OkStatus();
 }
 
+// The type the sums of T run in: T itself, float for half and bfloat16.
+template <typename T>
+struct Accumulator {
+  using type = T;
+};
+template <>
+struct Accumulator<Eigen::half> {
+  using type = float;
+};
+template <>
+struct Accumulator<Eigen::bfloat16> {
+  using type = float;
+};
+
 }  // namespace
 
 namespace functor {
@@ -71,19 +87,29 @@ struct BagProduct<CpuDevice, T> {
                   const int64_t* other_ids, const T* w, int64_t nnz,
                   const T* source, int64_t num_keys, int64_t d,
                   T* out) const {
+    using Acc = typename Accumulator<T>::type;
     std::vector<int64_t> offsets, order;
     BucketEntries(keys, nnz, num_keys, &offsets, &order);
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t per_row =
         d * (2 + 2 * (nnz / std::max<int64_t>(1, num_keys)));
-    ::tensorflow::Shard(workers->num_threads, workers->workers, num_keys,
-                        per_row, [&](int64_t start, int64_t limit) {
-                          for (int64_t k = start; k < limit; ++k) {
-                            AccumulateRow<T>(order.data(), offsets[k],
-                                             offsets[k + 1], other_ids, w,
-                                             source, d, out + k * d);
-                          }
-                        });
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, num_keys, per_row,
+        [&](int64_t start, int64_t limit) {
+          if constexpr (std::is_same<Acc, T>::value) {
+            for (int64_t k = start; k < limit; ++k) {
+              AccumulateRow<T>(order.data(), offsets[k], offsets[k + 1],
+                               other_ids, w, source, d, out + k * d);
+            }
+          } else {
+            std::vector<Acc> acc(d);  // the row's sums (per shard)
+            for (int64_t k = start; k < limit; ++k) {
+              AccumulateRowWide<T, Acc>(order.data(), offsets[k],
+                                        offsets[k + 1], other_ids, w, source,
+                                        d, acc.data(), out + k * d);
+            }
+          }
+        });
   }
 };
 
@@ -163,6 +189,8 @@ class EmbeddingBagGradTableOp : public OpKernel {
 
 REGISTER_CPU(float);
 REGISTER_CPU(double);
+REGISTER_CPU(Eigen::half);      // summed in float
+REGISTER_CPU(Eigen::bfloat16);  // summed in float
 #undef REGISTER_CPU
 
 }  // namespace

@@ -11,6 +11,9 @@
 // one axpy of d floats per entry into the output row that owns it, so no two
 // threads write one row.
 //
+// Value types: float and double sum in T; half and bfloat16 sum in float
+// (one rounding to T per output value).
+//
 // Framework-free (no TensorFlow includes).  The op kernels (one class per
 // op, templated on the device: ops/common/device.h) check and allocate, then
 // call functor::BagProduct<Device, T> (CpuDevice in embedding_bag_kernels.cc;
@@ -54,6 +57,24 @@ inline void AccumulateRow(const int64_t* order, int64_t begin, int64_t end,
     const T* src = source + other[e] * d;
     for (int64_t c = 0; c < d; ++c) out_row[c] += w * src[c];
   }
+}
+
+// The same for a narrow T (half, bfloat16) summed in a wider Acc (float):
+// acc[0:d] (scratch) takes the sum in entry order, rounded once to T at the
+// end.
+template <typename T, typename Acc>
+inline void AccumulateRowWide(const int64_t* order, int64_t begin, int64_t end,
+                              const int64_t* other, const T* scale,
+                              const T* __restrict__ source, int64_t d,
+                              Acc* __restrict__ acc, T* __restrict__ out_row) {
+  std::fill(acc, acc + d, Acc(0));
+  for (int64_t j = begin; j < end; ++j) {
+    const int64_t e = order[j];
+    const Acc w = static_cast<Acc>(scale[e]);
+    const T* src = source + other[e] * d;
+    for (int64_t c = 0; c < d; ++c) acc[c] += w * static_cast<Acc>(src[c]);
+  }
+  for (int64_t c = 0; c < d; ++c) out_row[c] = static_cast<T>(acc[c]);
 }
 
 namespace functor {

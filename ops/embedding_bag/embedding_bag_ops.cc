@@ -31,7 +31,7 @@ REGISTER_OP("Xmc>EmbeddingBag")
     .Input("table: T")
     .Input("batch_size: int64")
     .Output("output: T")
-    .Attr("T: {float, double}")
+    .Attr("T: {float, double, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(EntryShapes(c, 0));
       ShapeHandle table, unused;
@@ -54,7 +54,8 @@ matrix with these entries and `table`, multi-threaded over output rows.
 
 rows: [nnz] int64, each in [0, batch_size).
 positions: [nnz] int64, each in [0, u).
-weights: [nnz] T (float32/float64).
+weights: [nnz] T (float32/float64/float16/bfloat16; float16 and bfloat16
+  are summed in float32, one rounding per output value).
 table: [u, d] T, the batch's distinct feature rows.
 batch_size: scalar int64 >= 0.
 output: [batch_size, d] T.
@@ -68,7 +69,7 @@ REGISTER_OP("Xmc>EmbeddingBagGradTable")
     .Input("weights: T")
     .Input("num_table_rows: int64")
     .Output("grad_table: T")
-    .Attr("T: {float, double}")
+    .Attr("T: {float, double, half, bfloat16}")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(EntryShapes(c, 1));
       ShapeHandle backward, unused;
@@ -87,7 +88,8 @@ grad_table[p, :] = sum over the entries e with positions[e] = p of
 
 backward: [batch_size, d] T, the gradient w.r.t. the output.
 rows: [nnz] int64 in [0, batch_size); positions: [nnz] int64 in
-  [0, num_table_rows); weights: [nnz] T.
+  [0, num_table_rows); weights: [nnz] T (float16 / bfloat16: summed in
+  float32).
 num_table_rows: scalar int64 u >= 0.
 grad_table: [u, d] T (rows without entries are 0).
 An entry out of range is InvalidArgument naming it.

@@ -27,11 +27,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "ops/common/bad_index.h"
 #include "ops/common/gpu.h"
 #include "ops/common/validation.h"
+#include "ops/common/widen.h"
 #include "ops/hinge/hinge_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -114,9 +116,9 @@ void IdsInBlock(const TL* row, int64_t n, int64_t j0, int64_t j1,
 
 namespace functor {
 
-template <typename TL>
-struct SquaredHingeLoss<CpuDevice, TL> {
-  void operator()(OpKernelContext* ctx, const float* x, const TL* ids,
+template <typename T, typename TL>
+struct SquaredHingeLoss<CpuDevice, T, TL> {
+  void operator()(OpKernelContext* ctx, const T* x, const TL* ids,
                   const HingeDims& d, float margin, float* loss) const {
     OP_REQUIRES_OK(ctx, ValidateLabelIds<TL>(ctx, ids, d));
     if (d.batch == 0) return;
@@ -135,18 +137,20 @@ struct SquaredHingeLoss<CpuDevice, TL> {
         workers->num_threads, workers->workers, d.batch * blocks,
         hinge::kCpuBlock + 4 * n, [&](int64_t start, int64_t limit) {
           std::vector<int64_t> in_block;
+          std::vector<float> wide;  // T != float: the block as floats
           for (int64_t u = start; u < limit; ++u) {
             const int64_t i = u / blocks;
             const int64_t j0 = (u % blocks) * hinge::kCpuBlock;
             const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
-            const float* row = x + i * m;
-            double sum =
-                hinge::NegativeSquaredHingeSum(row + j0, j1 - j0, margin);
+            const T* row = x + i * m;
+            double sum = hinge::NegativeSquaredHingeSum(
+                WidenToFloat(row + j0, j1 - j0, &wide), j1 - j0, margin);
             IdsInBlock<TL>(ids + i * n, n, j0, j1, &in_block);
             std::sort(in_block.begin(), in_block.end());
             const auto end = std::unique(in_block.begin(), in_block.end());
             for (auto it = in_block.begin(); it != end; ++it) {
-              sum += hinge::PositiveLossCorrection(row[*it], margin);
+              sum += hinge::PositiveLossCorrection(
+                  static_cast<float>(row[*it]), margin);
             }
             partial[u] = sum;
           }
@@ -159,11 +163,11 @@ struct SquaredHingeLoss<CpuDevice, TL> {
   }
 };
 
-template <typename TL>
-struct SquaredHingeLossGrad<CpuDevice, TL> {
-  void operator()(OpKernelContext* ctx, const float* x, const TL* ids,
+template <typename T, typename TL>
+struct SquaredHingeLossGrad<CpuDevice, T, TL> {
+  void operator()(OpKernelContext* ctx, const T* x, const TL* ids,
                   const float* up, const HingeDims& d, float margin,
-                  float* grad) const {
+                  T* grad) const {
     OP_REQUIRES_OK(ctx, ValidateLabelIds<TL>(ctx, ids, d));
     if (d.batch == 0 || d.blocks == 0) return;
     const int64_t m = d.num_labels, n = d.n, blocks = d.blocks;
@@ -171,19 +175,31 @@ struct SquaredHingeLossGrad<CpuDevice, TL> {
     ::tensorflow::Shard(
         workers->num_threads, workers->workers, d.batch * blocks,
         2 * hinge::kCpuBlock + 2 * n, [&](int64_t start, int64_t limit) {
+          std::vector<float> wide, wide_out;  // T != float only
           for (int64_t u = start; u < limit; ++u) {
             const int64_t i = u / blocks;
             const int64_t j0 = (u % blocks) * hinge::kCpuBlock;
             const int64_t j1 = std::min(m, j0 + hinge::kCpuBlock);
-            const float* row = x + i * m;
-            float* out = grad + i * m;
-            hinge::NegativeSquaredHingeGrad(row + j0, j1 - j0, margin, up[i],
-                                            out + j0);
+            const T* row = x + i * m;
+            T* out = grad + i * m;
+            const float* in = WidenToFloat(row + j0, j1 - j0, &wide);
+            if constexpr (std::is_same<T, float>::value) {
+              hinge::NegativeSquaredHingeGrad(in, j1 - j0, margin, up[i],
+                                              out + j0);
+            } else {  // in float, then one rounding to T per entry
+              wide_out.resize(j1 - j0);
+              hinge::NegativeSquaredHingeGrad(in, j1 - j0, margin, up[i],
+                                              wide_out.data());
+              for (int64_t j = j0; j < j1; ++j) {
+                out[j] = static_cast<T>(wide_out[j - j0]);
+              }
+            }
             const TL* row_ids = ids + i * n;
             for (int64_t k = 0; k < n; ++k) {
               const int64_t id = static_cast<int64_t>(row_ids[k]);
               if (id >= j0 && id < j1) {
-                out[id] = hinge::PositiveGrad(row[id], margin, up[i]);
+                out[id] = static_cast<T>(hinge::PositiveGrad(
+                    static_cast<float>(row[id]), margin, up[i]));
               }
             }
           }
@@ -213,7 +229,7 @@ void RunHingeGpu(OpKernelContext* ctx, const HingeDims& d,
 }
 
 template <typename TL>
-struct SquaredHingeLoss<GpuDevice, TL> {
+struct SquaredHingeLoss<GpuDevice, float, TL> {
   void operator()(OpKernelContext* ctx, const float* scores, const TL* labels,
                   const HingeDims& d, float margin, float* loss) const {
     Tensor partial;
@@ -232,7 +248,7 @@ struct SquaredHingeLoss<GpuDevice, TL> {
 };
 
 template <typename TL>
-struct SquaredHingeLossGrad<GpuDevice, TL> {
+struct SquaredHingeLossGrad<GpuDevice, float, TL> {
   void operator()(OpKernelContext* ctx, const float* scores, const TL* labels,
                   const float* upstream, const HingeDims& d, float margin,
                   float* grad) const {
@@ -254,7 +270,7 @@ struct SquaredHingeLossGrad<GpuDevice, TL> {
 
 namespace {
 
-template <typename Device, typename TL>
+template <typename Device, typename T, typename TL>
 class SquaredHingeLossOp : public OpKernel {
  public:
   explicit SquaredHingeLossOp(OpKernelConstruction* c)
@@ -267,8 +283,8 @@ class SquaredHingeLossOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ValidateHingeShapes(scores, labels, nullptr, &d));
     Tensor* loss = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({d.batch}), &loss));
-    functor::SquaredHingeLoss<Device, TL>()(
-        ctx, scores.flat<float>().data(), labels.flat<TL>().data(), d, margin_,
+    functor::SquaredHingeLoss<Device, T, TL>()(
+        ctx, scores.flat<T>().data(), labels.flat<TL>().data(), d, margin_,
         loss->flat<float>().data());
   }
 
@@ -276,7 +292,7 @@ class SquaredHingeLossOp : public OpKernel {
   const float margin_;
 };
 
-template <typename Device, typename TL>
+template <typename Device, typename T, typename TL>
 class SquaredHingeLossGradOp : public OpKernel {
  public:
   explicit SquaredHingeLossGradOp(OpKernelConstruction* c)
@@ -290,31 +306,38 @@ class SquaredHingeLossGradOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ValidateHingeShapes(scores, labels, &upstream, &d));
     Tensor* grad = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, scores.shape(), &grad));
-    functor::SquaredHingeLossGrad<Device, TL>()(
-        ctx, scores.flat<float>().data(), labels.flat<TL>().data(),
-        upstream.flat<float>().data(), d, margin_, grad->flat<float>().data());
+    functor::SquaredHingeLossGrad<Device, T, TL>()(
+        ctx, scores.flat<T>().data(), labels.flat<TL>().data(),
+        upstream.flat<float>().data(), d, margin_, grad->flat<T>().data());
   }
 
  private:
   const float margin_;
 };
 
-#define REGISTER(DEVICE_NAME, Dev, TL)                          \
+#define REGISTER(DEVICE_NAME, Dev, T, TL)                       \
   REGISTER_KERNEL_BUILDER(Name("Xmc>SquaredHingeLoss")          \
                               .Device(DEVICE_NAME)              \
+                              .TypeConstraint<T>("T")           \
                               .TypeConstraint<TL>("Tlabels"),   \
-                          SquaredHingeLossOp<Dev, TL>);         \
+                          SquaredHingeLossOp<Dev, T, TL>);      \
   REGISTER_KERNEL_BUILDER(Name("Xmc>SquaredHingeLossGrad")      \
                               .Device(DEVICE_NAME)              \
+                              .TypeConstraint<T>("T")           \
                               .TypeConstraint<TL>("Tlabels"),   \
-                          SquaredHingeLossGradOp<Dev, TL>);
+                          SquaredHingeLossGradOp<Dev, T, TL>);
+#define REGISTER_CPU(T)                       \
+  REGISTER(DEVICE_CPU, CpuDevice, T, int32_t) \
+  REGISTER(DEVICE_CPU, CpuDevice, T, int64_t)
 
-REGISTER(DEVICE_CPU, CpuDevice, int32_t);
-REGISTER(DEVICE_CPU, CpuDevice, int64_t);
+REGISTER_CPU(float);
+REGISTER_CPU(Eigen::half);      // widened to float block by block
+REGISTER_CPU(Eigen::bfloat16);  // widened to float block by block
 #if XMC_TF_WITH_CUDA
-REGISTER(DEVICE_GPU, GpuDevice, int32_t);
-REGISTER(DEVICE_GPU, GpuDevice, int64_t);
+REGISTER(DEVICE_GPU, GpuDevice, float, int32_t);
+REGISTER(DEVICE_GPU, GpuDevice, float, int64_t);
 #endif
+#undef REGISTER_CPU
 #undef REGISTER
 
 }  // namespace

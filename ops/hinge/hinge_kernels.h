@@ -145,9 +145,13 @@ XMC_HINGE_HD float PositiveGrad(float x, float margin, float upstream) {
 // ---------------------------------------------------------------------------
 // The functors of the two op kernels (ops/common/device.h): one OpKernel
 // class per op, templated on the device, checks ranks and shapes and
-// allocates the output, then calls functor::X<Device, TL> (TL = int32_t or
-// int64_t label ids).  CpuDevice: hinge_kernels.cc (TensorFlow's intra-op
-// pool); GpuDevice: hinge_kernels.cc behind XMC_TF_WITH_CUDA, calling the
+// allocates the output, then calls functor::X<Device, T, TL> (T = the
+// scores' type, TL = int32_t or int64_t label ids).  CpuDevice:
+// hinge_kernels.cc (TensorFlow's intra-op pool), T = float, Eigen::half and
+// Eigen::bfloat16, the narrow types widened to float block by block (the
+// same float computation as on their float32 values; the gradient rounded
+// once to T, the loss and upstream float32 for every T); GpuDevice:
+// hinge_kernels.cc behind XMC_TF_WITH_CUDA, T = float only, calling the
 // launchers below on TensorFlow's stream.  The functors range-check every
 // label id (CPU on the host, GPU on the device) and fail `ctx` with
 // InvalidArgument naming the first bad entry.
@@ -161,21 +165,22 @@ struct HingeDims {
 
 namespace functor {
 
-// loss [batch] from scores [batch, num_labels] and labels [batch, n].
-template <typename Device, typename TL>
+// loss [batch] (float32) from scores [batch, num_labels] and labels
+// [batch, n].
+template <typename Device, typename T, typename TL>
 struct SquaredHingeLoss {
-  void operator()(::tensorflow::OpKernelContext* ctx, const float* scores,
+  void operator()(::tensorflow::OpKernelContext* ctx, const T* scores,
                   const TL* labels, const HingeDims& d, float margin,
                   float* loss) const;
 };
 
-// grad [batch, num_labels] (fully written) from scores, labels and
-// upstream [batch].
-template <typename Device, typename TL>
+// grad [batch, num_labels] (T, fully written) from scores, labels and
+// upstream [batch] (float32).
+template <typename Device, typename T, typename TL>
 struct SquaredHingeLossGrad {
-  void operator()(::tensorflow::OpKernelContext* ctx, const float* scores,
+  void operator()(::tensorflow::OpKernelContext* ctx, const T* scores,
                   const TL* labels, const float* upstream, const HingeDims& d,
-                  float margin, float* grad) const;
+                  float margin, T* grad) const;
 };
 
 }  // namespace functor

@@ -9,6 +9,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 #include "ops/common/validation.h"
 #include "ops/lsh/lsh_kernels.h"
@@ -22,6 +26,17 @@ inline absl::Status CheckInt32Size(int64_t n, const char* what) {
                                    " does not fit the int32 ids of the tables");
   }
   return absl::OkStatus();
+}
+
+// The LSH kernels' message of an id outside [lo, hi):
+//   "<name>[i, j] = <value> is not in [lo, hi) (<note>)"
+// (the entry named by ops/common/validation.h EntryName).
+inline absl::Status NotInRange(const char* name, const TensorShape& shape,
+                               int64_t position, int64_t value, int64_t lo,
+                               int64_t hi, absl::string_view note) {
+  return errors::InvalidArgument(EntryName(name, shape, position), " = ",
+                                 value, " is not in [", lo, ", ", hi, ") (",
+                                 note, ")");
 }
 
 // num_features sizes nothing, but coordinates are int32 ids.

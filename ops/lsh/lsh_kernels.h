@@ -26,7 +26,8 @@
 // with the table index (a spurious collision then adds probability
 // 2^-bucket_bits per table).  B = 2^min(K * bits_per_hash, bucket_bits).
 //
-// This header must not include TensorFlow.
+// This header must not include TensorFlow (the device functors at its end
+// only name the OpKernelContext, forward-declared in ops/common/device.h).
 #ifndef XMC_TF_OPS_LSH_LSH_KERNELS_H_
 #define XMC_TF_OPS_LSH_LSH_KERNELS_H_
 
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "ops/common/cpu_isa.h"
+#include "ops/common/device.h"
 
 namespace xmc_tf {
 namespace lsh {
@@ -70,6 +72,7 @@ struct CodeLayout {
   int bucket_bits = 16;   // cap on the bits of a bucket id.
   int64_t num_tables = 1; // L.
 
+  int64_t num_hashes() const { return num_bits * num_tables; }  // H = K L
   int code_bits() const { return num_bits * bits_per_hash; }
   int out_bits() const {
     return code_bits() < bucket_bits ? code_bits() : bucket_bits;
@@ -249,7 +252,131 @@ inline uint64_t RowKey(int64_t seed, int64_t step, int64_t row) {
   return Mix64(s ^ static_cast<uint64_t>(row));
 }
 
+// The attributes of one Xmc>LshQuery kernel instance.
+struct QueryConfig {
+  int k = 1;                     // num_candidates, in [1, 2^24]
+  int64_t seed = 0;
+  bool count_collisions = true;
+};
+
+// The outputs of Xmc>LshQuery for a batch of b instances.
+struct QueryOutputs {
+  int32_t* ids;         // [b, k]
+  bool* valid;          // [b, k]
+  int32_t* collisions;  // [b, k]
+  float* rate;          // [b]
+  int64_t* probed;      // [b]
+};
+
+// Sizes of the two batches of sparse rows of Xmc>LshSparseCosine:
+// a [batch, k, sa], b [batch, n, sb].
+struct CosineDims {
+  int64_t batch = 0, k = 0, sa = 0, n = 0, sb = 0;
+};
+
 }  // namespace lsh
+
+// ---------------------------------------------------------------------------
+// The functors of the op kernels (ops/common/device.h): one OpKernel class
+// per op, templated on the device, checks the attributes, ranks and shapes
+// (everything that does not read tensor data) and allocates the outputs,
+// then calls functor::X<Device>.  The functor checks what it reads (ids,
+// codes, finiteness: in the same pass as the work where the two are
+// interleaved) and fails `ctx` with InvalidArgument naming the first bad
+// entry (the smallest bad row where rows are checked in parallel).  CPU
+// functors: lsh_hash_kernels.cc, lsh_table_kernels.cc and
+// lsh_sample_kernels.cc, on TensorFlow's intra-op pool; the kernels are
+// registered for DEVICE_CPU only (a GPU functor plus a DEVICE_GPU
+// registration adds a device).  Shapes are row-major; `layout` gives
+// H = num_bits * num_tables hash functions and L = num_tables.
+
+namespace functor {
+
+// codes [n, L] of dense vectors [n, d] under SimHash with projection
+// [d, H]; checks that projection and every vector are finite.
+template <typename Device>
+struct LshSimHash {
+  void operator()(::tensorflow::OpKernelContext* ctx, const float* vectors,
+                  int64_t n, int64_t d, const float* projection,
+                  const lsh::CodeLayout& layout, int32_t* codes) const;
+};
+
+// codes [n, L] of sparse rows indices / weights [n, s] (coordinates in
+// [0, e), e = projection rows) under SimHash with projection [e, H]; checks
+// projection, the coordinates, the weights' and their sums' finiteness.
+template <typename Device>
+struct LshSimHashSparse {
+  void operator()(::tensorflow::OpKernelContext* ctx, const int32_t* indices,
+                  const float* weights, int64_t n, int64_t s,
+                  const float* projection, int64_t e,
+                  const lsh::CodeLayout& layout, int32_t* codes) const;
+};
+
+// codes [n, L] of dense vectors [n, d] under DWTA with bins [H, w] (each in
+// [0, d), checked); checks that every vector is finite.
+template <typename Device>
+struct LshDwtaHash {
+  void operator()(::tensorflow::OpKernelContext* ctx, const float* vectors,
+                  int64_t n, int64_t d, const int32_t* bins, int bin_size,
+                  uint64_t seed, const lsh::CodeLayout& layout,
+                  int32_t* codes) const;
+};
+
+// codes [n, L] of sparse rows indices / weights [n, s] (coordinates in
+// [0, num_features)) under DWTA with bins [H, w] (each in
+// [0, num_features), checked).
+template <typename Device>
+struct LshDwtaHashSparse {
+  void operator()(::tensorflow::OpKernelContext* ctx, const int32_t* indices,
+                  const float* weights, int64_t n, int64_t s,
+                  const int32_t* bins, int bin_size, int64_t num_features,
+                  uint64_t seed, const lsh::CodeLayout& layout,
+                  int32_t* codes) const;
+};
+
+// offsets [L, B + 1] and labels [L, m] of the L tables of codes [m, L]
+// (each checked to be in [0, B)).
+template <typename Device>
+struct LshBuildTables {
+  void operator()(::tensorflow::OpKernelContext* ctx, const int32_t* codes,
+                  int64_t m, int64_t L, int64_t B, int32_t* offsets,
+                  int32_t* labels) const;
+};
+
+// The tables `t` after labels rows [r] move to buckets row_codes [r, L]:
+// new_offsets [L, B + 1], new_labels [L, m], new_codes [m, L].  new_codes
+// may be t.codes itself (an input buffer forwarded to the output): it is
+// written only after every check passed and every table was updated.
+template <typename Device>
+struct LshUpdateTables {
+  void operator()(::tensorflow::OpKernelContext* ctx, const lsh::Tables& t,
+                  const int32_t* rows, const int32_t* row_codes, int64_t r,
+                  int32_t* new_offsets, int32_t* new_labels,
+                  int32_t* new_codes) const;
+};
+
+// Candidates of a batch of b instances with query_codes [b, q, L] (draws
+// keyed by config.seed and `step`).
+template <typename Device>
+struct LshQuery {
+  void operator()(::tensorflow::OpKernelContext* ctx, const lsh::Tables& t,
+                  const int32_t* query_codes, int64_t b, int64_t q,
+                  const lsh::QueryConfig& config, int64_t step,
+                  const lsh::QueryOutputs& out) const;
+};
+
+// cosines [batch, k, n] between the rows of a and of b (coordinates in
+// [0, num_features), weights finite), all sizes >= 1.
+template <typename Device>
+struct LshSparseCosine {
+  void operator()(::tensorflow::OpKernelContext* ctx,
+                  const int32_t* a_indices, const float* a_weights,
+                  const int32_t* b_indices, const float* b_weights,
+                  const lsh::CosineDims& dims, int64_t num_features,
+                  float* cosines) const;
+};
+
+}  // namespace functor
 }  // namespace xmc_tf
 
 #endif  // XMC_TF_OPS_LSH_LSH_KERNELS_H_

@@ -14,6 +14,10 @@
 // and fails with InvalidArgument naming the offending entry (the smallest
 // bad row: ops/common/bad_index.h FirstBad); the shared checks are in
 // lsh_kernel_util.h and ops/common/validation.h.
+// Structure (ops/common/device.h): one OpKernel class per op, templated on
+// the device, checks attributes, ranks and shapes and allocates the outputs;
+// functor::X<Device> (lsh_kernels.h) checks the data it reads and does the
+// work.  Only the CpuDevice functors exist (DEVICE_CPU registrations).
 // The query checks what it reads, so that its cost stays independent of m.
 // Rows are spread over TensorFlow's intra-op thread pool.
 //
@@ -185,145 +189,14 @@ QueryStatus QueryRow(const Tables& t, const int32_t* query_codes, int64_t q,
 }  // namespace lsh
 
 // ---------------------------------------------------------------------------
-// TensorFlow kernels.
+// CPU functors (lsh_kernels.h): batch rows spread over TensorFlow's intra-op
+// pool; each row checks what it reads, the smallest failing row is named.
 // ---------------------------------------------------------------------------
 
 namespace {
 
-using lsh::CheckNumFeatures;
-using lsh::CheckTables;
-using lsh::FirstCodeOutOfRange;
 using lsh::FirstNonFinite;
-
-// ----- Query -----------------------------------------------------------------
-
-class LshQueryOp : public OpKernel {
- public:
-  explicit LshQueryOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    int64_t k;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_candidates", &k));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("count_collisions", &count_collisions_));
-    OP_REQUIRES(ctx, k >= 1 && k <= (1 << 24),
-                errors::InvalidArgument("num_candidates must be in [1, 2^24], "
-                                        "got ", k));
-    k_ = static_cast<int>(k);
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& offsets = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    const Tensor& codes = ctx->input(2);
-    const Tensor& query_codes = ctx->input(3);
-    const Tensor& step = ctx->input(4);
-    int64_t L, B, m;
-    OP_REQUIRES_OK(ctx, CheckTables(offsets, labels, codes, &L, &B, &m));
-    OP_REQUIRES_OK(ctx,
-                   CheckRank(query_codes, 3, "query_codes", "[batch, q, L]"));
-    OP_REQUIRES(ctx, query_codes.dim_size(2) == L,
-                errors::InvalidArgument(
-                    "query_codes.shape[2] must equal L = ", L,
-                    " (offsets.shape[0]), got query_codes shape ",
-                    query_codes.shape().DebugString()));
-    OP_REQUIRES(ctx, step.dims() == 0,
-                errors::InvalidArgument("step must be a scalar, got shape ",
-                                        step.shape().DebugString()));
-    const int64_t b = query_codes.dim_size(0), q = query_codes.dim_size(1);
-    const int64_t step_value = step.scalar<int64_t>()();
-    Tensor *ids = nullptr, *valid = nullptr, *collisions = nullptr,
-           *rate = nullptr, *probed = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b, k_}), &ids));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({b, k_}), &valid));
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(2, TensorShape({b, k_}), &collisions));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({b}), &rate));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({b}), &probed));
-    if (b == 0) return;
-    const lsh::Tables tables{offsets.flat<int32_t>().data(),
-                             labels.flat<int32_t>().data(),
-                             codes.flat<int32_t>().data(), m, L, B};
-    const int32_t* qc = query_codes.flat<int32_t>().data();
-    int32_t* out_ids = ids->flat<int32_t>().data();
-    bool* out_valid = valid->flat<bool>().data();
-    int32_t* out_coll = collisions->flat<int32_t>().data();
-    float* out_rate = rate->flat<float>().data();
-    int64_t* out_probed = probed->flat<int64_t>().data();
-    FirstBad bad_code, corrupt, bad_label_code;
-    auto work = [&](int64_t start, int64_t limit) {
-      lsh::QueryScratch scratch;
-      for (int64_t i = start; i < limit; ++i) {
-        const lsh::QueryStatus status = lsh::QueryRow(
-            tables, qc + i * q * L, q, k_, lsh::RowKey(seed_, step_value, i),
-            count_collisions_, &scratch, out_ids + i * k_, out_valid + i * k_,
-            out_coll + i * k_, out_rate + i, out_probed + i);
-        if (status == lsh::QueryStatus::kBadQueryCode) bad_code.Record(i);
-        if (status == lsh::QueryStatus::kCorruptTables) corrupt.Record(i);
-        if (status == lsh::QueryStatus::kBadCode) bad_label_code.Record(i);
-      }
-    };
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t cost = 10 * q * L + 60 * k_ +
-                         (count_collisions_ ? 2 * k_ * q * L : 0);
-    ::tensorflow::Shard(workers->num_threads, workers->workers, b, cost, work);
-    if (bad_code.found()) {
-      const int64_t i = bad_code.get();
-      int64_t t = 0;
-      for (; t < q * L; ++t) {
-        const int32_t c = qc[i * q * L + t];
-        if (c != -1 && (c < 0 || c >= B)) break;
-      }
-      ctx->CtxFailure(errors::InvalidArgument(
-          "query_codes[", i, ", ", t / L, ", ", t % L, "] = ",
-          qc[i * q * L + t], " is not -1 (no probe) or in [0, ", B,
-          ") (num_buckets)"));
-      return;
-    }
-    OP_REQUIRES(ctx, !corrupt.found(),
-                errors::InvalidArgument(
-                    "the tables are corrupt (an offset or a label id out of "
-                    "range) at batch row ",
-                    corrupt.get(), "; rebuild them"));
-    if (bad_label_code.found()) {
-      // The candidates of that row were written before their codes were
-      // read: find the first bad code among them.
-      const int64_t i = bad_label_code.get();
-      const int32_t* cd = codes.flat<int32_t>().data();
-      for (int64_t t = 0; t < k_ && out_valid[i * k_ + t]; ++t) {
-        const int64_t j = out_ids[i * k_ + t];
-        for (int64_t l = 0; l < L; ++l) {
-          const int32_t c = cd[j * L + l];
-          if (c < 0 || c >= B) {
-            ctx->CtxFailure(errors::InvalidArgument(
-                "codes[", j, ", ", l, "] = ", c, " is not in [0, ", B,
-                ") (num_buckets; read for the collision counts of batch row ",
-                i, ")"));
-            return;
-          }
-        }
-      }
-      ctx->CtxFailure(errors::Internal("LshQuery: bad code not found"));
-    }
-  }
-
- private:
-  int k_ = 1;
-  int64_t seed_ = 0;
-  bool count_collisions_ = true;
-};
-
-// ----- Cosines between sparse rows ----------------------------------------------
-
-// Validates a batch of sparse rows [b, r, s] (indices, weights).
-absl::Status CheckSparseBatch(const Tensor& indices, const Tensor& weights,
-                              const char* name) {
-  TF_RETURN_IF_ERROR(CheckRank(indices, 3, name, "[batch, rows, s]"));
-  if (weights.shape() != indices.shape()) {
-    return errors::InvalidArgument(
-        name, " weights shape ", weights.shape().DebugString(),
-        " must equal its indices shape ", indices.shape().DebugString());
-  }
-  return absl::OkStatus();
-}
+using lsh::NotInRange;
 
 // Euclidean norm of a canonical row, in float64.  The entries are float32
 // values or float64 sums of at most s of them (|v| < s * 2^128), so the
@@ -337,38 +210,84 @@ double Norm(const std::vector<std::pair<int32_t, double>>& row) {
 // Largest num_features whose scatter array (float64, per shard) is dense.
 constexpr int64_t kCosineDenseMax = int64_t{1} << 22;
 
-class LshSparseCosineOp : public OpKernel {
- public:
-  explicit LshSparseCosineOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
-    OP_REQUIRES_OK(ctx, CheckNumFeatures(num_features_));
-  }
+}  // namespace
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& a_idx = ctx->input(0);
-    const Tensor& a_w = ctx->input(1);
-    const Tensor& b_idx = ctx->input(2);
-    const Tensor& b_w = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckSparseBatch(a_idx, a_w, "a"));
-    OP_REQUIRES_OK(ctx, CheckSparseBatch(b_idx, b_w, "b"));
-    OP_REQUIRES(ctx, a_idx.dim_size(0) == b_idx.dim_size(0),
+namespace functor {
+
+template <>
+struct LshQuery<CpuDevice> {
+  void operator()(OpKernelContext* ctx, const lsh::Tables& tables,
+                  const int32_t* qc, int64_t b, int64_t q,
+                  const lsh::QueryConfig& config, int64_t step,
+                  const lsh::QueryOutputs& out) const {
+    const int64_t L = tables.L, B = tables.B;
+    const int k = config.k;
+    FirstBad bad_code, corrupt, bad_label_code;
+    auto work = [&](int64_t start, int64_t limit) {
+      lsh::QueryScratch scratch;
+      for (int64_t i = start; i < limit; ++i) {
+        const lsh::QueryStatus status = lsh::QueryRow(
+            tables, qc + i * q * L, q, k, lsh::RowKey(config.seed, step, i),
+            config.count_collisions, &scratch, out.ids + i * k,
+            out.valid + i * k, out.collisions + i * k, out.rate + i,
+            out.probed + i);
+        if (status == lsh::QueryStatus::kBadQueryCode) bad_code.Record(i);
+        if (status == lsh::QueryStatus::kCorruptTables) corrupt.Record(i);
+        if (status == lsh::QueryStatus::kBadCode) bad_label_code.Record(i);
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t cost = 10 * q * L + 60 * k +
+                         (config.count_collisions ? 2 * k * q * L : 0);
+    ::tensorflow::Shard(workers->num_threads, workers->workers, b, cost, work);
+    if (bad_code.found()) {
+      const int64_t i = bad_code.get();
+      int64_t t = 0;
+      for (; t < q * L; ++t) {
+        const int32_t c = qc[i * q * L + t];
+        if (c != -1 && (c < 0 || c >= B)) break;
+      }
+      ctx->CtxFailure(errors::InvalidArgument(
+          EntryName("query_codes", TensorShape({b, q, L}), i * q * L + t),
+          " = ", qc[i * q * L + t], " is not -1 (no probe) or in [0, ", B,
+          ") (num_buckets)"));
+      return;
+    }
+    OP_REQUIRES(ctx, !corrupt.found(),
                 errors::InvalidArgument(
-                    "a and b must have the same batch size, got shapes ",
-                    a_idx.shape().DebugString(), " and ",
-                    b_idx.shape().DebugString()));
-    const int64_t batch = a_idx.dim_size(0), k = a_idx.dim_size(1);
-    const int64_t sa = a_idx.dim_size(2);
-    const int64_t n = b_idx.dim_size(1), sb = b_idx.dim_size(2);
-    Tensor* cos = nullptr;
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(0, TensorShape({batch, k, n}), &cos));
-    if (batch == 0 || k == 0 || n == 0) return;
-    const int32_t* ai = a_idx.flat<int32_t>().data();
-    const float* aw = a_w.flat<float>().data();
-    const int32_t* bi = b_idx.flat<int32_t>().data();
-    const float* bw = b_w.flat<float>().data();
-    float* out = cos->flat<float>().data();
-    const int64_t e = num_features_;
+                    "the tables are corrupt (an offset or a label id out of "
+                    "range) at batch row ",
+                    corrupt.get(), "; rebuild them"));
+    if (bad_label_code.found()) {
+      // The candidates of that row were written before their codes were
+      // read: find the first bad code among them.
+      const int64_t i = bad_label_code.get();
+      for (int64_t t = 0; t < k && out.valid[i * k + t]; ++t) {
+        const int64_t j = out.ids[i * k + t];
+        for (int64_t l = 0; l < L; ++l) {
+          const int32_t c = tables.codes[j * L + l];
+          if (c < 0 || c >= B) {
+            ctx->CtxFailure(NotInRange(
+                "codes", TensorShape({tables.m, L}), j * L + l, c, 0, B,
+                absl::StrCat("num_buckets; read for the collision counts of "
+                             "batch row ",
+                             i)));
+            return;
+          }
+        }
+      }
+      ctx->CtxFailure(errors::Internal("LshQuery: bad code not found"));
+    }
+  }
+};
+
+template <>
+struct LshSparseCosine<CpuDevice> {
+  void operator()(OpKernelContext* ctx, const int32_t* ai, const float* aw,
+                  const int32_t* bi, const float* bw,
+                  const lsh::CosineDims& dims, int64_t e, float* out) const {
+    const int64_t batch = dims.batch, k = dims.k, sa = dims.sa;
+    const int64_t n = dims.n, sb = dims.sb;
     // The b row being compared is scattered into an array indexed by
     // "slot": its coordinate when num_features is moderate (dense map), else
     // the coordinate's rank among the distinct coordinates of the instance's
@@ -461,32 +380,157 @@ class LshSparseCosineOp : public OpKernel {
                         work);
     const struct {
       const FirstBad& err;
-      const Tensor& idx;
-      const char* what;
+      const int32_t* idx;
+      const char* indices_name;
+      const char* weights_name;
       int64_t rows;
+      int64_t s;
       bool index;
-    } checks[] = {{a_index, a_idx, "a", k, true},
-                  {a_finite, a_idx, "a", k, false},
-                  {b_index, b_idx, "b", n, true},
-                  {b_finite, b_idx, "b", n, false}};
+    } checks[] = {{a_index, ai, "a_indices", "a_weights", k, sa, true},
+                  {a_finite, ai, "a_indices", "a_weights", k, sa, false},
+                  {b_index, bi, "b_indices", "b_weights", n, sb, true},
+                  {b_finite, bi, "b_indices", "b_weights", n, sb, false}};
     for (const auto& c : checks) {
       if (!c.err.found()) continue;
       const int64_t r = c.err.get();
-      const int64_t s = c.idx.dim_size(2);
       if (!c.index) {
         ctx->CtxFailure(errors::InvalidArgument(
-            c.what, "_weights[", r / c.rows, ", ", r % c.rows,
+            c.weights_name, "[", r / c.rows, ", ", r % c.rows,
             "] contains a NaN or infinite value"));
         return;
       }
-      const int32_t* idx = c.idx.flat<int32_t>().data() + r * s;
+      const int32_t* idx = c.idx + r * c.s;
       int64_t t = 0;
-      while (t < s && idx[t] >= 0 && idx[t] < e) ++t;
-      ctx->CtxFailure(errors::InvalidArgument(
-          c.what, "_indices[", r / c.rows, ", ", r % c.rows, ", ", t, "] = ",
-          idx[t], " is not in [0, ", e, ") (num_features)"));
+      while (t < c.s && idx[t] >= 0 && idx[t] < e) ++t;
+      ctx->CtxFailure(NotInRange(c.indices_name,
+                                 TensorShape({batch, c.rows, c.s}),
+                                 r * c.s + t, idx[t], 0, e, "num_features"));
       return;
     }
+  }
+};
+
+}  // namespace functor
+
+// ---------------------------------------------------------------------------
+// TensorFlow kernels (one class per op, templated on the device): attribute,
+// rank and shape checks, output allocation, then the functor.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+using lsh::CheckNumFeatures;
+using lsh::CheckTables;
+
+// ----- Query -----------------------------------------------------------------
+
+template <typename Device>
+class LshQueryOp : public OpKernel {
+ public:
+  explicit LshQueryOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    int64_t k;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_candidates", &k));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &config_.seed));
+    OP_REQUIRES_OK(ctx,
+                   ctx->GetAttr("count_collisions", &config_.count_collisions));
+    OP_REQUIRES(ctx, k >= 1 && k <= (1 << 24),
+                errors::InvalidArgument("num_candidates must be in [1, 2^24], "
+                                        "got ", k));
+    config_.k = static_cast<int>(k);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& offsets = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    const Tensor& codes = ctx->input(2);
+    const Tensor& query_codes = ctx->input(3);
+    const Tensor& step = ctx->input(4);  // host memory on every device
+    int64_t L, B, m;
+    OP_REQUIRES_OK(ctx, CheckTables(offsets, labels, codes, &L, &B, &m));
+    OP_REQUIRES_OK(ctx,
+                   CheckRank(query_codes, 3, "query_codes", "[batch, q, L]"));
+    OP_REQUIRES(ctx, query_codes.dim_size(2) == L,
+                errors::InvalidArgument(
+                    "query_codes.shape[2] must equal L = ", L,
+                    " (offsets.shape[0]), got query_codes shape ",
+                    query_codes.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckScalar(step, "step"));
+    const int64_t b = query_codes.dim_size(0), q = query_codes.dim_size(1);
+    const int64_t k = config_.k;
+    Tensor *ids = nullptr, *valid = nullptr, *collisions = nullptr,
+           *rate = nullptr, *probed = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b, k}), &ids));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({b, k}), &valid));
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(2, TensorShape({b, k}), &collisions));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({b}), &rate));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({b}), &probed));
+    if (b == 0) return;
+    const lsh::Tables tables{offsets.flat<int32_t>().data(),
+                             labels.flat<int32_t>().data(),
+                             codes.flat<int32_t>().data(), m, L, B};
+    const lsh::QueryOutputs out{
+        ids->flat<int32_t>().data(), valid->flat<bool>().data(),
+        collisions->flat<int32_t>().data(), rate->flat<float>().data(),
+        probed->flat<int64_t>().data()};
+    functor::LshQuery<Device>()(ctx, tables,
+                                query_codes.flat<int32_t>().data(), b, q,
+                                config_, step.scalar<int64_t>()(), out);
+  }
+
+ private:
+  lsh::QueryConfig config_;
+};
+
+// ----- Cosines between sparse rows ----------------------------------------------
+
+// Validates a batch of sparse rows [b, r, s] (indices, weights).
+absl::Status CheckSparseBatch(const Tensor& indices, const Tensor& weights,
+                              const char* name) {
+  TF_RETURN_IF_ERROR(CheckRank(indices, 3, name, "[batch, rows, s]"));
+  if (weights.shape() != indices.shape()) {
+    return errors::InvalidArgument(
+        name, " weights shape ", weights.shape().DebugString(),
+        " must equal its indices shape ", indices.shape().DebugString());
+  }
+  return absl::OkStatus();
+}
+
+template <typename Device>
+class LshSparseCosineOp : public OpKernel {
+ public:
+  explicit LshSparseCosineOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_features", &num_features_));
+    OP_REQUIRES_OK(ctx, CheckNumFeatures(num_features_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& a_idx = ctx->input(0);
+    const Tensor& a_w = ctx->input(1);
+    const Tensor& b_idx = ctx->input(2);
+    const Tensor& b_w = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckSparseBatch(a_idx, a_w, "a"));
+    OP_REQUIRES_OK(ctx, CheckSparseBatch(b_idx, b_w, "b"));
+    OP_REQUIRES(ctx, a_idx.dim_size(0) == b_idx.dim_size(0),
+                errors::InvalidArgument(
+                    "a and b must have the same batch size, got shapes ",
+                    a_idx.shape().DebugString(), " and ",
+                    b_idx.shape().DebugString()));
+    lsh::CosineDims dims;
+    dims.batch = a_idx.dim_size(0);
+    dims.k = a_idx.dim_size(1);
+    dims.sa = a_idx.dim_size(2);
+    dims.n = b_idx.dim_size(1);
+    dims.sb = b_idx.dim_size(2);
+    Tensor* cos = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({dims.batch, dims.k, dims.n}),
+                            &cos));
+    if (dims.batch == 0 || dims.k == 0 || dims.n == 0) return;
+    functor::LshSparseCosine<Device>()(
+        ctx, a_idx.flat<int32_t>().data(), a_w.flat<float>().data(),
+        b_idx.flat<int32_t>().data(), b_w.flat<float>().data(), dims,
+        num_features_, cos->flat<float>().data());
   }
 
  private:
@@ -495,7 +539,11 @@ class LshSparseCosineOp : public OpKernel {
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("Xmc>LshQuery").Device(DEVICE_CPU), LshQueryOp);
-REGISTER_KERNEL_BUILDER(Name("Xmc>LshSparseCosine").Device(DEVICE_CPU), LshSparseCosineOp);
+// CPU only (see lsh_kernels.h); a GPU registration of LshQueryOp keeps
+// `step` in host memory (.HostMemory("step")).
+REGISTER_KERNEL_BUILDER(Name("Xmc>LshQuery").Device(DEVICE_CPU),
+                        LshQueryOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("Xmc>LshSparseCosine").Device(DEVICE_CPU),
+                        LshSparseCosineOp<CpuDevice>);
 
 }  // namespace xmc_tf

@@ -14,10 +14,15 @@
 // and fails with InvalidArgument naming the offending entry (the smallest
 // bad row: ops/common/bad_index.h FirstBad); the shared checks are in
 // lsh_kernel_util.h and ops/common/validation.h.
+// Structure (ops/common/device.h): one OpKernel class per op, templated on
+// the device, checks attributes, ranks and shapes and allocates the outputs;
+// functor::X<Device> (lsh_kernels.h) checks the data it reads and does the
+// work.  Only the CpuDevice functors exist (DEVICE_CPU registrations).
 // (the update's input tables must be permutations).  Tables are spread over
 // TensorFlow's intra-op thread pool.
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -175,67 +180,19 @@ int64_t FirstNonPermutation(const int32_t* labels, int64_t m,
 }  // namespace lsh
 
 // ---------------------------------------------------------------------------
-// TensorFlow kernels.
+// CPU functors (lsh_kernels.h): tables spread over TensorFlow's intra-op
+// pool.
 // ---------------------------------------------------------------------------
 
 namespace {
 
-using lsh::CheckInt32Size;
-using lsh::CheckTables;
 using lsh::FirstCodeOutOfRange;
-
-// ----- Tables ----------------------------------------------------------------
-
-class LshBuildTablesOp : public OpKernel {
- public:
-  explicit LshBuildTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
-    // Before any B + 1: offsets are [L, B + 1].
-    OP_REQUIRES(ctx, num_buckets_ >= 1 && num_buckets_ <= lsh::kMaxNumBuckets,
-                errors::InvalidArgument(
-                    "num_buckets must be in [1, 2^24] (bucket ids of at most "
-                    "24 bits), got ", num_buckets_));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& codes = ctx->input(0);
-    OP_REQUIRES_OK(ctx, CheckRank(codes, 2, "codes", "[num_labels, L]"));
-    const int64_t m = codes.dim_size(0), L = codes.dim_size(1);
-    const int64_t B = num_buckets_;
-    OP_REQUIRES_OK(ctx, CheckInt32Size(m, "num_labels"));
-    const int32_t* c = codes.flat<int32_t>().data();
-    for (int64_t t = 0; t < m * L; ++t) {
-      OP_REQUIRES(ctx, c[t] >= 0 && c[t] < B,
-                  errors::InvalidArgument("codes[", t / L, ", ", t % L,
-                                          "] = ", c[t], " is not in [0, ", B,
-                                          ") (num_buckets)"));
-    }
-    Tensor* offsets = nullptr;
-    Tensor* labels = nullptr;
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(0, TensorShape({L, B + 1}), &offsets));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({L, m}), &labels));
-    int32_t* off = offsets->flat<int32_t>().data();
-    int32_t* lab = labels->flat<int32_t>().data();
-    auto work = [&](int64_t start, int64_t limit) {
-      for (int64_t l = start; l < limit; ++l) {
-        lsh::BuildTable(c, m, L, l, B, off + l * (B + 1), lab + l * m);
-      }
-    };
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(workers->num_threads, workers->workers, L,
-                        10 * m + 2 * B, work);
-  }
-
- private:
-  int64_t num_buckets_ = 1;
-};
+using lsh::NotInRange;
 
 // Checks the CSR offsets [L, B + 1] of every table: 0 = first <= ... <= last
 // = m.  O(L B).
-absl::Status CheckOffsets(const Tensor& offsets, int64_t m) {
-  const int64_t L = offsets.dim_size(0), B1 = offsets.dim_size(1);
-  const int32_t* off = offsets.flat<int32_t>().data();
+absl::Status CheckOffsets(const int32_t* off, int64_t L, int64_t B1,
+                          int64_t m) {
   for (int64_t l = 0; l < L; ++l) {
     const int32_t* o = off + l * B1;
     if (o[0] != 0 || o[B1 - 1] != m) {
@@ -253,39 +210,68 @@ absl::Status CheckOffsets(const Tensor& offsets, int64_t m) {
   return absl::OkStatus();
 }
 
-class LshUpdateTablesOp : public OpKernel {
- public:
-  explicit LshUpdateTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+// The error of table l whose labels [m] are not a permutation of [0, m).
+absl::Status NonPermutationError(const int32_t* labels, int64_t L, int64_t m,
+                                 int64_t l) {
+  std::vector<uint64_t> seen;
+  const int64_t t = lsh::FirstNonPermutation(labels + l * m, m, &seen);
+  const int32_t v = labels[l * m + t];
+  if (v < 0 || v >= m) {
+    return NotInRange("labels", TensorShape({L, m}), l * m + t, v, 0, m,
+                      "num_labels");
+  }
+  return errors::InvalidArgument(
+      "labels[", l, ", ", t, "] = ", v, " repeats an earlier label id: "
+      "labels[", l, "] must be a permutation of [0, ", m,
+      ") (every label once per table, as Xmc>LshBuildTables builds them)");
+}
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& offsets = ctx->input(0);
-    const Tensor& labels = ctx->input(1);
-    const Tensor& codes = ctx->input(2);
-    const Tensor& rows = ctx->input(3);
-    const Tensor& row_codes = ctx->input(4);
-    int64_t L, B, m;
-    OP_REQUIRES_OK(ctx, CheckTables(offsets, labels, codes, &L, &B, &m));
-    OP_REQUIRES_OK(ctx, CheckRank(rows, 1, "rows", "[r]"));
-    OP_REQUIRES_OK(ctx, CheckRank(row_codes, 2, "row_codes", "[r, L]"));
-    const int64_t r = rows.dim_size(0);
-    OP_REQUIRES(ctx, row_codes.dim_size(0) == r && row_codes.dim_size(1) == L,
-                errors::InvalidArgument(
-                    "row_codes shape ", row_codes.shape().DebugString(),
-                    " must be [r, L] = [", r, ", ", L, "]"));
-    OP_REQUIRES_OK(ctx, CheckOffsets(offsets, m));
-    const int32_t* rw = rows.flat<int32_t>().data();
-    const int32_t* rc = row_codes.flat<int32_t>().data();
-    for (int64_t i = 0; i < r; ++i) {
-      OP_REQUIRES(ctx, rw[i] >= 0 && rw[i] < m,
-                  errors::InvalidArgument("rows[", i, "] = ", rw[i],
-                                          " is not in [0, ", m,
-                                          ") (num_labels)"));
+}  // namespace
+
+namespace functor {
+
+template <>
+struct LshBuildTables<CpuDevice> {
+  void operator()(OpKernelContext* ctx, const int32_t* c, int64_t m,
+                  int64_t L, int64_t B, int32_t* off, int32_t* lab) const {
+    const int64_t bad = FirstOutOfRange(ctx, c, m * L, 0, B);
+    if (bad >= 0) {
+      ctx->CtxFailure(NotInRange("codes", TensorShape({m, L}), bad, c[bad], 0,
+                                 B, "num_buckets"));
+      return;
     }
-    for (int64_t t = 0; t < r * L; ++t) {
-      OP_REQUIRES(ctx, rc[t] >= 0 && rc[t] < B,
-                  errors::InvalidArgument("row_codes[", t / L, ", ", t % L,
-                                          "] = ", rc[t], " is not in [0, ", B,
-                                          ") (num_buckets)"));
+    auto work = [&](int64_t start, int64_t limit) {
+      for (int64_t l = start; l < limit; ++l) {
+        lsh::BuildTable(c, m, L, l, B, off + l * (B + 1), lab + l * m);
+      }
+    };
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(workers->num_threads, workers->workers, L,
+                        10 * m + 2 * B, work);
+  }
+};
+
+template <>
+struct LshUpdateTables<CpuDevice> {
+  void operator()(OpKernelContext* ctx, const lsh::Tables& t,
+                  const int32_t* rw, const int32_t* rc, int64_t r,
+                  int32_t* new_off, int32_t* new_lab, int32_t* nc) const {
+    const int64_t L = t.L, B = t.B, m = t.m;
+    const int32_t* old_off = t.offsets;
+    const int32_t* old_lab = t.labels;
+    const int32_t* old_codes = t.codes;
+    OP_REQUIRES_OK(ctx, CheckOffsets(old_off, L, B + 1, m));
+    const int64_t bad_row = FirstOutOfRange(ctx, rw, r, 0, m);
+    if (bad_row >= 0) {
+      ctx->CtxFailure(NotInRange("rows", TensorShape({r}), bad_row,
+                                 rw[bad_row], 0, m, "num_labels"));
+      return;
+    }
+    const int64_t bad_rc = FirstOutOfRange(ctx, rc, r * L, 0, B);
+    if (bad_rc >= 0) {
+      ctx->CtxFailure(NotInRange("row_codes", TensorShape({r, L}), bad_rc,
+                                 rc[bad_rc], 0, B, "num_buckets"));
+      return;
     }
     // Unique rows; the last occurrence of a repeated row wins.
     std::vector<std::pair<int32_t, int64_t>> order(r);
@@ -296,26 +282,20 @@ class LshUpdateTablesOp : public OpKernel {
       if (i + 1 < r && order[i + 1].first == order[i].first) continue;
       unique.push_back(order[i]);
     }
-    const int32_t* old_codes = codes.flat<int32_t>().data();
-    const int32_t* old_off = offsets.flat<int32_t>().data();
-    const int32_t* old_lab = labels.flat<int32_t>().data();
     // The old codes of the moved labels name the buckets they leave.  (The
     // others are checked while they are copied to new_codes, below.)
+    const TensorShape codes_shape({m, L});
     for (const auto& u : unique) {
-      const int32_t* row = old_codes + static_cast<int64_t>(u.first) * L;
-      const int64_t l = FirstCodeOutOfRange(row, L, B);
-      OP_REQUIRES(ctx, l < 0,
-                  errors::InvalidArgument(
-                      "codes[", u.first, ", ", l, "] = ", row[l < 0 ? 0 : l],
-                      " is not in [0, ", B, ") (num_buckets)"));
+      const int64_t j = u.first;
+      const int64_t l = FirstCodeOutOfRange(old_codes + j * L, L, B);
+      if (l >= 0) {
+        ctx->CtxFailure(NotInRange("codes", codes_shape, j * L + l,
+                                   old_codes[j * L + l], 0, B,
+                                   "num_buckets"));
+        return;
+      }
     }
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    Tensor* new_offsets = nullptr;
-    Tensor* new_labels = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, offsets.shape(), &new_offsets));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, labels.shape(), &new_labels));
-    int32_t* new_off = new_offsets->flat<int32_t>().data();
-    int32_t* new_lab = new_labels->flat<int32_t>().data();
     std::atomic<int64_t> bad_table{-1};
     FirstBad bad_labels;  // a table whose labels are not a permutation
     auto work = [&](int64_t start, int64_t limit) {
@@ -351,21 +331,7 @@ class LshUpdateTablesOp : public OpKernel {
         workers->num_threads, workers->workers, L,
         3 * m + 4 * B + 40 * static_cast<int64_t>(unique.size()), work);
     if (bad_labels.found()) {
-      const int64_t l = bad_labels.get();
-      std::vector<uint64_t> seen;
-      const int64_t t = lsh::FirstNonPermutation(old_lab + l * m, m, &seen);
-      const int32_t v = old_lab[l * m + t];
-      if (v < 0 || v >= m) {
-        ctx->CtxFailure(errors::InvalidArgument(
-            "labels[", l, ", ", t, "] = ", v, " is not in [0, ", m,
-            ") (num_labels)"));
-      } else {
-        ctx->CtxFailure(errors::InvalidArgument(
-            "labels[", l, ", ", t, "] = ", v, " repeats an earlier label id: "
-            "labels[", l, "] must be a permutation of [0, ", m,
-            ") (every label once per table, as Xmc>LshBuildTables builds "
-            "them)"));
-      }
+      ctx->CtxFailure(NonPermutationError(old_lab, L, m, bad_labels.get()));
       return;
     }
     OP_REQUIRES(ctx, bad_table.load() < 0,
@@ -373,22 +339,18 @@ class LshUpdateTablesOp : public OpKernel {
                     "table ", bad_table.load(),
                     " does not match codes: a re-hashed label was not in the "
                     "bucket its old code names (rebuild the tables)"));
-    // Codes: updated copy (in place when the input buffer can be forwarded).
-    // Every old code must be a bucket id: checked on the copy, block by
-    // block while it is in cache (one vectorised pass).
-    Tensor* new_codes = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
-                            {2}, 2, codes.shape(), &new_codes));
-    int32_t* nc = new_codes->flat<int32_t>().data();
+    // Codes: updated copy (nc may be old_codes itself, a forwarded input
+    // buffer).  Every old code must be a bucket id: checked on the copy,
+    // block by block while it is in cache (one vectorised pass).
     FirstBad bad_code_row;
     auto copy_codes = [&](int64_t start, int64_t limit) {
       constexpr int64_t kChunk = 8192;  // 32 KB: checked while in L1
       for (int64_t a = start * L; a < limit * L; a += kChunk) {
         const int64_t len = std::min(kChunk, limit * L - a);
         if (nc != old_codes) std::memcpy(nc + a, old_codes + a, len * 4);
-        const int64_t t = FirstCodeOutOfRange(nc + a, len, B);
-        if (t >= 0) {
-          bad_code_row.Record((a + t) / L);
+        const int64_t bad = FirstCodeOutOfRange(nc + a, len, B);
+        if (bad >= 0) {
+          bad_code_row.Record((a + bad) / L);
           return;
         }
       }
@@ -398,9 +360,8 @@ class LshUpdateTablesOp : public OpKernel {
     if (bad_code_row.found()) {
       const int64_t j = bad_code_row.get();
       const int64_t l = FirstCodeOutOfRange(nc + j * L, L, B);
-      ctx->CtxFailure(errors::InvalidArgument("codes[", j, ", ", l, "] = ",
-                                              nc[j * L + l], " is not in [0, ",
-                                              B, ") (num_buckets)"));
+      ctx->CtxFailure(NotInRange("codes", codes_shape, j * L + l,
+                                 nc[j * L + l], 0, B, "num_buckets"));
       return;
     }
     for (const auto& u : unique) {
@@ -410,9 +371,96 @@ class LshUpdateTablesOp : public OpKernel {
   }
 };
 
+}  // namespace functor
+
+// ---------------------------------------------------------------------------
+// TensorFlow kernels (one class per op, templated on the device): attribute,
+// rank and shape checks, output allocation, then the functor.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+using lsh::CheckInt32Size;
+using lsh::CheckTables;
+
+template <typename Device>
+class LshBuildTablesOp : public OpKernel {
+ public:
+  explicit LshBuildTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
+    // Before any B + 1: offsets are [L, B + 1].
+    OP_REQUIRES(ctx, num_buckets_ >= 1 && num_buckets_ <= lsh::kMaxNumBuckets,
+                errors::InvalidArgument(
+                    "num_buckets must be in [1, 2^24] (bucket ids of at most "
+                    "24 bits), got ", num_buckets_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& codes = ctx->input(0);
+    OP_REQUIRES_OK(ctx, CheckRank(codes, 2, "codes", "[num_labels, L]"));
+    const int64_t m = codes.dim_size(0), L = codes.dim_size(1);
+    const int64_t B = num_buckets_;
+    OP_REQUIRES_OK(ctx, CheckInt32Size(m, "num_labels"));
+    Tensor* offsets = nullptr;
+    Tensor* labels = nullptr;
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(0, TensorShape({L, B + 1}), &offsets));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({L, m}), &labels));
+    functor::LshBuildTables<Device>()(ctx, codes.flat<int32_t>().data(), m, L,
+                                      B, offsets->flat<int32_t>().data(),
+                                      labels->flat<int32_t>().data());
+  }
+
+ private:
+  int64_t num_buckets_ = 1;
+};
+
+template <typename Device>
+class LshUpdateTablesOp : public OpKernel {
+ public:
+  explicit LshUpdateTablesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& offsets = ctx->input(0);
+    const Tensor& labels = ctx->input(1);
+    const Tensor& codes = ctx->input(2);
+    const Tensor& rows = ctx->input(3);
+    const Tensor& row_codes = ctx->input(4);
+    int64_t L, B, m;
+    OP_REQUIRES_OK(ctx, CheckTables(offsets, labels, codes, &L, &B, &m));
+    OP_REQUIRES_OK(ctx, CheckRank(rows, 1, "rows", "[r]"));
+    OP_REQUIRES_OK(ctx, CheckRank(row_codes, 2, "row_codes", "[r, L]"));
+    const int64_t r = rows.dim_size(0);
+    OP_REQUIRES(ctx, row_codes.dim_size(0) == r && row_codes.dim_size(1) == L,
+                errors::InvalidArgument(
+                    "row_codes shape ", row_codes.shape().DebugString(),
+                    " must be [r, L] = [", r, ", ", L, "]"));
+    const lsh::Tables tables{offsets.flat<int32_t>().data(),
+                             labels.flat<int32_t>().data(),
+                             codes.flat<int32_t>().data(), m, L, B};
+    Tensor* new_offsets = nullptr;
+    Tensor* new_labels = nullptr;
+    Tensor* new_codes = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, offsets.shape(), &new_offsets));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, labels.shape(), &new_labels));
+    // In place when the codes buffer can be forwarded (the functor writes it
+    // last).
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
+                            {2}, 2, codes.shape(), &new_codes));
+    functor::LshUpdateTables<Device>()(
+        ctx, tables, rows.flat<int32_t>().data(),
+        row_codes.flat<int32_t>().data(), r,
+        new_offsets->flat<int32_t>().data(), new_labels->flat<int32_t>().data(),
+        new_codes->flat<int32_t>().data());
+  }
+};
+
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("Xmc>LshBuildTables").Device(DEVICE_CPU), LshBuildTablesOp);
-REGISTER_KERNEL_BUILDER(Name("Xmc>LshUpdateTables").Device(DEVICE_CPU), LshUpdateTablesOp);
+// CPU only (see lsh_kernels.h).
+REGISTER_KERNEL_BUILDER(Name("Xmc>LshBuildTables").Device(DEVICE_CPU),
+                        LshBuildTablesOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("Xmc>LshUpdateTables").Device(DEVICE_CPU),
+                        LshUpdateTablesOp<CpuDevice>);
 
 }  // namespace xmc_tf

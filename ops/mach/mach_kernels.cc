@@ -6,6 +6,15 @@
 //   brute_force: score every label in chunks with a running top-k.
 //   threshold:   Fagin's threshold algorithm over per-repetition inverted
 //                lists (built once per kernel instance and cached).
+//
+// Structure (ops/common/device.h): one OpKernel class templated on the
+// device, MachTopKOp<Device>, checks the attributes (at construction) and
+// the shape of probs, allocates the outputs and calls
+// functor::MachTopK<Device> (mach_kernels.h), passing the kernel's
+// functor::MachTopKCache<Device>.  The CPU functor builds the inverted lists
+// into that cache on its first threshold call, decodes the rows on
+// TensorFlow's intra-op pool and reports the smallest non-finite row
+// (ops/common/bad_index.h FirstBad).  Registered for DEVICE_CPU only.
 #include "ops/mach/mach_kernels.h"
 
 #include <algorithm>
@@ -457,141 +466,170 @@ RowStatus MachTopKThreshold(const float* probs, const MachHasher& hasher,
 
 }  // namespace mach
 
+
 // ---------------------------------------------------------------------------
-// TensorFlow kernel.
+// CPU functor.
 // ---------------------------------------------------------------------------
 
+namespace functor {
+
+namespace {
+
+// Builds the inverted lists on the first call (once per kernel instance,
+// i.e. per graph node or per eager attribute set), in parallel over the
+// repetitions.  Later calls only read them.
+absl::Status EnsureInvertedLists(
+    const mach::MachTopKConfig& config, MachTopKCache<CpuDevice>* cache,
+    const ::tensorflow::DeviceBase::CpuWorkerThreads* workers) {
+  std::lock_guard<std::mutex> lock(cache->mu);
+  if (cache->ready) return absl::OkStatus();
+  const mach::MachHasher& hasher = config.hasher;
+  const int64_t m = config.num_labels;
+  const int64_t R = hasher.num_repetitions();
+  try {
+    cache->lists.Allocate(hasher, m);
+  } catch (const std::bad_alloc&) {
+    cache->lists = mach::MachInvertedLists();
+    return errors::ResourceExhausted(
+        "MachTopK: cannot allocate the inverted lists (4 * R * (m + B) = ",
+        4 * R * (m + hasher.num_buckets()),
+        " bytes); use method='brute_force' or fewer labels");
+  }
+  mach::MachInvertedLists* lists = &cache->lists;
+  ::tensorflow::Shard(workers->num_threads, workers->workers, R, 30 * m,
+                      [&](int64_t start, int64_t limit) {
+                        for (int64_t r = start; r < limit; ++r) {
+                          lists->BuildRepetition(hasher, static_cast<int>(r));
+                        }
+                      });
+  cache->ready = true;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+template <>
+void MachTopK<CpuDevice>::operator()(OpKernelContext* ctx,
+                                     const mach::MachTopKConfig& config,
+                                     MachTopKCache<CpuDevice>* cache,
+                                     const float* p, int64_t batch,
+                                     int32_t* ids, float* scores) const {
+  auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+  if (config.threshold) {
+    OP_REQUIRES_OK(ctx, EnsureInvertedLists(config, cache, workers));
+  }
+  const mach::MachHasher& hasher = config.hasher;
+  const mach::MachInvertedLists& lists = cache->lists;
+  const int k = config.k;
+  const int64_t m = config.num_labels;
+  const int64_t row =
+      static_cast<int64_t>(hasher.num_repetitions()) * hasher.num_buckets();
+  FirstBad bad_row;  // the smallest row with a NaN or an infinity
+  auto work = [&](int64_t start, int64_t limit) {
+    mach::MachScratch scratch;
+    for (int64_t i = start; i < limit; ++i) {
+      const mach::RowStatus status =
+          config.threshold
+              ? mach::MachTopKThreshold(p + i * row, hasher, lists, k,
+                                        config.brute_force_fallback, &scratch,
+                                        ids + i * k, scores + i * k)
+              : mach::MachTopKBruteForce(p + i * row, hasher, m, k, &scratch,
+                                         ids + i * k, scores + i * k);
+      if (status != mach::RowStatus::kOk) bad_row.Record(i);
+    }
+  };
+  // Rough cycles per query: heap building plus a few thousand label
+  // scorings for the threshold algorithm; m R hashes for brute force.
+  const int64_t cost = config.threshold
+                           ? 20 * row + 100000
+                           : 8 * m * hasher.num_repetitions();
+  ::tensorflow::Shard(workers->num_threads, workers->workers, batch, cost,
+                      work);
+  OP_REQUIRES(ctx, !bad_row.found(),
+              errors::InvalidArgument("probs[", bad_row.get(),
+                                      "] contains a NaN or infinite value"));
+}
+
+}  // namespace functor
+
+// ---------------------------------------------------------------------------
+// TensorFlow kernel (one class, templated on the device).
+// ---------------------------------------------------------------------------
+
+namespace {
+
+template <typename Device>
 class MachTopKOp : public OpKernel {
  public:
   explicit MachTopKOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    int64_t k;
+    int64_t k, num_buckets, prime;
     std::vector<int64_t> hash_a, hash_b;
     std::string method;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("k", &k));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_labels", &num_labels_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_labels", &config_.num_labels));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_buckets", &num_buckets));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("hash_a", &hash_a));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("hash_b", &hash_b));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("prime", &prime_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("prime", &prime));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("method", &method));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("brute_force_fallback", &fallback_));
-    const std::string err = mach::ValidateHashParams(
-        hash_a, hash_b, prime_, num_labels_, num_buckets_);
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("brute_force_fallback",
+                                     &config_.brute_force_fallback));
+    const int64_t m = config_.num_labels;
+    const std::string err =
+        mach::ValidateHashParams(hash_a, hash_b, prime, m, num_buckets);
     OP_REQUIRES(ctx, err.empty(), errors::InvalidArgument(err));
-    OP_REQUIRES(ctx, k >= 1 && k <= num_labels_,
-                errors::InvalidArgument("k must be in [1, num_labels=",
-                                        num_labels_, "], got ", k));
+    OP_REQUIRES(ctx, k >= 1 && k <= m,
+                errors::InvalidArgument("k must be in [1, num_labels=", m,
+                                        "], got ", k));
     OP_REQUIRES(ctx, method == "threshold" || method == "brute_force",
                 errors::InvalidArgument(
                     "method must be 'threshold' or 'brute_force', got '",
                     method, "'"));
-    k_ = static_cast<int>(k);
-    threshold_ = method == "threshold";
-    num_repetitions_ = static_cast<int64_t>(hash_a.size());
-    hasher_ = std::make_unique<mach::MachHasher>(std::move(hash_a),
-                                                 std::move(hash_b), prime_,
-                                                 num_buckets_);
+    config_.k = static_cast<int>(k);
+    config_.threshold = method == "threshold";
+    config_.hasher = mach::MachHasher(std::move(hash_a), std::move(hash_b),
+                                      prime, num_buckets);
   }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& probs = ctx->input(0);
+    const int64_t R = config_.hasher.num_repetitions();
+    const int64_t B = config_.hasher.num_buckets();
     OP_REQUIRES_OK(ctx, CheckRank(probs, 3, "probs", "[batch, R, B]"));
-    OP_REQUIRES(ctx, probs.dim_size(1) == num_repetitions_,
+    OP_REQUIRES(ctx, probs.dim_size(1) == R,
                 errors::InvalidArgument(
                     "probs.shape[1] must equal the number of repetitions R=",
-                    num_repetitions_, " (len(hash_a)), got shape ",
+                    R, " (len(hash_a)), got shape ",
                     probs.shape().DebugString()));
-    OP_REQUIRES(ctx, probs.dim_size(2) == num_buckets_,
+    OP_REQUIRES(ctx, probs.dim_size(2) == B,
                 errors::InvalidArgument(
-                    "probs.shape[2] must equal num_buckets=", num_buckets_,
+                    "probs.shape[2] must equal num_buckets=", B,
                     ", got shape ", probs.shape().DebugString()));
     const int64_t batch = probs.dim_size(0);
+    const int64_t k = config_.k;
     Tensor* top_ids = nullptr;
     Tensor* top_scores = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, k_}),
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, k}),
                                              &top_ids));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({batch, k_}),
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({batch, k}),
                                              &top_scores));
     if (batch == 0) return;
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
-    if (threshold_) {
-      // Built once per kernel instance (one per graph node / eager attr set).
-      OP_REQUIRES_OK(ctx, EnsureInvertedLists(workers));
-    }
-
-    const float* p = probs.flat<float>().data();
-    int32_t* ids = top_ids->flat<int32_t>().data();
-    float* scores = top_scores->flat<float>().data();
-    const int64_t row = num_repetitions_ * num_buckets_;
-    FirstBad bad_row;  // the smallest row with a NaN or an infinity
-    auto work = [&](int64_t start, int64_t limit) {
-      mach::MachScratch scratch;
-      for (int64_t i = start; i < limit; ++i) {
-        const mach::RowStatus status =
-            threshold_
-                ? mach::MachTopKThreshold(p + i * row, *hasher_, lists_, k_,
-                                          fallback_, &scratch, ids + i * k_,
-                                          scores + i * k_)
-                : mach::MachTopKBruteForce(p + i * row, *hasher_, num_labels_,
-                                           k_, &scratch, ids + i * k_,
-                                           scores + i * k_);
-        if (status != mach::RowStatus::kOk) bad_row.Record(i);
-      }
-    };
-    // Rough cycles per query: heap building plus a few thousand label
-    // scorings for the threshold algorithm; m R hashes for brute force.
-    const int64_t cost = threshold_ ? 20 * row + 100000
-                                    : 8 * num_labels_ * num_repetitions_;
-    ::tensorflow::Shard(workers->num_threads, workers->workers, batch, cost,
-                        work);
-    OP_REQUIRES(ctx, !bad_row.found(),
-                errors::InvalidArgument("probs[", bad_row.get(),
-                                        "] contains a NaN or infinite value"));
+    functor::MachTopK<Device>()(ctx, config_, &cache_,
+                                probs.flat<float>().data(), batch,
+                                top_ids->flat<int32_t>().data(),
+                                top_scores->flat<float>().data());
   }
 
  private:
-  int k_ = 1;
-  int64_t num_labels_ = 0;
-  int64_t num_buckets_ = 0;
-  int64_t num_repetitions_ = 0;
-  int64_t prime_ = mach::kMersenne31;
-  bool threshold_ = true;
-  bool fallback_ = true;
-  std::unique_ptr<mach::MachHasher> hasher_;
-  // Builds the inverted lists on the first call (once per kernel instance,
-  // i.e. per graph node or per eager attribute set), in parallel over the
-  // repetitions.  Later calls only read them.
-  absl::Status EnsureInvertedLists(
-      const ::tensorflow::DeviceBase::CpuWorkerThreads* workers) {
-    std::lock_guard<std::mutex> lock(lists_mu_);
-    if (lists_ready_) return absl::OkStatus();
-    try {
-      lists_.Allocate(*hasher_, num_labels_);
-    } catch (const std::bad_alloc&) {
-      lists_ = mach::MachInvertedLists();
-      return errors::ResourceExhausted(
-          "MachTopK: cannot allocate the inverted lists (4 * R * (m + B) = ",
-          4 * num_repetitions_ * (num_labels_ + num_buckets_),
-          " bytes); use method='brute_force' or fewer labels");
-    }
-    ::tensorflow::Shard(workers->num_threads, workers->workers,
-                        num_repetitions_, 30 * num_labels_,
-                        [this](int64_t start, int64_t limit) {
-                          for (int64_t r = start; r < limit; ++r) {
-                            lists_.BuildRepetition(*hasher_,
-                                                   static_cast<int>(r));
-                          }
-                        });
-    lists_ready_ = true;
-    return absl::OkStatus();
-  }
-
-  std::mutex lists_mu_;
-  bool lists_ready_ = false;  // guarded by lists_mu_; lists_ final once set
-  mach::MachInvertedLists lists_;
+  mach::MachTopKConfig config_;
+  functor::MachTopKCache<Device> cache_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("Xmc>MachTopK").Device(::tensorflow::DEVICE_CPU),
-                        MachTopKOp);
+}  // namespace
+
+// CPU only: a GPU decoder is a functor::MachTopK<GpuDevice> (and its cache)
+// plus a DEVICE_GPU registration of MachTopKOp<GpuDevice>.
+REGISTER_KERNEL_BUILDER(Name("Xmc>MachTopK").Device(DEVICE_CPU),
+                        MachTopKOp<CpuDevice>);
 
 }  // namespace xmc_tf

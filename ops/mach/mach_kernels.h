@@ -22,14 +22,18 @@
 // impossible: a float sum of finite values saturates at +-inf.
 //
 // This header must not include TensorFlow: the functors can be tested and
-// reused without it.
+// reused without it (the device functor below only names the
+// OpKernelContext, forward-declared in ops/common/device.h).
 #ifndef XMC_TF_OPS_MACH_MACH_KERNELS_H_
 #define XMC_TF_OPS_MACH_MACH_KERNELS_H_
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "ops/common/device.h"
 
 namespace xmc_tf {
 namespace mach {
@@ -54,6 +58,8 @@ class MachHasher {
  public:
   MachHasher(std::vector<int64_t> hash_a, std::vector<int64_t> hash_b,
              int64_t prime, int64_t num_buckets);
+  // No repetition (a placeholder until a valid family is assigned).
+  MachHasher() : MachHasher({}, {}, kMersenne31, 1) {}
 
   int num_repetitions() const { return static_cast<int>(a_.size()); }
   int64_t num_buckets() const { return num_buckets_; }
@@ -165,7 +171,58 @@ RowStatus MachTopKThreshold(const float* probs, const MachHasher& hasher,
                             bool brute_force_fallback, MachScratch* scratch,
                             int32_t* top_ids, float* top_scores);
 
+// The attributes of one Xmc>MachTopK kernel instance, checked when it is
+// constructed (ValidateHashParams, 1 <= k <= num_labels).
+struct MachTopKConfig {
+  int k = 1;
+  int64_t num_labels = 0;
+  bool threshold = true;             // method == "threshold"
+  bool brute_force_fallback = true;  // see MachTopKThreshold
+  MachHasher hasher;                 // R = hasher.num_repetitions(), B
+};
+
 }  // namespace mach
+
+// ---------------------------------------------------------------------------
+// The functor of the op kernel (ops/common/device.h): one OpKernel class
+// templated on the device reads the attributes (MachTopKConfig), checks the
+// shape of probs [batch, R, B] and allocates top_ids / top_scores [batch, k],
+// then calls functor::MachTopK<Device>.  The functor decodes every row and
+// fails `ctx` with InvalidArgument "probs[i] contains a NaN or infinite
+// value" naming the smallest such row i.  What a device's decoder builds on
+// its first call and reuses on the later ones of the same kernel instance
+// (one per graph node or eager attribute set) lives in a
+// functor::MachTopKCache<Device> that the kernel owns; the functor fills it
+// (thread-safely: TensorFlow may run one kernel instance concurrently).
+// CpuDevice: mach_kernels.cc, TensorFlow's intra-op pool; its cache holds
+// the inverted lists of the threshold decoder.
+
+namespace functor {
+
+// Per-kernel-instance state of a device's decoder (specialised per device).
+template <typename Device>
+struct MachTopKCache;
+
+// The CPU decoder's: the inverted lists, built on the first call that
+// decodes with method='threshold' (in parallel over the repetitions).
+template <>
+struct MachTopKCache<CpuDevice> {
+  std::mutex mu;
+  bool ready = false;  // guarded by mu; `lists` is final once set
+  mach::MachInvertedLists lists;
+};
+
+// top_ids / top_scores [batch, k] (fully written, best first) from probs
+// [batch, R, B] (R, B, k of `config`), batch >= 1.
+template <typename Device>
+struct MachTopK {
+  void operator()(::tensorflow::OpKernelContext* ctx,
+                  const mach::MachTopKConfig& config,
+                  MachTopKCache<Device>* cache, const float* probs,
+                  int64_t batch, int32_t* top_ids, float* top_scores) const;
+};
+
+}  // namespace functor
 }  // namespace xmc_tf
 
 #endif  // XMC_TF_OPS_MACH_MACH_KERNELS_H_

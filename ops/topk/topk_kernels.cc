@@ -4,7 +4,8 @@
 // Structure: one OpKernel class templated on the device and dtype
 // (ops/common/device.h) checks the shapes and k (InvalidArgument) and
 // allocates the outputs, then calls functor::TopK<Device, T> (declared in
-// topk_kernels.h; CpuDevice, float only).
+// topk_kernels.h; CpuDevice: float, and half / bfloat16 selected on their
+// float values, widened chunk by chunk (exact, so the order is the same)).
 //
 // CPU design (TensorFlow's intra-op thread pool, ::tensorflow::Shard):
 //  * Phase 1: the work units are (row, chunk) pairs (topk::ChunksPerRow:
@@ -18,9 +19,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "ops/common/validation.h"
+#include "ops/common/widen.h"
 #include "ops/topk/topk_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -30,10 +33,10 @@ namespace xmc_tf {
 
 namespace functor {
 
-template <>
-struct TopK<CpuDevice, float> {
-  void operator()(OpKernelContext* ctx, const float* x, int64_t b, int64_t m,
-                  int64_t k, float* values, int32_t* indices) const {
+template <typename T>
+struct TopK<CpuDevice, T> {
+  void operator()(OpKernelContext* ctx, const T* x, int64_t b, int64_t m,
+                  int64_t k, T* values, int32_t* indices) const {
     if (b == 0 || k == 0) return;
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t chunks =
@@ -46,12 +49,14 @@ struct TopK<CpuDevice, float> {
         workers->num_threads, workers->workers, units, 2 * chunk,
         [&](int64_t start, int64_t limit) {
           std::vector<topk::Entry> buf, out;
+          std::vector<float> wide;  // T != float: the chunk as floats
           for (int64_t u = start; u < limit; ++u) {
             const int64_t i = u / chunks;
             const int64_t j0 = (u % chunks) * chunk;
             const int64_t j1 = std::min(m, j0 + chunk);
             out.clear();
-            topk::SelectChunk(x + i * m + j0, j1 - j0, j0, k, &buf, &out);
+            topk::SelectChunk(WidenToFloat(x + i * m + j0, j1 - j0, &wide),
+                              j1 - j0, j0, k, &buf, &out);
             std::copy(out.begin(), out.end(), cand.begin() + u * k);
             count[u] = static_cast<int64_t>(out.size());
           }
@@ -60,6 +65,7 @@ struct TopK<CpuDevice, float> {
         workers->num_threads, workers->workers, b, chunks * k * 20 + 1,
         [&](int64_t start, int64_t limit) {
           std::vector<topk::Entry> row;
+          std::vector<float> wide(std::is_same<T, float>::value ? 0 : k);
           for (int64_t i = start; i < limit; ++i) {
             row.clear();
             for (int64_t c = 0; c < chunks; ++c) {
@@ -67,7 +73,14 @@ struct TopK<CpuDevice, float> {
               row.insert(row.end(), cand.begin() + u * k,
                          cand.begin() + u * k + count[u]);
             }
-            topk::FinishRow(&row, k, values + i * k, indices + i * k);
+            if constexpr (std::is_same<T, float>::value) {
+              topk::FinishRow(&row, k, values + i * k, indices + i * k);
+            } else {  // the k values are T values: narrowing back is exact
+              topk::FinishRow(&row, k, wide.data(), indices + i * k);
+              for (int64_t q = 0; q < k; ++q) {
+                values[i * k + q] = static_cast<T>(wide[q]);
+              }
+            }
           }
         });
   }
@@ -119,7 +132,14 @@ class TopKOp : public OpKernel {
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("Xmc>TopK").Device(DEVICE_CPU),
-                        TopKOp<CpuDevice, float>);
+#define REGISTER_CPU(T)                                                  \
+  REGISTER_KERNEL_BUILDER(                                               \
+      Name("Xmc>TopK").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
+      TopKOp<CpuDevice, T>);
+
+REGISTER_CPU(float);
+REGISTER_CPU(Eigen::half);      // selected on the widened float values
+REGISTER_CPU(Eigen::bfloat16);  // selected on the widened float values
+#undef REGISTER_CPU
 
 }  // namespace xmc_tf

@@ -3,8 +3,10 @@
 // runs (topk_kernels.cc).
 //
 // Layout:
-//   scores   [batch, m]   float32, row-major
-//   values   [batch, k]   float32: the k best scores of each row, best first
+//   scores   [batch, m]   T (float32, float16, bfloat16), row-major; the
+//                         selection below runs on float values (float16 and
+//                         bfloat16 widened chunk by chunk: exact, same order)
+//   values   [batch, k]   T: the k best scores of each row, best first
 //   indices  [batch, k]   int32: their column ids
 //
 // Order (that of tf.math.top_k(sorted=True) on numbers): larger value first;

@@ -9,10 +9,11 @@
 namespace xmc_tf {
 
 REGISTER_OP("Xmc>TopK")
-    .Input("scores: float")
-    .Output("values: float")
+    .Input("scores: T")
+    .Output("values: T")
     .Output("indices: int32")
     .Attr("k: int >= 0")
+    .Attr("T: {float, half, bfloat16} = DT_FLOAT")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle scores;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &scores));
@@ -40,9 +41,10 @@ few entries that pass: O(m) per row, memory-bound, where tf.math.top_k's
 CPU kernel costs about 1 ns per score.  Rows are cut into chunks of at least
 65,536 columns, so even a single row uses every thread.
 
-scores: [batch, m] float32, m < 2^31.
+scores: [batch, m] T (float32; float16 / bfloat16 are ranked by their
+  float32 values, with the same order), m < 2^31.
 k: number of columns per row, 0 <= k <= m.
-values: [batch, k] float32.
+values: [batch, k] T.
 indices: [batch, k] int32 column ids.
 )doc");
 

@@ -5,13 +5,15 @@ from xmc_tf.layers.mach import MachDecoder, MachHead
 from xmc_tf.layers.normalization import FeatureNormalization
 from xmc_tf.layers.sparse_input import SparseDropout, SparseEmbeddingBag
 from xmc_tf.layers.uniform_sparse import (UniformSparseDense,
+                                          label_centroids,
                                           label_feature_connections,
                                           random_connections)
 
 __all__ = ["MachDecoder", "MachHead", "UniformSparseDense",
-           "label_feature_connections", "random_connections"]
+           "label_feature_connections", "label_centroids",
+           "random_connections"]
 __all__ += ["LabelDense"]
 __all__ += ["SparseDropout", "SparseEmbeddingBag"]
 __all__ += ["FeatureNormalization"]
-from xmc_tf.layers.label_tree import LabelTreeScores  # noqa: E402
-__all__ += ["LabelTreeScores"]
+from xmc_tf.layers.label_tree import LabelTreeScores, fuse_scores  # noqa: E402
+__all__ += ["LabelTreeScores", "fuse_scores"]

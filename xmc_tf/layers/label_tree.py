@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["LabelTreeScores", "fuse_with_tree",
+__all__ = ["LabelTreeScores", "fuse_with_tree", "fuse_scores",
            "FUSED_MODEL", "DEEP_MODEL"]
 
 #: Name of the model :func:`fuse_with_tree` returns, and of the deep model
@@ -194,9 +194,51 @@ class LabelTreeScores(keras.layers.Layer):
         return config
 
 
+def fuse_scores(model: keras.Model, scorer: keras.layers.Layer,
+                weight: float, name: str = "fused",
+                weight_name: str = "scorer_weight") -> keras.Model:
+    """``model(x) + weight * scorer(x)`` as one Keras model.
+
+    A second scorer fused into a trained model's scores (Astec / DeepXML's
+    shortlist-and-rerank, Dahiya et al. WSDM 2021: a label tree, or label
+    centroids, beside the network), with the weight read on validation
+    data.  The weights of ``model`` and ``scorer`` are shared, not copied.
+
+    Args:
+      model: a model on sparse features ``[batch, D]`` whose output is
+        float32 ``[batch, num_labels]`` scores (renamed
+        :data:`DEEP_MODEL`).
+      scorer: a layer from the same sparse ``[batch, D]`` features to
+        ``[batch, num_labels]`` scores.
+      weight: the scorer's weight (``>= 0``).
+      name: the returned model's name.
+      weight_name: the name of the scaling layer.
+
+    Returns:
+      A functional model, input as ``model``'s, output float32
+      ``[batch, num_labels]``; :func:`xmc_tf.decoding.top_k_function`
+      decodes it as ``model`` (the sum lists ``model``'s scores first).
+
+    Raises:
+      ValueError: dense input, or a negative weight.
+    """
+    spec = model.inputs[0]
+    if not spec.sparse:
+        raise ValueError("score fusion needs a model on sparse features")
+    if not weight >= 0:
+        raise ValueError(f"fusion weight must be >= 0, got {weight!r}")
+    x = keras.Input(shape=tuple(spec.shape[1:]), sparse=True,
+                    dtype=spec.dtype, name="features")
+    model.name = DEEP_MODEL
+    extra = keras.layers.Rescaling(float(weight), name=weight_name)(scorer(x))
+    out = keras.layers.Add(name=f"{name}_scores")([model(x), extra])
+    return keras.Model(x, out, name=name)
+
+
 def fuse_with_tree(model: keras.Model, tree_layer: LabelTreeScores,
                    weight: float) -> keras.Model:
-    """``model(x) + weight * tree_layer(x)`` as one Keras model.
+    """``model(x) + weight * tree_layer(x)`` as one Keras model
+    (:func:`fuse_scores`, named :data:`FUSED_MODEL`).
 
     Args:
       model: a model on sparse features ``[batch, D]`` whose output is
@@ -224,12 +266,5 @@ def fuse_with_tree(model: keras.Model, tree_layer: LabelTreeScores,
                          f"tree's {(tree_layer.num_features, tree_layer.num_labels)}")
     if not weight >= 0:
         raise ValueError(f"tree weight must be >= 0, got {weight!r}")
-    x = keras.Input(shape=tuple(spec.shape[1:]), sparse=True,
-                    dtype=spec.dtype, name="features")
-    model.name = DEEP_MODEL
-    tree = keras.layers.Rescaling(float(weight), name="tree_weight")(
-        tree_layer(x))
-    out = keras.layers.Add(name="fused_scores")([model(x), tree])
-    return keras.Model(x, out, name=FUSED_MODEL)
-
-
+    return fuse_scores(model, tree_layer, weight, name=FUSED_MODEL,
+                       weight_name="tree_weight")

@@ -141,6 +141,59 @@ def label_feature_connections(features, labels, fan_in: int, seed=None,
     return out, weights / np.maximum(norms, 1e-12)
 
 
+def label_centroids(features, labels, fan_in: int, seed=None,
+                    name: str = "label_centroids") -> "UniformSparseDense":
+    """A frozen nearest-centroid scorer: label ``j``'s score is the cosine
+    of the instance and ``j``'s (truncated) centroid.
+
+    Row ``j`` keeps the ``fan_in`` strongest features of the sum of label
+    ``j``'s training instances (PIFA, :func:`label_feature_connections`),
+    scaled to unit l2 norm; the layer is a non-trainable
+    :class:`UniformSparseDense` without bias, so on l2-normalised inputs its
+    scores lie in ``[-1, 1]``.  For labels with a handful of training
+    instances this is a strong scorer of its own (the centroid is the
+    instances), which a network's softmax or one-vs-all head learns
+    slowly; :func:`xmc_tf.layers.fuse_scores` adds it to a model's
+    scores with a weight (:mod:`xmc_tf.job` reads the weight on the
+    validation split).  Sources: PIFA (Prabhu et al., Parabel, WWW 2018;
+    Yu et al., PECOS, JMLR 2022); nearest-centroid few-shot classifiers
+    (Snell et al., "Prototypical Networks for Few-shot Learning", NeurIPS
+    2017).
+
+    Args:
+      features: ``scipy.sparse`` ``[n, e]`` float, the training features as
+        the scorer will see them (normalised).
+      labels: ``scipy.sparse`` ``[n, m]``, non-zero = positive.
+      fan_in: s, features kept per label, ``1 <= s <= e``.
+      seed: int or None, for the random fill of labels with fewer features
+        (at weight 0).
+      name: the layer's name.
+
+    Returns:
+      a built :class:`UniformSparseDense` ``[batch, e] -> [batch, m]``
+      float32, ``trainable=False``.  Memory: ``8 m s`` bytes.
+
+    Raises:
+      ValueError: as :func:`label_feature_connections`.
+
+    >>> import scipy.sparse as sp
+    >>> x = sp.csr_matrix(np.array([[1., 0., 0.], [0., .6, .8], [0., 1., 0.]]))
+    >>> y = sp.csr_matrix(np.array([[1, 0], [0, 1], [0, 1]]))
+    >>> layer = label_centroids(x, y, 2, seed=0)
+    >>> layer(tf.constant([[0., .6, .8]])).numpy().astype(float).round(3).tolist()
+    [[0.0, 0.894]]
+    """
+    indices, weights = label_feature_connections(features, labels, fan_in,
+                                                 seed, return_weights=True)
+    layer = UniformSparseDense(indices.shape[0], fan_in, use_bias=False,
+                               kernel_initializer="zeros", seed=seed,
+                               trainable=False, name=name)
+    layer.build((None, features.shape[1]))
+    layer.indices.assign(indices)
+    layer.kernel.assign(weights)
+    return layer
+
+
 @keras.saving.register_keras_serializable(package="xmc_tf")
 class UniformSparseDense(keras.layers.Layer):
     """Output layer in which every label has exactly ``s`` incoming connections.

@@ -18,7 +18,8 @@ from xmc_tf.ops import _loader, stock
 
 __all__ = ["embedding_bag", "embedding_bag_supported"]
 
-_DTYPES = (tf.float32, tf.float64)
+# float16 and bfloat16 are summed in float32 (one rounding per output).
+_DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16)
 
 
 def _ops():
@@ -35,7 +36,8 @@ def embedding_bag_supported(dtype, device: str = "") -> bool:
     """Whether :func:`embedding_bag` serves ``dtype`` on ``device``.
 
     Args:
-      dtype: the table's dtype (float32 and float64 are supported).
+      dtype: the table's dtype (float32, float64, float16 and bfloat16 are
+        supported; float16 and bfloat16 are summed in float32).
       device: device string of the table's variable ("" = unknown, taken as
         the CPU); GPU placements return False (no GPU kernel: use
         ``tf.sparse.sparse_dense_matmul`` there).
@@ -75,7 +77,9 @@ def embedding_bag(rows, positions, weights, table, batch_size, name=None):
     Args:
       rows: ``[nnz]`` int64 output rows, in ``[0, batch_size)``.
       positions: ``[nnz]`` int64 table rows, in ``[0, u)``.
-      weights: ``[nnz]`` float32/float64 entry values.
+      weights: ``[nnz]`` float32/float64/float16/bfloat16 entry values
+        (float16 and bfloat16 products are summed in float32 and rounded
+        once per output value).
       table: ``[u, d]``, the dtype of ``weights``.
       batch_size: scalar int64, rows of the output.
       name: optional op name.

@@ -65,15 +65,17 @@ def squared_hinge_loss(scores, labels, margin=1.0, name=None):
     holds (even for a non-finite ``upstream[i]``).
 
     Args:
-      scores: float32 ``[batch, num_labels]``.
+      scores: float32 ``[batch, num_labels]``; float16 and bfloat16 on the
+        CPU (computed in float32 from their float32 values; the gradient
+        has the scores' dtype, rounded once; the loss stays float32).
       labels: int32 or int64 ``[batch, n]`` positive ids padded with -1;
         every entry in ``[-1, num_labels)``.
       margin: finite Python float (an op attribute: one kernel per value).
       name: optional op name.
 
     Returns:
-      float32 ``[batch]``: the loss of every row (accumulated in float64
-      over column blocks).
+      float32 ``[batch]`` (for every scores dtype): the loss of every row
+      (accumulated in float64 over column blocks).
 
     Raises:
       tf.errors.InvalidArgumentError: ``scores`` or ``labels`` not a matrix,

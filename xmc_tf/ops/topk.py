@@ -30,6 +30,10 @@ from xmc_tf.ops import _loader, stock
 
 __all__ = ["TopK", "top_k", "top_k_supported"]
 
+# The dtypes of Xmc>TopK (CPU): float16 and bfloat16 are ranked by their
+# float32 values (exact), so in the same order.
+_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+
 #: ``(values, indices)``, as ``tf.math.top_k`` returns them.
 TopK = collections.namedtuple("TopK", ["values", "indices"])
 
@@ -69,10 +73,11 @@ def _in_xla_context() -> bool:
 def top_k(scores, k: int, name=None) -> TopK:
     """The ``k`` largest scores along the last axis and their ids, best first.
 
-    A drop-in for ``tf.math.top_k(scores, k, sorted=True)`` on float32
-    scores: identical values and indices on rows without NaN (ties by the
-    lower id; see the module docstring for NaN).  Runs ``Xmc>TopK`` when
-    :func:`top_k_supported`, else ``tf.math.top_k`` (other dtypes, a tensor
+    A drop-in for ``tf.math.top_k(scores, k, sorted=True)`` on float32,
+    float16 and bfloat16 scores: identical values and indices on rows
+    without NaN (ties by the lower id; see the module docstring for NaN).
+    Runs ``Xmc>TopK`` when :func:`top_k_supported`, else ``tf.math.top_k``
+    (other dtypes, a tensor
     ``k``, no op library, a visible GPU, or inside an XLA-compiled function,
     e.g. a Keras model compiled with ``jit_compile=True``).
 
@@ -99,7 +104,7 @@ def top_k(scores, k: int, name=None) -> TopK:
         if scores.shape.rank == 0:
             raise ValueError("scores must have rank >= 1, got a scalar")
         if (not isinstance(k, int) or isinstance(k, bool)
-                or scores.dtype != tf.float32 or not top_k_supported()
+                or scores.dtype not in _DTYPES or not top_k_supported()
                 or _in_xla_context()):
             top = tf.math.top_k(scores, k=k, sorted=True)
             return TopK(top.values, top.indices)
