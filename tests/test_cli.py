@@ -30,13 +30,14 @@ SMALL = ["--config.train.epochs=2", "--config.model.encoder_dims=(32,)",
          "--config.train.verbose=0"]
 
 
-def xmc_tf_cmd(*args):
-    """Runs the console script's module in a new process; returns stdout."""
+def xmc_tf_cmd(*args, stderr=False):
+    """Runs the console script's module in a new process; returns stdout,
+    or ``(stdout, stderr)`` with ``stderr=True``."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, "-m", "xmc_tf_cli", *args],
                           env=env, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return (proc.stdout, proc.stderr) if stderr else proc.stdout
 
 
 def xmc_tf_main(*args):
@@ -61,11 +62,15 @@ def trained(tmp_path_factory):
     xdata.write_xc(tmp / "train.txt.gz", train)
     xdata.write_xc(tmp / "test.txt", test)
     workdir = tmp / "run"
-    out = xmc_tf_cmd("train", "--config=configs/uniform_sparse.py",
-                     f"--config.data.train={tmp / 'train.txt.gz'}",
-                     f"--config.data.test={tmp / 'test.txt'}",
-                     f"--workdir={workdir}", *SMALL)
-    return tmp, workdir, test, out
+    # verbose=1 (the quick start's progress bar), here on a pipe; the
+    # absl INFO lines go to stderr.
+    out, err = xmc_tf_cmd("train", "--config=configs/uniform_sparse.py",
+                          f"--config.data.train={tmp / 'train.txt.gz'}",
+                          f"--config.data.test={tmp / 'test.txt'}",
+                          f"--workdir={workdir}",
+                          *[a for a in SMALL if "verbose" not in a],
+                          "--config.train.verbose=1", stderr=True)
+    return tmp, workdir, test, out + err
 
 
 def test_train_outputs(trained):
@@ -81,6 +86,22 @@ def test_train_outputs(trained):
     assert (workdir / "model.keras").is_file()
     assert (workdir / "saved_model" / "saved_model.pb").is_file()
     assert "P@1" in out  # the printed results table
+
+
+def test_train_prints_no_long_lines(trained):
+    """A run prints its progress, results and choices in short lines: no
+    SavedModel input renames (~600 characters a signature), no progress
+    bar redrawn with carriage returns into one line an epoch (~19,000
+    characters in a log file), no two datasets or a table on one line."""
+    _, _, _, out = trained
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 300, max(lines, key=len)
+    assert "\r" not in out and "\b" not in out
+    assert "unsupported characters" not in out
+    # the progress (one line per epoch), the choices and results stay
+    assert "Epoch 1/2" in lines and "Epoch 2/2" in lines, out
+    assert any("label tree: weight" in line for line in lines), out
+    assert any(line.startswith("INFO:absl:test: XCDataset(") for line in lines)
 
 
 def test_evaluate_reproduces_metrics(trained):

@@ -190,3 +190,21 @@ def test_readme_test_command_is_the_one_ci_runs():
     assert command in ci
     # ... run with a missing op failing, not skipping.
     assert "export XMC_TF_REQUIRE_OPS=1" in ci[:ci.index(command)]
+
+
+def test_readme_wheel_install_is_the_one_ci_runs():
+    """The README's install-from-the-wheel line is run verbatim by .ci/run
+    (in a folder holding only the wheel, with no compiler usable)."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    # in a ```bash block, or inline code in the text
+    lines = [line.strip() for block in re.findall(r"```bash\n(.*?)```",
+                                                  readme, re.S)
+             for line in block.splitlines() if ".whl" in line]
+    lines += [" ".join(span.split()) for span in re.findall(
+        r"(?<!`)`([^`]*pip install[^`]*\.whl[^`]*)`(?!`)", readme)]
+    assert lines, "README.md: no install-from-the-wheel command"
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = [line.strip() for line in f]
+    for line in lines:
+        assert line in ci, f".ci/run does not run {line!r}"

@@ -19,7 +19,15 @@ Environment variables:
   XMC_TF_JOBS: parallel compile jobs (default: number of CPUs).
   XMC_TF_OP_FAMILIES: comma-separated op families (folders under ops/) to
     build; default all.  For development builds of one family only.
+  XMC_TF_PREBUILT_LIBRARY: (setup.py only) path of a library this script
+    built already: ``pip install``/``python -m build`` copy it instead of
+    compiling (CI builds its wheel from the library it tested).
   CXX / NVCC / CUDA_HOME: override the tools.
+
+The library is tied to the TensorFlow release it was compiled against, and
+the package's metadata pins that release (pyproject.toml: the build
+requirement and the ``cpu``/``gpu`` extras): setup.py refuses a library
+whose embedded TensorFlow version differs from the pin (check_pin).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import concurrent.futures
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -209,6 +218,75 @@ def build(output: str, cuda: str = None, verbose: bool = True) -> dict:
     if verbose:
         print(" ".join(link), flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
+    return info
+
+
+def embedded_build_info(path: str) -> dict:
+    """The build record that build() embedded in the library at ``path``
+    (``{}`` for a library without one); xmc_tf/ops/_loader.py reads it the
+    same way at run time."""
+    with open(path, "rb") as f:
+        match = re.search(re.escape(BUILD_INFO_MARKER.encode()) +
+                          rb"(\{[^\x00]*\})", f.read())
+    return json.loads(match.group(1)) if match else {}
+
+
+def pinned_tf_version(pyproject: str = os.path.join(ROOT, "pyproject.toml")
+                      ) -> str:
+    """The one TensorFlow release that pyproject.toml pins (``tensorflow``
+    and ``tensorflow-cpu``, ``==``: build requirement and extras).
+
+    Raises:
+      RuntimeError: no pin, or pins of different releases.
+    """
+    with open(pyproject) as f:
+        pins = set(re.findall(r'"tensorflow(?:-cpu)?==([^"]+)"', f.read()))
+    if len(pins) != 1:
+        raise RuntimeError(f"{pyproject} must pin one TensorFlow release "
+                           f"(tensorflow==X, tensorflow-cpu==X); found "
+                           f"{sorted(pins) or 'none'}")
+    return pins.pop()
+
+
+def check_pin(info: dict, path: str) -> None:
+    """Refuses a library built for another TensorFlow than the package pins.
+
+    Args:
+      info: the library's build record (build(), embedded_build_info()).
+      path: the library, for the message.
+
+    Raises:
+      RuntimeError: its TensorFlow version differs from pinned_tf_version():
+        the package would require a TensorFlow that cannot load it.
+    """
+    pin = pinned_tf_version()
+    if info.get("tf_version") != pin:
+        raise RuntimeError(
+            f"{path} is built for TensorFlow {info.get('tf_version')} but "
+            f"pyproject.toml pins TensorFlow {pin}, the release the package "
+            f"requires: build against TensorFlow {pin} (pip's isolated build "
+            "installs it: build-system.requires) or change the pins")
+
+
+def copy_prebuilt(source: str, output: str) -> dict:
+    """Uses a library built before (XMC_TF_PREBUILT_LIBRARY) as ``output``.
+
+    Returns:
+      Its build record.
+
+    Raises:
+      RuntimeError: ``source`` is missing or has no build record.
+    """
+    if not os.path.isfile(source):
+        raise RuntimeError(f"XMC_TF_PREBUILT_LIBRARY={source} does not exist")
+    info = embedded_build_info(source)
+    if not info:
+        raise RuntimeError(f"{source} has no build record: not built by "
+                           "tools/build_ops.py or the Bazel build")
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    if not (os.path.exists(output) and os.path.samefile(source, output)):
+        shutil.copyfile(source, output)
+    print(f"copied {source} to {output}: {info}", flush=True)
     return info
 
 

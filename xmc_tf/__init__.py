@@ -10,8 +10,19 @@ with ``jit_compile=False``.
 
 import warnings
 
-from xmc_tf.errors import OpLibraryError
-from xmc_tf.ops import _loader
+try:
+    import tensorflow  # noqa: F401
+except ModuleNotFoundError as _e:
+    if _e.name != "tensorflow":
+        raise
+    # The wheel leaves the TensorFlow wheel to the user: an extra.
+    raise ModuleNotFoundError(
+        "xmc_tf needs TensorFlow, which its cpu and gpu extras install: pip "
+        "install 'xmc_tf[cpu]' (or [gpu]); they pin the TensorFlow release "
+        "that the op library is built for", name="tensorflow") from _e
+
+from xmc_tf.errors import OpLibraryError  # noqa: E402
+from xmc_tf.ops import _loader  # noqa: E402
 
 try:
     _loader.load()

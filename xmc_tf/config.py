@@ -115,7 +115,9 @@ def _base() -> dict:
             # (1e-4 for the LR schedule, 0 for early stopping)
             min_delta=config_dict.FieldReference(0.001, field_type=float),
             tensorboard=False,  # writes DIR/tensorboard (needs tensorboard)
-            verbose=2,  # Keras: 1 = progress bar, 2 = one line per epoch
+            # Keras: 1 = progress bar (one line per epoch where stdout is
+            # not a terminal), 2 = one line per epoch
+            verbose=2,
         ),
         set=dict(  # SET rewiring of uniform-sparse layers (Sec. 4.1)
             enabled=True,

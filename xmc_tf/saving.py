@@ -171,18 +171,22 @@ def _serving_archive(model: keras.Model, k: int):
                      tf.TensorSpec([2], tf.int64, name="dense_shape")]
 
         def serve(indices, values, dense_shape):
+            _capture_variables_by_name(model)
             return top(tf.SparseTensor(indices, values, dense_shape))
 
         def score_all_labels(indices, values, dense_shape):
+            _capture_variables_by_name(model)
             return all_scores(tf.SparseTensor(indices, values, dense_shape))
     else:
         signature = [tf.TensorSpec([None, num_features], tf.float32,
                                    name="features")]
 
         def serve(features):
+            _capture_variables_by_name(model)
             return top(features)
 
         def score_all_labels(features):
+            _capture_variables_by_name(model)
             return all_scores(features)
 
     endpoints = [tf.function(serve, input_signature=signature)]
@@ -192,6 +196,41 @@ def _serving_archive(model: keras.Model, k: int):
     for fn in endpoints:
         archive.add_endpoint(fn.__name__, fn)
     return archive, endpoints
+
+
+def _capture_variables_by_name(model: keras.Model) -> None:
+    """Captures the handle of each of ``model``'s variables in the function
+    being traced, under a valid input name of its own (from the variable's
+    path, e.g. ``dense_kernel``).
+
+    Otherwise each handle is captured where it is first read, named after
+    the reading op's input inside its name scope (``resource``, or
+    ``input_11`` for a ``tf.while_loop``'s captures), and the SavedModel
+    writer renames every such input to its scoped name and logs each rename
+    (one INFO line of about 600 characters per signature, e.g. "Function
+    `serve` contains input name(s) resource, input_11, ... with unsupported
+    characters which will be renamed to ..._readvariableop_resource").
+    Later reads find the handle captured already and use this input.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    taken = {op.name.lower() for op in graph.get_operations()}
+    for variable in model.variables:
+        try:
+            handle = _backing_variable(variable).handle
+        except (AttributeError, ValueError, RuntimeError):
+            continue  # not a resource variable, or no single handle here
+        if not hasattr(handle, "numpy") or tf.is_symbolic_tensor(handle):
+            continue  # captured by the graph it lives in, not by this one
+        path = str(getattr(variable, "path", None) or variable.name)
+        base = re.sub(r"[^a-z0-9_]+", "_", path.lower()).strip("_")
+        if not base or not base[0].isalpha():
+            base = "variable_" + base
+        name, n = base, 0
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        taken.add(name)
+        graph.capture(handle, name=name)
 
 
 def _backing_variable(variable):

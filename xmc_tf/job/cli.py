@@ -481,7 +481,12 @@ def _import_xmc_tf():
     import warnings
     with warnings.catch_warnings(), _quiet_tf_startup():
         warnings.simplefilter("ignore")
-        import xmc_tf  # noqa: F401
+        try:
+            import xmc_tf  # noqa: F401
+        except ModuleNotFoundError as e:  # installed without its TF extra
+            if e.name != "tensorflow":
+                raise
+            raise UsageError(str(e)) from e
         from xmc_tf.ops import _loader
         _loader.load()
 

@@ -101,10 +101,14 @@ def _fusion_weight(config, model, layer, val_data, info: dict) -> float:
     info["validation"] = {str(a): {f"P@{k}": round(v, 2)
                                    for k, v in row.items()}
                           for a, row in table.items()}
-    logging.info("label tree: weight %s (validation P@k by weight: %s)",
-                 weight, "; ".join(
-                     f"{a}: " + "/".join(f"{v:.2f}" for v in row.values())
-                     for a, row in table.items()))
+    # The best weight and the deep model alone on one short line; the whole
+    # table (8 weights) is in metrics.json ("label_tree" -> "validation").
+    ks = "/".join(f"P@{k}" for k in next(iter(table.values())))
+    line = {a: "/".join(f"{v:.2f}" for v in row.values())
+            for a, row in table.items()}
+    logging.info("label tree: weight %s, validation %s %s (weight 0: %s; "
+                 "every weight's in metrics.json)", weight, ks, line[weight],
+                 line.get(0.0, "-"))
     return weight
 
 

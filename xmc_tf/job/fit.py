@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import sys
 
 import keras
 import numpy as np
@@ -318,6 +319,21 @@ def make_datasets(config, head, fit_data, val_data, model,
     return train_ds, val_ds
 
 
+def _keras_verbose(verbose: int) -> int:
+    """``config.train.verbose`` for ``Model.fit``: a progress bar (1) only
+    where it is drawn in place (a terminal, or a notebook), else one line
+    per epoch (2).
+
+    Keras redraws its bar with ``\\b`` and ``\\r`` whenever the system is
+    POSIX, terminal or not, so in a log file or a pipe every epoch came out
+    as one line of about 19,000 characters.
+    """
+    if verbose == 1 and not ("ipykernel" in sys.modules or (
+            hasattr(sys.stdout, "isatty") and sys.stdout.isatty())):
+        return 2
+    return verbose
+
+
 def fit_model(fit_model, config, head, fit_data, val_data, model,
               cluster: xcluster.Cluster, callbacks: list, initial_epoch: int,
               last_epoch: int) -> None:
@@ -333,4 +349,4 @@ def fit_model(fit_model, config, head, fit_data, val_data, model,
                   initial_epoch=initial_epoch,
                   epochs=max(last_epoch, initial_epoch),
                   shuffle=False,  # make_tf_dataset shuffles per epoch
-                  callbacks=callbacks, verbose=tc.verbose)
+                  callbacks=callbacks, verbose=_keras_verbose(tc.verbose))

@@ -128,7 +128,8 @@ class Run:
         if self.data is None:
             self.data = JobData(*xinputs.read_datasets(self.given))
         train, test = self.data.train, self.data.test
-        logging.info("train: %s; test: %s", train, test)
+        logging.info("train: %s", train)
+        logging.info("test: %s", test)
         self.inv_prop = xinputs.save_inv_propensities(self.given, train,
                                                       self.wd.path)
         self.summary = xplan.summarize(train)
