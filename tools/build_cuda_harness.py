@@ -83,8 +83,9 @@ def build(output: str = DEFAULT_OUTPUT, archs: str | None = None,
     os.makedirs(os.path.dirname(output), exist_ok=True)
     # Same compile flags as build_ops.build(); nvcc links the static CUDA
     # runtime (-cudart=static) into the shared object.
-    cmd = [nvcc, "-x", "cu", "-std=c++17", "-O3", "-Xcompiler", "-fPIC",
-           f"-I{ROOT}", *arch_flags(archs), "-shared", "-cudart=static",
+    cmd = [nvcc, "-x", "cu", "-std=c++17", "-O3", "--threads", "0",
+           "-Xcompiler", "-fPIC", f"-I{ROOT}", *arch_flags(archs), "-shared",
+           "-cudart=static",
            *[os.path.join(ROOT, s) for s in sources], "-o", output,
            "-ldl", "-lrt", "-lpthread"]
     start = time.time()

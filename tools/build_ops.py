@@ -103,8 +103,10 @@ def nvcc_flags(archs: str):
 
     Shared with the Bazel build (third_party/cuda/cuda_configure.bzl).
     """
-    return ["-x", "cu", "-std=c++17", "-O3", "-Xcompiler", "-fPIC",
-            *cuda_gencode_flags(archs)]
+    # --threads 0: the architectures of one file compile in parallel, one
+    # per CPU (each is a separate cicc/ptxas run; the same code either way).
+    return ["-x", "cu", "-std=c++17", "-O3", "--threads", "0", "-Xcompiler",
+            "-fPIC", *cuda_gencode_flags(archs)]
 
 
 def cuda_config(cuda: str = None):

@@ -207,7 +207,7 @@ def fuse_scores(model: keras.Model, scorer: keras.layers.Layer,
     Args:
       model: a model on sparse features ``[batch, D]`` whose output is
         float32 ``[batch, num_labels]`` scores (renamed
-        :data:`DEEP_MODEL`).
+        ``DEEP_MODEL``).
       scorer: a layer from the same sparse ``[batch, D]`` features to
         ``[batch, num_labels]`` scores.
       weight: the scorer's weight (``>= 0``).
