@@ -104,6 +104,7 @@ def test_explicit_values_are_kept_from_the_command_line():
 def test_a_config_without_automatic_fields_is_returned_as_is():
     config = xconfig.get_config("scent")
     config.data.normalize, config.tree.enabled = "l2", False
+    config.centroids.enabled = False
     run, regime = xplan.resolve_config(config, _toy(1))
     assert run is config and regime == {}
 
@@ -122,8 +123,9 @@ def test_every_automatic_field_is_resolved_once_from_the_data(
         run, regime = xplan.resolve_config(config, train)
         leaves = xconfig.flat_fields(json.loads(run.to_json_best_effort()))
         left = [f for f, v in leaves if xplan.is_auto(v)
-                and f not in ("tree.weight", "data.split_seed",
-                              "model.wide_max_mib", "train.min_delta")]
+                and f not in ("tree.weight", "centroids.weight",
+                              "data.split_seed", "model.wide_max_mib",
+                              "train.min_delta")]
         assert left == [], (name, left)
         integer = bool(np.all(train.features.data ==
                               np.floor(train.features.data)))
@@ -143,6 +145,11 @@ def test_every_automatic_field_is_resolved_once_from_the_data(
             assert run.tree.enabled == (not multi_class and
                                         xplan.check_config(run)
                                         .scores_every_label)
+        if config.centroids.enabled == "auto":
+            counts = train.label_counts()
+            assert run.centroids.enabled == bool(
+                np.median(counts[counts > 0]) <= 8
+                and xplan.check_config(run).scores_every_label)
         assert regime["labels"] == ("multi-class" if multi_class
                                     else "multi-label")
 

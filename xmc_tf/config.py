@@ -146,6 +146,23 @@ def _base() -> dict:
             tol=0.1,  # liblinear stopping tolerance
             threshold=0.1,  # weights of smaller magnitude are dropped
         )),
+        # Nearest-centroid scores (xmc_tf.layers.label_centroids: each
+        # label's normalised PIFA row) added to the model's after training,
+        # as model + weight * centroids, for labels with few instances.
+        centroids=ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
+            # "auto": on for sparse input with a validation split, a head
+            # that scores every label and few-shot training labels (median
+            # instances per label <= max_median_instances), up to max_labels
+            # labels and max_entries entries of the PIFA aggregate; or a bool
+            enabled="auto",
+            connections=32,  # features kept per label (8 bytes each)
+            max_median_instances=8,
+            max_labels=262_144,  # "auto" stays off above (weight choice time)
+            max_entries=20_000_000,  # label_nnz x features per instance
+            # "auto": the weight of CENTROID_WEIGHTS (0 included) with the
+            # best mean validation P@k over eval.ks; or a number >= 0
+            weight="auto",
+        )),
         eval=dict(
             ks=(1, 3, 5),  # P@k, nDCG@k, PSP@k, R@k
             batch_size=1024,

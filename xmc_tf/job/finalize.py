@@ -1,11 +1,16 @@
 """Finalize phase of the main job: what is added to the trained network
 before it is evaluated and exported -- the label tree fused with its scores
-(:mod:`xmc_tf.job.tree`) and the feature normalisation in front
-(:mod:`xmc_tf.job.preprocessing`), so the exported model takes raw features.
+(:mod:`xmc_tf.job.tree`), the labels' nearest-centroid scores
+(:func:`xmc_tf.layers.label_centroids`) and the feature normalisation in
+front (:mod:`xmc_tf.job.preprocessing`), so the exported model takes raw
+features.
 
-Source: the label tree is a one-vs-rest tree of linear classifiers in the
+Sources: the label tree is a one-vs-rest tree of linear classifiers in the
 manner of Parabel / Bonsai (Prabhu et al., WWW 2018; Khandagale et al.,
-2019), fused with the network's scores by a weight read on validation.
+2019); the centroids are the labels' PIFA vectors (Parabel; PECOS, Yu et
+al. JMLR 2022) scored as a nearest-centroid classifier (Snell et al.,
+Prototypical Networks, NeurIPS 2017); each is fused with the network's
+scores by a weight read on validation.
 """
 
 from __future__ import annotations
@@ -22,28 +27,46 @@ from xmc_tf.metrics import evaluator as xevaluation
 from xmc_tf.job import tree as xlabel_tree
 from xmc_tf.job import preprocessing as xprep
 from xmc_tf.job.inputs import subset
-from xmc_tf.job.plan import label_tree_plan, tree_weight
-from xmc_tf.layers.label_tree import LabelTreeScores, fuse_with_tree
+from xmc_tf.job.plan import fusion_weight, label_tree_plan, tree_weight
+from xmc_tf.layers import label_centroids
+from xmc_tf.layers.label_tree import (LabelTreeScores, fuse_scores,
+                                      fuse_with_tree)
 from xmc_tf.job.workdir import Workdir
+from xmc_tf.samplers.registry import auto_bool
 from xmc_tf.files import atomic_path
 
-__all__ = ["LABEL_TREE_FILE", "tree_validation_blocks",
-           "attach_label_tree", "finalize"]
+__all__ = ["LABEL_TREE_FILE", "CENTROID_WEIGHTS", "CENTROID_VALIDATION_ROWS",
+           "tree_validation_blocks", "attach_label_tree", "attach_centroids",
+           "finalize"]
+
+#: The weights of the nearest-centroid scores that
+#: :func:`attach_centroids` tries (0: the model alone).  The centroid scores
+#: are cosines in [-1, 1]; a network's scores are logits (softmax, SCENT)
+#: or margins near [-1, 1] (squared hinge), hence the wide range.
+CENTROID_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+#: At most this many validation instances are scored to choose the
+#: centroids' weight (each weight ranks all labels of every instance).
+CENTROID_VALIDATION_ROWS = 8192
 
 #: The fitted tree, kept in the backup directory until the export is done.
 LABEL_TREE_FILE = "label_tree.npz"
 
 
-def tree_validation_blocks(model, tree_layer, val_data, batch_size: int):
+def tree_validation_blocks(model, tree_layer, val_data, batch_size: int,
+                           max_rows: int | None = None):
     """Yields ``(deep scores, tree log-scores, labels)`` per block of
     ``val_data`` (normalised): NumPy ``[b, m]`` float32 twice and the
     ``scipy.sparse`` labels, as
     :func:`xmc_tf.job.tree.choose_fusion_weight` takes them; ``b`` is
-    ``batch_size`` capped by :func:`xmc_tf.metrics.evaluator.score_batch_size`."""
+    ``batch_size`` capped by :func:`xmc_tf.metrics.evaluator.score_batch_size`.
+    ``tree_layer`` may be any scorer of the normalised features (the label
+    centroids too); ``max_rows``: only the first ones (None: all)."""
     batch = xevaluation.score_batch_size(batch_size, model)
-    for start in range(0, val_data.num_instances, batch):
-        part = subset(val_data, np.arange(
-            start, min(start + batch, val_data.num_instances)))
+    rows = val_data.num_instances
+    if max_rows is not None:
+        rows = min(rows, max_rows)
+    for start in range(0, rows, batch):
+        part = subset(val_data, np.arange(start, min(start + batch, rows)))
         x = next(iter(xdata.make_tf_dataset(part, part.num_instances)))[0]
         yield (model(x, training=False).numpy(), tree_layer(x).numpy(),
                part.labels)
@@ -159,15 +182,79 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
     return fuse_with_tree(model, layer, float(weight)), info, seconds
 
 
+def attach_centroids(config, model, fit_data, val_data):
+    """Adds the labels' nearest-centroid scores to ``model``'s when
+    ``config.centroids.enabled`` (resolved by the plan:
+    :func:`xmc_tf.job.plan.centroid_plan`) is True.
+
+    The centroids are the labels' PIFA rows of the (normalised) fit split,
+    ``config.centroids.connections`` features each
+    (:func:`xmc_tf.layers.label_centroids`, seed ``config.seed``: the same
+    layer on a resume); their weight is ``config.centroids.weight`` or
+    (``"auto"``) the one of :data:`CENTROID_WEIGHTS` whose fused scores
+    give the best mean validation P@k over ``config.eval.ks`` on at most
+    :data:`CENTROID_VALIDATION_ROWS` validation instances
+    (:func:`xmc_tf.job.tree.choose_fusion_weight`).
+
+    Returns:
+      ``(model_to_export, info, seconds)``: ``model`` itself when off or
+      at weight 0, else :func:`xmc_tf.layers.fuse_scores` of it (named
+      ``"centroid_fused"``); ``info`` for ``metrics.json`` (``{}`` when
+      off); ``seconds`` spent, for ``train_seconds``.
+    """
+    cc = config.get("centroids")
+    if cc is None or auto_bool(cc.enabled,
+                               "config.centroids.enabled") is not True:
+        return model, {}, 0.0
+    start = time.time()
+    fan_in = min(int(cc.connections), fit_data.num_features)
+    layer = label_centroids(fit_data.features, fit_data.labels, fan_in,
+                            seed=config.seed, name="label_centroids")
+    info = {"connections": fan_in,
+            "bytes": 8 * fit_data.num_labels * fan_in}
+    weight = fusion_weight(cc.weight, "config.centroids.weight")
+    if weight is None:
+        weight, table = xlabel_tree.choose_fusion_weight(
+            tree_validation_blocks(model, layer, val_data,
+                                   config.eval.batch_size,
+                                   max_rows=CENTROID_VALIDATION_ROWS),
+            ks=tuple(config.eval.ks), weights=CENTROID_WEIGHTS)
+        info["validation"] = {str(a): {f"P@{k}": round(v, 2)
+                                       for k, v in row.items()}
+                              for a, row in table.items()}
+        best = table[weight]
+        logging.info("label centroids: weight %s (validation P@%d %.2f; %.2f "
+                     "at weight 0)", weight, min(best), best[min(best)],
+                     table[0.0][min(best)])
+    info["weight"] = float(weight)
+    seconds = time.time() - start
+    info["seconds"] = round(seconds, 2)
+    if not weight:
+        return model, info, seconds
+    return (fuse_scores(model, layer, float(weight), name="centroid_fused",
+                        weight_name="centroid_weight"), info, seconds)
+
+
 def finalize(config, wd: Workdir, head, model, fit_data, val_data,
              sparse_input: bool, norm):
     """The model to evaluate and export: ``model`` fused with the label
-    tree (:func:`attach_label_tree`) behind the feature normalisation
-    ``norm`` (:func:`xmc_tf.job.preprocessing.with_normalization`).
+    tree (:func:`attach_label_tree`) and the label centroids
+    (:func:`attach_centroids`), behind the feature normalisation ``norm``
+    (:func:`xmc_tf.job.preprocessing.with_normalization`).
 
     Returns:
-      ``(exported_model, tree_info, tree_seconds)``.
+      ``(exported_model, info, seconds)``: ``info`` holds ``"label_tree"``
+      and ``"centroids"`` (each when on) for ``metrics.json``; ``seconds``
+      is their fit and weight choice, for ``train_seconds``.
     """
     scorer, tree_info, tree_seconds = attach_label_tree(
         config, wd, head, model, fit_data, val_data, sparse_input)
-    return xprep.with_normalization(scorer, norm), tree_info, tree_seconds
+    scorer, centroid_info, centroid_seconds = attach_centroids(
+        config, scorer, fit_data, val_data)
+    info = {}
+    if tree_info:
+        info["label_tree"] = tree_info
+    if centroid_info:
+        info["centroids"] = centroid_info
+    return (xprep.with_normalization(scorer, norm), info,
+            tree_seconds + centroid_seconds)

@@ -33,7 +33,7 @@ from xmc_tf.samplers.registry import AUTO, auto_bool
 __all__ = ["DataSummary", "summarize", "check_config",
            "check_strategy", "resolve_config", "automatic",
            "automatic_fields", "is_auto", "label_tree_plan", "tree_enabled",
-           "tree_weight"]
+           "tree_weight", "fusion_weight", "centroid_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +51,9 @@ class DataSummary:
       label_nnz: stored labels (positives).
       whole_features: every stored feature value is a whole number >= 0
         (counts or binary; :func:`xmc_tf.data.resolve_normalization`).
+      label_instances_median: the median number of training instances of
+        the labels that have any (0.0 without labels): the tail profile
+        that :func:`centroid_plan` reads.
     """
 
     num_instances: int
@@ -61,6 +64,7 @@ class DataSummary:
     feature_nnz: int
     label_nnz: int
     whole_features: bool
+    label_instances_median: float = 0.0
 
     @property
     def regime(self) -> str:
@@ -77,6 +81,8 @@ def summarize(train: xdata.XCDataset) -> DataSummary:
     features = train.features
     nnz = (int(features.nnz) if train.is_sparse
            else int(np.prod(features.shape)))
+    counts = train.label_counts()
+    counts = counts[counts > 0]
     return DataSummary(
         num_instances=int(train.num_instances),
         num_features=int(train.num_features),
@@ -84,7 +90,9 @@ def summarize(train: xdata.XCDataset) -> DataSummary:
         multi_class=bool(xconfig.is_multi_class(train.labels)),
         feature_nnz=nnz, label_nnz=int(train.labels.nnz),
         whole_features=xdata.resolve_normalization(
-            "auto", features) == "tfidf")
+            "auto", features) == "tfidf",
+        label_instances_median=(float(np.median(counts)) if counts.size
+                                else 0.0))
 
 
 def _is_number(value) -> bool:
@@ -117,6 +125,28 @@ def tree_enabled(value):
     return auto_bool(value, "config.tree.enabled")
 
 
+def fusion_weight(value, field: str):
+    """A fusion weight field (``config.tree.weight``,
+    ``config.centroids.weight``) as a float >= 0, or None (``"auto"``);
+    strings from the command line are read as numbers.
+
+    Raises:
+      ValueError: anything else (the message names ``field``).
+
+    >>> fusion_weight("auto", "w"), fusion_weight("0.3", "w")
+    (None, 0.3)
+    """
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return None
+    try:
+        weight = float(value)
+    except (TypeError, ValueError):
+        weight = float("nan")
+    if isinstance(value, bool) or not weight >= 0:
+        raise ValueError(f"{field}={value!r} must be 'auto' or a number >= 0")
+    return weight
+
+
 def tree_weight(value):
     """``config.tree.weight`` as a float >= 0, or None (``"auto"``); strings
     from the command line are read as numbers.
@@ -127,16 +157,7 @@ def tree_weight(value):
     >>> tree_weight("auto"), tree_weight("0.3"), tree_weight(1)
     (None, 0.3, 1.0)
     """
-    if isinstance(value, str) and value.strip().lower() == AUTO:
-        return None
-    try:
-        weight = float(value)
-    except (TypeError, ValueError):
-        weight = float("nan")
-    if isinstance(value, bool) or not weight >= 0:
-        raise ValueError(f"config.tree.weight={value!r} must be 'auto' or a "
-                         "number >= 0")
-    return weight
+    return fusion_weight(value, "config.tree.weight")
 
 
 def _check_tree(config, head) -> None:
@@ -197,6 +218,79 @@ def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
                        f"{tc.max_labels}")
     return True, (f"sparse input, {num_labels} labels <= "
                   f"config.tree.max_labels={tc.max_labels}")
+
+
+def _check_centroids(config, head) -> None:
+    """Validates ``config.centroids`` (ValueError naming the field)."""
+    cc = config.get("centroids")
+    if cc is None:
+        return
+    enabled = auto_bool(cc.enabled, "config.centroids.enabled")
+    weight = fusion_weight(cc.weight, "config.centroids.weight")
+    _check_int("centroids.connections", cc.connections, 1)
+    _check_nonnegative("centroids.max_median_instances",
+                       cc.max_median_instances)
+    _check_int("centroids.max_entries", cc.max_entries, 0)
+    _check_int("centroids.max_labels", cc.max_labels, 1)
+    if enabled is True and not head.scores_every_label:
+        raise ValueError(f"config.centroids.enabled=True needs a head that "
+                         f"scores every label; head {head.name!r} does not")
+    if (enabled is True and weight is None
+            and not config.data.validation_fraction):
+        raise ValueError("config.centroids.weight='auto' is read on the "
+                         "validation split: set config.data.validation_fraction"
+                         " > 0 or a number for config.centroids.weight")
+
+
+def centroid_plan(config, head, summary: DataSummary,
+                  has_validation: bool) -> tuple[bool, str]:
+    """Whether the run adds nearest-centroid scores to its model
+    (:func:`xmc_tf.job.finalize.attach_centroids`), and why.
+
+    ``config.centroids.enabled="auto"`` turns them on for sparse input, a
+    head that scores every label, a validation split to read their weight
+    on, and few-shot training labels: the median label has at most
+    ``config.centroids.max_median_instances`` training instances (there a
+    label's centroid is its instances, which the network's head learns
+    slowly; measured in docs/notes/tail.md), for at most
+    ``config.centroids.max_labels`` labels (choosing the weight ranks every
+    label of up to 8,192 validation instances per candidate weight) and
+    while the PIFA aggregate (about ``label_nnz x`` stored features per
+    instance entries) stays under ``config.centroids.max_entries``.
+
+    Returns:
+      ``(enabled, reason)``; ``reason`` is one line for the log.
+    """
+    cc = config.get("centroids")
+    enabled = (auto_bool(cc.enabled, "config.centroids.enabled")
+               if cc is not None else False)
+    if enabled is False:
+        return False, "config.centroids.enabled=False"
+    if not summary.sparse:
+        return False, "dense input features"
+    if not head.scores_every_label:
+        return False, f"head {head.name!r} does not score every label"
+    if enabled is True:
+        return True, "config.centroids.enabled=True"
+    if not has_validation and fusion_weight(
+            cc.weight, "config.centroids.weight") is None:
+        return False, "no validation split to read their weight on"
+    if summary.num_labels > cc.max_labels:
+        return False, (f"{summary.num_labels} labels > "
+                       f"config.centroids.max_labels={cc.max_labels}")
+    median = summary.label_instances_median
+    if median > cc.max_median_instances:
+        return False, (f"the median label has {median:g} training instances "
+                       f"> config.centroids.max_median_instances="
+                       f"{cc.max_median_instances}")
+    entries = summary.label_nnz * (summary.feature_nnz
+                                   / max(summary.num_instances, 1))
+    if entries > cc.max_entries:
+        return False, (f"the label aggregate would hold ~{entries:.3g} "
+                       f"entries > config.centroids.max_entries="
+                       f"{cc.max_entries}")
+    return True, (f"sparse input, the median label has {median:g} training "
+                  f"instances <= {cc.max_median_instances}")
 
 
 def check_config(config) -> xheads.Head:
@@ -261,6 +355,7 @@ def _check_resolved(config) -> xheads.Head:
         if tc.min_delta is not None:
             _check_nonnegative("train.min_delta", tc.min_delta)
         _check_tree(config, head)
+        _check_centroids(config, head)
         frac = config.data.validation_fraction
         if not 0.0 <= frac < 1.0:
             raise ValueError(f"config.data.validation_fraction={frac!r} must "
@@ -397,6 +492,11 @@ def _lsh_k(config, summary, head, has_validation):
 def _tree_enabled(config, summary, head, has_validation):
     return label_tree_plan(config, head, summary.num_labels, summary.sparse,
                            has_validation, summary.multi_class)
+
+
+@automatic("centroids.enabled")
+def _centroids_enabled(config, summary, head, has_validation):
+    return centroid_plan(config, head, summary, has_validation)
 
 
 def _resolve_regime(config, summary) -> tuple:

@@ -206,7 +206,7 @@ class Run:
             logging.info("released the optimizer state (%.2f GiB) before "
                          "evaluation and export", released / 2**30)
         _return_free_memory("training is over")
-        exported, tree_info, tree_seconds = xfinalize.finalize(
+        exported, finalize_info, finalize_seconds = xfinalize.finalize(
             self.config, self.wd, self.head, self.model, self.fit_data,
             self.val_data, self.summary.sparse, self.norm)
         test, config = self.data.test, self.config
@@ -219,13 +219,12 @@ class Run:
             extra.update(strategy=self.cluster.kind,
                          num_workers=self.cluster.num_workers,
                          num_replicas=self.cluster.num_replicas)
-        if tree_info:
-            extra["label_tree"] = tree_info
+        extra.update(finalize_info)  # the label tree, the centroids
         results = xreport.run_report(
             config, self.summary, test.num_instances if test else 0,
             self.model, metrics=metrics,
-            # the label tree's fit and weight choice included
-            train_seconds=self.checkpointer.train_seconds + tree_seconds,
+            # the label tree's and the centroids' fit and weight included
+            train_seconds=self.checkpointer.train_seconds + finalize_seconds,
             epochs=len(self.checkpointer.history),
             head_bytes=xreport.layer_bytes(self.layer),
             regime=self.regime, **extra)

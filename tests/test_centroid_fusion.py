@@ -1,0 +1,183 @@
+"""The labels' nearest-centroid scores in the job (``config.centroids``,
+:func:`xmc_tf.job.plan.centroid_plan`,
+:func:`xmc_tf.job.finalize.attach_centroids`): when "auto" turns them on,
+the weight read on validation against a brute-force choice, the exported
+model against deep + weight * centroids recomputed from its layers, and
+the config checks."""
+
+import dataclasses
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from xmc_tf import config as xconfig
+from xmc_tf import data as xdata
+from xmc_tf.errors import ConfigError
+from xmc_tf.job import artifacts
+from xmc_tf.job import plan as xplan
+from xmc_tf.job.run import JobData, train_and_evaluate
+from xmc_tf.layers import UniformSparseDense
+
+
+def _few_shot(n_labels=60, per_label=3, d=300, seed=0):
+    """Multi-class data with `per_label` training instances per class: each
+    class owns 4 features, an instance shows 2-3 of them plus 2 noise
+    features (the centroid is informative, the network sees each class
+    only a few times)."""
+    rng = np.random.default_rng(seed)
+    owner = rng.permutation(d)[:4 * n_labels].reshape(n_labels, 4)
+    rows, cols, vals, labels = [], [], [], []
+    for i in range(n_labels * per_label):
+        c = i % n_labels
+        feats = np.concatenate([rng.choice(owner[c], rng.integers(2, 4),
+                                           replace=False),
+                                rng.choice(d, 2, replace=False)])
+        feats = np.unique(feats)
+        rows += [i] * feats.size
+        cols += feats.tolist()
+        vals += [1.0] * feats.size
+        labels.append(c)
+    n = len(labels)
+    x = sp.csr_matrix((np.float32(vals), (rows, cols)), shape=(n, d))
+    y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), labels)),
+                      shape=(n, n_labels))
+    order = rng.permutation(n)
+    return xdata.XCDataset(x[order], y[order])
+
+
+def _config(**overrides):
+    c = xconfig.get_config("scent")
+    c.model.encoder_dims = (16,)
+    c.train.epochs = 2
+    c.train.batch_size = 32
+    c.train.verbose = 0
+    c.data.validation_fraction = 0.25
+    c.seed = 0
+    for k, v in overrides.items():
+        node = c
+        *parents, name = k.split(".")
+        for p in parents:
+            node = node[p]
+        node[name] = v
+    return c
+
+
+def _summary(train, **changes):
+    return dataclasses.replace(xplan.summarize(train), **changes)
+
+
+def test_plan_reads_the_labels_frequency_profile():
+    train = _few_shot()
+    summary = xplan.summarize(train)
+    assert summary.label_instances_median == 3.0
+    c = _config()
+    head = xplan.check_config(c)
+    assert xplan.centroid_plan(c, head, summary, True)[0]
+    # off: many instances per label, dense input, no validation, too many
+    # labels or entries, MACH (no full scores), or set off
+    assert not xplan.centroid_plan(
+        c, head, _summary(train, label_instances_median=40.0), True)[0]
+    assert not xplan.centroid_plan(c, head, _summary(train, sparse=False),
+                                   True)[0]
+    assert not xplan.centroid_plan(c, head, summary, False)[0]
+    assert not xplan.centroid_plan(
+        c, head, _summary(train, num_labels=10**6), True)[0]
+    assert not xplan.centroid_plan(
+        c, head, _summary(train, label_nnz=10**9), True)[0]
+    mach = xconfig.get_config("mach")
+    assert not xplan.centroid_plan(mach, xplan.check_config(mach), summary,
+                                   True)[0]
+    off = _config(**{"centroids.enabled": "False"})
+    assert not xplan.centroid_plan(off, xplan.check_config(off), summary,
+                                   True)[0]
+    # a fixed weight needs no validation split
+    fixed = _config(**{"centroids.weight": "2"})
+    assert xplan.centroid_plan(fixed, xplan.check_config(fixed), summary,
+                               False)[0]
+    run, regime = xplan.resolve_config(c, train)
+    assert run.centroids.enabled is True
+    run, _ = xplan.resolve_config(xconfig.get_config("uniform_sparse"),
+                                  xdata.load_dataset("bibtex:train"))
+    assert run.centroids.enabled is False  # Bibtex: tens per label
+
+
+def test_config_checks_name_the_field():
+    for key, bad in (("centroids.enabled", "yes"),
+                     ("centroids.weight", -1.0),
+                     ("centroids.connections", 0),
+                     ("centroids.max_labels", 0)):
+        with pytest.raises(ConfigError, match=key):
+            xplan.check_config(_config(**{key: bad}))
+    mach = xconfig.get_config("mach")
+    mach.centroids.enabled = True
+    with pytest.raises(ConfigError, match="scores every label"):
+        xplan.check_config(mach)
+    with pytest.raises(ConfigError, match="validation"):
+        xplan.check_config(_config(**{"centroids.enabled": True,
+                                      "data.validation_fraction": 0.0}))
+
+
+def _fused_parts(model):
+    """(normalisation, deep model, centroid layer, weight) of an exported
+    model fused with the centroids."""
+    fused = [l for l in model.layers if isinstance(l, keras.Model)
+             and l.name == "centroid_fused"]
+    assert len(fused) == 1, [l.name for l in model.layers]
+    fused = fused[0]
+    deep = fused.get_layer("deep")
+    layer = fused.get_layer("label_centroids")
+    weight = fused.get_layer("centroid_weight").scale
+    return deep, layer, float(weight)
+
+
+def test_job_fuses_the_centroids_with_the_weight_read_on_validation(tmp_path):
+    train = _few_shot()
+    test = _few_shot(seed=1)
+    wd = str(tmp_path / "run")
+    result = train_and_evaluate(_config(), wd, data=JobData(train, test))
+    info = result["centroids"]
+    table = info["validation"]
+    best = max(table, key=lambda a: (np.mean(list(table[a].values())),
+                                     -float(a)))
+    assert info["weight"] == float(best) > 0
+    assert info["connections"] == 32
+    saved = json.load(open(os.path.join(wd, "metrics.json")))
+    assert saved["config"]["centroids"]["enabled"] is True
+    # The exported model: deep(x) + weight * centroids(x) on the
+    # normalised features, the centroid layer frozen.
+    model = artifacts.load_model(wd)
+    deep, layer, weight = _fused_parts(model)
+    assert isinstance(layer, UniformSparseDense) and not layer.trainable
+    assert weight == info["weight"]
+    x = test.features[:20]
+    norm = model.layers[1]
+    batch = next(iter(xdata.make_tf_dataset(
+        xdata.XCDataset(x, test.labels[:20]), 20)))[0]
+    normed = norm(batch)
+    want = deep(normed).numpy() + weight * layer(normed).numpy()
+    np.testing.assert_allclose(model(batch).numpy(), want, rtol=1e-5,
+                               atol=1e-5)
+    # With the centroids the test P@1 is not below the weight-0 model's
+    # validation choice would allow: weight 0 was among the candidates.
+    assert table[str(info["weight"])]["P@1"] >= table["0.0"]["P@1"]
+
+
+def test_centroids_off_or_at_weight_zero_export_the_plain_model(tmp_path):
+    train = _few_shot()
+    for name, overrides in (("off", {"centroids.enabled": False}),
+                            ("zero", {"centroids.enabled": True,
+                                      "centroids.weight": 0})):
+        wd = str(tmp_path / name)
+        result = train_and_evaluate(_config(**overrides), wd,
+                                    data=JobData(train))
+        model = artifacts.load_model(wd)
+        assert not any(l.name == "centroid_fused" for l in model.layers)
+        if name == "off":
+            assert "centroids" not in result
+        else:
+            assert result["centroids"]["weight"] == 0.0
+            assert "validation" not in result["centroids"]
