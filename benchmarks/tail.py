@@ -146,7 +146,13 @@ def _child(conn, method, config, overrides, train_path, test_path, args_d):
                        f" {overrides}" if overrides else ""),
                    "epochs": clf.metrics_.get("epochs"),
                    "resolved": {k: clf.metrics_.get("config", {}).get(k)
-                                for k in ("model", "loss")}}
+                                for k in ("model", "loss")},
+                   # what the data chose: the regime's fields and the
+                   # fusion weights read on validation (label tree,
+                   # centroids), as metrics.json records them
+                   "chosen": {k: clf.metrics_.get(k)
+                              for k in ("regime", "label_tree", "centroids")
+                              if k in clf.metrics_}}
         out["peak_rss_bytes"] = _peak_rss()
         conn.send(out)
     except Exception as e:  # pylint: disable=broad-except
