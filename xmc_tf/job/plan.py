@@ -160,6 +160,24 @@ def tree_weight(value):
     return fusion_weight(value, "config.tree.weight")
 
 
+def _check_fused_scorer(section: str, enabled, weight, config, head) -> None:
+    """The checks shared by the scorers fused after training
+    (``config.tree``, ``config.centroids``): switched on, the head must
+    score every label, and an automatic weight needs a validation split.
+
+    Raises:
+      ValueError: naming ``config.<section>``'s field.
+    """
+    if enabled is True and not head.scores_every_label:
+        raise ValueError(f"config.{section}.enabled=True needs a head that "
+                         f"scores every label; head {head.name!r} does not")
+    if (enabled is True and weight is None
+            and not config.data.validation_fraction):
+        raise ValueError(f"config.{section}.weight='auto' is read on the "
+                         "validation split: set config.data.validation_fraction"
+                         f" > 0 or a number for config.{section}.weight")
+
+
 def _check_tree(config, head) -> None:
     """Validates ``config.tree`` (ValueError naming the field)."""
     tc = config.get("tree")
@@ -173,14 +191,7 @@ def _check_tree(config, head) -> None:
             raise ValueError(f"config.tree.{name}={tc[name]!r} must be a "
                              "number > 0")
     _check_nonnegative("tree.threshold", tc.threshold)
-    if enabled is True and not head.scores_every_label:
-        raise ValueError(f"config.tree.enabled=True needs a head that scores "
-                         f"every label; head {head.name!r} does not")
-    if (enabled is True and weight is None
-            and not config.data.validation_fraction):
-        raise ValueError("config.tree.weight='auto' is read on the validation "
-                         "split: set config.data.validation_fraction > 0 or a "
-                         "number for config.tree.weight")
+    _check_fused_scorer("tree", enabled, weight, config, head)
 
 
 def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
@@ -232,14 +243,7 @@ def _check_centroids(config, head) -> None:
                        cc.max_median_instances)
     _check_int("centroids.max_entries", cc.max_entries, 0)
     _check_int("centroids.max_labels", cc.max_labels, 1)
-    if enabled is True and not head.scores_every_label:
-        raise ValueError(f"config.centroids.enabled=True needs a head that "
-                         f"scores every label; head {head.name!r} does not")
-    if (enabled is True and weight is None
-            and not config.data.validation_fraction):
-        raise ValueError("config.centroids.weight='auto' is read on the "
-                         "validation split: set config.data.validation_fraction"
-                         " > 0 or a number for config.centroids.weight")
+    _check_fused_scorer("centroids", enabled, weight, config, head)
 
 
 def centroid_plan(config, head, summary: DataSummary,
