@@ -109,7 +109,8 @@ def test_config_checks_name_the_field():
     for key, bad in (("centroids.enabled", "yes"),
                      ("centroids.weight", -1.0),
                      ("centroids.connections", 0),
-                     ("centroids.max_labels", 0)):
+                     ("centroids.max_labels", 0),
+                     ("centroids.idf", "sometimes")):
         with pytest.raises(ConfigError, match=key):
             xplan.check_config(_config(**{key: bad}))
     mach = xconfig.get_config("mach")
@@ -122,16 +123,26 @@ def test_config_checks_name_the_field():
 
 
 def _fused_parts(model):
-    """(normalisation, deep model, centroid layer, weight) of an exported
-    model fused with the centroids."""
+    """(deep model, centroid scorer, weight) of an exported model fused
+    with the centroids: the scorer is the ``label_centroids`` layer, or
+    the ``idf_centroids`` model around it."""
     fused = [l for l in model.layers if isinstance(l, keras.Model)
              and l.name == "centroid_fused"]
     assert len(fused) == 1, [l.name for l in model.layers]
     fused = fused[0]
     deep = fused.get_layer("deep")
-    layer = fused.get_layer("label_centroids")
+    names = [l.name for l in fused.layers]
+    scorer = fused.get_layer("idf_centroids" if "idf_centroids" in names
+                             else "label_centroids")
     weight = fused.get_layer("centroid_weight").scale
-    return deep, layer, float(weight)
+    return deep, scorer, float(weight)
+
+
+def _normed_batch(model, features, labels):
+    """(the exported model's input batch, its normalised features)."""
+    batch = next(iter(xdata.make_tf_dataset(
+        xdata.XCDataset(features, labels), features.shape[0])))[0]
+    return batch, model.layers[1](batch)
 
 
 def test_job_fuses_the_centroids_with_the_weight_read_on_validation(tmp_path):
@@ -145,20 +156,26 @@ def test_job_fuses_the_centroids_with_the_weight_read_on_validation(tmp_path):
                                      -float(a)))
     assert info["weight"] == float(best) > 0
     assert info["connections"] == 32
+    # idf="auto": both variants read, the one with the better mean kept.
+    variants = info["variants"]
+    assert set(variants) == {"plain", "idf"}
+    kept = variants["idf" if info["idf"] else "plain"]
+    assert kept["weight"] == info["weight"]
+    assert kept["mean_P@k"] == max(v["mean_P@k"] for v in variants.values())
+    assert kept["mean_P@k"] == round(float(np.mean(list(
+        table[best].values()))), 2)
     saved = json.load(open(os.path.join(wd, "metrics.json")))
     assert saved["config"]["centroids"]["enabled"] is True
     # The exported model: deep(x) + weight * centroids(x) on the
     # normalised features, the centroid layer frozen.
     model = artifacts.load_model(wd)
-    deep, layer, weight = _fused_parts(model)
+    deep, scorer, weight = _fused_parts(model)
+    layer = scorer.get_layer("label_centroids") if info["idf"] else scorer
     assert isinstance(layer, UniformSparseDense) and not layer.trainable
     assert weight == info["weight"]
-    x = test.features[:20]
-    norm = model.layers[1]
-    batch = next(iter(xdata.make_tf_dataset(
-        xdata.XCDataset(x, test.labels[:20]), 20)))[0]
-    normed = norm(batch)
-    want = deep(normed).numpy() + weight * layer(normed).numpy()
+    batch, normed = _normed_batch(model, test.features[:20],
+                                  test.labels[:20])
+    want = deep(normed).numpy() + weight * scorer(normed).numpy()
     np.testing.assert_allclose(model(batch).numpy(), want, rtol=1e-5,
                                atol=1e-5)
     # With the centroids the test P@1 is not below the weight-0 model's
@@ -181,3 +198,50 @@ def test_centroids_off_or_at_weight_zero_export_the_plain_model(tmp_path):
         else:
             assert result["centroids"]["weight"] == 0.0
             assert "validation" not in result["centroids"]
+
+
+def test_idf_centroids_against_numpy(tmp_path):
+    """centroids.idf=True at a fixed weight (no validation split, so the fit
+    split is the whole training set): the exported model is deep(x) +
+    weight * cosine(idf-weighted x, the labels' centroids of the
+    idf-weighted training rows), all recomputed with NumPy/SciPy."""
+    train = _few_shot()
+    test = _few_shot(seed=1)
+    wd = str(tmp_path / "idf")
+    result = train_and_evaluate(
+        _config(**{"centroids.enabled": True, "centroids.weight": 1.5,
+                   "centroids.idf": True, "data.validation_fraction": 0.0}),
+        wd, data=JobData(train))
+    info = result["centroids"]
+    assert info["idf"] is True and info["weight"] == 1.5
+    assert "variants" not in info and "validation" not in info
+    model = artifacts.load_model(wd)
+    deep, scorer, weight = _fused_parts(model)
+    assert scorer.name == "idf_centroids" and weight == 1.5
+    norm = model.layers[1]  # the job's own normalisation (the config's)
+    model_idf = norm.idf.numpy() if norm.method == "tfidf" else None
+    fit, _ = xdata.normalize_features(train.features, norm.method)
+    weighted, idf = xdata.normalize_features(fit, "tfidf")
+    centroids = (sp.csr_matrix(train.labels).T @ weighted).toarray()
+    # Each class has at most 10 features here: no truncation at 32.
+    assert (centroids != 0).sum(axis=1).max() <= 32
+    centroids /= np.maximum(np.linalg.norm(centroids, axis=1,
+                                           keepdims=True), 1e-12)
+    x = test.features[:25]
+    query, _ = xdata.normalize_features(
+        xdata.normalize_features(x, norm.method, model_idf)[0], "tfidf", idf)
+    batch, normed = _normed_batch(model, x, test.labels[:25])
+    want = deep(normed).numpy() + 1.5 * (query @ centroids.T)
+    np.testing.assert_allclose(model(batch).numpy(), want, rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_fixed_weight_with_idf_auto_keeps_the_plain_centroids(tmp_path):
+    train = _few_shot()
+    wd = str(tmp_path / "fixed")
+    result = train_and_evaluate(
+        _config(**{"centroids.enabled": True, "centroids.weight": 2.0}), wd,
+        data=JobData(train))
+    assert result["centroids"]["idf"] is False
+    _, scorer, weight = _fused_parts(artifacts.load_model(wd))
+    assert isinstance(scorer, UniformSparseDense) and weight == 2.0

@@ -162,6 +162,12 @@ def _base() -> dict:
             # "auto": the weight of CENTROID_WEIGHTS (0 included) with the
             # best mean validation P@k over eval.ks; or a number >= 0
             weight="auto",
+            # centroids of the rows weighted by the training set's idf once
+            # more (FeatureNormalization("tfidf") before the centroid
+            # layer): "auto" builds both and keeps the one with the better
+            # validation P@k (the plain one without a validation split or
+            # at a fixed weight); or a bool
+            idf="auto",
         )),
         eval=dict(
             ks=(1, 3, 5),  # P@k, nDCG@k, PSP@k, R@k

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 
+import keras
 import numpy as np
 from absl import logging
 
@@ -28,7 +29,7 @@ from xmc_tf.job import tree as xlabel_tree
 from xmc_tf.job import preprocessing as xprep
 from xmc_tf.job.inputs import subset
 from xmc_tf.job.plan import fusion_weight, label_tree_plan, tree_weight
-from xmc_tf.layers import label_centroids
+from xmc_tf.layers import FeatureNormalization, label_centroids
 from xmc_tf.layers.label_tree import (LabelTreeScores, fuse_scores,
                                       fuse_with_tree)
 from xmc_tf.job.workdir import Workdir
@@ -182,6 +183,28 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
     return fuse_with_tree(model, layer, float(weight)), info, seconds
 
 
+def _centroid_scorer(fit_data, fan_in: int, seed, idf: bool):
+    """The labels' centroid scorer of the normalised features: the
+    :func:`xmc_tf.layers.label_centroids` layer (named
+    ``"label_centroids"``) of the fit split's rows, or with ``idf`` a model
+    ``"idf_centroids"`` whose :class:`~xmc_tf.layers.FeatureNormalization`
+    ``"tfidf"`` (the fit split's idf, :func:`xmc_tf.data.normalize_features`)
+    weights each row by the idf and renormalises it before that layer, built
+    on the rows weighted the same way."""
+    if not idf:
+        return label_centroids(fit_data.features, fit_data.labels, fan_in,
+                               seed=seed, name="label_centroids")
+    weighted, idf_values = xdata.normalize_features(fit_data.features,
+                                                    "tfidf")
+    layer = label_centroids(weighted, fit_data.labels, fan_in, seed=seed,
+                            name="label_centroids")
+    inputs = keras.Input(shape=(fit_data.num_features,), sparse=True,
+                         name="features")
+    norm = FeatureNormalization(fit_data.num_features, "tfidf",
+                                idf=idf_values, name="centroid_idf")
+    return keras.Model(inputs, layer(norm(inputs)), name="idf_centroids")
+
+
 def attach_centroids(config, model, fit_data, val_data):
     """Adds the labels' nearest-centroid scores to ``model``'s when
     ``config.centroids.enabled`` (resolved by the plan:
@@ -190,17 +213,27 @@ def attach_centroids(config, model, fit_data, val_data):
     The centroids are the labels' PIFA rows of the (normalised) fit split,
     ``config.centroids.connections`` features each
     (:func:`xmc_tf.layers.label_centroids`, seed ``config.seed``: the same
-    layer on a resume); their weight is ``config.centroids.weight`` or
-    (``"auto"``) the one of :data:`CENTROID_WEIGHTS` whose fused scores
-    give the best mean validation P@k over ``config.eval.ks`` on at most
+    layer on a resume), of the rows as they are or, with
+    ``config.centroids.idf``, of the rows weighted by the fit split's idf
+    once more (the scorer then weights its input the same way): this
+    favours the rare features a few-shot label is recognised by, which
+    helps on some data sets and not on others (docs/notes/tail.md), so
+    ``"auto"`` builds both.  The weight is ``config.centroids.weight`` or
+    (``"auto"``) the one of :data:`CENTROID_WEIGHTS` whose fused scores give
+    the best mean validation P@k over ``config.eval.ks`` on at most
     :data:`CENTROID_VALIDATION_ROWS` validation instances
-    (:func:`xmc_tf.job.tree.choose_fusion_weight`).
+    (:func:`xmc_tf.job.tree.choose_fusion_weight`); with ``idf="auto"``
+    the variant with the better best mean is kept (ties: the plain one),
+    and at a fixed weight the plain one.
 
     Returns:
       ``(model_to_export, info, seconds)``: ``model`` itself when off or
       at weight 0, else :func:`xmc_tf.layers.fuse_scores` of it (named
       ``"centroid_fused"``); ``info`` for ``metrics.json`` (``{}`` when
-      off); ``seconds`` spent, for ``train_seconds``.
+      off; ``"idf"``: the variant kept, ``"validation"``: its table of
+      validation P@k per weight, ``"variants"``: each variant's best weight
+      and mean P@k when both were read); ``seconds`` spent, for
+      ``train_seconds``.
     """
     cc = config.get("centroids")
     if cc is None or auto_bool(cc.enabled,
@@ -208,30 +241,48 @@ def attach_centroids(config, model, fit_data, val_data):
         return model, {}, 0.0
     start = time.time()
     fan_in = min(int(cc.connections), fit_data.num_features)
-    layer = label_centroids(fit_data.features, fit_data.labels, fan_in,
-                            seed=config.seed, name="label_centroids")
     info = {"connections": fan_in,
             "bytes": 8 * fit_data.num_labels * fan_in}
     weight = fusion_weight(cc.weight, "config.centroids.weight")
+    idf = auto_bool(cc.get("idf", "auto"), "config.centroids.idf")
+    if idf is None:
+        variants = (False, True) if weight is None else (False,)
+    else:
+        variants = (idf,)
     if weight is None:
-        weight, table = xlabel_tree.choose_fusion_weight(
-            tree_validation_blocks(model, layer, val_data,
-                                   config.eval.batch_size,
-                                   max_rows=CENTROID_VALIDATION_ROWS),
-            ks=tuple(config.eval.ks), weights=CENTROID_WEIGHTS)
+        best = None
+        info["variants"] = {}
+        for variant in variants:
+            scorer = _centroid_scorer(fit_data, fan_in, config.seed, variant)
+            chosen, table = xlabel_tree.choose_fusion_weight(
+                tree_validation_blocks(model, scorer, val_data,
+                                       config.eval.batch_size,
+                                       max_rows=CENTROID_VALIDATION_ROWS),
+                ks=tuple(config.eval.ks), weights=CENTROID_WEIGHTS)
+            mean = float(np.mean(list(table[chosen].values())))
+            info["variants"]["idf" if variant else "plain"] = {
+                "weight": float(chosen), "mean_P@k": round(mean, 2)}
+            if best is None or mean > best[0]:
+                best = (mean, variant, chosen, table, scorer)
+        _, idf, weight, table, scorer = best
         info["validation"] = {str(a): {f"P@{k}": round(v, 2)
                                        for k, v in row.items()}
                               for a, row in table.items()}
-        best = table[weight]
-        logging.info("label centroids: weight %s (validation P@%d %.2f; %.2f "
-                     "at weight 0)", weight, min(best), best[min(best)],
-                     table[0.0][min(best)])
+        top = table[weight]
+        logging.info("label centroids%s: weight %s (validation P@%d %.2f; "
+                     "%.2f at weight 0)", " of idf-weighted rows" if idf
+                     else "", weight, min(top), top[min(top)],
+                     table[0.0][min(top)])
+    else:
+        idf = variants[0]
+        scorer = _centroid_scorer(fit_data, fan_in, config.seed, idf)
+    info["idf"] = bool(idf)
     info["weight"] = float(weight)
     seconds = time.time() - start
     info["seconds"] = round(seconds, 2)
     if not weight:
         return model, info, seconds
-    return (fuse_scores(model, layer, float(weight), name="centroid_fused",
+    return (fuse_scores(model, scorer, float(weight), name="centroid_fused",
                         weight_name="centroid_weight"), info, seconds)
 
 

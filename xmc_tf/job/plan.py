@@ -238,6 +238,7 @@ def _check_centroids(config, head) -> None:
         return
     enabled = auto_bool(cc.enabled, "config.centroids.enabled")
     weight = fusion_weight(cc.weight, "config.centroids.weight")
+    auto_bool(cc.get("idf", "auto"), "config.centroids.idf")
     _check_int("centroids.connections", cc.connections, 1)
     _check_nonnegative("centroids.max_median_instances",
                        cc.max_median_instances)
