@@ -19,6 +19,7 @@ from xmc_tf import data as xdata
 from xmc_tf.errors import ConfigError
 from xmc_tf.job import artifacts
 from xmc_tf.job import plan as xplan
+from xmc_tf.job.classifier import load_config
 from xmc_tf.job.run import JobData, train_and_evaluate
 from xmc_tf.layers import UniformSparseDense
 
@@ -50,20 +51,13 @@ def _few_shot(n_labels=60, per_label=3, d=300, seed=0):
 
 
 def _config(**overrides):
-    c = xconfig.get_config("scent")
-    c.model.encoder_dims = (16,)
-    c.train.epochs = 2
-    c.train.batch_size = 32
-    c.train.verbose = 0
-    c.data.validation_fraction = 0.25
-    c.seed = 0
-    for k, v in overrides.items():
-        node = c
-        *parents, name = k.split(".")
-        for p in parents:
-            node = node[p]
-        node[name] = v
-    return c
+    """The scent config, small, with dotted-field ``overrides`` applied by
+    the job's own :func:`xmc_tf.job.classifier.load_config`."""
+    return load_config("scent", {"model.encoder_dims": (16,),
+                                 "train.epochs": 2, "train.batch_size": 32,
+                                 "train.verbose": 0,
+                                 "data.validation_fraction": 0.25, "seed": 0,
+                                 **overrides})
 
 
 def _summary(train, **changes):
