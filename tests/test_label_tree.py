@@ -99,6 +99,71 @@ def test_classifiers_match_linearsvc_on_the_nodes_instances():
                                rtol=1e-5, atol=1e-6)
 
 
+def _multi_class_data(n=600, d=80, m=40, seed=1):
+    """One label per instance (labels m-2, m-1 have none); each label owns
+    two features, plus noise features."""
+    rng = np.random.default_rng(seed)
+    owner = rng.permutation(d)[:2 * m].reshape(m, 2)
+    labels = rng.integers(0, m - 2, n)
+    x = np.zeros((n, d), np.float32)
+    for i, label in enumerate(labels):
+        x[i, owner[label]] = rng.random(2) + 0.5
+        x[i, rng.choice(d, 5)] += rng.random(5)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), labels)),
+                      shape=(n, m))
+    return sp.csr_matrix(x), y, labels
+
+
+def test_multi_class_tree_solves_the_per_label_problems():
+    """On one label per instance the fit takes a leaf's labels in one
+    one-vs-rest call and an internal node's second child as the negated
+    first; each column must still be LinearSVC's solution of that
+    column's own problem, fit directly."""
+    from sklearn.svm import LinearSVC
+    x, y, labels = _multi_class_data()
+    tree = lt.fit_label_tree(x, y, leaf_size=6, threshold=0.0, tol=1e-6)
+    w = tree.weights.toarray()
+    m, ncols = y.shape[1], tree.num_columns
+    depth = (tree.paths < ncols).sum(1)
+    assert len(set(tree.paths[np.arange(m), depth - 1].tolist())) == m
+
+    def reaches(label):
+        """Instances under every internal node of ``label``'s path."""
+        keep = np.ones(x.shape[0], bool)
+        for d in range(depth[label] - 1):
+            under = np.flatnonzero(tree.paths[:, d] == tree.paths[label, d])
+            keep &= np.isin(labels, under)
+        return keep
+
+    def svc(rows, target):
+        return LinearSVC(C=1.0, loss="squared_hinge", dual=True, tol=1e-6,
+                         fit_intercept=False, random_state=0,
+                         max_iter=10_000).fit(x[rows], target).coef_.ravel()
+
+    for label in (0, 7, 20, 37):
+        rows = reaches(label)
+        target = (labels[rows] == label).astype(int)
+        if target.min() == target.max():
+            continue
+        np.testing.assert_allclose(w[:, tree.paths[label, depth[label] - 1]],
+                                   svc(rows, target), atol=2e-4)
+    # the root's two children: one problem, the second column its negation
+    first = tree.paths[:, 0] == tree.paths[0, 0]
+    target = np.isin(labels, np.flatnonzero(first)).astype(int)
+    want = svc(np.ones(x.shape[0], bool), target)
+    np.testing.assert_allclose(w[:, tree.paths[0, 0]], want, atol=2e-4)
+    other = tree.paths[~first][0, 0]
+    np.testing.assert_allclose(w[:, other], -want, atol=2e-4)
+    # labels without instances: all-negative classifiers (bias -1, w 0)
+    for label in (m - 2, m - 1):
+        col = tree.paths[label, depth[label] - 1]
+        assert tree.bias[col] == -1.0 and not w[:, col].any()
+    # and the tree ranks the planted labels
+    top = tree.log_scores(x).argmax(1)
+    assert (top == labels).mean() > 0.9
+
+
 def test_log_scores_match_a_loop_over_paths_and_rank_the_labels():
     x, y = _data()
     tree = lt.fit_label_tree(x, y, leaf_size=4)
@@ -291,7 +356,8 @@ def test_tree_off_exports_the_plain_model(tmp_path):
 def test_tree_config_checks_and_plan():
     for key, bad in (("tree.enabled", "yes"), ("tree.weight", -1.0),
                      ("tree.leaf_size", 1), ("tree.c", 0),
-                     ("tree.threshold", -0.5), ("tree.max_labels", 0)):
+                     ("tree.threshold", -0.5), ("tree.max_labels", 0),
+                     ("tree.max_classes", -1)):
         with pytest.raises(ConfigError, match=key):
             check_config(_config(**{key: bad}))
     mach = xconfig.get_config("mach")
@@ -307,7 +373,13 @@ def test_tree_config_checks_and_plan():
     assert not label_tree_plan(c, head, 24, False, True)[0]  # dense input
     assert not label_tree_plan(c, head, 24, True, False)[0]  # no validation
     assert not label_tree_plan(c, head, 10**6, True, True)[0]  # > max_labels
-    assert not label_tree_plan(c, head, 24, True, True, True)[0]  # multi-class
+    # multi-class: on up to max_classes (one solve per leaf), which is
+    # checked apart from max_labels
+    assert label_tree_plan(c, head, 200_000, True, True, True)[0]
+    assert not label_tree_plan(c, head, 200_000, True, True)[0]
+    assert not label_tree_plan(c, head, 10**6, True, True, True)[0]
+    c.tree.max_classes = 0
+    assert not label_tree_plan(c, head, 24, True, True, True)[0]
     assert not label_tree_plan(mach, check_config(xconfig.get_config("mach")),
                                24, True, True)[0]
     # the command line gives these string fields strings

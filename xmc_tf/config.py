@@ -133,11 +133,12 @@ def _base() -> dict:
         # (xmc_tf.job.tree, Parabel), fit after training on the fit split
         # and added to the model's scores as deep + weight * tree.
         tree=ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
-            # "auto": on for sparse multi-label input with a validation
-            # split and a head that scores every label, up to max_labels
-            # labels (off on multi-class data); or a bool
+            # "auto": on for sparse input with a validation split and a
+            # head that scores every label, up to max_labels labels
+            # (multi-label data) or max_classes (multi-class); or a bool
             enabled="auto",
             max_labels=100_000,  # "auto" stays off above (time, memory)
+            max_classes=262_144,  # multi-class: one solve per leaf
             # "auto": the weight of FUSION_WEIGHTS (0 included) with the best
             # mean validation P@k over eval.ks; or a number >= 0
             weight="auto",

@@ -37,6 +37,7 @@ from xmc_tf.samplers.registry import auto_bool
 from xmc_tf.files import atomic_path
 
 __all__ = ["LABEL_TREE_FILE", "CENTROID_WEIGHTS", "CENTROID_VALIDATION_ROWS",
+           "MULTI_CLASS_TREE_WEIGHTS", "TREE_VALIDATION_ROWS",
            "tree_validation_blocks", "attach_label_tree", "attach_centroids",
            "finalize"]
 
@@ -48,6 +49,16 @@ CENTROID_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 #: At most this many validation instances are scored to choose the
 #: centroids' weight (each weight ranks all labels of every instance).
 CENTROID_VALIDATION_ROWS = 8192
+
+#: The weights of the label tree's log-scores that :func:`attach_label_tree`
+#: tries on multi-class data (0: the model alone): there the network's
+#: scores are softmax logits, whose spread is tens of units, where on
+#: multi-label data they are sigmoid logits or margins
+#: (:data:`xmc_tf.job.tree.FUSION_WEIGHTS`).
+MULTI_CLASS_TREE_WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+#: At most this many validation instances are scored to choose the tree's
+#: weight (the tree scores every label of every instance).
+TREE_VALIDATION_ROWS = 8192
 
 #: The fitted tree, kept in the backup directory until the export is done.
 LABEL_TREE_FILE = "label_tree.npz"
@@ -111,17 +122,24 @@ def _fit_tree(config, path: str, fit_data):
     return tree, fit_seconds
 
 
-def _fusion_weight(config, model, layer, val_data, info: dict) -> float:
+def _fusion_weight(config, model, layer, val_data, info: dict,
+                   multi_class: bool) -> float:
     """``config.tree.weight``, or (``"auto"``) the weight whose fused
-    scores give the best validation P@k
-    (:func:`xmc_tf.job.tree.choose_fusion_weight`), its table recorded
-    in ``info["validation"]``."""
+    scores give the best validation P@k on at most
+    :data:`TREE_VALIDATION_ROWS` instances
+    (:func:`xmc_tf.job.tree.choose_fusion_weight`; candidates
+    :data:`MULTI_CLASS_TREE_WEIGHTS` on multi-class data, else
+    :data:`xmc_tf.job.tree.FUSION_WEIGHTS`), its table recorded in
+    ``info["validation"]``."""
     weight = tree_weight(config.tree.weight)
     if weight is not None:
         return weight
     weight, table = xlabel_tree.choose_fusion_weight(
-        tree_validation_blocks(model, layer, val_data, config.eval.batch_size),
-        ks=tuple(config.eval.ks))
+        tree_validation_blocks(model, layer, val_data, config.eval.batch_size,
+                               max_rows=TREE_VALIDATION_ROWS),
+        ks=tuple(config.eval.ks),
+        weights=(MULTI_CLASS_TREE_WEIGHTS if multi_class
+                 else xlabel_tree.FUSION_WEIGHTS))
     info["validation"] = {str(a): {f"P@{k}": round(v, 2)
                                    for k, v in row.items()}
                           for a, row in table.items()}
@@ -153,9 +171,10 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
       also after a reload); ``seconds``: the fit's plus this call's weight
       choice, for ``train_seconds``.
     """
+    multi_class = xconfig.is_multi_class(fit_data.labels)
     enabled, why = label_tree_plan(
         config, head, fit_data.num_labels, sparse_input, val_data is not None,
-        xconfig.is_multi_class(fit_data.labels))
+        multi_class)
     if enabled and val_data is None and tree_weight(config.tree.weight) is None:
         enabled, why = False, ("config.tree.weight='auto' and the validation "
                                "split is empty")
@@ -172,7 +191,8 @@ def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
             "depth": int(tree.paths.shape[1]),
             "bytes": xlabel_tree.label_tree_bytes(tree),
             "fit_seconds": round(fit_seconds, 2)}
-    weight = _fusion_weight(config, model, layer, val_data, info)
+    weight = _fusion_weight(config, model, layer, val_data, info,
+                            multi_class)
     info["weight"] = float(weight)
     logging.info("label tree: %d classifiers, %d weights (%.1f MiB), depth "
                  "%d, %.1f s", info["columns"], info["weights"],

@@ -186,6 +186,7 @@ def _check_tree(config, head) -> None:
     enabled, weight = tree_enabled(tc.enabled), tree_weight(tc.weight)
     _check_int("tree.leaf_size", tc.leaf_size, 2)
     _check_int("tree.max_labels", tc.max_labels, 1)
+    _check_int("tree.max_classes", tc.get("max_classes", 0), 0)
     for name in ("c", "tol"):
         if not (_is_number(tc[name]) and tc[name] > 0):
             raise ValueError(f"config.tree.{name}={tc[name]!r} must be a "
@@ -200,11 +201,11 @@ def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
     """Whether the run fits a label tree (:mod:`xmc_tf.job.tree`), and why.
 
     ``config.tree.enabled="auto"`` turns it on for sparse input, a head that
-    scores every label, a validation split to read its weight on,
-    multi-label training data and at most ``config.tree.max_labels`` labels
-    (time and memory grow with m).  Multi-class data stays off: on the
-    ManNextWord 40k subset (50k classes) the fit had not finished after 8
-    minutes, against 12 s of SCENT training, and no gain was measured there.
+    scores every label and a validation split to read its weight on, up to
+    ``config.tree.max_labels`` labels on multi-label training data (one
+    liblinear solve per label: time grows with m) and
+    ``config.tree.max_classes`` on multi-class data (one solve per leaf:
+    DebDocNextWord's 181k classes in 75 s; docs/notes/tail.md).
 
     Returns:
       ``(enabled, reason)``; ``reason`` is one line for the log.
@@ -222,8 +223,12 @@ def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
     if not has_validation and tree_weight(tc.weight) is None:
         return False, "no validation split to read its weight on"
     if multi_class:
-        return False, ("multi-class training data (config.tree.enabled=True "
-                       "fits it anyway)")
+        limit = tc.get("max_classes", 0)
+        if num_labels > limit:
+            return False, (f"{num_labels} classes > config.tree.max_classes="
+                           f"{limit}")
+        return True, (f"sparse input, {num_labels} classes <= "
+                      f"config.tree.max_classes={limit}")
     if num_labels > tc.max_labels:
         return False, (f"{num_labels} labels > config.tree.max_labels="
                        f"{tc.max_labels}")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -120,6 +121,8 @@ def label_tree_bytes(tree: LabelTree) -> int:
 
 def _fit_column(features, y, c, tol, threshold, seed):
     """One L2 squared-hinge classifier; ``(weights float32 [D], bias)``."""
+    if y.size == 0:  # no instance reaches the node
+        return np.zeros(features.shape[1], np.float32), -1.0
     if y.min() == y.max():  # liblinear needs both classes
         return np.zeros(features.shape[1], np.float32), (1.0 if y[0] else -1.0)
     from sklearn.svm import LinearSVC  # pylint: disable=import-outside-toplevel
@@ -128,6 +131,46 @@ def _fit_column(features, y, c, tol, threshold, seed):
     w = svm.fit(features, y).coef_.ravel().astype(np.float32)
     w[np.abs(w) < threshold] = 0.0
     return w, 0.0
+
+
+def _fit_leaf_multi_class(features, classes, num_labels, c, tol, threshold,
+                          seed):
+    """The classifiers of a leaf's ``num_labels`` labels on multi-class
+    instances (``classes[i]``: instance ``i``'s label, in ``[0,
+    num_labels)``): liblinear's one-vs-rest in one call, which solves the
+    same per-label problems as :func:`_fit_column` would one by one.
+
+    Returns:
+      ``(weights, bias)``: ``scipy.sparse`` CSR float32 ``[num_labels, D]``
+      and float32 ``[num_labels]``.
+    """
+    d = features.shape[1]
+    b = np.full(num_labels, -1.0, np.float32)  # no instance: all negative
+    present = np.unique(classes)
+    if present.size == 0:
+        return sp.csr_matrix((num_labels, d), dtype=np.float32), b
+    if present.size == 1:
+        b[present[0]] = 1.0  # every instance is positive
+        return sp.csr_matrix((num_labels, d), dtype=np.float32), b
+    from sklearn.svm import LinearSVC  # pylint: disable=import-outside-toplevel
+    # Only the features the leaf's instances use can get a weight: solve on
+    # those columns (a leaf's dense coef_ over all D features would cost
+    # more than the solve).
+    features = sp.csr_matrix(features)
+    used = np.unique(features.indices)
+    svm = LinearSVC(C=c, loss="squared_hinge", dual=True, tol=tol,
+                    fit_intercept=False, random_state=seed, max_iter=1000)
+    with warnings.catch_warnings():  # "more classes than 50% of samples"
+        warnings.simplefilter("ignore", UserWarning)
+        coef = svm.fit(features[:, used], classes).coef_.astype(np.float32)
+    if present.size == 2:  # liblinear solves one problem: class 1 vs 0
+        coef = np.vstack([-coef, coef])
+    coef[np.abs(coef) < threshold] = 0.0
+    coef = sp.coo_matrix(coef)
+    rows = np.asarray(svm.classes_)[coef.row]
+    b[svm.classes_] = 0.0
+    return sp.csr_matrix((coef.data, (rows, used[coef.col])),
+                         shape=(num_labels, d), dtype=np.float32), b
 
 
 def _split(pifa, ids, rng, iterations=10):
@@ -192,9 +235,40 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
     start, done = time.time(), [0]
 
     def add(w, b):
-        columns.append(sp.csr_matrix(w[None, :]))
-        bias.append(b)
-        return len(columns) - 1
+        columns.append(sp.csr_matrix(w if w.ndim == 2 else w[None, :],
+                                     dtype=np.float32))
+        bias.extend(np.atleast_1d(b).tolist())
+        return len(bias) - 1
+
+    def report():
+        if progress is not None:
+            progress(f"label tree: {done[0]}/{m} labels, "
+                     f"{time.time() - start:.0f} s")
+
+    def build_multi_class(ids, inst, path):
+        # Every instance has one label: a leaf's labels are one liblinear
+        # call, and an internal node's second child is the negation of the
+        # first (the rows that reach a node are in exactly one child).
+        xs = x[inst]
+        where = np.full(m, -1, np.int64)
+        where[ids] = np.arange(ids.size)
+        cls = where[label_of[inst]]
+        if ids.size <= leaf_size:
+            w, b = _fit_leaf_multi_class(xs, cls, ids.size, c, tol,
+                                         threshold, seed)
+            last = add(w, b)
+            for j, label in enumerate(ids):
+                paths[label] = path + [last - ids.size + 1 + j]
+            done[0] += ids.size
+            report()
+            return
+        left = _split(pifa, ids, rng)
+        has = left[cls]
+        w, b = _fit_column(xs, has.astype(np.int32), c, tol, threshold, seed)
+        w = sp.csr_matrix(w[None, :])
+        col = add(sp.vstack([w, -w]), np.array([b, -b], np.float32))
+        build_multi_class(ids[left], inst[has], path + [col - 1])
+        build_multi_class(ids[~left], inst[~has], path + [col])
 
     def build(ids, inst, path):
         xs = x[inst]
@@ -207,9 +281,7 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
                 col = add(*_fit_column(xs, yj, c, tol, threshold, seed))
                 paths[label] = path + [col]
             done[0] += ids.size
-            if progress is not None:
-                progress(f"label tree: {done[0]}/{m} labels, "
-                         f"{time.time() - start:.0f} s")
+            report()
             return
         left = _split(pifa, ids, rng)
         for part in (left, ~left):
@@ -218,9 +290,14 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
                                    threshold, seed))
             build(ids[part], inst[has], path + [col])
 
-    build(np.arange(m), np.arange(x.shape[0]), [])
+    per_row = np.diff(sp.csr_matrix(y).indptr)
+    if per_row.size and np.all(per_row == 1):
+        label_of = sp.csr_matrix(y).indices.astype(np.int64)
+        build_multi_class(np.arange(m), np.arange(x.shape[0]), [])
+    else:
+        build(np.arange(m), np.arange(x.shape[0]), [])
     depth = max((len(p) for p in paths), default=1)
-    ncols = len(columns)
+    ncols = len(bias)
     padded = np.full((m, max(depth, 1)), ncols, np.int32)
     for label, p in enumerate(paths):
         padded[label, :len(p)] = p
