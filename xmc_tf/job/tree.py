@@ -209,8 +209,11 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
 
     Returns:
       The :class:`LabelTree`; cost about one liblinear solve per label on
-      the instances of its leaf plus two per internal node (WordNetHypernyms,
-      10k labels: ~15-35 s on 2 cores).
+      the instances of its leaf plus two per internal node.  On multi-class
+      labels (every instance has exactly one) a leaf is one one-vs-rest
+      call on the features its instances use, which solves the same
+      per-label problems, and an internal node's second child is the
+      first one negated (the same problem with the classes swapped).
 
     Raises:
       ValueError: shapes that do not match, or a bad argument.
