@@ -164,6 +164,39 @@ def test_multi_class_tree_solves_the_per_label_problems():
     assert (top == labels).mean() > 0.9
 
 
+@pytest.mark.parametrize("leaf_size", [6, 64])
+def test_multi_class_tree_with_unlabelled_instances(leaf_size):
+    """Instances without a label are negatives of the root's children (two
+    solves there) or, when the root is a leaf, of every label's
+    classifier; the columns still match LinearSVC on their own problem."""
+    from sklearn.svm import LinearSVC
+    x, y, labels = _multi_class_data()
+    y = y.tolil()
+    y[:50] = 0  # 50 instances without a label
+    y = y.tocsr()
+    labels = np.where(np.arange(len(labels)) < 50, -1, labels)
+    tree = lt.fit_label_tree(x, y, leaf_size=leaf_size, threshold=0.0,
+                             tol=1e-6)
+    w = tree.weights.toarray()
+
+    def svc(target):
+        return LinearSVC(C=1.0, loss="squared_hinge", dual=True, tol=1e-6,
+                         fit_intercept=False, random_state=0,
+                         max_iter=10_000).fit(x, target).coef_.ravel()
+
+    if leaf_size >= y.shape[1]:  # the root is the leaf: columns are labels
+        for label in (0, 11):
+            np.testing.assert_allclose(
+                w[:, tree.paths[label, 0]],
+                svc((labels == label).astype(int)), atol=2e-4)
+        return
+    for first in (tree.paths[0, 0],
+                  tree.paths[tree.paths[:, 0] != tree.paths[0, 0]][0, 0]):
+        under = np.flatnonzero(tree.paths[:, 0] == first)
+        np.testing.assert_allclose(
+            w[:, first], svc(np.isin(labels, under).astype(int)), atol=2e-4)
+
+
 def test_log_scores_match_a_loop_over_paths_and_rank_the_labels():
     x, y = _data()
     tree = lt.fit_label_tree(x, y, leaf_size=4)

@@ -137,8 +137,9 @@ def _fit_leaf_multi_class(features, classes, num_labels, c, tol, threshold,
                           seed):
     """The classifiers of a leaf's ``num_labels`` labels on multi-class
     instances (``classes[i]``: instance ``i``'s label, in ``[0,
-    num_labels)``): liblinear's one-vs-rest in one call, which solves the
-    same per-label problems as :func:`_fit_column` would one by one.
+    num_labels)``, or -1 for an instance without a label, a negative of
+    every classifier): liblinear's one-vs-rest in one call, which solves
+    the same per-label problems as :func:`_fit_column` would one by one.
 
     Returns:
       ``(weights, bias)``: ``scipy.sparse`` CSR float32 ``[num_labels, D]``
@@ -146,8 +147,10 @@ def _fit_leaf_multi_class(features, classes, num_labels, c, tol, threshold,
     """
     d = features.shape[1]
     b = np.full(num_labels, -1.0, np.float32)  # no instance: all negative
+    # an unlabelled instance is one more class, whose classifier is dropped
+    classes = np.where(classes < 0, num_labels, classes)
     present = np.unique(classes)
-    if present.size == 0:
+    if present.size == 0 or (present.size == 1 and present[0] == num_labels):
         return sp.csr_matrix((num_labels, d), dtype=np.float32), b
     if present.size == 1:
         b[present[0]] = 1.0  # every instance is positive
@@ -168,8 +171,9 @@ def _fit_leaf_multi_class(features, classes, num_labels, c, tol, threshold,
     coef[np.abs(coef) < threshold] = 0.0
     coef = sp.coo_matrix(coef)
     rows = np.asarray(svm.classes_)[coef.row]
-    b[svm.classes_] = 0.0
-    return sp.csr_matrix((coef.data, (rows, used[coef.col])),
+    keep = rows < num_labels
+    b[present[present < num_labels]] = 0.0
+    return sp.csr_matrix((coef.data[keep], (rows[keep], used[coef.col[keep]])),
                          shape=(num_labels, d), dtype=np.float32), b
 
 
@@ -210,10 +214,11 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
     Returns:
       The :class:`LabelTree`; cost about one liblinear solve per label on
       the instances of its leaf plus two per internal node.  On multi-class
-      labels (every instance has exactly one) a leaf is one one-vs-rest
+      labels (every instance has at most one) a leaf is one one-vs-rest
       call on the features its instances use, which solves the same
       per-label problems, and an internal node's second child is the
-      first one negated (the same problem with the classes swapped).
+      first one negated (the same problem with the classes swapped; two
+      solves where instances without a label reach the node).
 
     Raises:
       ValueError: shapes that do not match, or a bad argument.
@@ -253,7 +258,7 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
         # call, and an internal node's second child is the negation of the
         # first (the rows that reach a node are in exactly one child).
         xs = x[inst]
-        where = np.full(m, -1, np.int64)
+        where = np.full(m + 1, -1, np.int64)  # [m]: no label
         where[ids] = np.arange(ids.size)
         cls = where[label_of[inst]]
         if ids.size <= leaf_size:
@@ -266,12 +271,19 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
             report()
             return
         left = _split(pifa, ids, rng)
-        has = left[cls]
+        labelled = cls >= 0
+        has = labelled & left[np.maximum(cls, 0)]
+        other = labelled & ~has
         w, b = _fit_column(xs, has.astype(np.int32), c, tol, threshold, seed)
-        w = sp.csr_matrix(w[None, :])
-        col = add(sp.vstack([w, -w]), np.array([b, -b], np.float32))
+        if labelled.all():
+            w = sp.csr_matrix(w[None, :])
+            col = add(sp.vstack([w, -w]), np.array([b, -b], np.float32))
+        else:  # unlabelled instances are negatives of both children
+            add(w, b)
+            col = add(*_fit_column(xs, other.astype(np.int32), c, tol,
+                                   threshold, seed))
         build_multi_class(ids[left], inst[has], path + [col - 1])
-        build_multi_class(ids[~left], inst[~has], path + [col])
+        build_multi_class(ids[~left], inst[other], path + [col])
 
     def build(ids, inst, path):
         xs = x[inst]
@@ -293,9 +305,11 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
                                    threshold, seed))
             build(ids[part], inst[has], path + [col])
 
-    per_row = np.diff(sp.csr_matrix(y).indptr)
-    if per_row.size and np.all(per_row == 1):
-        label_of = sp.csr_matrix(y).indices.astype(np.int64)
+    rows = sp.csr_matrix(y)
+    per_row = np.diff(rows.indptr)
+    if per_row.size and per_row.max() == 1:  # multi-class
+        label_of = np.full(rows.shape[0], m, np.int64)  # m: no label
+        label_of[per_row == 1] = rows.indices
         build_multi_class(np.arange(m), np.arange(x.shape[0]), [])
     else:
         build(np.arange(m), np.arange(x.shape[0]), [])
