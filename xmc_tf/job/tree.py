@@ -37,6 +37,8 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
+from xmc_tf.config import is_multi_class
+
 __all__ = ["LabelTree", "fit_label_tree", "label_tree_bytes",
            "choose_fusion_weight", "FUSION_WEIGHTS"]
 
@@ -254,9 +256,10 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
                      f"{time.time() - start:.0f} s")
 
     def build_multi_class(ids, inst, path):
-        # Every instance has one label: a leaf's labels are one liblinear
-        # call, and an internal node's second child is the negation of the
-        # first (the rows that reach a node are in exactly one child).
+        # Every instance has at most one label: a leaf's labels are one
+        # liblinear call, and an internal node's second child is the
+        # negation of the first (a labelled row that reaches a node is in
+        # exactly one child; unlabelled rows only reach the root).
         xs = x[inst]
         where = np.full(m + 1, -1, np.int64)  # [m]: no label
         where[ids] = np.arange(ids.size)
@@ -306,10 +309,9 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
             build(ids[part], inst[has], path + [col])
 
     rows = sp.csr_matrix(y)
-    per_row = np.diff(rows.indptr)
-    if per_row.size and per_row.max() == 1:  # multi-class
+    if is_multi_class(rows):  # the plan's test (xmc_tf.job.plan)
         label_of = np.full(rows.shape[0], m, np.int64)  # m: no label
-        label_of[per_row == 1] = rows.indices
+        label_of[np.diff(rows.indptr) == 1] = rows.indices
         build_multi_class(np.arange(m), np.arange(x.shape[0]), [])
     else:
         build(np.arange(m), np.arange(x.shape[0]), [])
