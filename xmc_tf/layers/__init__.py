@@ -17,3 +17,5 @@ __all__ += ["SparseDropout", "SparseEmbeddingBag"]
 __all__ += ["FeatureNormalization"]
 from xmc_tf.layers.label_tree import LabelTreeScores, fuse_scores  # noqa: E402
 __all__ += ["LabelTreeScores", "fuse_scores"]
+from xmc_tf.layers.neighbours import NearestNeighbourScores  # noqa: E402
+__all__ += ["NearestNeighbourScores"]
