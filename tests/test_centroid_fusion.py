@@ -1,6 +1,6 @@
 """The labels' nearest-centroid scores in the job (``config.centroids``,
 :func:`xmc_tf.job.plan.centroid_plan`,
-:func:`xmc_tf.job.finalize.attach_centroids`): when "auto" turns them on,
+:func:`xmc_tf.job.finalize.finalize`): when "auto" turns them on,
 the weight read on validation against a brute-force choice, the exported
 model against deep + weight * centroids recomputed from its layers, and
 the config checks."""
@@ -57,6 +57,9 @@ def _config(**overrides):
                                  "train.epochs": 2, "train.batch_size": 32,
                                  "train.verbose": 0,
                                  "data.validation_fraction": 0.25, "seed": 0,
+                                 # the neighbour votes apart
+                                 # (tests/test_neighbour_fusion.py)
+                                 "neighbours.enabled": False,
                                  **overrides})
 
 

@@ -105,6 +105,7 @@ def test_a_config_without_automatic_fields_is_returned_as_is():
     config = xconfig.get_config("scent")
     config.data.normalize, config.tree.enabled = "l2", False
     config.centroids.enabled = False
+    config.neighbours.enabled = False
     run, regime = xplan.resolve_config(config, _toy(1))
     assert run is config and regime == {}
 
@@ -124,7 +125,8 @@ def test_every_automatic_field_is_resolved_once_from_the_data(
         leaves = xconfig.flat_fields(json.loads(run.to_json_best_effort()))
         left = [f for f, v in leaves if xplan.is_auto(v)
                 and f not in ("tree.weight", "centroids.weight",
-                              "centroids.idf", "data.split_seed",
+                              "centroids.idf", "neighbours.weight",
+                              "neighbours.idf", "data.split_seed",
                               "model.wide_max_mib", "train.min_delta")]
         assert left == [], (name, left)
         integer = bool(np.all(train.features.data ==
@@ -149,6 +151,15 @@ def test_every_automatic_field_is_resolved_once_from_the_data(
             counts = train.label_counts()
             assert run.centroids.enabled == bool(
                 np.median(counts[counts > 0]) <= 8
+                and xplan.check_config(run).scores_every_label)
+        if config.neighbours.enabled == "auto":
+            counts = train.label_counts()
+            df = np.bincount(train.features.indices,
+                             minlength=train.num_features)
+            assert run.neighbours.enabled == bool(
+                np.median(counts[counts > 0]) <= 8
+                and (df.astype(float) ** 2).sum() / train.num_instances
+                <= run.neighbours.max_postings
                 and xplan.check_config(run).scores_every_label)
         assert regime["labels"] == ("multi-class" if multi_class
                                     else "multi-label")

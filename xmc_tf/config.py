@@ -170,6 +170,29 @@ def _base() -> dict:
             # at a fixed weight); or a bool
             idf="auto",
         )),
+        # Nearest-neighbour scores (xmc_tf.layers.NearestNeighbourScores:
+        # the k most similar training instances vote for their labels)
+        # added to the model's after training, as model + weight * votes,
+        # for labels with few instances.
+        neighbours=ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
+            # "auto": on for sparse input with a validation split, a head
+            # that scores every label and few-shot training labels (median
+            # instances per label <= max_median_instances), up to max_labels
+            # labels, while an instance's features meet at most
+            # max_postings stored training entries on average; or a bool
+            enabled="auto",
+            k=100,  # training instances that vote
+            power=2.0,  # a neighbour's vote: cosine ** power
+            max_median_instances=8,
+            max_labels=262_144,  # "auto" stays off above (weight choice)
+            max_postings=100_000,  # "auto" stays off above (time per query)
+            # "auto": the weight of NEIGHBOUR_WEIGHTS (0 included) with the
+            # best mean validation P@k over eval.ks; or a number >= 0
+            weight="auto",
+            # cosines of the rows weighted by the training set's idf once
+            # more, as centroids.idf: "auto" reads both on validation
+            idf="auto",
+        )),
         eval=dict(
             ks=(1, 3, 5),  # P@k, nDCG@k, PSP@k, R@k
             batch_size=1024,

@@ -1,15 +1,17 @@
 """Finalize phase of the main job: what is added to the trained network
 before it is evaluated and exported -- the label tree fused with its scores
 (:mod:`xmc_tf.job.tree`), the labels' nearest-centroid scores
-(:func:`xmc_tf.layers.label_centroids`) and the feature normalisation in
-front (:mod:`xmc_tf.job.preprocessing`), so the exported model takes raw
-features.
+(:func:`xmc_tf.layers.label_centroids`), the nearest training instances'
+votes (:class:`xmc_tf.layers.NearestNeighbourScores`) and the feature
+normalisation in front (:mod:`xmc_tf.job.preprocessing`), so the exported
+model takes raw features.
 
 Sources: the label tree is a one-vs-rest tree of linear classifiers in the
 manner of Parabel / Bonsai (Prabhu et al., WWW 2018; Khandagale et al.,
 2019); the centroids are the labels' PIFA vectors (Parabel; PECOS, Yu et
 al. JMLR 2022) scored as a nearest-centroid classifier (Snell et al.,
-Prototypical Networks, NeurIPS 2017); each is fused with the network's
+Prototypical Networks, NeurIPS 2017); the votes are a kNN classifier
+(SiameseXML, Dahiya et al. ICML 2021); each is fused with the network's
 scores by a weight read on validation.
 """
 
@@ -20,6 +22,7 @@ import time
 
 import keras
 import numpy as np
+import scipy.sparse as sp
 from absl import logging
 
 from xmc_tf import config as xconfig
@@ -29,36 +32,41 @@ from xmc_tf.job import tree as xlabel_tree
 from xmc_tf.job import preprocessing as xprep
 from xmc_tf.job.inputs import subset
 from xmc_tf.job.plan import fusion_weight, label_tree_plan, tree_weight
-from xmc_tf.layers import FeatureNormalization, label_centroids
+from xmc_tf.layers import (FeatureNormalization, NearestNeighbourScores,
+                            label_centroids)
 from xmc_tf.layers.label_tree import (LabelTreeScores, fuse_scores,
                                       fuse_with_tree)
 from xmc_tf.job.workdir import Workdir
 from xmc_tf.samplers.registry import auto_bool
 from xmc_tf.files import atomic_path
 
-__all__ = ["LABEL_TREE_FILE", "CENTROID_WEIGHTS", "CENTROID_VALIDATION_ROWS",
-           "MULTI_CLASS_TREE_WEIGHTS", "TREE_VALIDATION_ROWS",
-           "tree_validation_blocks", "attach_label_tree", "attach_centroids",
+__all__ = ["LABEL_TREE_FILE", "CENTROID_WEIGHTS", "NEIGHBOUR_WEIGHTS",
+           "MULTI_CLASS_TREE_WEIGHTS", "FUSION_VALIDATION_ROWS",
+           "FUSION_SHORTLIST", "FusionScores", "tree_validation_blocks",
            "finalize"]
 
-#: The weights of the nearest-centroid scores that
-#: :func:`attach_centroids` tries (0: the model alone).  The centroid scores
-#: are cosines in [-1, 1]; a network's scores are logits (softmax, SCENT)
-#: or margins near [-1, 1] (squared hinge), hence the wide range.
-CENTROID_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-#: At most this many validation instances are scored to choose the
-#: centroids' weight (each weight ranks all labels of every instance).
-CENTROID_VALIDATION_ROWS = 8192
-
-#: The weights of the label tree's log-scores that :func:`attach_label_tree`
-#: tries on multi-class data (0: the model alone): there the network's
-#: scores are softmax logits, whose spread is tens of units, where on
-#: multi-label data they are sigmoid logits or margins
+#: The weights of the nearest-centroid scores that :func:`finalize` tries
+#: (0: the model alone).  The centroid scores are cosines in [-1, 1]; a
+#: network's scores are logits (softmax, SCENT) or margins near [-1, 1]
+#: (squared hinge), hence the wide range.
+CENTROID_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0,
+                    128.0, 256.0)
+#: The weights of the nearest-neighbour votes that :func:`finalize` tries
+#: (0: the model alone); a vote sums up to ``config.neighbours.k`` squared
+#: cosines.
+NEIGHBOUR_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0,
+                     128.0, 256.0)
+#: The weights of the label tree's log-scores that :func:`finalize` tries on
+#: multi-class data (0: the model alone): there the network's scores are
+#: softmax logits, whose spread is tens of units, where on multi-label data
+#: they are sigmoid logits or margins
 #: (:data:`xmc_tf.job.tree.FUSION_WEIGHTS`).
 MULTI_CLASS_TREE_WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
-#: At most this many validation instances are scored to choose the tree's
-#: weight (the tree scores every label of every instance).
-TREE_VALIDATION_ROWS = 8192
+#: At most this many validation instances are scored, once, to choose the
+#: fusion weights (every scorer ranks all labels of each).
+FUSION_VALIDATION_ROWS = 8192
+#: Labels kept per validation instance and scorer (:class:`FusionScores`).
+FUSION_SHORTLIST = 100
 
 #: The fitted tree, kept in the backup directory until the export is done.
 LABEL_TREE_FILE = "label_tree.npz"
@@ -122,87 +130,6 @@ def _fit_tree(config, path: str, fit_data):
     return tree, fit_seconds
 
 
-def _fusion_weight(config, model, layer, val_data, info: dict,
-                   multi_class: bool) -> float:
-    """``config.tree.weight``, or (``"auto"``) the weight whose fused
-    scores give the best validation P@k on at most
-    :data:`TREE_VALIDATION_ROWS` instances
-    (:func:`xmc_tf.job.tree.choose_fusion_weight`; candidates
-    :data:`MULTI_CLASS_TREE_WEIGHTS` on multi-class data, else
-    :data:`xmc_tf.job.tree.FUSION_WEIGHTS`), its table recorded in
-    ``info["validation"]``."""
-    weight = tree_weight(config.tree.weight)
-    if weight is not None:
-        return weight
-    weight, table = xlabel_tree.choose_fusion_weight(
-        tree_validation_blocks(model, layer, val_data, config.eval.batch_size,
-                               max_rows=TREE_VALIDATION_ROWS),
-        ks=tuple(config.eval.ks),
-        weights=(MULTI_CLASS_TREE_WEIGHTS if multi_class
-                 else xlabel_tree.FUSION_WEIGHTS))
-    info["validation"] = {str(a): {f"P@{k}": round(v, 2)
-                                   for k, v in row.items()}
-                          for a, row in table.items()}
-    # The best weight and the deep model alone on one short line; the whole
-    # table (8 weights) is in metrics.json ("label_tree" -> "validation").
-    ks = "/".join(f"P@{k}" for k in next(iter(table.values())))
-    line = {a: "/".join(f"{v:.2f}" for v in row.values())
-            for a, row in table.items()}
-    logging.info("label tree: weight %s, validation %s %s (weight 0: %s; "
-                 "every weight's in metrics.json)", weight, ks, line[weight],
-                 line.get(0.0, "-"))
-    return weight
-
-
-def attach_label_tree(config, wd: Workdir, head, model, fit_data, val_data,
-                      sparse_input: bool):
-    """Fits (or reloads) the label tree and fuses it with ``model``.
-
-    The tree is fit on the (normalised) fit split and saved in the backup
-    directory, so a run killed during evaluation or export reloads it; its
-    weight is read on the validation split (``config.tree.weight="auto"``:
-    :func:`xmc_tf.job.tree.choose_fusion_weight`).
-
-    Returns:
-      ``(model_to_export, info, seconds)``: ``model`` itself when the tree
-      is off or its weight is 0, else
-      :func:`xmc_tf.layers.label_tree.fuse_with_tree` of it; ``info`` is the
-      dict for ``metrics.json`` (``{}`` when off; ``fit_seconds``: the fit's,
-      also after a reload); ``seconds``: the fit's plus this call's weight
-      choice, for ``train_seconds``.
-    """
-    multi_class = xconfig.is_multi_class(fit_data.labels)
-    enabled, why = label_tree_plan(
-        config, head, fit_data.num_labels, sparse_input, val_data is not None,
-        multi_class)
-    if enabled and val_data is None and tree_weight(config.tree.weight) is None:
-        enabled, why = False, ("config.tree.weight='auto' and the validation "
-                               "split is empty")
-    logging.info("label tree: %s (%s)", "on" if enabled else "off", why)
-    if not enabled:
-        return model, {}, 0.0
-    path = os.path.join(wd.backup_dir, LABEL_TREE_FILE)
-    tree, fit_seconds = _load_tree(path, fit_data)
-    if tree is None:
-        tree, fit_seconds = _fit_tree(config, path, fit_data)
-    choose_start = time.time()
-    layer = LabelTreeScores.from_tree(tree, name="label_tree")
-    info = {"columns": tree.num_columns, "weights": int(tree.weights.nnz),
-            "depth": int(tree.paths.shape[1]),
-            "bytes": xlabel_tree.label_tree_bytes(tree),
-            "fit_seconds": round(fit_seconds, 2)}
-    weight = _fusion_weight(config, model, layer, val_data, info,
-                            multi_class)
-    info["weight"] = float(weight)
-    logging.info("label tree: %d classifiers, %d weights (%.1f MiB), depth "
-                 "%d, %.1f s", info["columns"], info["weights"],
-                 info["bytes"] / 2**20, info["depth"], fit_seconds)
-    seconds = fit_seconds + (time.time() - choose_start)
-    if not weight:
-        return model, info, seconds
-    return fuse_with_tree(model, layer, float(weight)), info, seconds
-
-
 def _centroid_scorer(fit_data, fan_in: int, seed, idf: bool):
     """The labels' centroid scorer of the normalised features: the
     :func:`xmc_tf.layers.label_centroids` layer (named
@@ -225,107 +152,354 @@ def _centroid_scorer(fit_data, fan_in: int, seed, idf: bool):
     return keras.Model(inputs, layer(norm(inputs)), name="idf_centroids")
 
 
-def attach_centroids(config, model, fit_data, val_data):
-    """Adds the labels' nearest-centroid scores to ``model``'s when
-    ``config.centroids.enabled`` (resolved by the plan:
-    :func:`xmc_tf.job.plan.centroid_plan`) is True.
+def _neighbour_scorer(fit_data, k: int, power: float, idf: bool):
+    """The nearest-neighbour scorer of the normalised features: a
+    :class:`xmc_tf.layers.NearestNeighbourScores` (named
+    ``"label_neighbours"``) of the fit split's rows, or with ``idf`` a model
+    ``"idf_neighbours"`` whose :class:`~xmc_tf.layers.FeatureNormalization`
+    ``"tfidf"`` (the fit split's idf) weights each row by the idf and
+    renormalises it before that layer, built on the rows weighted the same
+    way (as :func:`_centroid_scorer`)."""
+    if not idf:
+        return NearestNeighbourScores.from_data(
+            fit_data.features, fit_data.labels, neighbours=k, power=power,
+            name="label_neighbours")
+    weighted, idf_values = xdata.normalize_features(fit_data.features,
+                                                    "tfidf")
+    layer = NearestNeighbourScores.from_data(
+        weighted, fit_data.labels, neighbours=k, power=power,
+        name="label_neighbours")
+    inputs = keras.Input(shape=(fit_data.num_features,), sparse=True,
+                         name="features")
+    norm = FeatureNormalization(fit_data.num_features, "tfidf",
+                                idf=idf_values, name="neighbour_idf")
+    return keras.Model(inputs, layer(norm(inputs)), name="idf_neighbours")
 
-    The centroids are the labels' PIFA rows of the (normalised) fit split,
-    ``config.centroids.connections`` features each
-    (:func:`xmc_tf.layers.label_centroids`, seed ``config.seed``: the same
-    layer on a resume), of the rows as they are or, with
-    ``config.centroids.idf``, of the rows weighted by the fit split's idf
-    once more (the scorer then weights its input the same way): this
-    favours the rare features a few-shot label is recognised by, which
-    helps on some data sets and not on others (docs/notes/tail.md), so
-    ``"auto"`` builds both.  The weight is ``config.centroids.weight`` or
-    (``"auto"``) the one of :data:`CENTROID_WEIGHTS` whose fused scores give
-    the best mean validation P@k over ``config.eval.ks`` on at most
-    :data:`CENTROID_VALIDATION_ROWS` validation instances
-    (:func:`xmc_tf.job.tree.choose_fusion_weight`); with ``idf="auto"``
-    the variant with the better best mean is kept (ties: the plain one),
-    and at a fixed weight the plain one.
 
-    Returns:
-      ``(model_to_export, info, seconds)``: ``model`` itself when off or
-      at weight 0, else :func:`xmc_tf.layers.fuse_scores` of it (named
-      ``"centroid_fused"``); ``info`` for ``metrics.json`` (``{}`` when
-      off; ``"idf"``: the variant kept, ``"validation"``: its table of
-      validation P@k per weight, ``"variants"``: each variant's best weight
-      and mean P@k when both were read); ``seconds`` spent, for
-      ``train_seconds``.
+class FusionScores:
+    """Several scorers' scores of the same validation instances, kept at a
+    shortlist of labels per instance, to rank any weighted sum of them.
+
+    The shortlist of an instance is the union of each scorer's top
+    ``shortlist`` labels; a weighted sum (weights ``>= 0``) is ranked among
+    those labels.  For the top ``k <= shortlist`` of a sum of one scorer
+    this is exact; for a mix it misses only a label outside every scorer's
+    top ``shortlist`` that the sum would put in its top ``k``.  One pass
+    over the validation instances then serves every weight tried
+    (Astec / DeepXML score a shortlist the same way: Dahiya et al., WSDM
+    2021, Sec. 3).
+
+    Memory: ``(scorers + 2) x rows x scorers x shortlist`` values.
+
+    Args:
+      ids: int64 ``[n, w]`` label ids per instance (sorted; repeats masked).
+      valid: bool ``[n, w]``, False at repeats.
+      hits: bool ``[n, w]``, the label is a positive of the instance.
+      scores: ``{name: float32 [n, w]}``, each scorer's scores at ``ids``.
     """
-    cc = config.get("centroids")
-    if cc is None or auto_bool(cc.enabled,
-                               "config.centroids.enabled") is not True:
-        return model, {}, 0.0
-    start = time.time()
-    fan_in = min(int(cc.connections), fit_data.num_features)
-    info = {"connections": fan_in,
-            "bytes": 8 * fit_data.num_labels * fan_in}
-    weight = fusion_weight(cc.weight, "config.centroids.weight")
-    idf = auto_bool(cc.get("idf", "auto"), "config.centroids.idf")
+
+    def __init__(self, ids, valid, hits, scores: dict):
+        self.ids, self.valid, self.hits = ids, valid, hits
+        self.scores = scores
+
+    @property
+    def num_instances(self) -> int:
+        return int(self.ids.shape[0])
+
+    @classmethod
+    def collect(cls, blocks, shortlist: int = FUSION_SHORTLIST
+                ) -> "FusionScores":
+        """Reads ``blocks``: an iterable of ``(scores, labels)`` per block of
+        instances, ``scores`` ``{name: float [b, m]}`` (the same names in
+        every block) and ``labels`` ``scipy.sparse`` ``[b, m]``.
+
+        Raises:
+          ValueError: no blocks, no scorers, or shapes that disagree.
+        """
+        parts = []
+        for scores, labels in blocks:
+            y = sp.csr_matrix(labels)
+            if not scores:
+                raise ValueError("no scorers to fuse")
+            arrays = {name: np.asarray(s) for name, s in sorted(scores.items())}
+            for name, s in arrays.items():
+                if s.shape != y.shape:
+                    raise ValueError(f"scorer {name!r} gave {s.shape}, the "
+                                     f"labels are {y.shape}")
+            t = min(int(shortlist), y.shape[1])
+            top = np.concatenate([np.argpartition(-s, t - 1, axis=1)[:, :t]
+                                  for s in arrays.values()], axis=1)
+            ids = np.sort(top, axis=1)
+            valid = np.ones(ids.shape, bool)
+            valid[:, 1:] = ids[:, 1:] != ids[:, :-1]
+            rows = np.arange(y.shape[0])[:, None]
+            look = y[rows, ids]
+            hits = (look.toarray() if sp.issparse(look)
+                    else np.asarray(look)) != 0
+            parts.append((ids, valid, hits,
+                          {name: np.take_along_axis(s, ids, 1).astype(
+                              np.float32) for name, s in arrays.items()}))
+        if not parts:
+            raise ValueError("no validation instances to choose the weights "
+                             "on")
+        names = list(parts[0][3])
+        if any(list(p[3]) != names for p in parts):
+            raise ValueError("every block must hold the same scorers")
+        return cls(np.concatenate([p[0] for p in parts]),
+                   np.concatenate([p[1] for p in parts]),
+                   np.concatenate([p[2] for p in parts]),
+                   {n: np.concatenate([p[3][n] for p in parts])
+                    for n in names})
+
+    def precision(self, weights: dict, ks) -> dict:
+        """``{k: P@k in percent}`` of ``sum of weights[name] *
+        scores[name]`` (names absent or at weight 0 left out)."""
+        ks = tuple(int(k) for k in ks)
+        fused = np.zeros(self.ids.shape, np.float32)
+        for name, w in weights.items():
+            if w:
+                fused += np.float32(w) * self.scores[name]
+        fused = np.where(self.valid, fused, -np.inf)
+        top_k = min(max(ks), fused.shape[1])
+        top = np.argpartition(-fused, top_k - 1, axis=1)[:, :top_k]
+        order = np.argsort(-np.take_along_axis(fused, top, 1), axis=1,
+                           kind="stable")
+        top = np.take_along_axis(top, order, 1)
+        hits = np.take_along_axis(self.hits, top, 1)
+        n = max(self.num_instances, 1)
+        return {k: 100.0 * float(hits[:, :k].sum()) / (k * n) for k in ks}
+
+    def choose(self, base: dict, name: str, candidates, ks):
+        """The weight ``a`` of ``base + a * scores[name]`` with the best
+        mean P@k over ``ks`` (ties: the smaller weight).
+
+        Returns:
+          ``(weight, {weight: {k: P@k}})``.
+        """
+        table = {float(a): self.precision({**base, name: float(a)}, ks)
+                 for a in candidates}
+        best = max(table, key=lambda a: (np.mean(list(table[a].values())),
+                                          -a))
+        return best, table
+
+
+def _fusion_blocks(model, scorers: dict, val_data, batch_size: int,
+                   max_rows: int):
+    """Yields ``({"deep": model scores, name: scorer scores...}, labels)``
+    per block of the first ``max_rows`` validation instances (normalised
+    features), as :meth:`FusionScores.collect` reads them; a block holds
+    ``len(scorers) + 1`` float32 ``[b, m]`` arrays within twice
+    :data:`xmc_tf.metrics.evaluator.SCORE_BLOCK_BYTES` in all."""
+    budget = 2 * xevaluation.SCORE_BLOCK_BYTES // (len(scorers) + 1)
+    batch = xevaluation.score_batch_size(batch_size, model, budget)
+    rows = min(val_data.num_instances, max_rows)
+    start_time = last = time.time()
+    for start in range(0, rows, batch):
+        part = subset(val_data, np.arange(start, min(start + batch, rows)))
+        x = next(iter(xdata.make_tf_dataset(part, part.num_instances)))[0]
+        scores = {"deep": model(x, training=False).numpy()}
+        for name, scorer in scorers.items():
+            scores[name] = np.asarray(scorer(x))
+        if time.time() - last >= 30:
+            last = time.time()
+            logging.info("fusion weights: scored %d / %d validation "
+                         "instances (%.0f s)", start, rows, last - start_time)
+        yield scores, part.labels
+
+
+def _table_json(table: dict) -> dict:
+    return {str(a): {f"P@{k}": round(v, 2) for k, v in row.items()}
+            for a, row in table.items()}
+
+
+def _log_choice(what: str, weight: float, table: dict) -> None:
+    ks = "/".join(f"P@{k}" for k in next(iter(table.values())))
+    line = {a: "/".join(f"{v:.2f}" for v in row.values())
+            for a, row in table.items()}
+    logging.info("%s: weight %s, validation %s %s (weight 0: %s; every "
+                 "weight's in metrics.json)", what, weight, ks, line[weight],
+                 line.get(0.0, "-"))
+
+
+def _label_tree(config, wd: Workdir, head, fit_data, val_data,
+                sparse_input: bool, multi_class: bool):
+    """The label tree's layer, fit (or reloaded from the backup directory)
+    when the plan turns it on (:func:`xmc_tf.job.plan.label_tree_plan`):
+    ``(layer or None, info, fit seconds)``."""
+    enabled, why = label_tree_plan(
+        config, head, fit_data.num_labels, sparse_input, val_data is not None,
+        multi_class)
+    if enabled and val_data is None and tree_weight(config.tree.weight) is None:
+        enabled, why = False, ("config.tree.weight='auto' and the validation "
+                               "split is empty")
+    logging.info("label tree: %s (%s)", "on" if enabled else "off", why)
+    if not enabled:
+        return None, {}, 0.0
+    path = os.path.join(wd.backup_dir, LABEL_TREE_FILE)
+    tree, fit_seconds = _load_tree(path, fit_data)
+    if tree is None:
+        tree, fit_seconds = _fit_tree(config, path, fit_data)
+    layer = LabelTreeScores.from_tree(tree, name="label_tree")
+    info = {"columns": tree.num_columns, "weights": int(tree.weights.nnz),
+            "depth": int(tree.paths.shape[1]),
+            "bytes": xlabel_tree.label_tree_bytes(tree),
+            "fit_seconds": round(fit_seconds, 2)}
+    logging.info("label tree: %d classifiers, %d weights (%.1f MiB), depth "
+                 "%d, %.1f s", info["columns"], info["weights"],
+                 info["bytes"] / 2**20, info["depth"], fit_seconds)
+    return layer, info, fit_seconds
+
+
+def _variants(section, field: str, weight):
+    """The idf variants to build: ``(False, True)`` for ``idf="auto"`` with
+    the weight read on validation, else the one the config names (the
+    plain one for "auto" at a fixed weight)."""
+    idf = auto_bool(section.get("idf", "auto"), f"config.{field}.idf")
     if idf is None:
-        variants = (False, True) if weight is None else (False,)
-    else:
-        variants = (idf,)
-    if weight is None:
-        best = None
-        info["variants"] = {}
-        for variant in variants:
-            scorer = _centroid_scorer(fit_data, fan_in, config.seed, variant)
-            chosen, table = xlabel_tree.choose_fusion_weight(
-                tree_validation_blocks(model, scorer, val_data,
-                                       config.eval.batch_size,
-                                       max_rows=CENTROID_VALIDATION_ROWS),
-                ks=tuple(config.eval.ks), weights=CENTROID_WEIGHTS)
-            mean = float(np.mean(list(table[chosen].values())))
-            info["variants"]["idf" if variant else "plain"] = {
-                "weight": float(chosen), "mean_P@k": round(mean, 2)}
-            if best is None or mean > best[0]:
-                best = (mean, variant, chosen, table, scorer)
-        _, idf, weight, table, scorer = best
-        info["validation"] = {str(a): {f"P@{k}": round(v, 2)
-                                       for k, v in row.items()}
-                              for a, row in table.items()}
-        top = table[weight]
-        logging.info("label centroids%s: weight %s (validation P@%d %.2f; "
-                     "%.2f at weight 0)", " of idf-weighted rows" if idf
-                     else "", weight, min(top), top[min(top)],
-                     table[0.0][min(top)])
-    else:
-        idf = variants[0]
-        scorer = _centroid_scorer(fit_data, fan_in, config.seed, idf)
-    info["idf"] = bool(idf)
-    info["weight"] = float(weight)
-    seconds = time.time() - start
-    info["seconds"] = round(seconds, 2)
-    if not weight:
-        return model, info, seconds
-    return (fuse_scores(model, scorer, float(weight), name="centroid_fused",
-                        weight_name="centroid_weight"), info, seconds)
+        return (False, True) if weight is None else (False,)
+    return (bool(idf),)
 
 
 def finalize(config, wd: Workdir, head, model, fit_data, val_data,
              sparse_input: bool, norm):
     """The model to evaluate and export: ``model`` fused with the label
-    tree (:func:`attach_label_tree`) and the label centroids
-    (:func:`attach_centroids`), behind the feature normalisation ``norm``
+    tree, the label centroids and the nearest-neighbour votes (each where
+    the plan turns it on), behind the feature normalisation ``norm``
     (:func:`xmc_tf.job.preprocessing.with_normalization`).
 
+    * The label tree (:mod:`xmc_tf.job.tree`, ``config.tree``) is fit on
+      the (normalised) fit split and saved in the backup directory, so a
+      run killed during evaluation or export reloads it.
+    * The centroids (:func:`xmc_tf.layers.label_centroids`,
+      ``config.centroids``) are the labels' PIFA rows of the fit split,
+      ``config.centroids.connections`` features each.
+    * The neighbour votes (:class:`xmc_tf.layers.NearestNeighbourScores`,
+      ``config.neighbours``) hold the fit split's rows.
+    * Centroids and neighbours come as they are or over rows weighted by
+      the fit split's idf once more (``idf``; "auto": both are read on
+      validation and the better kept, ties the plain one).
+
+    Weights left "auto" are read on at most
+    :data:`FUSION_VALIDATION_ROWS` validation instances, scored once by
+    every scorer (:class:`FusionScores`): first the tree's (candidates
+    :data:`MULTI_CLASS_TREE_WEIGHTS` on multi-class data, else
+    :data:`xmc_tf.job.tree.FUSION_WEIGHTS`), then the centroids'
+    (:data:`CENTROID_WEIGHTS`) given the tree's, then the neighbours'
+    (:data:`NEIGHBOUR_WEIGHTS`) given both; each the best mean validation
+    P@k over ``config.eval.ks`` (ties: the smaller weight).  A part at
+    weight 0 is left out of the exported model.
+
     Returns:
-      ``(exported_model, info, seconds)``: ``info`` holds ``"label_tree"``
-      and ``"centroids"`` (each when on) for ``metrics.json``; ``seconds``
-      is their fit and weight choice, for ``train_seconds``.
+      ``(exported_model, info, seconds)``: ``info`` holds ``"label_tree"``,
+      ``"centroids"`` and ``"neighbours"`` (each when on; with
+      ``"weight"`` and, when read on validation, ``"validation"``: P@k per
+      weight) and ``"fusion"`` (when weights were read: the validation
+      instances scored, the seconds of this call) for ``metrics.json``;
+      ``seconds``: the tree's fit, the scorers' construction and the
+      weights' choice, for ``train_seconds``.
     """
-    scorer, tree_info, tree_seconds = attach_label_tree(
-        config, wd, head, model, fit_data, val_data, sparse_input)
-    scorer, centroid_info, centroid_seconds = attach_centroids(
-        config, scorer, fit_data, val_data)
-    info = {}
-    if tree_info:
+    start = time.time()
+    multi_class = xconfig.is_multi_class(fit_data.labels)
+    tree_layer, tree_info, _ = _label_tree(
+        config, wd, head, fit_data, val_data, sparse_input, multi_class)
+    scorers, fixed, info = {}, {}, {}
+    if tree_layer is not None:
+        scorers["tree"] = tree_layer
+        fixed["tree"] = tree_weight(config.tree.weight)
         info["label_tree"] = tree_info
-    if centroid_info:
-        info["centroids"] = centroid_info
-    return (xprep.with_normalization(scorer, norm), info,
-            tree_seconds + centroid_seconds)
+    groups = {}  # section -> [(scorer name, idf)]
+    cc = config.get("centroids")
+    if cc is not None and auto_bool(cc.enabled,
+                                    "config.centroids.enabled") is True:
+        t0 = time.time()
+        fan_in = min(int(cc.connections), fit_data.num_features)
+        weight = fusion_weight(cc.weight, "config.centroids.weight")
+        groups["centroids"] = []
+        for idf in _variants(cc, "centroids", weight):
+            name = "centroids_idf" if idf else "centroids"
+            scorers[name] = _centroid_scorer(fit_data, fan_in, config.seed,
+                                             idf)
+            groups["centroids"].append((name, idf))
+        fixed["centroids"] = weight
+        info["centroids"] = {"connections": fan_in,
+                             "bytes": 8 * fit_data.num_labels * fan_in,
+                             "build_seconds": round(time.time() - t0, 2)}
+    nc = config.get("neighbours")
+    if nc is not None and auto_bool(nc.enabled,
+                                    "config.neighbours.enabled") is True:
+        t0 = time.time()
+        weight = fusion_weight(nc.weight, "config.neighbours.weight")
+        groups["neighbours"] = []
+        for idf in _variants(nc, "neighbours", weight):
+            name = "neighbours_idf" if idf else "neighbours"
+            scorers[name] = _neighbour_scorer(fit_data, int(nc.k),
+                                              float(nc.power), idf)
+            groups["neighbours"].append((name, idf))
+        fixed["neighbours"] = weight
+        x = sp.csr_matrix(fit_data.features)
+        info["neighbours"] = {
+            "k": int(nc.k), "power": float(nc.power),
+            "bytes": int(8 * (fit_data.num_features + x.shape[0])
+                         + 8 * x.nnz + 4 * fit_data.labels.nnz),
+            "build_seconds": round(time.time() - t0, 2)}
+    fusion = None
+    if val_data is not None and any(w is None for w in fixed.values()):
+        t0 = time.time()
+        fusion = FusionScores.collect(_fusion_blocks(
+            model, scorers, val_data, config.eval.batch_size,
+            FUSION_VALIDATION_ROWS))
+        logging.info("fusion weights: %d validation instances scored by %s "
+                     "in %.1f s", fusion.num_instances,
+                     ", ".join(["deep", *scorers]), time.time() - t0)
+    ks = tuple(config.eval.ks)
+    chosen = {"deep": 1.0}
+    exported = model
+    if tree_layer is not None:
+        weight = fixed["tree"]
+        if weight is None:
+            weight, table = fusion.choose(
+                chosen, "tree", MULTI_CLASS_TREE_WEIGHTS if multi_class
+                else xlabel_tree.FUSION_WEIGHTS, ks)
+            info["label_tree"]["validation"] = _table_json(table)
+            _log_choice("label tree", weight, table)
+        info["label_tree"]["weight"] = float(weight)
+        chosen["tree"] = float(weight)
+        if weight:
+            exported = fuse_with_tree(exported, tree_layer, float(weight))
+    for section, what, model_name, weight_name in (
+            ("centroids", "label centroids", "centroid_fused",
+             "centroid_weight"),
+            ("neighbours", "neighbour votes", "neighbour_fused",
+             "neighbour_weight")):
+        if section not in groups:
+            continue
+        part = info[section]
+        weight = fixed[section]
+        name, idf = groups[section][0]
+        if weight is None:
+            best, part["variants"] = None, {}
+            for variant, variant_idf in groups[section]:
+                w, table = fusion.choose(chosen, variant,
+                                         CENTROID_WEIGHTS
+                                         if section == "centroids"
+                                         else NEIGHBOUR_WEIGHTS, ks)
+                mean = float(np.mean(list(table[w].values())))
+                part["variants"]["idf" if variant_idf else "plain"] = {
+                    "weight": float(w), "mean_P@k": round(mean, 2)}
+                if best is None or mean > best[0]:
+                    best = (mean, variant, variant_idf, w, table)
+            _, name, idf, weight, table = best
+            part["validation"] = _table_json(table)
+            _log_choice(what + (" of idf-weighted rows" if idf else ""),
+                        weight, table)
+        part["idf"] = bool(idf)
+        part["weight"] = float(weight)
+        chosen[name] = float(weight)
+        if weight:
+            exported = fuse_scores(exported, scorers[name], float(weight),
+                                   name=model_name, weight_name=weight_name)
+    seconds = time.time() - start
+    if fusion is not None:
+        info["fusion"] = {"validation_instances": fusion.num_instances,
+                          "seconds": round(seconds, 2)}
+    return xprep.with_normalization(exported, norm), info, seconds

@@ -33,7 +33,8 @@ from xmc_tf.samplers.registry import AUTO, auto_bool
 __all__ = ["DataSummary", "summarize", "check_config",
            "check_strategy", "resolve_config", "automatic",
            "automatic_fields", "is_auto", "label_tree_plan", "tree_enabled",
-           "tree_weight", "fusion_weight", "centroid_plan"]
+           "tree_weight", "fusion_weight", "centroid_plan",
+           "neighbour_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,11 @@ class DataSummary:
       label_instances_median: the median number of training instances of
         the labels that have any (0.0 without labels): the tail profile
         that :func:`centroid_plan` reads.
+      postings_per_instance: the stored training entries an instance's
+        features meet, averaged over the training instances
+        (``sum over features of df ** 2 / n``; 0.0 for dense features): the
+        cost per query of :class:`xmc_tf.layers.NearestNeighbourScores`,
+        which :func:`neighbour_plan` reads.
     """
 
     num_instances: int
@@ -65,6 +71,7 @@ class DataSummary:
     label_nnz: int
     whole_features: bool
     label_instances_median: float = 0.0
+    postings_per_instance: float = 0.0
 
     @property
     def regime(self) -> str:
@@ -83,6 +90,11 @@ def summarize(train: xdata.XCDataset) -> DataSummary:
            else int(np.prod(features.shape)))
     counts = train.label_counts()
     counts = counts[counts > 0]
+    postings = 0.0
+    if train.is_sparse and train.num_instances:
+        df = np.bincount(features.indices, minlength=train.num_features)
+        postings = float(np.square(df.astype(np.float64)).sum()
+                         / train.num_instances)
     return DataSummary(
         num_instances=int(train.num_instances),
         num_features=int(train.num_features),
@@ -92,7 +104,8 @@ def summarize(train: xdata.XCDataset) -> DataSummary:
         whole_features=xdata.resolve_normalization(
             "auto", features) == "tfidf",
         label_instances_median=(float(np.median(counts)) if counts.size
-                                else 0.0))
+                                else 0.0),
+        postings_per_instance=postings)
 
 
 def _is_number(value) -> bool:
@@ -252,10 +265,77 @@ def _check_centroids(config, head) -> None:
     _check_fused_scorer("centroids", enabled, weight, config, head)
 
 
+def _check_neighbours(config, head) -> None:
+    """Validates ``config.neighbours`` (ValueError naming the field)."""
+    nc = config.get("neighbours")
+    if nc is None:
+        return
+    enabled = auto_bool(nc.enabled, "config.neighbours.enabled")
+    weight = fusion_weight(nc.weight, "config.neighbours.weight")
+    auto_bool(nc.idf, "config.neighbours.idf")
+    _check_int("neighbours.k", nc.k, 1)
+    _check_nonnegative("neighbours.power", nc.power)
+    _check_nonnegative("neighbours.max_median_instances",
+                       nc.max_median_instances)
+    _check_nonnegative("neighbours.max_postings", nc.max_postings)
+    _check_int("neighbours.max_labels", nc.max_labels, 1)
+    _check_fused_scorer("neighbours", enabled, weight, config, head)
+
+
+def neighbour_plan(config, head, summary: DataSummary,
+                   has_validation: bool) -> tuple[bool, str]:
+    """Whether the run adds nearest-neighbour votes to its model
+    (:class:`xmc_tf.layers.NearestNeighbourScores`, fused by
+    :func:`xmc_tf.job.finalize.finalize`), and why.
+
+    ``config.neighbours.enabled="auto"`` turns them on under the
+    centroids' conditions (sparse input, a head that scores every label, a
+    validation split to read their weight on, few-shot labels: median
+    instances per label at most ``config.neighbours.max_median_instances``,
+    at most ``config.neighbours.max_labels`` labels) while an instance's
+    features meet at most ``config.neighbours.max_postings`` stored
+    training entries on average (the cost per query:
+    ``postings_per_instance`` of :class:`DataSummary`).
+
+    Returns:
+      ``(enabled, reason)``; ``reason`` is one line for the log.
+    """
+    nc = config.get("neighbours")
+    enabled = (auto_bool(nc.enabled, "config.neighbours.enabled")
+               if nc is not None else False)
+    if enabled is False:
+        return False, "config.neighbours.enabled=False"
+    if not summary.sparse:
+        return False, "dense input features"
+    if not head.scores_every_label:
+        return False, f"head {head.name!r} does not score every label"
+    if enabled is True:
+        return True, "config.neighbours.enabled=True"
+    if not has_validation and fusion_weight(
+            nc.weight, "config.neighbours.weight") is None:
+        return False, "no validation split to read their weight on"
+    if summary.num_labels > nc.max_labels:
+        return False, (f"{summary.num_labels} labels > "
+                       f"config.neighbours.max_labels={nc.max_labels}")
+    median = summary.label_instances_median
+    if median > nc.max_median_instances:
+        return False, (f"the median label has {median:g} training instances "
+                       f"> config.neighbours.max_median_instances="
+                       f"{nc.max_median_instances}")
+    if summary.postings_per_instance > nc.max_postings:
+        return False, (f"an instance meets ~{summary.postings_per_instance:.3g}"
+                       f" training entries > config.neighbours.max_postings="
+                       f"{nc.max_postings}")
+    return True, (f"sparse input, the median label has {median:g} training "
+                  f"instances <= {nc.max_median_instances}, "
+                  f"~{summary.postings_per_instance:.3g} entries met per "
+                  "instance")
+
+
 def centroid_plan(config, head, summary: DataSummary,
                   has_validation: bool) -> tuple[bool, str]:
     """Whether the run adds nearest-centroid scores to its model
-    (:func:`xmc_tf.job.finalize.attach_centroids`), and why.
+    (fused by :func:`xmc_tf.job.finalize.finalize`), and why.
 
     ``config.centroids.enabled="auto"`` turns them on for sparse input, a
     head that scores every label, a validation split to read their weight
@@ -366,6 +446,7 @@ def _check_resolved(config) -> xheads.Head:
             _check_nonnegative("train.min_delta", tc.min_delta)
         _check_tree(config, head)
         _check_centroids(config, head)
+        _check_neighbours(config, head)
         frac = config.data.validation_fraction
         if not 0.0 <= frac < 1.0:
             raise ValueError(f"config.data.validation_fraction={frac!r} must "
@@ -509,6 +590,11 @@ def _centroids_enabled(config, summary, head, has_validation):
     return centroid_plan(config, head, summary, has_validation)
 
 
+@automatic("neighbours.enabled")
+def _neighbours_enabled(config, summary, head, has_validation):
+    return neighbour_plan(config, head, summary, has_validation)
+
+
 def _resolve_regime(config, summary) -> tuple:
     """The regime fields (:func:`xmc_tf.config.by_regime`) filled in."""
     if not xconfig.unresolved_fields(config):
@@ -534,7 +620,7 @@ def resolve_config(config, train: xdata.XCDataset,
     :func:`automatic` whose value is ``"auto"`` (feature normalisation,
     the sampled head's loss and candidate mode, the ANN index, LSH's K,
     the label tree).  ``tree.weight="auto"`` is read after training, on
-    the validation scores (:func:`xmc_tf.job.finalize.attach_label_tree`).
+    the validation scores (:func:`xmc_tf.job.finalize.finalize`).
     Values the config sets are kept.
 
     Args:
