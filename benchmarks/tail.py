@@ -149,9 +149,11 @@ def _child(conn, method, config, overrides, train_path, test_path, args_d):
                                 for k in ("model", "loss")},
                    # what the data chose: the regime's fields and the
                    # fusion weights read on validation (label tree,
-                   # centroids), as metrics.json records them
+                   # centroids, neighbour votes), as metrics.json records
+                   # them
                    "chosen": {k: clf.metrics_.get(k)
-                              for k in ("regime", "label_tree", "centroids")
+                              for k in ("regime", "label_tree", "centroids",
+                                        "neighbours", "fusion")
                               if k in clf.metrics_}}
         out["peak_rss_bytes"] = _peak_rss()
         conn.send(out)
