@@ -12,8 +12,8 @@ Phases, one module each, run in this order by :mod:`xmc_tf.job.run`:
 * :mod:`xmc_tf.job.fit` -- compile, callbacks, data streams, ``fit``;
 * :mod:`xmc_tf.job.resume` -- whether a backup belongs to the run, and
   restoring it;
-* :mod:`xmc_tf.job.finalize` -- the label tree and the normalisation
-  added to the trained network;
+* :mod:`xmc_tf.job.finalize` -- the label tree, the label centroids,
+  the neighbour votes and the normalisation added to the trained network;
 * :mod:`xmc_tf.job.report` -- the ``metrics.json`` dict.
 
 Beside them: the ``xmc-tf`` command (:mod:`xmc_tf.job.cli`), the output

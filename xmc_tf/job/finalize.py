@@ -443,7 +443,13 @@ def finalize(config, wd: Workdir, head, model, fit_data, val_data,
                          + 8 * x.nnz + 4 * fit_data.labels.nnz),
             "build_seconds": round(time.time() - t0, 2)}
     fusion = None
-    if val_data is not None and any(w is None for w in fixed.values()):
+    if val_data is None or not val_data.num_instances:
+        for part, weight in fixed.items():
+            if weight is None:  # "auto" with nothing to read it on
+                logging.info("%s: weight 0 (no validation instances to "
+                             "read it on)", part)
+                fixed[part] = 0.0
+    elif any(w is None for w in fixed.values()):
         t0 = time.time()
         fusion = FusionScores.collect(_fusion_blocks(
             model, scorers, val_data, config.eval.batch_size,

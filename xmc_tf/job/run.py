@@ -14,8 +14,9 @@ The phases are the methods of :class:`Run`, each in its module:
   (:mod:`xmc_tf.job.inputs`), the model, its optimizer and callbacks;
 * fit (:mod:`xmc_tf.job.fit`, :mod:`xmc_tf.job.resume`): restore a backup
   or start fresh, ``model.fit``;
-* finalize (:mod:`xmc_tf.job.finalize`): the label tree and the
-  normalisation added to the trained network;
+* finalize (:mod:`xmc_tf.job.finalize`): the label tree, the label
+  centroids, the neighbour votes and the normalisation added to the
+  trained network;
 * export: test metrics (:mod:`xmc_tf.job.report`), the model files, the
   completion marker.
 
@@ -219,11 +220,11 @@ class Run:
             extra.update(strategy=self.cluster.kind,
                          num_workers=self.cluster.num_workers,
                          num_replicas=self.cluster.num_replicas)
-        extra.update(finalize_info)  # the label tree, the centroids
+        extra.update(finalize_info)  # tree, centroids, neighbours, fusion
         results = xreport.run_report(
             config, self.summary, test.num_instances if test else 0,
             self.model, metrics=metrics,
-            # the label tree's and the centroids' fit and weight included
+            # the fused scorers' fit and weights included
             train_seconds=self.checkpointer.train_seconds + finalize_seconds,
             epochs=len(self.checkpointer.history),
             head_bytes=xreport.layer_bytes(self.layer),
