@@ -42,7 +42,8 @@ from xmc_tf.files import atomic_path
 
 __all__ = ["LABEL_TREE_FILE", "CENTROID_WEIGHTS", "NEIGHBOUR_WEIGHTS",
            "MULTI_CLASS_TREE_WEIGHTS", "FUSION_VALIDATION_ROWS",
-           "FUSION_SHORTLIST", "FusionScores", "tree_validation_blocks",
+           "FUSION_SHORTLIST", "FUSION_ROUNDS", "FusionScores",
+           "choose_fusion_weights", "tree_validation_blocks",
            "finalize"]
 
 #: The weights of the nearest-centroid scores that :func:`finalize` tries
@@ -67,6 +68,9 @@ MULTI_CLASS_TREE_WEIGHTS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 FUSION_VALIDATION_ROWS = 8192
 #: Labels kept per validation instance and scorer (:class:`FusionScores`).
 FUSION_SHORTLIST = 100
+#: At most this many rounds of choosing each fusion weight given the others
+#: (coordinate ascent on the validation P@k).
+FUSION_ROUNDS = 4
 
 #: The fitted tree, kept in the backup directory until the export is done.
 LABEL_TREE_FILE = "label_tree.npz"
@@ -360,6 +364,62 @@ def _variants(section, field: str, weight):
     return (bool(idf),)
 
 
+def choose_fusion_weights(fusion, parts, fixed: dict, ks,
+                          max_rounds: int = FUSION_ROUNDS):
+    """Each scorer's weight (and variant) by coordinate ascent on the
+    validation P@k of ``deep + sum of weight * scorer``.
+
+    Args:
+      fusion: a :class:`FusionScores` holding ``"deep"`` and every scorer
+        named in ``parts`` (None when every weight is fixed).
+      parts: ``[(part, [(scorer name, idf)...], candidate weights)]`` in
+        fusion order; a part's variants are its scorers (``idf`` None,
+        True or False).
+      fixed: ``{part: weight or None}``; None is read here.
+      ks: the P@k cut-offs averaged.
+      max_rounds: at most this many rounds.
+
+    Returns:
+      ``(chosen, tables, variants, rounds)``: ``chosen`` ``{part: (scorer
+      name, idf, weight)}``; ``tables`` ``{part: {weight: {k: P@k}}}`` of
+      the part's chosen variant given the others, from the last round that
+      read it; ``variants`` ``{part: {"plain"/"idf": {"weight",
+      "mean_P@k"}}}`` for parts with idf variants; ``rounds`` run.  The
+      first round reads each part given the ones before it (the later ones
+      at 0); each further round reads each given all the others, until a
+      round changes nothing.
+    """
+    chosen = {part: (*variants[0], fixed[part] or 0.0)
+              for part, variants, _ in parts}
+    tables, variant_tables, rounds = {}, {}, 0
+    while fusion is not None and rounds < max_rounds:
+        rounds += 1
+        changed = False
+        for part, variants, grid in parts:
+            if fixed[part] is not None:
+                continue
+            base = {"deep": 1.0}
+            base.update({n: w for p, (n, _, w) in chosen.items()
+                         if p != part})
+            best, read = None, {}
+            for name, idf in variants:
+                w, table = fusion.choose(base, name, grid, ks)
+                mean = float(np.mean(list(table[w].values())))
+                if idf is not None:
+                    read["idf" if idf else "plain"] = {
+                        "weight": float(w), "mean_P@k": round(mean, 2)}
+                if best is None or mean > best[0]:  # ties: the first
+                    best = (mean, name, idf, w, table)
+            _, name, idf, weight, tables[part] = best
+            changed |= (name, weight) != (chosen[part][0], chosen[part][2])
+            chosen[part] = (name, idf, weight)
+            if read:
+                variant_tables[part] = read
+        if not changed:
+            break
+    return chosen, tables, variant_tables, rounds
+
+
 def finalize(config, wd: Workdir, head, model, fit_data, val_data,
              sparse_input: bool, norm):
     """The model to evaluate and export: ``model`` fused with the label
@@ -381,20 +441,24 @@ def finalize(config, wd: Workdir, head, model, fit_data, val_data,
 
     Weights left "auto" are read on at most
     :data:`FUSION_VALIDATION_ROWS` validation instances, scored once by
-    every scorer (:class:`FusionScores`): first the tree's (candidates
-    :data:`MULTI_CLASS_TREE_WEIGHTS` on multi-class data, else
-    :data:`xmc_tf.job.tree.FUSION_WEIGHTS`), then the centroids'
-    (:data:`CENTROID_WEIGHTS`) given the tree's, then the neighbours'
-    (:data:`NEIGHBOUR_WEIGHTS`) given both; each the best mean validation
-    P@k over ``config.eval.ks`` (ties: the smaller weight).  A part at
-    weight 0 is left out of the exported model.
+    every scorer (:class:`FusionScores`), by coordinate ascent: the tree's
+    weight (candidates :data:`MULTI_CLASS_TREE_WEIGHTS` on multi-class
+    data, else :data:`xmc_tf.job.tree.FUSION_WEIGHTS`), then the
+    centroids' (:data:`CENTROID_WEIGHTS`, and their variant) given it, then
+    the neighbours' (:data:`NEIGHBOUR_WEIGHTS`) given both, each the best
+    mean validation P@k over ``config.eval.ks`` given the others (ties: the
+    smaller weight, the plain variant); then again each given the others,
+    until a round changes nothing (at most :data:`FUSION_ROUNDS` rounds;
+    a scorer helpful alone can become redundant once a later one is in).
+    A part at weight 0 is left out of the exported model.
 
     Returns:
       ``(exported_model, info, seconds)``: ``info`` holds ``"label_tree"``,
       ``"centroids"`` and ``"neighbours"`` (each when on; with
       ``"weight"`` and, when read on validation, ``"validation"``: P@k per
-      weight) and ``"fusion"`` (when weights were read: the validation
-      instances scored, the seconds of this call) for ``metrics.json``;
+      weight, given the others' final weights) and ``"fusion"`` (when
+      weights were read: the validation instances scored, the rounds, the
+      seconds of this call) for ``metrics.json``;
       ``seconds``: the tree's fit, the scorers' construction and the
       weights' choice, for ``train_seconds``.
     """
@@ -458,54 +522,55 @@ def finalize(config, wd: Workdir, head, model, fit_data, val_data,
                      "in %.1f s", fusion.num_instances,
                      ", ".join(["deep", *scorers]), time.time() - t0)
     ks = tuple(config.eval.ks)
-    chosen = {"deep": 1.0}
-    exported = model
+    # (info key, [(scorer name, idf)], candidate weights), in fusion order
+    parts = []
     if tree_layer is not None:
-        weight = fixed["tree"]
-        if weight is None:
-            weight, table = fusion.choose(
-                chosen, "tree", MULTI_CLASS_TREE_WEIGHTS if multi_class
-                else xlabel_tree.FUSION_WEIGHTS, ks)
-            info["label_tree"]["validation"] = _table_json(table)
-            _log_choice("label tree", weight, table)
-        info["label_tree"]["weight"] = float(weight)
-        chosen["tree"] = float(weight)
-        if weight:
-            exported = fuse_with_tree(exported, tree_layer, float(weight))
-    for section, what, model_name, weight_name in (
-            ("centroids", "label centroids", "centroid_fused",
-             "centroid_weight"),
-            ("neighbours", "neighbour votes", "neighbour_fused",
-             "neighbour_weight")):
-        if section not in groups:
-            continue
-        part = info[section]
-        weight = fixed[section]
-        name, idf = groups[section][0]
-        if weight is None:
-            best, part["variants"] = None, {}
-            for variant, variant_idf in groups[section]:
-                w, table = fusion.choose(chosen, variant,
-                                         CENTROID_WEIGHTS
-                                         if section == "centroids"
-                                         else NEIGHBOUR_WEIGHTS, ks)
-                mean = float(np.mean(list(table[w].values())))
-                part["variants"]["idf" if variant_idf else "plain"] = {
-                    "weight": float(w), "mean_P@k": round(mean, 2)}
-                if best is None or mean > best[0]:
-                    best = (mean, variant, variant_idf, w, table)
-            _, name, idf, weight, table = best
-            part["validation"] = _table_json(table)
-            _log_choice(what + (" of idf-weighted rows" if idf else ""),
-                        weight, table)
-        part["idf"] = bool(idf)
-        part["weight"] = float(weight)
-        chosen[name] = float(weight)
-        if weight:
-            exported = fuse_scores(exported, scorers[name], float(weight),
-                                   name=model_name, weight_name=weight_name)
-    seconds = time.time() - start
+        groups["label_tree"] = [("tree", None)]
+        fixed["label_tree"] = fixed.pop("tree")
+        parts.append(("label_tree", MULTI_CLASS_TREE_WEIGHTS if multi_class
+                      else xlabel_tree.FUSION_WEIGHTS))
+    for section, grid in (("centroids", CENTROID_WEIGHTS),
+                          ("neighbours", NEIGHBOUR_WEIGHTS)):
+        if section in groups:
+            parts.append((section, grid))
+    current, rounds = {}, 0
+    if parts:
+        current, tables, variants, rounds = choose_fusion_weights(
+            fusion, [(sec, groups[sec], grid) for sec, grid in parts],
+            fixed, ks)
+        for section, table in tables.items():
+            info[section]["validation"] = _table_json(table)
+        for section, table in variants.items():
+            info[section]["variants"] = table
     if fusion is not None:
         info["fusion"] = {"validation_instances": fusion.num_instances,
-                          "seconds": round(seconds, 2)}
+                          "rounds": rounds}
+    exported = model
+    for section, _ in parts:
+        name, idf, weight = current[section]
+        part = info[section]
+        part["weight"] = float(weight)
+        what = {"label_tree": "label tree", "centroids": "label centroids",
+                "neighbours": "neighbour votes"}[section]
+        if idf is not None:
+            part["idf"] = bool(idf)
+            what += " of idf-weighted rows" if idf else ""
+        if "validation" in part:
+            table = {float(a): {int(k[2:]): v for k, v in row.items()}
+                     for a, row in part["validation"].items()}
+            _log_choice(what, float(weight), table)
+        if not weight:
+            continue
+        if section == "label_tree":
+            exported = fuse_with_tree(exported, tree_layer, float(weight))
+        else:
+            exported = fuse_scores(
+                exported, scorers[name], float(weight),
+                name={"centroids": "centroid_fused",
+                      "neighbours": "neighbour_fused"}[section],
+                weight_name={"centroids": "centroid_weight",
+                             "neighbours": "neighbour_weight"}[section])
+    seconds = time.time() - start
+    if fusion is not None:
+        info["fusion"]["seconds"] = round(seconds, 2)
     return xprep.with_normalization(exported, norm), info, seconds
