@@ -134,50 +134,45 @@ def _fit_tree(config, path: str, fit_data):
     return tree, fit_seconds
 
 
-def _centroid_scorer(fit_data, fan_in: int, seed, idf: bool):
-    """The labels' centroid scorer of the normalised features: the
-    :func:`xmc_tf.layers.label_centroids` layer (named
-    ``"label_centroids"``) of the fit split's rows, or with ``idf`` a model
-    ``"idf_centroids"`` whose :class:`~xmc_tf.layers.FeatureNormalization`
-    ``"tfidf"`` (the fit split's idf, :func:`xmc_tf.data.normalize_features`)
-    weights each row by the idf and renormalises it before that layer, built
-    on the rows weighted the same way."""
-    if not idf:
-        return label_centroids(fit_data.features, fit_data.labels, fan_in,
-                               seed=seed, name="label_centroids")
+def _idf_scorer(fit_data, build, prefix: str):
+    """A model ``"idf_<prefix>"``: a :class:`~xmc_tf.layers.FeatureNormalization`
+    ``"tfidf"`` (named ``"<prefix>_idf"``; the fit split's idf) weights
+    each row by the idf and renormalises it, then the layer ``build``
+    makes of the fit split's rows weighted the same way."""
     weighted, idf_values = xdata.normalize_features(fit_data.features,
                                                     "tfidf")
-    layer = label_centroids(weighted, fit_data.labels, fan_in, seed=seed,
-                            name="label_centroids")
+    layer = build(weighted)
     inputs = keras.Input(shape=(fit_data.num_features,), sparse=True,
                          name="features")
     norm = FeatureNormalization(fit_data.num_features, "tfidf",
-                                idf=idf_values, name="centroid_idf")
-    return keras.Model(inputs, layer(norm(inputs)), name="idf_centroids")
+                                idf=idf_values, name=f"{prefix}_idf")
+    return keras.Model(inputs, layer(norm(inputs)), name=f"idf_{prefix}s")
+
+
+def _centroid_scorer(fit_data, fan_in: int, seed, idf: bool):
+    """The labels' centroid scorer of the normalised features: the
+    :func:`xmc_tf.layers.label_centroids` layer (named
+    ``"label_centroids"``) of the fit split's rows, or with ``idf`` the
+    model ``"idf_centroids"`` of :func:`_idf_scorer` around it (the rare
+    features a few-shot label is recognised by weigh more)."""
+    def build(rows):
+        return label_centroids(rows, fit_data.labels, fan_in, seed=seed,
+                               name="label_centroids")
+    return (_idf_scorer(fit_data, build, "centroid") if idf
+            else build(fit_data.features))
 
 
 def _neighbour_scorer(fit_data, k: int, power: float, idf: bool):
     """The nearest-neighbour scorer of the normalised features: a
     :class:`xmc_tf.layers.NearestNeighbourScores` (named
-    ``"label_neighbours"``) of the fit split's rows, or with ``idf`` a model
-    ``"idf_neighbours"`` whose :class:`~xmc_tf.layers.FeatureNormalization`
-    ``"tfidf"`` (the fit split's idf) weights each row by the idf and
-    renormalises it before that layer, built on the rows weighted the same
-    way (as :func:`_centroid_scorer`)."""
-    if not idf:
+    ``"label_neighbours"``) of the fit split's rows, or with ``idf`` the
+    model ``"idf_neighbours"`` of :func:`_idf_scorer` around it."""
+    def build(rows):
         return NearestNeighbourScores.from_data(
-            fit_data.features, fit_data.labels, neighbours=k, power=power,
+            rows, fit_data.labels, neighbours=k, power=power,
             name="label_neighbours")
-    weighted, idf_values = xdata.normalize_features(fit_data.features,
-                                                    "tfidf")
-    layer = NearestNeighbourScores.from_data(
-        weighted, fit_data.labels, neighbours=k, power=power,
-        name="label_neighbours")
-    inputs = keras.Input(shape=(fit_data.num_features,), sparse=True,
-                         name="features")
-    norm = FeatureNormalization(fit_data.num_features, "tfidf",
-                                idf=idf_values, name="neighbour_idf")
-    return keras.Model(inputs, layer(norm(inputs)), name="idf_neighbours")
+    return (_idf_scorer(fit_data, build, "neighbour") if idf
+            else build(fit_data.features))
 
 
 class FusionScores:

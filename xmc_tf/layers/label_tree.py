@@ -17,12 +17,73 @@ import numpy as np
 import tensorflow as tf
 
 __all__ = ["LabelTreeScores", "fuse_with_tree", "fuse_scores",
+           "sparse_row_chunks",
            "FUSED_MODEL", "DEEP_MODEL"]
 
 #: Name of the model :func:`fuse_with_tree` returns, and of the deep model
 #: nested in it.
 FUSED_MODEL = "tree_fused"
 DEEP_MODEL = "deep"
+
+
+def sparse_row_chunks(inputs, num_features: int, width: int,
+                      chunk_rows: int, chunk_fn, name: str):
+    """``chunk_fn`` applied to a sparse batch ``chunk_rows`` rows at a time,
+    the ``[rows, width]`` float32 results concatenated: the loop of the
+    scorers that expand each stored entry into a row of their own index
+    (:class:`LabelTreeScores`,
+    :class:`xmc_tf.layers.NearestNeighbourScores`).
+
+    Args:
+      inputs: ``tf.SparseTensor`` ``[batch, num_features]`` (any entry
+        order) or a dense tensor (made sparse first).
+      num_features: the input width; a feature id outside ``[0,
+        num_features)`` fails.
+      width: the output columns.
+      chunk_rows: rows per call of ``chunk_fn``.
+      chunk_fn: ``(rows, feats, values, num_rows) -> [num_rows, width]``:
+        int64 row ids in ``[0, num_rows)``, int64 feature ids, float32
+        values of one chunk's entries.
+      name: the layer's name for the error messages.
+
+    Returns:
+      float32 ``[batch, width]``.
+
+    Raises:
+      tf.errors.InvalidArgumentError: a feature id outside ``[0,
+        num_features)``.
+    """
+    if not isinstance(inputs, tf.SparseTensor):  # e.g. Keras' tracing
+        inputs = tf.sparse.from_dense(tf.convert_to_tensor(inputs))
+    inputs = tf.sparse.reorder(inputs)  # row-major: rows in chunks
+    rows, feats = inputs.indices[:, 0], inputs.indices[:, 1]
+    feats = tf.ensure_shape(feats, [None])
+    with tf.control_dependencies([tf.debugging.assert_less(
+            feats, tf.constant(num_features, tf.int64),
+            message=f"{name}: feature id >= num_features"),
+            tf.debugging.assert_non_negative(
+                feats, message=f"{name}: negative feature id")]):
+        feats = tf.identity(feats)
+    values = tf.cast(inputs.values, tf.float32)
+    batch = inputs.dense_shape[0]
+    chunk = tf.constant(chunk_rows, tf.int64)
+    num_chunks = (batch + chunk - 1) // chunk
+    bounds = tf.searchsorted(rows, tf.range(num_chunks + 1) * chunk,
+                             side="left", out_type=tf.int64)
+
+    def body(i, parts):
+        lo, hi = bounds[i], bounds[i + 1]
+        first = i * chunk
+        out = chunk_fn(rows[lo:hi] - first, feats[lo:hi], values[lo:hi],
+                       tf.minimum(chunk, batch - first))
+        return i + 1, parts.write(tf.cast(i, tf.int32), out)
+
+    parts = tf.TensorArray(tf.float32, size=tf.cast(num_chunks, tf.int32),
+                           infer_shape=False, element_shape=[None, width])
+    _, parts = tf.while_loop(lambda i, _: i < num_chunks, body,
+                             (tf.constant(0, tf.int64), parts))
+    return tf.cond(batch > 0, parts.concat,
+                   lambda: tf.zeros([0, width], tf.float32))
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
@@ -143,43 +204,12 @@ class LabelTreeScores(keras.layers.Layer):
         return out
 
     def call(self, inputs):
-        if not isinstance(inputs, tf.SparseTensor):  # e.g. Keras' tracing
-            inputs = tf.sparse.from_dense(tf.convert_to_tensor(inputs))
-        inputs = tf.sparse.reorder(inputs)  # row-major: rows in chunks
-        rows, feats = inputs.indices[:, 0], inputs.indices[:, 1]
-        feats = tf.ensure_shape(feats, [None])
-        with tf.control_dependencies([tf.debugging.assert_less(
-                feats, tf.constant(self.num_features, tf.int64),
-                message="LabelTreeScores: feature id >= num_features"),
-                tf.debugging.assert_non_negative(
-                    feats, message="LabelTreeScores: negative feature id")]):
-            feats = tf.identity(feats)
-        values = tf.cast(inputs.values, tf.float32)
-        batch = inputs.dense_shape[0]
         # Rows a chunk at a time: an entry of feature f expands to the
         # row's length of f (tens of thousands of products per instance on
         # a 10k-label tree), so a whole batch of 1,024 would hold GBs.
-        chunk = tf.constant(self.chunk_rows, tf.int64)
-        num_chunks = (batch + chunk - 1) // chunk
-        bounds = tf.searchsorted(rows, tf.range(num_chunks + 1) * chunk,
-                                 side="left", out_type=tf.int64)
-
-        def body(i, parts):
-            lo, hi = bounds[i], bounds[i + 1]
-            first = i * chunk
-            out = self._chunk_scores(rows[lo:hi] - first, feats[lo:hi],
-                                     values[lo:hi],
-                                     tf.minimum(chunk, batch - first))
-            return i + 1, parts.write(tf.cast(i, tf.int32), out)
-
-        parts = tf.TensorArray(tf.float32, size=tf.cast(num_chunks, tf.int32),
-                               infer_shape=False,
-                               element_shape=[None, self.num_labels])
-        _, parts = tf.while_loop(lambda i, _: i < num_chunks, body,
-                                 (tf.constant(0, tf.int64), parts))
-        return tf.cond(
-            batch > 0, parts.concat,
-            lambda: tf.zeros([0, self.num_labels], tf.float32))
+        return sparse_row_chunks(inputs, self.num_features, self.num_labels,
+                                 self.chunk_rows, self._chunk_scores,
+                                 "LabelTreeScores")
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.num_labels)

@@ -20,6 +20,8 @@ import numpy as np
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf.layers.label_tree import sparse_row_chunks
+
 __all__ = ["NearestNeighbourScores"]
 
 
@@ -228,41 +230,9 @@ class NearestNeighbourScores(keras.layers.Layer):
         return tf.reshape(out, [num_rows, self.num_labels])
 
     def call(self, inputs):
-        if not isinstance(inputs, tf.SparseTensor):  # e.g. Keras' tracing
-            inputs = tf.sparse.from_dense(tf.convert_to_tensor(inputs))
-        inputs = tf.sparse.reorder(inputs)  # row-major: rows in chunks
-        rows, feats = inputs.indices[:, 0], inputs.indices[:, 1]
-        feats = tf.ensure_shape(feats, [None])
-        with tf.control_dependencies([tf.debugging.assert_less(
-                feats, tf.constant(self.num_features, tf.int64),
-                message="NearestNeighbourScores: feature id >= num_features"),
-                tf.debugging.assert_non_negative(
-                    feats,
-                    message="NearestNeighbourScores: negative feature id")]):
-            feats = tf.identity(feats)
-        values = tf.cast(inputs.values, tf.float32)
-        batch = inputs.dense_shape[0]
-        chunk = tf.constant(self.chunk_rows, tf.int64)
-        num_chunks = (batch + chunk - 1) // chunk
-        bounds = tf.searchsorted(rows, tf.range(num_chunks + 1) * chunk,
-                                 side="left", out_type=tf.int64)
-
-        def body(i, parts):
-            lo, hi = bounds[i], bounds[i + 1]
-            first = i * chunk
-            out = self._chunk_scores(rows[lo:hi] - first, feats[lo:hi],
-                                     values[lo:hi],
-                                     tf.minimum(chunk, batch - first))
-            return i + 1, parts.write(tf.cast(i, tf.int32), out)
-
-        parts = tf.TensorArray(tf.float32, size=tf.cast(num_chunks, tf.int32),
-                               infer_shape=False,
-                               element_shape=[None, self.num_labels])
-        _, parts = tf.while_loop(lambda i, _: i < num_chunks, body,
-                                 (tf.constant(0, tf.int64), parts))
-        return tf.cond(
-            batch > 0, parts.concat,
-            lambda: tf.zeros([0, self.num_labels], tf.float32))
+        return sparse_row_chunks(inputs, self.num_features, self.num_labels,
+                                 self.chunk_rows, self._chunk_scores,
+                                 "NearestNeighbourScores")
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.num_labels)
