@@ -40,6 +40,7 @@ machine (2 cores, often shared): upper bounds.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import multiprocessing as mp
 import os
@@ -154,7 +155,9 @@ def _child(conn, method, config, overrides, train_path, test_path, args_d):
                    "chosen": {k: clf.metrics_.get(k)
                               for k in ("regime", "label_tree", "centroids",
                                         "neighbours", "fusion")
-                              if k in clf.metrics_}}
+                              if k in clf.metrics_},
+                   # what drove early stopping, epoch by epoch
+                   "history": _history(clf.workdir)}
         out["peak_rss_bytes"] = _peak_rss()
         conn.send(out)
     except Exception as e:  # pylint: disable=broad-except
@@ -163,6 +166,18 @@ def _child(conn, method, config, overrides, train_path, test_path, args_d):
                    "traceback": traceback.format_exc()})
     finally:
         conn.close()
+
+
+def _history(workdir):
+    """history.csv's validation columns, one dict per epoch (floats)."""
+    path = os.path.join(workdir, "history.csv")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [{k: round(float(v), 5) for k, v in row.items()
+                 if v and (k == "epoch" or k.startswith("val_")
+                           or k == "learning_rate")}
+                for row in csv.DictReader(f)]
 
 
 def run_method(method, config, overrides, train_path, test_path, args):

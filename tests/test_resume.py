@@ -69,19 +69,20 @@ ARGS = ["train", "--config=configs/uniform_sparse.py",
 STEPS_PER_EPOCH = 9
 
 
-def _start(tmp_path, workdir, **env):
+def _start(tmp_path, workdir, extra=(), **env):
     script = tmp_path / "det_train.py"
     script.write_text(_SCRIPT)
     return subprocess.Popen(
-        [sys.executable, str(script), *ARGS, f"--workdir={workdir}"],
+        [sys.executable, str(script), *ARGS, *extra,
+         f"--workdir={workdir}"],
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                  **{k: str(v) for k, v in env.items()}),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
-def _train(tmp_path, workdir, **env):
+def _train(tmp_path, workdir, extra=(), **env):
     """Runs to the end (or the kill); returns (exit status, stderr)."""
-    proc = _start(tmp_path, workdir, **env)
+    proc = _start(tmp_path, workdir, extra, **env)
     _, err = proc.communicate()
     return proc.returncode, err[-3000:]
 
@@ -91,12 +92,16 @@ def _history(workdir):
         return list(csv.DictReader(f))
 
 
-def test_killed_run_resumes_exactly(tmp_path):
+# "fused": the schedule follows the validation P@k of the network fused
+# with the label tree (fit before training, reloaded by the resume).
+@pytest.mark.parametrize("monitor", ["auto", "fused"])
+def test_killed_run_resumes_exactly(tmp_path, monitor):
     ref, run = tmp_path / "uninterrupted", tmp_path / "killed"
-    reference = _start(tmp_path, ref)  # runs beside the killed one
+    extra = [f"--config.train.monitor={monitor}"]
+    reference = _start(tmp_path, ref, extra)  # runs beside the killed one
 
     kill_step = 2 * STEPS_PER_EPOCH + 4  # mid third epoch
-    code, err = _train(tmp_path, run, KILL_AT_STEP=kill_step)
+    code, err = _train(tmp_path, run, extra, KILL_AT_STEP=kill_step)
     assert code == -signal.SIGKILL, err
     state = ckpt.load(os.path.join(run, "backup"))
     assert state.meta["epochs_done"] == 2 and state.meta["phase"] == "training"
@@ -104,13 +109,13 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert not os.path.exists(run / "metrics.json")
 
     # Resumed, then killed after model.keras is written: not complete.
-    code, err = _train(tmp_path, run, KILL_IN_EXPORT=1)
+    code, err = _train(tmp_path, run, extra, KILL_IN_EXPORT=1)
     assert code == -signal.SIGKILL, err
     assert (run / "model.keras").exists()
     with pytest.raises(IncompleteWorkdir, match="resume"):
         Workdir(str(run)).check_complete()
 
-    code, err = _train(tmp_path, run)  # resumes from the "trained" state
+    code, err = _train(tmp_path, run, extra)  # from the "trained" state
     assert code == 0, err
     assert not (run / "backup").exists()
     _, err = reference.communicate()
@@ -141,6 +146,7 @@ def test_killed_run_resumes_exactly(tmp_path):
     ha, hb = _history(ref), _history(run)
     assert [r["epoch"] for r in hb] == [str(e) for e in range(5)]
     assert ha == hb
+    assert ("val_fused_precision" in hb[0]) == (monitor == "fused")
     assert int(float(hb[-1]["set_rewires"])) == 5 * STEPS_PER_EPOCH // 3
     assert int(float(hb[-1]["set_moved"])) == 20 * 2  # 25 % of 8 per label
 

@@ -111,6 +111,12 @@ def _base() -> dict:
             min_learning_rate=1e-4,  # ... down to this
             lr_patience=1,  # epochs without progress before halving
             early_stopping_patience=3,
+            # what LR halving and early stopping follow: "network" (the
+            # head's validation P@k), "fused" (the validation P@k of the
+            # network fused with the tree, centroids and votes:
+            # xmc_tf.job.finalize.FusedValidation) or "auto" ("fused" when
+            # the few-shot scorers are on: xmc_tf.job.plan.monitor_plan)
+            monitor="auto",
             # progress = the monitor moving by this; None: Keras' defaults
             # (1e-4 for the LR schedule, 0 for early stopping)
             min_delta=config_dict.FieldReference(0.001, field_type=float),

@@ -23,6 +23,7 @@ import time
 import keras
 import numpy as np
 import scipy.sparse as sp
+import tensorflow as tf
 from absl import logging
 
 from xmc_tf import config as xconfig
@@ -42,9 +43,10 @@ from xmc_tf.files import atomic_path
 
 __all__ = ["LABEL_TREE_FILE", "CENTROID_WEIGHTS", "NEIGHBOUR_WEIGHTS",
            "MULTI_CLASS_TREE_WEIGHTS", "FUSION_VALIDATION_ROWS",
-           "FUSION_SHORTLIST", "FUSION_ROUNDS", "FusionScores",
-           "choose_fusion_weights", "tree_validation_blocks",
-           "finalize"]
+           "FUSION_SHORTLIST", "FUSION_ROUNDS", "FUSED_MONITOR",
+           "NETWORK_MONITOR", "FusionScores", "FusionPlan",
+           "FusedValidation", "choose_fusion_weights", "prepare_fusion",
+           "tree_validation_blocks", "finalize"]
 
 #: The weights of the nearest-centroid scores that :func:`finalize` tries
 #: (0: the model alone).  The centroid scores are cosines in [-1, 1]; a
@@ -175,6 +177,20 @@ def _neighbour_scorer(fit_data, k: int, power: float, idf: bool):
             else build(fit_data.features))
 
 
+def _top_ids(scores, t: int):
+    """int64 ``[b, t]``: the ids of each row's ``t`` highest scores, in no
+    order (``tf.math.top_k``: several times NumPy's ``argpartition`` at
+    10^5 labels)."""
+    return tf.math.top_k(np.asarray(scores, np.float32), k=t,
+                         sorted=False).indices.numpy().astype(np.int64)
+
+
+def _hits(labels, ids):
+    """bool ``[b, w]``: ``labels[i, ids[i, j]] != 0``."""
+    look = sp.csr_matrix(labels)[np.arange(ids.shape[0])[:, None], ids]
+    return (look.toarray() if sp.issparse(look) else np.asarray(look)) != 0
+
+
 class FusionScores:
     """Several scorers' scores of the same validation instances, kept at a
     shortlist of labels per instance, to rank any weighted sum of them.
@@ -195,11 +211,16 @@ class FusionScores:
       valid: bool ``[n, w]``, False at repeats.
       hits: bool ``[n, w]``, the label is a positive of the instance.
       scores: ``{name: float32 [n, w]}``, each scorer's scores at ``ids``.
+      floors: ``{name: float32 [n]}``, each scorer's lowest shortlisted
+        score per instance (:meth:`with_scorer`), or None.
+      labels: ``scipy.sparse`` ``[n, m]``, the instances' labels, or None.
     """
 
-    def __init__(self, ids, valid, hits, scores: dict):
+    def __init__(self, ids, valid, hits, scores: dict, floors=None,
+                 labels=None):
         self.ids, self.valid, self.hits = ids, valid, hits
         self.scores = scores
+        self.floors, self.labels = floors, labels
 
     @property
     def num_instances(self) -> int:
@@ -226,18 +247,16 @@ class FusionScores:
                     raise ValueError(f"scorer {name!r} gave {s.shape}, the "
                                      f"labels are {y.shape}")
             t = min(int(shortlist), y.shape[1])
-            top = np.concatenate([np.argpartition(-s, t - 1, axis=1)[:, :t]
-                                  for s in arrays.values()], axis=1)
-            ids = np.sort(top, axis=1)
+            tops = {name: _top_ids(s, t) for name, s in arrays.items()}
+            ids = np.sort(np.concatenate(list(tops.values()), axis=1), axis=1)
             valid = np.ones(ids.shape, bool)
             valid[:, 1:] = ids[:, 1:] != ids[:, :-1]
-            rows = np.arange(y.shape[0])[:, None]
-            look = y[rows, ids]
-            hits = (look.toarray() if sp.issparse(look)
-                    else np.asarray(look)) != 0
-            parts.append((ids, valid, hits,
+            parts.append((ids, valid, _hits(y, ids),
                           {name: np.take_along_axis(s, ids, 1).astype(
-                              np.float32) for name, s in arrays.items()}))
+                              np.float32) for name, s in arrays.items()},
+                          {name: np.take_along_axis(s, tops[name], 1).min(
+                              axis=1).astype(np.float32)
+                           for name, s in arrays.items()}, y))
         if not parts:
             raise ValueError("no validation instances to choose the weights "
                              "on")
@@ -248,7 +267,80 @@ class FusionScores:
                    np.concatenate([p[1] for p in parts]),
                    np.concatenate([p[2] for p in parts]),
                    {n: np.concatenate([p[3][n] for p in parts])
-                    for n in names})
+                    for n in names},
+                   floors={n: np.concatenate([p[4][n] for p in parts])
+                           for n in names},
+                   labels=sp.vstack([p[5] for p in parts], format="csr"))
+
+    def with_scorer(self, name: str, blocks,
+                    shortlist: int = FUSION_SHORTLIST) -> "FusionScores":
+        """These scores and one more scorer's, of the same instances.
+
+        The instances' shortlists grow by the new scorer's top
+        ``shortlist`` labels.  The new scorer's scores are exact at every
+        label; a scorer held here has its exact score at the labels it
+        shared a shortlist with, and at a label only the new scorer
+        shortlisted, its lowest shortlisted score of that instance (an
+        upper bound of the score it would have there).  So the other
+        scorers are scored once and a scorer that changes (the network,
+        from epoch to epoch) is added in one pass of its own.
+
+        Args:
+          name: the new scorer's name (not one held here).
+          blocks: an iterable of its float ``[b, m]`` scores of these
+            instances, in order, in blocks of any size.
+          shortlist: its labels kept per instance.
+
+        Returns:
+          A new :class:`FusionScores`.
+
+        Raises:
+          ValueError: ``name`` is held already, this object was not made
+            by :meth:`collect`, or the blocks do not cover the instances.
+        """
+        if name in self.scores:
+            raise ValueError(f"scorer {name!r} is held already")
+        if self.labels is None or self.floors is None:
+            raise ValueError("with_scorer needs scores made by collect")
+        parts, start, width = [], 0, self.ids.shape[1]
+        for block in blocks:
+            s = np.asarray(block)
+            stop = start + s.shape[0]
+            if stop > self.num_instances or s.shape[1] != self.labels.shape[1]:
+                raise ValueError(f"scorer {name!r} gave {s.shape} at instance "
+                                 f"{start}; {self.num_instances} instances "
+                                 f"of {self.labels.shape[1]} labels are held")
+            rows = slice(start, stop)
+            top = _top_ids(s, min(int(shortlist), s.shape[1]))
+            both = np.concatenate([self.ids[rows], top], axis=1)
+            # stable: a label held already keeps its own (exact) column
+            order = np.argsort(both, axis=1, kind="stable")
+            ids = np.take_along_axis(both, order, 1)
+            valid = np.ones(ids.shape, bool)
+            valid[:, 1:] = ids[:, 1:] != ids[:, :-1]
+            held = order < width
+            column = np.minimum(order, width - 1)
+            scores = {n: np.where(held, np.take_along_axis(v[rows], column, 1),
+                                  self.floors[n][rows, None])
+                      for n, v in self.scores.items()}
+            scores[name] = np.take_along_axis(s, ids, 1).astype(np.float32)
+            floor = np.take_along_axis(s, top, 1).min(axis=1).astype(
+                np.float32)
+            parts.append((ids, valid, _hits(self.labels[rows], ids), scores,
+                          floor))
+            start = stop
+        if start != self.num_instances:
+            raise ValueError(f"scorer {name!r} scored {start} of the "
+                             f"{self.num_instances} instances")
+        names = list(self.scores) + [name]
+        floors = dict(self.floors)
+        floors[name] = np.concatenate([p[4] for p in parts])
+        return FusionScores(np.concatenate([p[0] for p in parts]),
+                            np.concatenate([p[1] for p in parts]),
+                            np.concatenate([p[2] for p in parts]),
+                            {n: np.concatenate([p[3][n] for p in parts])
+                             for n in names},
+                            floors=floors, labels=self.labels)
 
     def precision(self, weights: dict, ks) -> dict:
         """``{k: P@k in percent}`` of ``sum of weights[name] *
@@ -282,28 +374,40 @@ class FusionScores:
         return best, table
 
 
-def _fusion_blocks(model, scorers: dict, val_data, batch_size: int,
-                   max_rows: int):
-    """Yields ``({"deep": model scores, name: scorer scores...}, labels)``
-    per block of the first ``max_rows`` validation instances (normalised
-    features), as :meth:`FusionScores.collect` reads them; a block holds
-    ``len(scorers) + 1`` float32 ``[b, m]`` arrays within twice
+def _fusion_blocks(scorers: dict, rows, batch_size: int):
+    """Yields ``({name: scorer scores...}, labels)`` per block of the
+    instances ``rows`` (normalised features), as
+    :meth:`FusionScores.collect` reads them; a block holds ``len(scorers)``
+    float32 ``[b, m]`` arrays within twice
     :data:`xmc_tf.metrics.evaluator.SCORE_BLOCK_BYTES` in all."""
-    budget = 2 * xevaluation.SCORE_BLOCK_BYTES // (len(scorers) + 1)
-    batch = xevaluation.score_batch_size(batch_size, model, budget)
-    rows = min(val_data.num_instances, max_rows)
+    per_row = 4 * rows.num_labels * max(len(scorers), 1)
+    batch = max(1, min(int(batch_size),
+                       2 * xevaluation.SCORE_BLOCK_BYTES // per_row))
     start_time = last = time.time()
-    for start in range(0, rows, batch):
-        part = subset(val_data, np.arange(start, min(start + batch, rows)))
+    for start in range(0, rows.num_instances, batch):
+        part = subset(rows, np.arange(start, min(start + batch,
+                                                 rows.num_instances)))
         x = next(iter(xdata.make_tf_dataset(part, part.num_instances)))[0]
-        scores = {"deep": model(x, training=False).numpy()}
-        for name, scorer in scorers.items():
-            scores[name] = np.asarray(scorer(x))
+        scores = {name: np.asarray(scorer(x))
+                  for name, scorer in scorers.items()}
         if time.time() - last >= 30:
             last = time.time()
             logging.info("fusion weights: scored %d / %d validation "
-                         "instances (%.0f s)", start, rows, last - start_time)
+                         "instances (%.0f s)", start, rows.num_instances,
+                         last - start_time)
         yield scores, part.labels
+
+
+def _network_blocks(model, rows, batch_size: int):
+    """Yields the network's float32 ``[b, m]`` scores of ``rows``
+    (normalised features), block by block
+    (:func:`xmc_tf.metrics.evaluator.score_batch_size`)."""
+    batch = xevaluation.score_batch_size(batch_size, model)
+    for start in range(0, rows.num_instances, batch):
+        part = subset(rows, np.arange(start, min(start + batch,
+                                                 rows.num_instances)))
+        x = next(iter(xdata.make_tf_dataset(part, part.num_instances)))[0]
+        yield model(x, training=False).numpy()
 
 
 def _table_json(table: dict) -> dict:
@@ -415,16 +519,65 @@ def choose_fusion_weights(fusion, parts, fixed: dict, ks,
     return chosen, tables, variant_tables, rounds
 
 
-def finalize(config, wd: Workdir, head, model, fit_data, val_data,
-             sparse_input: bool, norm):
-    """The model to evaluate and export: ``model`` fused with the label
-    tree, the label centroids and the nearest-neighbour votes (each where
-    the plan turns it on), behind the feature normalisation ``norm``
-    (:func:`xmc_tf.job.preprocessing.with_normalization`).
+class FusionPlan:
+    """The scorers fused with the network and what reading their weights
+    on validation needs, made by :func:`prepare_fusion` (before training
+    when the fused model's validation P@k drives it, else after).
 
-    * The label tree (:mod:`xmc_tf.job.tree`, ``config.tree``) is fit on
-      the (normalised) fit split and saved in the backup directory, so a
-      run killed during evaluation or export reloads it.
+    Attributes:
+      scorers: ``{name: scorer of the normalised features}``: ``"tree"``,
+        ``"centroids"``, ``"centroids_idf"``, ``"neighbours"``,
+        ``"neighbours_idf"`` (those on).
+      parts: ``[(section, [(scorer name, idf)...], candidate weights)]`` in
+        fusion order (``"label_tree"``, ``"centroids"``, ``"neighbours"``).
+      fixed: ``{section: weight or None}`` (None: read on validation).
+      info: ``{section: dict}`` for ``metrics.json``.
+      tree_layer: the label tree's :class:`LabelTreeScores`, or None.
+      others: a :class:`FusionScores` of every scorer (the network too when
+        :func:`prepare_fusion` was given it) on the first
+        :data:`FUSION_VALIDATION_ROWS` validation instances, or
+        None when no weight is read (nothing to fuse, every weight fixed,
+        or no validation instances).
+      rows: those validation instances (:class:`xmc_tf.data.XCDataset`,
+        normalised), or None.
+      seconds: seconds :func:`prepare_fusion` took (the tree's fit, the
+        scorers' construction, the one pass of the scorers).
+    """
+
+    def __init__(self, scorers, parts, fixed, info, tree_layer, others, rows,
+                 seconds):
+        self.scorers, self.parts, self.fixed = scorers, parts, fixed
+        self.info, self.tree_layer = info, tree_layer
+        self.others, self.rows, self.seconds = others, rows, seconds
+
+    @property
+    def reads_weights(self) -> bool:
+        """Whether some weight is read on validation instances."""
+        return self.others is not None
+
+    def fusion_scores(self, model, batch_size: int) -> FusionScores:
+        """:attr:`others` with the network ``model``'s scores (named
+        ``"deep"``) of the same instances: one pass of the network
+        (:meth:`FusionScores.with_scorer`), or :attr:`others` itself when
+        it holds the network's scores already."""
+        if "deep" in self.others.scores:
+            return self.others
+        return self.others.with_scorer(
+            "deep", _network_blocks(model, self.rows, batch_size))
+
+    def choose(self, fusion, ks):
+        """:func:`choose_fusion_weights` of these parts on ``fusion``."""
+        return choose_fusion_weights(fusion, self.parts, self.fixed, ks)
+
+
+def prepare_fusion(config, wd: Workdir, head, fit_data, val_data,
+                   sparse_input: bool, network=None) -> FusionPlan:
+    """The scorers :func:`finalize` fuses with the network, built from the
+    fit split (normalised), and their scores of the validation instances
+    the weights are read on.
+
+    * The label tree (:mod:`xmc_tf.job.tree`, ``config.tree``) is fit and
+      saved in the backup directory, so a run killed later reloads it.
     * The centroids (:func:`xmc_tf.layers.label_centroids`,
       ``config.centroids``) are the labels' PIFA rows of the fit split,
       ``config.centroids.connections`` features each.
@@ -434,39 +587,26 @@ def finalize(config, wd: Workdir, head, model, fit_data, val_data,
       the fit split's idf once more (``idf``; "auto": both are read on
       validation and the better kept, ties the plain one).
 
-    Weights left "auto" are read on at most
-    :data:`FUSION_VALIDATION_ROWS` validation instances, scored once by
-    every scorer (:class:`FusionScores`), by coordinate ascent: the tree's
-    weight (candidates :data:`MULTI_CLASS_TREE_WEIGHTS` on multi-class
-    data, else :data:`xmc_tf.job.tree.FUSION_WEIGHTS`), then the
-    centroids' (:data:`CENTROID_WEIGHTS`, and their variant) given it, then
-    the neighbours' (:data:`NEIGHBOUR_WEIGHTS`) given both, each the best
-    mean validation P@k over ``config.eval.ks`` given the others (ties: the
-    smaller weight, the plain variant); then again each given the others,
-    until a round changes nothing (at most :data:`FUSION_ROUNDS` rounds;
-    a scorer helpful alone can become redundant once a later one is in).
-    A part at weight 0 is left out of the exported model.
+    When a weight is left "auto" and validation instances exist, every
+    scorer scores the first :data:`FUSION_VALIDATION_ROWS` of them once
+    (:attr:`FusionPlan.others`).  A trained ``network`` (Keras model of
+    the normalised features) is scored in the same pass, as ``"deep"``, so
+    every score there is exact; without it the network is added per read
+    by :meth:`FusionPlan.fusion_scores`.
 
     Returns:
-      ``(exported_model, info, seconds)``: ``info`` holds ``"label_tree"``,
-      ``"centroids"`` and ``"neighbours"`` (each when on; with
-      ``"weight"`` and, when read on validation, ``"validation"``: P@k per
-      weight, given the others' final weights) and ``"fusion"`` (when
-      weights were read: the validation instances scored, the rounds, the
-      seconds of this call) for ``metrics.json``;
-      ``seconds``: the tree's fit, the scorers' construction and the
-      weights' choice, for ``train_seconds``.
+      A :class:`FusionPlan`.
     """
     start = time.time()
     multi_class = xconfig.is_multi_class(fit_data.labels)
     tree_layer, tree_info, _ = _label_tree(
         config, wd, head, fit_data, val_data, sparse_input, multi_class)
-    scorers, fixed, info = {}, {}, {}
+    scorers, fixed, info, groups = {}, {}, {}, {}
     if tree_layer is not None:
         scorers["tree"] = tree_layer
-        fixed["tree"] = tree_weight(config.tree.weight)
+        groups["label_tree"] = [("tree", None)]
+        fixed["label_tree"] = tree_weight(config.tree.weight)
         info["label_tree"] = tree_info
-    groups = {}  # section -> [(scorer name, idf)]
     cc = config.get("centroids")
     if cc is not None and auto_bool(cc.enabled,
                                     "config.centroids.enabled") is True:
@@ -501,7 +641,7 @@ def finalize(config, wd: Workdir, head, model, fit_data, val_data,
             "bytes": int(8 * (fit_data.num_features + x.shape[0])
                          + 8 * x.nnz + 4 * fit_data.labels.nnz),
             "build_seconds": round(time.time() - t0, 2)}
-    fusion = None
+    others = rows = None
     if val_data is None or not val_data.num_instances:
         for part, weight in fixed.items():
             if weight is None:  # "auto" with nothing to read it on
@@ -510,29 +650,140 @@ def finalize(config, wd: Workdir, head, model, fit_data, val_data,
                 fixed[part] = 0.0
     elif any(w is None for w in fixed.values()):
         t0 = time.time()
-        fusion = FusionScores.collect(_fusion_blocks(
-            model, scorers, val_data, config.eval.batch_size,
-            FUSION_VALIDATION_ROWS))
+        rows = subset(val_data, np.arange(min(val_data.num_instances,
+                                              FUSION_VALIDATION_ROWS)))
+        scoring = dict(scorers)
+        if network is not None:
+            scoring["deep"] = lambda x: network(x, training=False)
+        others = FusionScores.collect(_fusion_blocks(
+            scoring, rows, config.eval.batch_size))
         logging.info("fusion weights: %d validation instances scored by %s "
-                     "in %.1f s", fusion.num_instances,
-                     ", ".join(["deep", *scorers]), time.time() - t0)
-    ks = tuple(config.eval.ks)
-    # (info key, [(scorer name, idf)], candidate weights), in fusion order
+                     "in %.1f s", others.num_instances, ", ".join(scoring),
+                     time.time() - t0)
+    # (section, [(scorer name, idf)], candidate weights), in fusion order
     parts = []
     if tree_layer is not None:
-        groups["label_tree"] = [("tree", None)]
-        fixed["label_tree"] = fixed.pop("tree")
-        parts.append(("label_tree", MULTI_CLASS_TREE_WEIGHTS if multi_class
+        parts.append(("label_tree", groups["label_tree"],
+                      MULTI_CLASS_TREE_WEIGHTS if multi_class
                       else xlabel_tree.FUSION_WEIGHTS))
     for section, grid in (("centroids", CENTROID_WEIGHTS),
                           ("neighbours", NEIGHBOUR_WEIGHTS)):
         if section in groups:
-            parts.append((section, grid))
+            parts.append((section, groups[section], grid))
+    return FusionPlan(scorers, parts, fixed, info, tree_layer, others, rows,
+                      time.time() - start)
+
+
+#: The log key of :class:`FusedValidation`: the fused model's mean
+#: validation P@k (a fraction in [0, 1], as the network's
+#: ``val_precision_at_k``; ``config.train.min_delta`` is in its units) at
+#: the weights read on the same instances.
+FUSED_MONITOR = "val_fused_precision"
+#: The log key of the network alone's mean P@k on those instances.
+NETWORK_MONITOR = "val_network_precision"
+
+
+class FusedValidation(keras.callbacks.Callback):
+    """Reads the fused model's validation P@k at every epoch end.
+
+    The model exported is the network fused with the label tree, the
+    centroids and the votes (:func:`finalize`), so that is what the LR
+    schedule and early stopping should follow: once the other scorers
+    carry the few-shot labels, epochs that lift the network alone can
+    leave the fused model where it was.  At each epoch end the network
+    scores the plan's validation instances (the other scorers' scores were
+    taken once, :func:`prepare_fusion`), the fusion weights are chosen on
+    them as :func:`finalize` will (:func:`choose_fusion_weights`), and the
+    mean P@k over ``ks`` (a fraction) of the fused model at those weights
+    is logged as :data:`FUSED_MONITOR` (that of the network alone as
+    :data:`NETWORK_MONITOR`).  Source: early stopping on a held-out score
+    of the model that is kept (Prechelt, "Early Stopping -- But When?",
+    1998).
+
+    Args:
+      plan: a :class:`FusionPlan` that reads weights
+        (:attr:`FusionPlan.reads_weights`).
+      model: the network (inference model; the callback's own
+        ``self.model`` may be a training wrapper).
+      ks: the P@k cut-offs averaged (``config.eval.ks``).
+      batch_size: instances per block of the network's pass.
+
+    Raises:
+      ValueError: the plan reads no weight.
+    """
+
+    def __init__(self, plan: FusionPlan, model, ks, batch_size: int):
+        super().__init__()
+        if not plan.reads_weights:
+            raise ValueError("FusedValidation needs a FusionPlan that reads "
+                             "weights on validation instances")
+        self.plan, self.network = plan, model
+        self.ks, self.batch_size = tuple(int(k) for k in ks), int(batch_size)
+
+    def on_epoch_end(self, epoch, logs=None):
+        start = time.time()
+        fusion = self.plan.fusion_scores(self.network, self.batch_size)
+        chosen, _, _, _ = self.plan.choose(fusion, self.ks)
+        weights = {"deep": 1.0}
+        weights.update({name: w for name, _, w in chosen.values()})
+        fused = fusion.precision(weights, self.ks)
+        alone = fusion.precision({"deep": 1.0}, self.ks)
+        if logs is not None:  # fractions, as Keras' P@k metrics
+            logs[FUSED_MONITOR] = float(np.mean(list(fused.values()))) / 100
+            logs[NETWORK_MONITOR] = float(np.mean(list(alone.values()))) / 100
+        logging.info(
+            "epoch %d: fused validation %s %s (network alone %s) at %s, "
+            "%d instances, %.1f s", epoch + 1,
+            "/".join(f"P@{k}" for k in self.ks),
+            "/".join(f"{v:.2f}" for v in fused.values()),
+            "/".join(f"{v:.2f}" for v in alone.values()),
+            ", ".join(f"{n} x{w:g}" for n, _, w in chosen.values()),
+            fusion.num_instances, time.time() - start)
+
+
+def finalize(config, wd: Workdir, head, model, fit_data, val_data,
+             sparse_input: bool, norm, plan: FusionPlan | None = None):
+    """The model to evaluate and export: ``model`` fused with the label
+    tree, the label centroids and the nearest-neighbour votes (each where
+    the plan turns it on), behind the feature normalisation ``norm``
+    (:func:`xmc_tf.job.preprocessing.with_normalization`).
+
+    The scorers come from ``plan`` (:func:`prepare_fusion`; made here when
+    None).  Weights left "auto" are read on the plan's validation
+    instances (at most :data:`FUSION_VALIDATION_ROWS`; the network's
+    scores added to the others', :meth:`FusionPlan.fusion_scores`) by
+    coordinate ascent: the tree's weight (candidates
+    :data:`MULTI_CLASS_TREE_WEIGHTS` on multi-class data, else
+    :data:`xmc_tf.job.tree.FUSION_WEIGHTS`), then the centroids'
+    (:data:`CENTROID_WEIGHTS`, and their variant) given it, then the
+    neighbours' (:data:`NEIGHBOUR_WEIGHTS`) given both, each the best mean
+    validation P@k over ``config.eval.ks`` given the others (ties: the
+    smaller weight, the plain variant); then again each given the others,
+    until a round changes nothing (at most :data:`FUSION_ROUNDS` rounds;
+    a scorer helpful alone can become redundant once a later one is in).
+    A part at weight 0 is left out of the exported model.
+
+    Returns:
+      ``(exported_model, info, seconds)``: ``info`` holds ``"label_tree"``,
+      ``"centroids"`` and ``"neighbours"`` (each when on; with
+      ``"weight"`` and, when read on validation, ``"validation"``: P@k per
+      weight, given the others' final weights) and ``"fusion"`` (when
+      weights were read: the validation instances scored, the rounds, the
+      seconds of the plan and this call) for ``metrics.json``;
+      ``seconds``: the plan's (:attr:`FusionPlan.seconds`) and this call's,
+      for ``train_seconds``.
+    """
+    if plan is None:
+        plan = prepare_fusion(config, wd, head, fit_data, val_data,
+                              sparse_input, network=model)
+    start = time.time()
+    info = {section: dict(part) for section, part in plan.info.items()}
+    fusion = (plan.fusion_scores(model, config.eval.batch_size)
+              if plan.reads_weights else None)
+    ks = tuple(config.eval.ks)
     current, rounds = {}, 0
-    if parts:
-        current, tables, variants, rounds = choose_fusion_weights(
-            fusion, [(sec, groups[sec], grid) for sec, grid in parts],
-            fixed, ks)
+    if plan.parts:
+        current, tables, variants, rounds = plan.choose(fusion, ks)
         for section, table in tables.items():
             info[section]["validation"] = _table_json(table)
         for section, table in variants.items():
@@ -541,7 +792,7 @@ def finalize(config, wd: Workdir, head, model, fit_data, val_data,
         info["fusion"] = {"validation_instances": fusion.num_instances,
                           "rounds": rounds}
     exported = model
-    for section, _ in parts:
+    for section, _, _ in plan.parts:
         name, idf, weight = current[section]
         part = info[section]
         part["weight"] = float(weight)
@@ -557,15 +808,16 @@ def finalize(config, wd: Workdir, head, model, fit_data, val_data,
         if not weight:
             continue
         if section == "label_tree":
-            exported = fuse_with_tree(exported, tree_layer, float(weight))
+            exported = fuse_with_tree(exported, plan.tree_layer,
+                                      float(weight))
         else:
             exported = fuse_scores(
-                exported, scorers[name], float(weight),
+                exported, plan.scorers[name], float(weight),
                 name={"centroids": "centroid_fused",
                       "neighbours": "neighbour_fused"}[section],
                 weight_name={"centroids": "centroid_weight",
                              "neighbours": "neighbour_weight"}[section])
-    seconds = time.time() - start
+    seconds = plan.seconds + time.time() - start
     if fusion is not None:
         info["fusion"]["seconds"] = round(seconds, 2)
     return xprep.with_normalization(exported, norm), info, seconds

@@ -28,6 +28,7 @@ from xmc_tf.models.distributed import DistributedModel, DistributedTrainerMixin
 from xmc_tf.job.workdir import Workdir
 
 __all__ = ["build_and_compile", "validation_batch_size", "release_optimizer",
+           "FUSED_MIN_DELTA",
            "StopOnNonFinite", "ChiefLogs", "make_callbacks", "make_datasets",
            "fit_model", "VALIDATION_FREE_BYTES"]
 
@@ -86,6 +87,15 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     head.compile(fit_model, layer, optimizer)  # jit_compile=False
     return model, layer, fit_model
 
+
+#: The progress an epoch must make in the fused monitor
+#: (:data:`xmc_tf.job.finalize.FUSED_MONITOR`, a fraction) to count, when
+#: ``config.train.min_delta`` is None: 0.1 points of mean P@k, about 8 of
+#: the 8,192 instances it reads at P@1.  The fusion weights are chosen on
+#: the same instances at every epoch end, so smaller rises are mostly that
+#: choice's noise; with 0 the fused model crept by 0.01 points an epoch on
+#: DebDocNextWord and training ran on (docs/notes/tail.md).
+FUSED_MIN_DELTA = 1e-3
 
 #: Score blocks of validation up to this size are not limited by the
 #: training batch (label spaces of up to 16,384 labels keep batches of 1024).
@@ -251,23 +261,41 @@ class ChiefLogs(keras.callbacks.Callback):
 
 
 def make_callbacks(config, workdir: str, head, layer, val_data,
-                   cluster: xcluster.Cluster | None = None) -> list:
-    """:class:`StopOnNonFinite`, then the head's own callbacks (SET,
-    held-out P@k, ...), so their epoch logs reach the rest (in a
-    multi-worker ``cluster``, replaced by the chief's: :class:`ChiefLogs`); then LR halving
-    and early stopping on the head's monitor (val P@3 when a validation split exists), both with
-    state that survives a resume (:mod:`xmc_tf.job.checkpoint`; the best
-    weights on disk in ``workdir/backup``, not in memory), and
-    TensorBoard.  The :class:`~xmc_tf.job.checkpoint.Checkpointer` (which also
-    writes ``history.csv``) is appended by the caller, last."""
+                   cluster: xcluster.Cluster | None = None,
+                   fused=None) -> list:
+    """The callbacks of ``fit``, in order.
+
+    :class:`StopOnNonFinite`, then the head's own callbacks (SET, held-out
+    P@k, ...), so their epoch logs reach the rest (in a multi-worker
+    ``cluster``, replaced by the chief's: :class:`ChiefLogs`); then LR
+    halving and early stopping on the head's monitor (val P@3 when a
+    validation split exists), both with state that survives a resume
+    (:mod:`xmc_tf.job.checkpoint`; the best weights on disk in
+    ``workdir/backup``, not in memory), and TensorBoard.  With ``fused``
+    (a :class:`xmc_tf.job.finalize.FusedValidation`) the head's callbacks
+    get no validation data, ``fused`` follows them, and the schedule and
+    early stopping follow the fused model's validation P@k
+    (:data:`xmc_tf.job.finalize.FUSED_MONITOR`) instead.  The
+    :class:`~xmc_tf.job.checkpoint.Checkpointer` (which also writes
+    ``history.csv``) is appended by the caller, last."""
     tc = config.train
     monitor, mode = head.monitor(val_data is not None)
+    if fused is not None:
+        from xmc_tf.job.finalize import FUSED_MONITOR
+        monitor, mode, val_data = FUSED_MONITOR, "max", None
     # An epoch counts as progress only if the monitor moves by
     # config.train.min_delta, so a run whose metric creeps ends by itself
-    # (None: Keras' defaults, 1e-4 for the schedule and 0 for stopping).
-    deltas = ({"lr": 1e-4, "stop": 0.0} if tc.min_delta is None else
-              {"lr": float(tc.min_delta), "stop": float(tc.min_delta)})
+    # (None: Keras' defaults, 1e-4 for the schedule and 0 for stopping;
+    # FUSED_MIN_DELTA for the fused monitor).
+    if tc.min_delta is not None:
+        deltas = {"lr": float(tc.min_delta), "stop": float(tc.min_delta)}
+    elif fused is not None:
+        deltas = {"lr": FUSED_MIN_DELTA, "stop": FUSED_MIN_DELTA}
+    else:
+        deltas = {"lr": 1e-4, "stop": 0.0}
     cbs = [StopOnNonFinite()] + head.callbacks(layer, val_data)
+    if fused is not None:
+        cbs.append(fused)
     if cluster is not None and cluster.multi_worker:
         cbs.append(ChiefLogs(cluster))
     cbs += [

@@ -34,7 +34,7 @@ __all__ = ["DataSummary", "summarize", "check_config",
            "check_strategy", "resolve_config", "automatic",
            "automatic_fields", "is_auto", "label_tree_plan", "tree_enabled",
            "tree_weight", "fusion_weight", "centroid_plan",
-           "neighbour_plan"]
+           "neighbour_plan", "MONITORS", "monitor_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +249,53 @@ def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
                   f"config.tree.max_labels={tc.max_labels}")
 
 
+#: The values of ``config.train.monitor``.
+MONITORS = ("auto", "network", "fused")
+
+
+def monitor_plan(config, has_validation: bool) -> tuple[bool, str]:
+    """Whether LR halving and early stopping follow the fused model's
+    validation P@k (:class:`xmc_tf.job.finalize.FusedValidation`) rather
+    than the network's, and why.
+
+    ``config.train.monitor="auto"`` picks the fused model when the
+    few-shot scorers are on (``config.centroids`` or ``config.neighbours``
+    enabled, as resolved by :func:`centroid_plan` / :func:`neighbour_plan`)
+    with a weight read on validation and a validation split exists: there
+    the centroids and the votes carry the labels with a few instances, and
+    the network's own P@k keeps rising for epochs that leave the fused
+    model where it was (DebDocNextWord: docs/notes/tail.md).  On data with
+    many instances per label the network is stopped on its own P@k, as
+    before.  ``"fused"`` and ``"network"`` are kept; the job
+    (:class:`xmc_tf.job.run.Run`) raises
+    :class:`~xmc_tf.errors.ConfigError` for ``"fused"`` without a weight
+    to read, and trains a run under a ``tf.distribute`` strategy on the
+    network's monitor when ``"auto"`` chose the fused one.
+
+    Args:
+      config: the job config, ``config.centroids.enabled`` and
+        ``config.neighbours.enabled`` resolved.
+      has_validation: whether the run has a validation split.
+
+    Returns:
+      ``(fused, why)``.
+    """
+    value = config.train.get("monitor", "auto")
+    if value in ("network", "fused"):
+        return value == "fused", f"config.train.monitor={value!r}"
+    if not has_validation:
+        return False, "no validation split"
+    for section in ("centroids", "neighbours"):
+        sc = config.get(section)
+        if (sc is not None and auto_bool(sc.enabled,
+                                         f"config.{section}.enabled") is True
+                and fusion_weight(sc.weight, f"config.{section}.weight")
+                is None):
+            return True, (f"config.{section} is on with its weight read on "
+                          "validation: the fused model is exported")
+    return False, "no few-shot scorer's weight is read on validation"
+
+
 def _check_centroids(config, head) -> None:
     """Validates ``config.centroids`` (ValueError naming the field)."""
     cc = config.get("centroids")
@@ -444,6 +491,9 @@ def _check_resolved(config) -> xheads.Head:
             _check_nonnegative("train.weight_decay", tc.weight_decay)
         if tc.min_delta is not None:
             _check_nonnegative("train.min_delta", tc.min_delta)
+        if tc.get("monitor", "auto") not in MONITORS:
+            raise ValueError(f"config.train.monitor={tc.monitor!r}; expected "
+                             f"one of {MONITORS}")
         _check_tree(config, head)
         _check_centroids(config, head)
         _check_neighbours(config, head)
@@ -593,6 +643,13 @@ def _centroids_enabled(config, summary, head, has_validation):
 @automatic("neighbours.enabled")
 def _neighbours_enabled(config, summary, head, has_validation):
     return neighbour_plan(config, head, summary, has_validation)
+
+
+@automatic("train.monitor")
+def _monitor(config, summary, head, has_validation):
+    del summary, head
+    fused, why = monitor_plan(config, has_validation)
+    return ("fused" if fused else "network"), why
 
 
 def _resolve_regime(config, summary) -> tuple:

@@ -171,8 +171,10 @@ class Run:
         # What parsing, normalising and initialising freed stays resident
         # in malloc's heaps otherwise, under training's peak.
         _return_free_memory("the data and the model are built")
+        self.fusion, fused_cb = self._fusion_before_fit()
         cbs = xfit.make_callbacks(self.config, self.wd.path, self.head,
-                                  self.layer, self.val_data, self.cluster)
+                                  self.layer, self.val_data, self.cluster,
+                                  fused=fused_cb)
         self.callbacks = cbs + self.extra_callbacks
         self.stateful = xckpt.stateful_objects(self.callbacks, self.fit_model)
         meta = xresume.start_meta(self.given, self.regime,
@@ -180,6 +182,46 @@ class Run:
         self.checkpointer = xckpt.Checkpointer(
             self.wd.backup_dir, self.stateful, self.wd.file(Workdir.HISTORY),
             meta)
+
+    def _fusion_before_fit(self):
+        """The fused scorers' plan and its
+        :class:`~xmc_tf.job.finalize.FusedValidation` when the fused
+        model's validation P@k drives the schedule and early stopping
+        (:func:`xmc_tf.job.plan.monitor_plan`), else ``(None, None)``
+        (:func:`xmc_tf.job.finalize.finalize` prepares the scorers after
+        training).
+
+        Raises:
+          ConfigError: ``config.train.monitor="fused"`` set by the user
+            under a strategy, or with no validation instances or no weight
+            read on them.
+        """
+        monitor = self.config.train.get("monitor", "network")
+        if monitor == "fused" and self.cluster.strategy is not None:
+            if self.given.train.get("monitor", "auto") == "fused":
+                raise ConfigError(
+                    "config.train.monitor='fused' is not supported under a "
+                    "tf.distribute strategy; use 'network' or "
+                    "--strategy=none")
+            logging.info("config.train.monitor: 'network' under a "
+                         "tf.distribute strategy")
+            monitor = "network"
+        if monitor != "fused":
+            return None, None
+        if self.val_data is None or not self.val_data.num_instances:
+            raise ConfigError("config.train.monitor='fused' needs validation "
+                              "instances (config.data.validation_fraction > "
+                              "0 or a validation file)")
+        plan = xfinalize.prepare_fusion(
+            self.config, self.wd, self.head, self.fit_data, self.val_data,
+            self.summary.sparse)
+        if not plan.reads_weights:
+            raise ConfigError(
+                "config.train.monitor='fused' needs a scorer fused with its "
+                "weight read on validation (config.tree, config.centroids or "
+                "config.neighbours on with weight 'auto')")
+        return plan, xfinalize.FusedValidation(
+            plan, self.model, self.config.eval.ks, self.config.eval.batch_size)
 
     def fit(self) -> None:
         """Restores the backup (if any) and trains the remaining epochs."""
@@ -189,8 +231,10 @@ class Run:
                 self.wd.file(Workdir.HISTORY), self.config.train.epochs)
         if self.ckpt is not None and self.ckpt.meta["phase"] == "trained":
             return
+        # the fused pass replaces the network's own validation pass
+        val_data = self.val_data if self.fusion is None else None
         xfit.fit_model(self.fit_model, self.config, self.head, self.fit_data,
-                       self.val_data, self.model, self.cluster,
+                       val_data, self.model, self.cluster,
                        self.callbacks + [self.checkpointer], first, last)
 
     def export(self) -> dict:
@@ -209,7 +253,7 @@ class Run:
         _return_free_memory("training is over")
         exported, finalize_info, finalize_seconds = xfinalize.finalize(
             self.config, self.wd, self.head, self.model, self.fit_data,
-            self.val_data, self.summary.sparse, self.norm)
+            self.val_data, self.summary.sparse, self.norm, plan=self.fusion)
         test, config = self.data.test, self.config
         metrics = (evaluate_model(exported, test, self.inv_prop,
                                   tuple(config.eval.ks),
