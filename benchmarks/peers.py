@@ -23,6 +23,7 @@ import threading
 import time
 
 import numpy as np
+import scipy.sparse as sp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -237,6 +238,46 @@ def run_fasttext(train, test, threads=2, epoch=None, dim=100, lr=0.5,
             **({"topk_ids": ids} if return_ids else {})}
 
 
+def run_pecos(train, test, threads=2, return_ids=False, **_):
+    """PECOS XR-Linear (libpecos 1.2.8) with its defaults
+    (benchmarks/pecos_xrlinear.py), run by the interpreter named in
+    ``XMC_PECOS_PYTHON`` (its own venv: libpecos pins NumPy < 2).
+
+    Raises:
+      RuntimeError: ``XMC_PECOS_PYTHON`` is unset, or the script failed.
+    """
+    python = os.environ.get("XMC_PECOS_PYTHON")
+    if not python:
+        raise RuntimeError("set XMC_PECOS_PYTHON to a Python with libpecos "
+                           "(see benchmarks/pecos_xrlinear.py)")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "pecos_xrlinear.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        data, out = os.path.join(tmp, "data.npz"), os.path.join(tmp,
+                                                                "out.npz")
+        arrays = {}
+        for prefix, m in (("x_", train.features), ("y_", train.labels),
+                          ("t_", test.features)):
+            m = sp.csr_matrix(m)
+            arrays.update({prefix + "data": m.data,
+                           prefix + "indices": m.indices,
+                           prefix + "indptr": m.indptr,
+                           prefix + "shape": np.asarray(m.shape)})
+        np.savez(data, **arrays)
+        proc = subprocess.run([python, script, "--data", data, "--out", out,
+                               "--threads", str(threads)],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode:
+            raise RuntimeError("pecos_xrlinear.py failed: "
+                               + proc.stderr[-2000:])
+        with np.load(out) as res:
+            ids, wall = res["ids"], float(res["train_s"])
+            pwall = float(res["predict_s"])
+    return {"method": "PECOS XR-Linear", **precision(ids, test.labels),
+            "train_s": wall, "decode_qps": test.num_instances / pwall,
+            **({"topk_ids": ids} if return_ids else {})}
+
+
 #: name -> runner(train, test, threads=..., train_path=...).
 PEERS = {"napkinxc": run_napkinxc, "omikuji": run_omikuji,
-         "fasttext": run_fasttext}
+         "fasttext": run_fasttext, "pecos": run_pecos}

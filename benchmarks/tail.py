@@ -22,7 +22,8 @@ Methods (``--methods``): ours, by packaged config and overrides, through
 :class:`xmc_tf.ExtremeClassifier` (``NAME`` = a packaged config, or
 ``NAME=CONFIG:field=value;field=value`` for a variant, e.g.
 ``scent_wide=scent:model.wide_connections=32``); the peers of
-``benchmarks/peers.py`` (``omikuji``, ``fasttext``, ``napkinxc``) at their
+``benchmarks/peers.py`` (``omikuji``, ``fasttext``, ``napkinxc``,
+``pecos``: XR-Linear in its own venv, ``XMC_PECOS_PYTHON``) at their
 defaults.  Every method runs in a process of its own (peak RSS is its
 own), with ``--threads`` threads for the peers.  Training seconds: wall
 clock of ``fit`` for ours (validation passes, the label tree and export
@@ -55,7 +56,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-PEER_NAMES = ("omikuji", "fasttext", "napkinxc")
+PEER_NAMES = ("omikuji", "fasttext", "napkinxc", "pecos")
 DATASETS = ("debdoc", "mannextword", "wordnet")
 
 

@@ -90,12 +90,14 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
 
 #: The progress an epoch must make in the fused monitor
 #: (:data:`xmc_tf.job.finalize.FUSED_MONITOR`, a fraction) to count, when
-#: ``config.train.min_delta`` is None: 0.1 points of mean P@k, about 8 of
-#: the 8,192 instances it reads at P@1.  The fusion weights are chosen on
-#: the same instances at every epoch end, so smaller rises are mostly that
-#: choice's noise; with 0 the fused model crept by 0.01 points an epoch on
-#: DebDocNextWord and training ran on (docs/notes/tail.md).
-FUSED_MIN_DELTA = 1e-3
+#: ``config.train.min_delta`` is None: 0.01 points of mean P@k, Keras'
+#: default for ``ReduceLROnPlateau``, for both the schedule and early
+#: stopping.  Early stopping's own default (0) lets a fused model that
+#: creeps by a few instances an epoch train on: DebDocNextWord's rose by
+#: 0.002-0.01 points an epoch once the network stopped mattering.  At 0.1
+#: points ManNextWord's stopped while its network still learned the
+#: tail classes (validation 14.14 against 14.46; docs/notes/tail.md).
+FUSED_MIN_DELTA = 1e-4
 
 #: Score blocks of validation up to this size are not limited by the
 #: training batch (label spaces of up to 16,384 labels keep batches of 1024).
