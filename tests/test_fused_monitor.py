@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from xmc_tf import data as xdata
 from xmc_tf.errors import ConfigError
 from xmc_tf.job import finalize as xfinalize
 from xmc_tf.job import fit as xfit
@@ -123,6 +124,7 @@ def test_monitor_plan():
             ("network", _config(**on, **{"train.monitor": "network"}),
              True)):
         assert not xplan.monitor_plan(config, has_val)[0], why
+    assert not xplan.monitor_plan(_config(**on), True, multi_class=False)[0]
     fused = _config(**{"train.monitor": "fused", "centroids.enabled": False,
                        "neighbours.enabled": False})
     assert xplan.monitor_plan(fused, True)[0]
@@ -137,6 +139,11 @@ def test_monitor_plan():
     run, _ = xplan.resolve_config(_config(**{"centroids.enabled": False,
                                              "neighbours.enabled": False}),
                                   train)
+    assert run.train.monitor == "network"
+    # multi-label training labels: the network's own monitor
+    two = sp.hstack([train.labels, train.labels[:, ::-1]], format="csr")
+    multi = xdata.XCDataset(train.features, two)
+    run, _ = xplan.resolve_config(_config(**on), multi)
     assert run.train.monitor == "network"
 
 
