@@ -114,8 +114,9 @@ def _base() -> dict:
             # what LR halving and early stopping follow: "network" (the
             # head's validation P@k), "fused" (the validation P@k of the
             # network fused with the tree, centroids and votes:
-            # xmc_tf.job.finalize.FusedValidation) or "auto" ("fused" when
-            # the few-shot scorers are on: xmc_tf.job.plan.monitor_plan)
+            # xmc_tf.job.finalize.FusedValidation) or "auto" ("fused" on
+            # multi-class labels when the few-shot scorers are on:
+            # xmc_tf.job.plan.monitor_plan)
             monitor="auto",
             # progress = the monitor moving by this; None: Keras' defaults
             # (1e-4 for the LR schedule, 0 for early stopping)

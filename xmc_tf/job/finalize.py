@@ -278,10 +278,10 @@ class FusionScores:
 
         The instances' shortlists grow by the new scorer's top
         ``shortlist`` labels.  The new scorer's scores are exact at every
-        label; a scorer held here has its exact score at the labels it
-        shared a shortlist with, and at a label only the new scorer
-        shortlisted, its lowest shortlisted score of that instance (an
-        upper bound of the score it would have there).  So the other
+        label; a scorer held here keeps its exact score at every label of
+        the held shortlists, and at a label only the new scorer
+        shortlisted takes its lowest shortlisted score of that instance
+        (an upper bound of the score it would have there).  So the other
         scorers are scored once and a scorer that changes (the network,
         from epoch to epoch) is added in one pass of its own.
 
