@@ -556,9 +556,9 @@ class FusionPlan:
         return self.others is not None
 
     def fusion_scores(self, model, batch_size: int) -> FusionScores:
-        """:attr:`others` with the network ``model``'s scores (named
+        """``others`` with the network ``model``'s scores (named
         ``"deep"``) of the same instances: one pass of the network
-        (:meth:`FusionScores.with_scorer`), or :attr:`others` itself when
+        (:meth:`FusionScores.with_scorer`), or ``others`` itself when
         it holds the network's scores already."""
         if "deep" in self.others.scores:
             return self.others
@@ -589,7 +589,7 @@ def prepare_fusion(config, wd: Workdir, head, fit_data, val_data,
 
     When a weight is left "auto" and validation instances exist, every
     scorer scores the first :data:`FUSION_VALIDATION_ROWS` of them once
-    (:attr:`FusionPlan.others`).  A trained ``network`` (Keras model of
+    (``FusionPlan.others``).  A trained ``network`` (Keras model of
     the normalised features) is scored in the same pass, as ``"deep"``, so
     every score there is exact; without it the network is added per read
     by :meth:`FusionPlan.fusion_scores`.
@@ -770,7 +770,7 @@ def finalize(config, wd: Workdir, head, model, fit_data, val_data,
       weight, given the others' final weights) and ``"fusion"`` (when
       weights were read: the validation instances scored, the rounds, the
       seconds of the plan and this call) for ``metrics.json``;
-      ``seconds``: the plan's (:attr:`FusionPlan.seconds`) and this call's,
+      ``seconds``: the plan's (``FusionPlan.seconds``) and this call's,
       for ``train_seconds``.
     """
     if plan is None:
