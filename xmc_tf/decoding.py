@@ -13,6 +13,8 @@ A scoring layer whose type has a registered decoder
 (:func:`register_decoder`) is decoded by it -- MACH's
 :class:`~xmc_tf.layers.MachHead` by the exact count-min decoder
 (:class:`~xmc_tf.layers.MachDecoder`, Medini et al., NeurIPS 2019, Eq. 2);
+a fused model (:class:`~xmc_tf.layers.FusedScores` applied to the model's
+input) by shortlist and re-rank (:meth:`~xmc_tf.layers.FusedScores.top_k`);
 every other model outputs a score per label ``[b, m]`` and is decoded by
 :func:`xmc_tf.ops.topk.top_k` (``Xmc>TopK`` on the CPU).
 
@@ -32,17 +34,18 @@ from __future__ import annotations
 
 import keras
 
-from xmc_tf.layers import MachDecoder, MachHead
+from xmc_tf.layers import FusedScores, MachDecoder, MachHead
 
 __all__ = ["register_decoder", "inference_model", "scoring_layer",
            "scores_every_label", "top_k_function"]
 
-#: Scoring-layer class -> ``(model, layer, k) -> top_k`` (see
-#: :func:`register_decoder`).
-_DECODERS: dict[type, object] = {}
+#: Scoring-layer class -> ``((model, layer, k) -> top_k, scores every
+#: label)`` (see :func:`register_decoder`).
+_DECODERS: dict[type, tuple] = {}
 
 
-def register_decoder(layer_type: type, make_top_k) -> None:
+def register_decoder(layer_type: type, make_top_k,
+                     scores_every_label: bool = False) -> None:
     """Registers how models whose scoring layer is a ``layer_type`` are
     decoded.
 
@@ -51,8 +54,11 @@ def register_decoder(layer_type: type, make_top_k) -> None:
       make_top_k: ``(model, layer, k) -> top_k``, where ``top_k`` maps a
         feature batch to ``(ids int32 [b, k], scores float32 [b, k])``,
         best first; it raises ValueError for a ``k`` out of range.
+      scores_every_label: whether such a model's output is still a score
+        per label ``[b, m]`` (a shortlisting decoder of full scores), so
+        that :func:`scores_every_label` holds for it.
     """
-    _DECODERS[layer_type] = make_top_k
+    _DECODERS[layer_type] = (make_top_k, bool(scores_every_label))
 
 
 def inference_model(model):
@@ -94,17 +100,24 @@ def scoring_layer(model):
         return operation
 
 
-def _decoder(layer):
-    for layer_type, make in _DECODERS.items():
+def _registered(layer):
+    for layer_type, entry in _DECODERS.items():
         if isinstance(layer, layer_type):
-            return make
+            return entry
     return None
+
+
+def _decoder(layer):
+    entry = _registered(layer)
+    return entry[0] if entry is not None else None
 
 
 def scores_every_label(model) -> bool:
     """Whether ``model`` outputs a score per label ``[b, m]`` (no
-    registered decoder for its scoring layer)."""
-    return _decoder(scoring_layer(model)) is None
+    registered decoder for its scoring layer, or one registered with
+    ``scores_every_label``)."""
+    entry = _registered(scoring_layer(model))
+    return entry is None or entry[1]
 
 
 def _full_scores_top_k(model, layer, k: int):
@@ -140,4 +153,30 @@ def _mach_top_k(model, layer, k: int):
     return lambda x: decoder(model(x, training=False))
 
 
+def _applies_to_input(model, layer) -> bool:
+    """Whether ``model`` is ``layer`` applied to ``model``'s input (its
+    only computation)."""
+    outputs, inputs = getattr(model, "outputs", None), model.inputs
+    if not outputs or len(outputs) != 1 or len(inputs) != 1:
+        return False
+    operation, node_index, _ = outputs[0]._keras_history
+    if operation is not layer:
+        return False
+    node = operation._inbound_nodes[node_index]
+    return len(node.input_tensors) == 1 and node.input_tensors[0] is inputs[0]
+
+
+def _fused_top_k(model, layer, k: int):
+    # Shortlist and re-rank where the model is the fused layer itself; a
+    # model that wraps it in more (an ensemble's average) ranks its exact
+    # scores.
+    if not _applies_to_input(model, layer):
+        return _full_scores_top_k(model, layer, k)
+    if not 1 <= k <= layer.num_labels:
+        raise ValueError(f"k={k} must be in [1, num_labels="
+                         f"{layer.num_labels}]")
+    return lambda x: layer.top_k(x, k)
+
+
 register_decoder(MachHead, _mach_top_k)
+register_decoder(FusedScores, _fused_top_k, scores_every_label=True)

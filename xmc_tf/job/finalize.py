@@ -29,7 +29,7 @@ from absl import logging
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf.metrics import evaluator as xevaluation
-from xmc_tf.job import tree as xlabel_tree
+from xmc_tf.shortlist import tree as xlabel_tree
 from xmc_tf.job import preprocessing as xprep
 from xmc_tf.job.inputs import subset
 from xmc_tf.job.plan import fusion_weight, label_tree_plan, tree_weight

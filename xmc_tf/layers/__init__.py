@@ -19,3 +19,7 @@ from xmc_tf.layers.label_tree import LabelTreeScores, fuse_scores  # noqa: E402
 __all__ += ["LabelTreeScores", "fuse_scores"]
 from xmc_tf.layers.neighbours import NearestNeighbourScores  # noqa: E402
 __all__ += ["NearestNeighbourScores"]
+from xmc_tf.layers.fused import (FusedScores, NormalizedScorer,  # noqa: E402
+                                 candidate_scorer, merge_shortlists)
+__all__ += ["FusedScores", "NormalizedScorer", "candidate_scorer",
+            "merge_shortlists"]

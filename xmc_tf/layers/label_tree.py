@@ -1,13 +1,18 @@
-"""The label tree's scores as a Keras layer (non-trainable).
+"""The label tree as a Keras layer (non-trainable): a shortlister and a
+scorer of given labels.
 
-Holds a fitted :class:`xmc_tf.job.tree.LabelTree` and computes every
-label's log-score ``sum over the label's path of -max(0, 1 - w_j . x -
-b_j)^2`` (Parabel, Prabhu et al. WWW 2018, Sec. 3: the squared-hinge
-probabilities of the node and leaf classifiers multiplied along the path)
-for a sparse batch.  The weights are stored feature-major (CSR rows =
-features), so an instance reads only the rows of its own features: the cost
-is ``sum over its features of the row's length`` multiply-adds, then
-``depth`` gathers of ``[batch, num_labels]``.
+Holds a fitted :class:`xmc_tf.shortlist.LabelTree` and gives, for a
+sparse batch, a label's log-score ``sum over the label's path of -max(0, 1
+- w_j . x - b_j)^2`` (Parabel, Prabhu et al. WWW 2018, Sec. 3: the
+squared-hinge probabilities of the node and leaf classifiers multiplied
+along the path): of every label (``call``), of given labels
+(:meth:`LabelTreeScores.score_candidates`), or of the labels a beam search
+reaches (:meth:`LabelTreeScores.shortlist`, Sec. 3.3).  The weights are
+stored feature-major (CSR rows = features), so an instance reads only the
+rows of its own features: the cost is ``sum over its features of the row's
+length`` multiply-adds, then ``depth`` gathers of ``[batch, num_labels]``
+for every label, ``depth`` per given label, or ``beam x`` children per
+level for the beam.
 """
 
 from __future__ import annotations
@@ -15,6 +20,11 @@ from __future__ import annotations
 import keras
 import numpy as np
 import tensorflow as tf
+
+from xmc_tf.ops.label_tree import (TreeArrays, label_tree_beam_search,
+                                   label_tree_column_scores,
+                                   label_tree_path_scores)
+from xmc_tf.shortlist.tree import TreeTopology
 
 __all__ = ["LabelTreeScores", "fuse_with_tree", "fuse_scores",
            "sparse_row_chunks",
@@ -24,6 +34,14 @@ __all__ = ["LabelTreeScores", "fuse_with_tree", "fuse_scores",
 #: nested in it.
 FUSED_MODEL = "tree_fused"
 DEEP_MODEL = "deep"
+
+
+def _sparse(inputs):
+    """``inputs`` as a float32 ``tf.SparseTensor`` (a dense batch made
+    sparse)."""
+    if isinstance(inputs, tf.SparseTensor):
+        return inputs
+    return tf.sparse.from_dense(tf.convert_to_tensor(inputs, tf.float32))
 
 
 def sparse_row_chunks(inputs, num_features: int, width: int,
@@ -97,8 +115,11 @@ class LabelTreeScores(keras.layers.Layer):
         labels).
       num_weights: stored (non-zero) weights.
       depth: the longest path (columns per label, padded).
-      chunk_rows: instances scored at a time (memory: each stored entry
-        of an instance expands to its feature's row of weights).
+      chunk_rows: instances scored at a time by ``call`` (memory: each
+        stored entry of an instance expands to its feature's row of
+        weights).
+      beam: the frontier width of :meth:`shortlist` (Parabel's and
+        Omikuji's default: 10).
       **kwargs: base layer arguments (``name``...).
 
     Input shape:
@@ -112,7 +133,12 @@ class LabelTreeScores(keras.layers.Layer):
     Attributes (non-trainable variables, set by :meth:`set_tree`):
       indptr: int64 ``[D + 1]``; columns: int32 ``[num_weights]``;
       values: float32 ``[num_weights]``; bias: float32 ``[num_columns]``;
-      paths: int32 ``[num_labels, depth]`` (padding = ``num_columns``).
+      paths: int32 ``[num_labels, depth]`` (padding = ``num_columns``);
+      child_indptr: int64 ``[num_columns - num_labels + 2]``, children,
+      column_node, column_label: int32 ``[num_columns]`` -- the
+      :class:`~xmc_tf.shortlist.TreeTopology` the beam search walks (a
+      ``.keras`` file of an earlier version, without them, gets them from
+      ``paths`` when it loads).
 
     Raises:
       ValueError: a tree of other sizes in :meth:`set_tree`.
@@ -121,7 +147,7 @@ class LabelTreeScores(keras.layers.Layer):
 
     Example:
       >>> import scipy.sparse as sp
-      >>> from xmc_tf.job.tree import fit_label_tree
+      >>> from xmc_tf.shortlist import fit_label_tree
       >>> x = sp.csr_matrix(np.eye(4, dtype=np.float32))
       >>> tree = fit_label_tree(x, sp.csr_matrix(np.eye(4)), leaf_size=2)
       >>> layer = LabelTreeScores.from_tree(tree)
@@ -132,7 +158,7 @@ class LabelTreeScores(keras.layers.Layer):
 
     def __init__(self, num_features: int, num_labels: int, num_columns: int,
                  num_weights: int, depth: int, chunk_rows: int = 64,
-                 **kwargs):
+                 beam: int = 10, **kwargs):
         kwargs.setdefault("trainable", False)
         super().__init__(**kwargs)
         self.num_features = int(num_features)
@@ -143,11 +169,14 @@ class LabelTreeScores(keras.layers.Layer):
         if int(chunk_rows) < 1:
             raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
         self.chunk_rows = int(chunk_rows)
+        if int(beam) < 1:
+            raise ValueError(f"beam must be >= 1, got {beam}")
+        self.beam = int(beam)
 
     @classmethod
     def from_tree(cls, tree, **kwargs) -> "LabelTreeScores":
         """A built layer holding ``tree``
-        (:class:`~xmc_tf.job.tree.LabelTree`)."""
+        (:class:`~xmc_tf.shortlist.LabelTree`)."""
         layer = cls(tree.num_features, tree.num_labels, tree.num_columns,
                     tree.weights.nnz, tree.paths.shape[1], **kwargs)
         layer.build((None, tree.num_features))
@@ -163,7 +192,17 @@ class LabelTreeScores(keras.layers.Layer):
         self.values = var("values", (self.num_weights,), "float32")
         self.bias = var("bias", (self.num_columns,), "float32")
         self.paths = var("paths", (self.num_labels, self.depth), "int32")
+        self.child_indptr = var("child_indptr", (self.num_nodes + 1,),
+                                "int64")
+        self.children = var("children", (self.num_columns,), "int32")
+        self.column_node = var("column_node", (self.num_columns,), "int32")
+        self.column_label = var("column_label", (self.num_columns,), "int32")
         super().build(input_shape)
+
+    @property
+    def num_nodes(self) -> int:
+        """The tree's nodes: the root and one per internal column."""
+        return self.num_columns - self.num_labels + 1
 
     def set_tree(self, tree) -> None:
         """Assigns the arrays of ``tree`` (same sizes as the layer's)."""
@@ -180,23 +219,78 @@ class LabelTreeScores(keras.layers.Layer):
         self.values.assign(a["data"])
         self.bias.assign(a["bias"])
         self.paths.assign(a["paths"])
+        self._set_topology(tree.topology())
+
+    def _set_topology(self, topo: TreeTopology) -> None:
+        if topo.num_nodes != self.num_nodes:
+            raise ValueError(f"the tree has {topo.num_nodes} nodes, the "
+                             f"layer {self.num_nodes}")
+        self.child_indptr.assign(topo.child_indptr)
+        self.children.assign(topo.children)
+        self.column_node.assign(topo.column_node)
+        self.column_label.assign(topo.column_label)
+
+    def load_own_variables(self, store):
+        # A file of an earlier version holds the five arrays before the
+        # topology: the topology is derived from its paths.
+        if len(store.keys()) == 5:
+            for i, v in enumerate((self.indptr, self.columns, self.values,
+                                   self.bias, self.paths)):
+                v.assign(store[str(i)])
+            self._set_topology(TreeTopology.from_paths(
+                np.asarray(store["4"]), self.num_columns))
+            return
+        super().load_own_variables(store)
+
+    def _arrays(self) -> TreeArrays:
+        return TreeArrays(self.indptr, self.columns, self.values, self.bias,
+                          self.paths, self.child_indptr, self.children,
+                          self.column_node, self.column_label)
+
+    def shortlist(self, inputs, k: int, beam: int | None = None):
+        """The ``k`` best labels of each row by beam search down the tree
+        (Parabel, Sec. 3.3; op ``Xmc>LabelTreeBeamSearch``,
+        :func:`xmc_tf.ops.label_tree.label_tree_beam_search`): a frontier
+        of ``beam`` nodes per level; every label of a leaf the frontier
+        reaches is a candidate.
+
+        Args:
+          inputs: ``tf.SparseTensor`` float32 ``[batch, D]`` (a dense
+            tensor is made sparse).
+          k: labels per row (>= 1; at most ``beam x`` the labels of a leaf
+            are reached).
+          beam: frontier width (>= 1; None: the layer's ``beam``).
+
+        Returns:
+          ``(ids int32 [batch, k], scores float32 [batch, k])``: the path
+          log-scores, best first (ties: the lower label id); -1 / -inf
+          where fewer labels were reached.
+
+        Raises:
+          tf.errors.InvalidArgumentError: a feature id outside ``[0, D)``.
+        """
+        return label_tree_beam_search(
+            _sparse(inputs), self._arrays(),
+            int(self.beam if beam is None else beam), int(k))
+
+    def score_candidates(self, inputs, candidates):
+        """The path log-scores of given labels, float32 ``[batch, C]``:
+        ``call(inputs)`` gathered at ``candidates`` (int ``[batch, C]``;
+        -1: padding, scored 0), without the ``[batch, num_labels]`` tensor
+        (op ``Xmc>LabelTreePathScores``).
+
+        Raises:
+          tf.errors.InvalidArgumentError: a feature id outside ``[0, D)``
+            or a candidate outside ``[-1, num_labels)``.
+        """
+        return label_tree_path_scores(_sparse(inputs), self._arrays(),
+                                      candidates)
 
     def _chunk_scores(self, rows, feats, values, num_rows):
         """Log-scores ``[num_rows, num_labels]`` of the entries ``(rows,
         feats, values)`` (rows in ``[0, num_rows)``)."""
-        starts = tf.gather(self.indptr, feats)
-        ends = tf.gather(self.indptr, feats + 1)
-        pos = tf.ragged.range(starts, ends).flat_values
-        entry = tf.repeat(tf.range(tf.size(feats, out_type=tf.int64)),
-                          ends - starts)
-        contrib = tf.gather(values, entry) * tf.gather(self.values, pos)
-        ncols = tf.constant(self.num_columns, tf.int64)
-        target = (tf.gather(rows, entry) * ncols +
-                  tf.cast(tf.gather(self.columns, pos), tf.int64))
-        col = tf.math.unsorted_segment_sum(contrib, target, num_rows * ncols)
-        col = tf.reshape(col, [num_rows, self.num_columns]) + self.bias
-        col = -tf.square(tf.nn.relu(1.0 - col))
-        col = tf.concat([col, tf.zeros([num_rows, 1], col.dtype)], axis=1)
+        col = label_tree_column_scores(rows, feats, values, num_rows,
+                                       self._arrays())
         paths = tf.convert_to_tensor(self.paths)
         out = tf.gather(col, paths[:, 0], axis=1)
         for d in range(1, self.depth):
@@ -220,7 +314,7 @@ class LabelTreeScores(keras.layers.Layer):
                       num_labels=self.num_labels,
                       num_columns=self.num_columns,
                       num_weights=self.num_weights, depth=self.depth,
-                      chunk_rows=self.chunk_rows)
+                      chunk_rows=self.chunk_rows, beam=self.beam)
         return config
 
 

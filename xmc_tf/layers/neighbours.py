@@ -20,9 +20,18 @@ import numpy as np
 import scipy.sparse as sp
 import tensorflow as tf
 
-from xmc_tf.layers.label_tree import sparse_row_chunks
+from xmc_tf.ops.neighbours import nearest_neighbours
+from xmc_tf.ops.pairs import lookup, merge_keys, row_top_k
 
 __all__ = ["NearestNeighbourScores"]
+
+
+def _sparse(inputs):
+    """``inputs`` as a ``tf.SparseTensor`` (a dense batch, e.g. Keras'
+    tracing, made sparse)."""
+    if isinstance(inputs, tf.SparseTensor):
+        return inputs
+    return tf.sparse.from_dense(tf.convert_to_tensor(inputs, tf.float32))
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
@@ -47,8 +56,8 @@ class NearestNeighbourScores(keras.layers.Layer):
       num_label_entries: their stored labels.
       neighbours: ``k >= 1``, the instances that vote.
       power: the vote's exponent (``>= 0``; 0: every neighbour votes 1).
-      chunk_rows: instances scored at a time (memory: each stored entry
-        of an instance expands to its feature's postings).
+      chunk_rows: kept for the files of earlier versions, which scored
+        this many instances at a time (the op needs no chunks).
       **kwargs: base layer arguments (``name``...).
 
     Input shape:
@@ -64,8 +73,11 @@ class NearestNeighbourScores(keras.layers.Layer):
       (an inverted index); label_indptr: int64 ``[n + 1]``, label_ids:
       int32 ``[num_label_entries]`` -- each instance's labels.  Memory:
       ``8 (D + n) + 8 num_entries + 4 num_label_entries`` bytes.  Cost per
-      instance: the summed postings of its features (multiply-adds, then a
-      sort of the distinct instances met).
+      instance: the summed postings of its features (multiply-adds into a
+      scratch of ``n`` floats, op ``Xmc>NearestNeighbours``), a selection
+      of the ``k`` best, then their labels' votes; :meth:`score_candidates`
+      and :meth:`shortlist` keep the votes sparse (no ``[batch,
+      num_labels]`` tensor).
 
     Raises:
       ValueError: bad sizes or ``neighbours``/``power``/``chunk_rows``; in
@@ -176,63 +188,61 @@ class NearestNeighbourScores(keras.layers.Layer):
         self.label_indptr.assign(y.indptr.astype(np.int64))
         self.label_ids.assign(y.indices.astype(np.int32))
 
-    def _chunk_scores(self, rows, feats, values, num_rows):
-        """Votes ``[num_rows, num_labels]`` of the entries ``(rows, feats,
-        values)`` (rows in ``[0, num_rows)``)."""
-        n = tf.constant(self.num_instances, tf.int64)
-        m = tf.constant(self.num_labels, tf.int64)
-        # Every (row, training instance) sharing a feature: its dot product.
-        starts = tf.gather(self.indptr, feats)
-        ends = tf.gather(self.indptr, feats + 1)
-        pos = tf.ragged.range(starts, ends).flat_values
-        entry = tf.repeat(tf.range(tf.size(feats, out_type=tf.int64)),
-                          ends - starts)
-        contrib = tf.gather(values, entry) * tf.gather(self.values, pos)
-        key = (tf.gather(rows, entry) * n +
-               tf.cast(tf.gather(self.instances, pos), tf.int64))
-        # Sum the products of each (row, instance) pair: sorted by pair,
-        # a run of equal keys is one pair.
-        order = tf.argsort(key)
-        key, contrib = tf.gather(key, order), tf.gather(contrib, order)
-        previous = tf.concat([tf.constant([-1], tf.int64), key], 0)[:-1]
-        first = tf.not_equal(key, previous)
-        sims = tf.math.segment_sum(
-            contrib, tf.cumsum(tf.cast(first, tf.int64)) - 1)
-        pairs = tf.boolean_mask(key, first)
-        positive = sims > 0
-        pairs, sims = (tf.boolean_mask(pairs, positive),
-                       tf.boolean_mask(sims, positive))
-        # Per row, the k largest: a stable sort by (row, -similarity) keeps
-        # the instance order of ties (a positive float32's bits order as
-        # the float); the rank is the distance to the row's first pair.
-        row = pairs // n
-        descending = (tf.constant(2**31 - 1, tf.int64) -
-                      tf.cast(tf.bitcast(sims, tf.int32), tf.int64))
-        order = tf.argsort(row * 2**31 + descending, stable=True)
-        pairs, sims = tf.gather(pairs, order), tf.gather(sims, order)
-        row = pairs // n
-        first = tf.searchsorted(row, row, side="left", out_type=tf.int64)
-        rank = tf.range(tf.size(row, out_type=tf.int64)) - first
-        keep = rank < self.neighbours
-        row = tf.boolean_mask(row, keep)
-        inst = tf.boolean_mask(pairs % n, keep)
+    def nearest(self, inputs):
+        """The ``k`` nearest training instances of each row
+        (:func:`xmc_tf.ops.neighbours.nearest_neighbours`): ``(ids int32
+        [batch, k], similarities float32 [batch, k])``, best first, -1 / 0
+        where fewer share a feature with positive dot product."""
+        inputs = _sparse(inputs)
+        return nearest_neighbours(inputs, self.indptr, self.instances,
+                                  self.values, self.num_instances,
+                                  self.neighbours)
+
+    def votes(self, inputs):
+        """The non-zero votes of a batch as merged keys: ``(keys int64
+        [u], votes float32 [u])``, ``keys = row * num_labels + label``
+        sorted (:func:`xmc_tf.ops.pairs.merge_keys`)."""
+        ids, sims = self.nearest(inputs)
+        keep = ids >= 0
+        row = tf.where(keep)[:, 0]
+        inst = tf.cast(tf.boolean_mask(ids, keep), tf.int64)
         vote = tf.pow(tf.boolean_mask(sims, keep), self.power)
-        # Each kept neighbour's labels receive its vote.
         lstart = tf.gather(self.label_indptr, inst)
         lend = tf.gather(self.label_indptr, inst + 1)
         lpos = tf.ragged.range(lstart, lend).flat_values
         lentry = tf.repeat(tf.range(tf.size(inst, out_type=tf.int64)),
                            lend - lstart)
-        target = (tf.gather(row, lentry) * m +
-                  tf.cast(tf.gather(self.label_ids, lpos), tf.int64))
-        out = tf.math.unsorted_segment_sum(tf.gather(vote, lentry), target,
-                                           num_rows * m)
-        return tf.reshape(out, [num_rows, self.num_labels])
+        keys = (tf.gather(row, lentry) * self.num_labels +
+                tf.cast(tf.gather(self.label_ids, lpos), tf.int64))
+        return merge_keys(keys, tf.gather(vote, lentry))
 
     def call(self, inputs):
-        return sparse_row_chunks(inputs, self.num_features, self.num_labels,
-                                 self.chunk_rows, self._chunk_scores,
-                                 "NearestNeighbourScores")
+        inputs = _sparse(inputs)
+        keys, votes = self.votes(inputs)
+        batch = inputs.dense_shape[0]
+        out = tf.math.unsorted_segment_sum(votes, keys,
+                                           batch * self.num_labels)
+        return tf.reshape(out, [batch, self.num_labels])
+
+    def score_candidates(self, inputs, candidates):
+        """The votes of given labels, float32 ``[batch, C]``: ``call(inputs)``
+        gathered at ``candidates`` (int ``[batch, C]``; -1: padding, 0),
+        without the ``[batch, num_labels]`` tensor."""
+        inputs = _sparse(inputs)
+        keys, votes = self.votes(inputs)
+        candidates = tf.cast(candidates, tf.int64)
+        rows = tf.range(tf.shape(candidates, out_type=tf.int64)[0])[:, None]
+        found = lookup(keys, votes, rows * self.num_labels + candidates)
+        return tf.where(candidates >= 0, found, 0.0)
+
+    def shortlist(self, inputs, k: int):
+        """The ``k`` labels of most votes per row: ``(ids int32 [batch, k],
+        votes float32 [batch, k])``, best first (ties: the lower label id);
+        -1 / -inf where the neighbours vote for fewer labels."""
+        inputs = _sparse(inputs)
+        keys, votes = self.votes(inputs)
+        return row_top_k(keys, votes, inputs.dense_shape[0], self.num_labels,
+                         int(k))
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.num_labels)

@@ -14,7 +14,9 @@ import tensorflow as tf
 
 from xmc_tf import initializers  # noqa: F401  (registers "hinge_prior")
 from xmc_tf.layers.scorer import LabelLayout, scatter_label_rows
-from xmc_tf.ops.sampled import (check_shared_candidates, gather_label_rows,
+from xmc_tf.ops.pairs import lookup, sparse_keys
+from xmc_tf.ops.sampled import (check_candidates, check_shared_candidates,
+                                gather_label_rows,
                                 uniform_sparse_sampled_matmul)
 from xmc_tf.ops.uniform_sparse import (uniform_sparse_matmul,
                                        uniform_sparse_matmul_sparse_input)
@@ -373,7 +375,10 @@ class UniformSparseDense(keras.layers.Layer):
         Mehta et al., Algorithm 1: positives plus sampled negatives).
 
         Args:
-          inputs: ``[batch, num_features]`` float.
+          inputs: ``[batch, num_features]`` float, or a ``tf.SparseTensor``
+            of that shape (a linear model on sparse features: the wide path,
+            the label centroids), whose candidates' connections are looked
+            up among each row's stored entries (TensorFlow's ops only).
           candidates: int32 ``[batch, num_candidates]`` label ids in
             ``[0, units)``, repeats allowed.
 
@@ -395,6 +400,8 @@ class UniformSparseDense(keras.layers.Layer):
         if not self.built:
             raise ValueError(f"{self.name} is not built: call the layer on an "
                              "input (or build it) before score_candidates")
+        if isinstance(inputs, tf.SparseTensor):
+            return self._sparse_candidates(inputs, candidates)
         inputs = self._scaled(tf.convert_to_tensor(inputs))
         candidates = tf.convert_to_tensor(candidates, tf.int32)
         kernel = self.kernel
@@ -408,6 +415,26 @@ class UniformSparseDense(keras.layers.Layer):
             # A bad candidate fails the op, so this gather needs no check.
             scores = scores + gather_label_rows(self.bias, candidates,
                                                 scores.dtype)
+        return scores
+
+    def _sparse_candidates(self, inputs, candidates):
+        """:meth:`score_candidates` of a sparse batch: each candidate's
+        ``s`` connections looked up among the row's stored entries (a binary
+        search of the batch's sorted ``(row, feature)`` keys,
+        :mod:`xmc_tf.ops.pairs`; repeated entries add up), ``O(batch *
+        num_candidates * s * log nnz)``, no ``[batch, num_features]``
+        batch, TensorFlow's ops only."""
+        candidates = check_candidates(
+            tf.convert_to_tensor(candidates, tf.int32), self.units)
+        keys, values = sparse_keys(self._scaled(inputs))
+        cols = tf.cast(gather_label_rows(self.indices, candidates), tf.int64)
+        kernel = gather_label_rows(self.kernel, candidates, values.dtype)
+        rows = tf.range(tf.shape(candidates, out_type=tf.int64)[0])
+        width = tf.constant(self.num_features, tf.int64)
+        x = lookup(keys, values, rows[:, None, None] * width + cols)
+        scores = tf.reduce_sum(x * kernel, axis=-1)
+        if self.bias is not None:
+            scores += gather_label_rows(self.bias, candidates, scores.dtype)
         return scores
 
     def score_shared(self, inputs, candidates):

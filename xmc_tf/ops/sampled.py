@@ -29,7 +29,7 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from xmc_tf.errors import OpLibraryError
-from xmc_tf.ops import _loader
+from xmc_tf.ops import _loader, stock
 
 __all__ = ["check_candidates", "dense_sampled_matmul", "gather_label_rows",
            "label_variable", "mask_accidental_hits",
@@ -98,8 +98,11 @@ def uniform_sparse_sampled_matmul(features, indices, weights, candidates,
     >>> xmc_tf.ops.uniform_sparse_sampled_matmul(x, idx, w, cand).numpy()
     array([[3., 4.]], dtype=float32)
     """
-    lib = _sampled_ops()
     features = tf.convert_to_tensor(features)
+    if stock.stock_formulations():
+        return uniform_sparse_sampled_matmul_stock(features, indices, weights,
+                                                   candidates, name=name)
+    lib = _sampled_ops()
     variable = label_variable(weights)
     if variable is not None and variable.dtype == features.dtype:
         # Read in place: no dense read of the (copy-on-read) variable.
@@ -110,6 +113,24 @@ def uniform_sparse_sampled_matmul(features, indices, weights, candidates,
     return lib.xmc_uniform_sparse_sampled_matmul(
         features=features, indices=indices, weights=weights,
         candidates=candidates, name=name)
+
+
+def uniform_sparse_sampled_matmul_stock(features, indices, weights,
+                                        candidates, name=None):
+    """:func:`uniform_sparse_sampled_matmul` in TensorFlow's ops (portable
+    SavedModels, :func:`xmc_tf.ops.stock.stock_ops`): the candidates' rows
+    of ``indices`` and ``weights`` gathered (``[batch, C, s]``), the
+    features gathered at them, multiplied and summed (float32).  Candidates
+    are range-checked (:func:`check_candidates`); the same scores up to
+    float32 rounding."""
+    with tf.name_scope(name or "uniform_sparse_sampled_matmul_stock"):
+        features = tf.convert_to_tensor(features)
+        candidates = check_candidates(tf.cast(candidates, tf.int32),
+                                      tf.shape(indices)[0])
+        cols = gather_label_rows(indices, candidates)  # [b, C, s]
+        rows = gather_label_rows(weights, candidates, tf.float32)
+        x = tf.gather(tf.cast(features, tf.float32), cols, batch_dims=1)
+        return tf.cast(tf.reduce_sum(x * rows, axis=-1), features.dtype)
 
 
 def label_variable(value):

@@ -19,12 +19,13 @@ instances, squared-hinge probabilities); Babbar & Schoelkopf, "DiSMEC"
 (WSDM 2017), Sec. 3 (weight pruning at 0.1 on tf-idf input); Omikuji's
 defaults (C = 1, tolerance 0.1, leaves of 100 labels).
 
-In xmc_tf it is the second stage of shortlist-and-rerank (Dahiya et al.,
-DeepXML/Astec, WSDM 2021): its log-scores are added to the deep model's
-scores with a weight read on the validation split
-(:func:`choose_fusion_weight`, used by ``xmc_tf.job``), and the tree is
-a non-trainable layer of the exported model
-(:class:`xmc_tf.layers.LabelTreeScores`).
+In xmc_tf the tree is a shortlister and a scorer of the fused model
+(:class:`xmc_tf.layers.LabelTreeScores`): its beam search (Parabel,
+Sec. 3.3) shortlists a few hundred labels per instance, every scorer
+re-ranks them (Dahiya et al., DeepXML/Astec, WSDM 2021, Sec. 3), and its
+path log-scores join the weighted sum (:class:`xmc_tf.layers.FusedScores`).
+This module is NumPy / scikit-learn only; :meth:`LabelTree.beam_search`
+and :meth:`LabelTree.log_scores` are the references of the layer's ops.
 """
 
 from __future__ import annotations
@@ -37,13 +38,97 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from xmc_tf.config import is_multi_class
+__all__ = ["LabelTree", "TreeTopology", "fit_label_tree", "label_tree_bytes"]
 
-__all__ = ["LabelTree", "fit_label_tree", "label_tree_bytes",
-           "choose_fusion_weight", "FUSION_WEIGHTS"]
 
-#: The weights :func:`choose_fusion_weight` tries (0: the deep model alone).
-FUSION_WEIGHTS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+@dataclasses.dataclass(frozen=True)
+class TreeTopology:
+    """The shape of a :class:`LabelTree` as its beam search walks it.
+
+    Node 0 is the root; node ``n >= 1`` is the internal column ``c`` with
+    ``column_node[c] = n`` (an internal node's classifier is the column its
+    parent scores it by).  The children of node ``n`` are the columns
+    ``children[child_indptr[n]:child_indptr[n + 1]]``, in column order;
+    every column is the child of exactly one node.  A column with
+    ``column_label[c] = l >= 0`` is label ``l``'s own classifier.
+
+    Attributes:
+      child_indptr: int64 ``[num_nodes + 1]``.
+      children: int32 ``[num_columns]``.
+      column_node: int32 ``[num_columns]``, the node of an internal column,
+        -1 for a label's column.
+      column_label: int32 ``[num_columns]``, the label of a label's column,
+        -1 for an internal one.
+    """
+
+    child_indptr: np.ndarray
+    children: np.ndarray
+    column_node: np.ndarray
+    column_label: np.ndarray
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes, the root included (``1 +`` internal columns)."""
+        return int(self.child_indptr.size - 1)
+
+    @classmethod
+    def from_paths(cls, paths, num_columns: int) -> "TreeTopology":
+        """The topology of the label paths ``paths`` (int ``[m, depth]``,
+        padded with ``num_columns``; :attr:`LabelTree.paths`).
+
+        Raises:
+          ValueError: a column on two labels' paths at different places
+            (two parents), a label's own column on another path, a column
+            on no path, or a label without a column.
+        """
+        paths = np.asarray(paths, np.int64)
+        m, depth = paths.shape if paths.ndim == 2 else (0, 0)
+        c = int(num_columns)
+        valid = (paths >= 0) & (paths < c)
+        if np.any((paths < 0) | (paths > c)):
+            raise ValueError(f"paths must hold columns in [0, {c}] "
+                             f"({c}: padding)")
+        lengths = valid.sum(1)
+        if m and (lengths.min() < 1 or np.any(valid[:, 1:] & ~valid[:, :-1])):
+            raise ValueError("every label needs a path of >= 1 columns, "
+                             "padding only at its end")
+        parent = np.full(c, -2, np.int64)  # -2: not seen, -1: the root
+        rows, steps = np.nonzero(valid)
+        cols = paths[rows, steps]
+        pars = np.where(steps > 0, paths[rows, np.maximum(steps - 1, 0)], -1)
+        order = np.argsort(cols, kind="stable")
+        cols, pars = cols[order], pars[order]
+        first = np.ones(cols.size, bool)
+        first[1:] = cols[1:] != cols[:-1]
+        same = pars == np.repeat(pars[first], np.diff(np.append(
+            np.flatnonzero(first), cols.size)))
+        if not same.all():
+            bad = int(cols[~same][0])
+            raise ValueError(f"column {bad} has two parents in paths")
+        parent[cols[first]] = pars[first]
+        if np.any(parent == -2):
+            raise ValueError(f"column {int(np.flatnonzero(parent == -2)[0])} "
+                             "is on no label's path")
+        own = paths[np.arange(m), lengths - 1] if m else np.zeros(0, np.int64)
+        column_label = np.full(c, -1, np.int32)
+        column_label[own] = np.arange(m, dtype=np.int32)
+        if np.unique(own).size != m:
+            raise ValueError("two labels share their own column")
+        internal = np.zeros(c, bool)
+        internal[pars[pars >= 0]] = True
+        if np.any(internal & (column_label >= 0)):
+            raise ValueError("a label's own column is an internal node of "
+                             "another path")
+        column_node = np.full(c, -1, np.int32)
+        column_node[internal] = np.arange(1, internal.sum() + 1,
+                                          dtype=np.int32)
+        node_of_parent = np.where(parent < 0, 0,
+                                  column_node[np.maximum(parent, 0)])
+        children = np.argsort(node_of_parent, kind="stable").astype(np.int32)
+        counts = np.bincount(node_of_parent, minlength=int(internal.sum()) + 1)
+        child_indptr = np.concatenate([[0], np.cumsum(counts)]).astype(
+            np.int64)
+        return cls(child_indptr, children, column_node, column_label)
 
 
 @dataclasses.dataclass
@@ -97,6 +182,60 @@ class LabelTree:
         col = -np.square(np.maximum(0.0, 1.0 - self.column_scores(features)))
         col = np.concatenate([col, np.zeros((col.shape[0], 1), np.float32)], 1)
         return col[:, self.paths].sum(-1).astype(np.float32)
+
+    def topology(self) -> TreeTopology:
+        """The :class:`TreeTopology` of :attr:`paths`."""
+        return TreeTopology.from_paths(self.paths, self.num_columns)
+
+    def path_scores(self, features: sp.spmatrix, label_ids) -> np.ndarray:
+        """The log-scores of given labels, float32 ``[n, k]``: row ``i`` of
+        :meth:`log_scores` at ``label_ids[i]`` (int ``[n, k]``; -1: padding,
+        scored 0).  NumPy reference of
+        :meth:`xmc_tf.layers.LabelTreeScores.score_candidates`."""
+        ids = np.asarray(label_ids, np.int64)
+        full = self.log_scores(features)
+        out = np.take_along_axis(full, np.maximum(ids, 0), 1)
+        return np.where(ids >= 0, out, 0.0).astype(np.float32)
+
+    def beam_search(self, features: sp.spmatrix, beam: int,
+                    k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best labels of each instance by beam search (Parabel,
+        Sec. 3.3), in NumPy, one instance at a time: the reference of
+        :meth:`xmc_tf.layers.LabelTreeScores.shortlist`.
+
+        From the root, level by level, every child of the frontier is
+        scored (its parent's path log-score plus its own column's); a
+        label's column makes the label a candidate, an internal column
+        competes for the next frontier's ``beam`` places (ties: the lower
+        node id).
+
+        Returns:
+          ``(ids int32 [n, k], scores float32 [n, k])``, best first (ties:
+          the lower label id); -1 / -inf where fewer than ``k`` labels were
+          reached.
+        """
+        topo = self.topology()
+        col = -np.square(np.maximum(0.0, 1.0 - self.column_scores(features)))
+        n = col.shape[0]
+        ids = np.full((n, k), -1, np.int32)
+        scores = np.full((n, k), -np.inf, np.float32)
+        for i in range(n):
+            frontier, found = [(0.0, 0)], []
+            while frontier:
+                step = []
+                for score, node in frontier:
+                    lo, hi = topo.child_indptr[node], topo.child_indptr[node + 1]
+                    for c in topo.children[lo:hi]:
+                        s = np.float32(score) + np.float32(col[i, c])
+                        if topo.column_label[c] >= 0:
+                            found.append((float(s), int(topo.column_label[c])))
+                        else:
+                            step.append((float(s), int(topo.column_node[c])))
+                frontier = sorted(step, key=lambda t: (-t[0], t[1]))[:beam]
+            best = sorted(found, key=lambda t: (-t[0], t[1]))[:k]
+            for j, (s, label) in enumerate(best):
+                ids[i, j], scores[i, j] = label, s
+        return ids, scores
 
     def to_arrays(self) -> dict:
         """The arrays that define the tree (for ``np.savez``)."""
@@ -309,7 +448,8 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
             build(ids[part], inst[has], path + [col])
 
     rows = sp.csr_matrix(y)
-    if is_multi_class(rows):  # the plan's test (xmc_tf.job.plan)
+    counts = np.diff(rows.indptr)
+    if counts.size and counts.max() <= 1:  # multi-class (config.is_multi_class)
         label_of = np.full(rows.shape[0], m, np.int64)  # m: no label
         label_of[np.diff(rows.indptr) == 1] = rows.indices
         build_multi_class(np.arange(m), np.arange(x.shape[0]), [])
@@ -323,53 +463,3 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
     weights = sp.vstack(columns, format="csr").T.tocsr().astype(np.float32)
     weights.eliminate_zeros()
     return LabelTree(weights, np.asarray(bias, np.float32), padded)
-
-
-def choose_fusion_weight(blocks, ks=(1, 3, 5),
-                         weights=FUSION_WEIGHTS) -> tuple[float, dict]:
-    """The weight ``a`` of ``deep + a * tree`` with the best validation
-    P@k, averaged over ``ks`` (ties: the smaller weight).
-
-    Args:
-      blocks: iterable of ``(deep_scores [b, m], tree_scores [b, m],
-        labels)`` per block of validation instances: float arrays (the deep
-        model's scores; the tree's log-scores, :meth:`LabelTree.log_scores`)
-        and ``scipy.sparse`` 0/1 labels ``[b, m]``.
-      ks: the cut-offs averaged (each <= m).
-      weights: the candidates (>= 0).
-
-    Returns:
-      ``(weight, {weight: {k: P@k in percent}})``.
-
-    Raises:
-      ValueError: no blocks, or a block whose arrays disagree in shape.
-    """
-    ks = tuple(int(k) for k in ks)
-    if not ks or min(ks) < 1:
-        raise ValueError(f"ks must be >= 1, got {ks}")
-    hits = np.zeros((len(weights), len(ks)))
-    count = 0
-    for deep, tree, labels in blocks:
-        deep, tree = np.asarray(deep), np.asarray(tree)
-        y = sp.csr_matrix(labels)
-        if deep.shape != tree.shape or deep.shape != y.shape:
-            raise ValueError(f"block shapes differ: deep {deep.shape}, tree "
-                             f"{tree.shape}, labels {y.shape}")
-        rows = np.arange(y.shape[0])[:, None]
-        top_k = min(max(ks), y.shape[1])  # k > m: P@k counts m labels
-        for i, a in enumerate(weights):
-            s = deep + np.float32(a) * tree
-            top = np.argpartition(-s, top_k - 1, axis=1)[:, :top_k]
-            order = np.argsort(-np.take_along_axis(s, top, 1), axis=1,
-                               kind="stable")
-            top = np.take_along_axis(top, order, 1)
-            for j, k in enumerate(ks):
-                hits[i, j] += y[rows, top[:, :k]].sum()
-        count += y.shape[0]
-    if not count:
-        raise ValueError("no validation instances to choose the weight on")
-    table = {float(a): {k: 100.0 * hits[i, j] / (k * count)
-                        for j, k in enumerate(ks)}
-             for i, a in enumerate(weights)}
-    best = max(table, key=lambda a: (np.mean(list(table[a].values())), -a))
-    return best, table

@@ -1,0 +1,165 @@
+// CPU kernel of Xmc>NearestNeighbours (neighbours_ops.cc documents the op;
+// neighbours_kernels.h holds the per-query work).
+//
+// Structure as the label-tree kernels: the queries' entries are checked
+// and bucketed by row (counting sort), the rows sharded over TensorFlow's
+// intra-op pool, each shard owning a Similarities scratch of n floats; the
+// index is range-checked where it is read and a fault is reported for the
+// lowest row that met one.  Each row is one thread's, summed in entry
+// order, so the result does not depend on the thread count.
+
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "ops/common/validation.h"
+#include "ops/embedding_bag/embedding_bag_kernels.h"
+#include "ops/neighbours/neighbours_kernels.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace xmc_tf {
+namespace {
+
+using neighbours::Fault;
+using neighbours::Scored;
+
+class NearestNeighboursOp : public OpKernel {
+ public:
+  explicit NearestNeighboursOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("k", &k_));
+    OP_REQUIRES(c, k_ >= 1,
+                errors::InvalidArgument("k must be >= 1, got ", k_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& indices = ctx->input(0);
+    const Tensor& values = ctx->input(1);
+    const Tensor& shape = ctx->input(2);
+    const Tensor& indptr = ctx->input(3);
+    const Tensor& instances = ctx->input(4);
+    const Tensor& index_values = ctx->input(5);
+    int64_t n = 0;
+    OP_REQUIRES_OK(ctx, NonNegativeScalar(ctx->input(6), "num_instances", &n));
+    OP_REQUIRES_OK(ctx, CheckInt32Indexable(n, "num_instances"));
+    OP_REQUIRES(ctx, indices.dims() == 2 && indices.dim_size(1) == 2,
+                errors::InvalidArgument("indices must be a matrix [nnz, 2], "
+                                        "got shape ",
+                                        indices.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckVector(values, "values"));
+    OP_REQUIRES(ctx, values.dim_size(0) == indices.dim_size(0),
+                errors::InvalidArgument("values has ", values.dim_size(0),
+                                        " entries, indices ",
+                                        indices.dim_size(0)));
+    OP_REQUIRES(ctx, shape.dims() == 1 && shape.dim_size(0) == 2,
+                errors::InvalidArgument("dense_shape must be a vector [2], "
+                                        "got shape ",
+                                        shape.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckVector(indptr, "index_indptr"));
+    OP_REQUIRES_OK(ctx, CheckVector(instances, "index_instances"));
+    OP_REQUIRES_OK(ctx, CheckVector(index_values, "index_values"));
+    OP_REQUIRES(ctx, indptr.dim_size(0) >= 1,
+                errors::InvalidArgument("index_indptr must hold D + 1 >= 1 "
+                                        "entries, got 0"));
+    OP_REQUIRES(ctx, instances.dim_size(0) == index_values.dim_size(0),
+                errors::InvalidArgument(
+                    "index_instances has ", instances.dim_size(0),
+                    " entries, index_values ", index_values.dim_size(0)));
+    neighbours::Index index;
+    index.num_features = indptr.dim_size(0) - 1;
+    index.num_instances = n;
+    index.num_entries = instances.dim_size(0);
+    index.indptr = indptr.flat<int64_t>().data();
+    index.instances = instances.flat<int32_t>().data();
+    index.values = index_values.flat<float>().data();
+    const auto dims = shape.flat<int64_t>();
+    OP_REQUIRES(ctx, dims(0) >= 0 && dims(1) == index.num_features,
+                errors::InvalidArgument(
+                    "dense_shape = [", dims(0), ", ", dims(1),
+                    "] must be [batch >= 0, ", index.num_features,
+                    "] (the index's num_features)"));
+    const int64_t rows = dims(0), nnz = indices.dim_size(0);
+    const int64_t* idx = indices.flat<int64_t>().data();
+    std::vector<int64_t> row_ids(nnz), feats(nnz);
+    for (int64_t e = 0; e < nnz; ++e) {
+      const int64_t r = idx[2 * e], f = idx[2 * e + 1];
+      OP_REQUIRES(ctx, r >= 0 && r < rows,
+                  OutOfRange("indices", indices.shape(), 2 * e, r, 0, rows,
+                             "rows of the batch"));
+      OP_REQUIRES(ctx, f >= 0 && f < index.num_features,
+                  OutOfRange("indices", indices.shape(), 2 * e + 1, f, 0,
+                             index.num_features, "num_features"));
+      row_ids[e] = r;
+      feats[e] = f;
+    }
+    std::vector<int64_t> offsets, order;
+    BucketEntries(row_ids.data(), nnz, rows, &offsets, &order);
+    Tensor* ids_t = nullptr;
+    Tensor* sims_t = nullptr;
+    const int64_t k = k_;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({rows, k}),
+                                             &ids_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({rows, k}),
+                                             &sims_t));
+    if (rows == 0) return;
+    int32_t* ids = ids_t->flat<int32_t>().data();
+    float* sims = sims_t->flat<float>().data();
+    const float* vals = values.flat<float>().data();
+    std::mutex mu;
+    int64_t bad_row = std::numeric_limits<int64_t>::max();
+    Fault bad;
+    const double mean_postings =
+        index.num_features > 0
+            ? static_cast<double>(index.num_entries) / index.num_features
+            : 0.0;
+    const int64_t cost =
+        static_cast<int64_t>(4.0 * mean_postings * nnz / rows) + 100;
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, rows, cost,
+        [&](int64_t start, int64_t limit) {
+          neighbours::Similarities scratch(n);
+          std::vector<Scored> best;
+          for (int64_t i = start; i < limit; ++i) {
+            Fault fault;
+            if (!scratch.Accumulate(index, feats.data(), vals, order.data(),
+                                    offsets[i], offsets[i + 1], &fault)) {
+              std::lock_guard<std::mutex> lock(mu);
+              if (i < bad_row) {
+                bad_row = i;
+                bad = fault;
+              }
+              return;
+            }
+            scratch.TakeBest(k, &best);
+            for (int64_t j = 0; j < k; ++j) {
+              const bool have = j < static_cast<int64_t>(best.size());
+              ids[i * k + j] = have ? best[j].second : -1;
+              sims[i * k + j] = have ? best[j].first : 0.0f;
+            }
+          }
+        });
+    if (bad.kind == Fault::kIndptr) {
+      ctx->CtxFailure(errors::InvalidArgument(
+          "index_indptr[", bad.position, ":", bad.position + 2,
+          "] is not a valid CSR row of the ", index.num_entries,
+          " entries (query ", bad_row, ")"));
+    } else if (bad.kind == Fault::kInstance) {
+      ctx->CtxFailure(errors::InvalidArgument(
+          OutOfRangeMessage("index_instances", instances.shape(),
+                            bad.position, bad.value, 0, n, "num_instances"),
+          " (query ", bad_row, ")"));
+    }
+  }
+
+ private:
+  int64_t k_ = 1;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Xmc>NearestNeighbours").Device(DEVICE_CPU),
+                        NearestNeighboursOp);
+
+}  // namespace
+}  // namespace xmc_tf
