@@ -427,10 +427,12 @@ def make_curve_callback(tree=None):
         :class:`xmc_tf.layers.LabelTreeScores` fit before training on the
         job's fit split and the job's normalised validation split; then
         every epoch also records ``val_P@1_fused``: the validation P@1 of
-        ``deep + weight * tree`` at the weight the job would choose after
-        that epoch (:func:`xmc_tf.job.tree.choose_fusion_weight`), i.e.
-        of the model a run stopped there would export.  Its evaluation
-        time is left out of ``wall_s``.
+        ``network + weight * tree`` at the weight the job would choose
+        after that epoch (:func:`xmc_tf.shortlist.fusion.choose_fusion_weights`
+        on the union of both parts' best labels,
+        :func:`xmc_tf.shortlist.fusion.exact_blocks`), i.e. of the model a
+        run stopped there would export.  Its evaluation time is left out of
+        ``wall_s``.
 
     Returns:
       A ``keras.callbacks.Callback`` whose ``curve`` attribute is a list
@@ -472,14 +474,22 @@ def make_curve_callback(tree=None):
             if tree is not None:
                 # pylint: disable=import-outside-toplevel
                 from xmc_tf import decoding
-                from xmc_tf.job import tree as xlabel_tree
                 from xmc_tf.job import finalize as xfinalize
+                from xmc_tf.job.scorers.tree import MULTI_LABEL_WEIGHTS
+                from xmc_tf.layers import FusedScores
+                from xmc_tf.shortlist import fusion
                 layer, val_data, batch = tree
                 model = decoding.inference_model(self.model)
-                weight, table = xlabel_tree.choose_fusion_weight(
-                    xfinalize.tree_validation_blocks(model, layer, val_data,
-                                                  batch))
-                point["val_P@1_fused"] = table[weight][1]
+                fused = FusedScores(model, [layer], [1.0])
+                scores = fusion.ShortlistScores.collect(fusion.exact_blocks(
+                    fused, ((x, part.labels) for part, x in
+                            xfinalize.row_blocks(val_data, batch))))
+                part = fusion.FusionPart("tree", (layer.name,),
+                                         MULTI_LABEL_WEIGHTS)
+                choice = fusion.choose_fusion_weights(scores, [part],
+                                                      (1, 3, 5))
+                weight = choice.weight["tree"]
+                point["val_P@1_fused"] = choice.tables["tree"][weight][1]
                 point["tree_weight"] = weight
                 self._paused += time.perf_counter() - now
             self.curve.append(point)
@@ -497,25 +507,24 @@ def fit_tree_for_curve(config):
       ``(None, 0.0)``.
     """
     # pylint: disable=import-outside-toplevel
-    from xmc_tf import config as xconfig
     from xmc_tf.job import heads as xheads
-    from xmc_tf.job import tree as xlabel_tree
     from xmc_tf.job import plan as xplan
+    from xmc_tf.job import scorers as xscorers
     from xmc_tf.job import inputs as xinputs
     from xmc_tf.job import preprocessing as xprep
     from xmc_tf.layers import LabelTreeScores
+    from xmc_tf.shortlist import fit_label_tree
     train = xprep.load_spec(config.data.train, "config.data.train")
     with tempfile.TemporaryDirectory() as tmp:
         fit, val, _ = xinputs.prepare_splits(config, train, tmp)
     head = xheads.get_head(config)
-    on, _ = xplan.label_tree_plan(config, head, fit.num_labels,
-                                   train.is_sparse, val is not None,
-                                   xconfig.is_multi_class(fit.labels))
+    on, _ = xscorers.get("tree").plan(config, head, xplan.summarize(train),
+                                      val is not None)
     if not on:
         return None, 0.0
     start = time.perf_counter()
     tc = config.tree
-    tree = xlabel_tree.fit_label_tree(
+    tree = fit_label_tree(
         fit.features, fit.labels, leaf_size=tc.leaf_size, c=float(tc.c),
         tol=float(tc.tol), threshold=float(tc.threshold), seed=config.seed)
     seconds = time.perf_counter() - start

@@ -1,15 +1,13 @@
 """The labels' nearest-centroid scores in the job (``config.centroids``,
-:func:`xmc_tf.job.plan.centroid_plan`,
-:func:`xmc_tf.job.finalize.finalize`): when "auto" turns them on,
-the weight read on validation against a brute-force choice, the exported
-model against deep + weight * centroids recomputed from its layers, and
-the config checks."""
+:mod:`xmc_tf.job.scorers.centroids`, :func:`xmc_tf.job.finalize.finalize`):
+when "auto" turns them on, the weight read on validation against a
+brute-force choice, the exported model against network + weight *
+centroids recomputed from its layers, and the config checks."""
 
 import dataclasses
 import json
 import os
 
-import keras
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -19,6 +17,7 @@ from xmc_tf import data as xdata
 from xmc_tf.errors import ConfigError
 from xmc_tf.job import artifacts
 from xmc_tf.job import plan as xplan
+from xmc_tf.job import scorers as xscorers
 from xmc_tf.job.classifier import load_config
 from xmc_tf.job.run import JobData, train_and_evaluate
 from xmc_tf.layers import UniformSparseDense
@@ -67,33 +66,38 @@ def _summary(train, **changes):
     return dataclasses.replace(xplan.summarize(train), **changes)
 
 
+def _plan(config, head, summary, has_validation):
+    return xscorers.get("centroids").plan(config, head, summary,
+                                          has_validation)
+
+
 def test_plan_reads_the_labels_frequency_profile():
     train = _few_shot()
     summary = xplan.summarize(train)
     assert summary.label_instances_median == 3.0
     c = _config()
     head = xplan.check_config(c)
-    assert xplan.centroid_plan(c, head, summary, True)[0]
+    assert _plan(c, head, summary, True)[0]
     # off: many instances per label, dense input, no validation, too many
     # labels or entries, MACH (no full scores), or set off
-    assert not xplan.centroid_plan(
+    assert not _plan(
         c, head, _summary(train, label_instances_median=40.0), True)[0]
-    assert not xplan.centroid_plan(c, head, _summary(train, sparse=False),
+    assert not _plan(c, head, _summary(train, sparse=False),
                                    True)[0]
-    assert not xplan.centroid_plan(c, head, summary, False)[0]
-    assert not xplan.centroid_plan(
+    assert not _plan(c, head, summary, False)[0]
+    assert not _plan(
         c, head, _summary(train, num_labels=10**6), True)[0]
-    assert not xplan.centroid_plan(
+    assert not _plan(
         c, head, _summary(train, label_nnz=10**9), True)[0]
     mach = xconfig.get_config("mach")
-    assert not xplan.centroid_plan(mach, xplan.check_config(mach), summary,
+    assert not _plan(mach, xplan.check_config(mach), summary,
                                    True)[0]
     off = _config(**{"centroids.enabled": "False"})
-    assert not xplan.centroid_plan(off, xplan.check_config(off), summary,
+    assert not _plan(off, xplan.check_config(off), summary,
                                    True)[0]
     # a fixed weight needs no validation split
     fixed = _config(**{"centroids.weight": "2"})
-    assert xplan.centroid_plan(fixed, xplan.check_config(fixed), summary,
+    assert _plan(fixed, xplan.check_config(fixed), summary,
                                False)[0]
     run, regime = xplan.resolve_config(c, train)
     assert run.centroids.enabled is True
@@ -120,19 +124,16 @@ def test_config_checks_name_the_field():
 
 
 def _fused_parts(model):
-    """(deep model, centroid scorer, weight) of an exported model fused
-    with the centroids: the scorer is the ``label_centroids`` layer, or
-    the ``idf_centroids`` model around it."""
-    fused = [l for l in model.layers if isinstance(l, keras.Model)
-             and l.name == "centroid_fused"]
-    assert len(fused) == 1, [l.name for l in model.layers]
-    fused = fused[0]
-    deep = fused.get_layer("deep")
-    names = [l.name for l in fused.layers]
-    scorer = fused.get_layer("idf_centroids" if "idf_centroids" in names
-                             else "label_centroids")
-    weight = fused.get_layer("centroid_weight").scale
-    return deep, scorer, float(weight)
+    """(network, centroid scorer, weight) of an exported model fused with
+    the centroids: the scorer is the ``label_centroids`` layer, or the
+    ``idf_centroids`` :class:`~xmc_tf.layers.NormalizedScorer` around
+    it."""
+    fused = model.layers[-1]
+    names = [s.name for s in getattr(fused, "scorers", [])]
+    assert any(n.endswith("centroids") for n in names), names
+    index = next(i for i, n in enumerate(names) if n.endswith("centroids"))
+    return (fused.network, fused.scorers[index],
+            float(fused.fusion_weights[index]))
 
 
 def _normed_batch(model, features, labels):
@@ -155,8 +156,8 @@ def test_job_fuses_the_centroids_with_the_weight_read_on_validation(tmp_path):
     assert info["connections"] == 32
     # idf="auto": both variants read, the one with the better mean kept.
     variants = info["variants"]
-    assert set(variants) == {"plain", "idf"}
-    kept = variants["idf" if info["idf"] else "plain"]
+    assert set(variants) == {"label_centroids", "idf_centroids"}
+    kept = variants["idf_centroids" if info["idf"] else "label_centroids"]
     assert kept["weight"] == info["weight"]
     assert kept["mean_P@k"] == max(v["mean_P@k"] for v in variants.values())
     assert kept["mean_P@k"] == round(float(np.mean(list(
@@ -167,7 +168,7 @@ def test_job_fuses_the_centroids_with_the_weight_read_on_validation(tmp_path):
     # normalised features, the centroid layer frozen.
     model = artifacts.load_model(wd)
     deep, scorer, weight = _fused_parts(model)
-    layer = scorer.get_layer("label_centroids") if info["idf"] else scorer
+    layer = scorer.scorer if info["idf"] else scorer
     assert isinstance(layer, UniformSparseDense) and not layer.trainable
     assert weight == info["weight"]
     batch, normed = _normed_batch(model, test.features[:20],
@@ -189,7 +190,9 @@ def test_centroids_off_or_at_weight_zero_export_the_plain_model(tmp_path):
         result = train_and_evaluate(_config(**overrides), wd,
                                     data=JobData(train))
         model = artifacts.load_model(wd)
-        assert not any(l.name == "centroid_fused" for l in model.layers)
+        scorers = [s.name for l in model.layers
+                   for s in getattr(l, "scorers", [])]
+        assert not any(n.endswith("centroids") for n in scorers), scorers
         if name == "off":
             assert "centroids" not in result
         else:

@@ -18,7 +18,7 @@ from xmc_tf import data as xdata
 from xmc_tf import metrics, saving
 from xmc_tf import decoding
 from xmc_tf.job import ensemble, heads
-from xmc_tf.layers import UniformSparseDense
+from xmc_tf.layers import FusedScores, UniformSparseDense
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.preprocessing import load_for_model
 from xmc_tf.job.workdir import Workdir
@@ -133,7 +133,11 @@ def test_ensemble_job_averages_its_members_and_reuses_them(tmp_path):
 
     # The exported files: model.keras and the SavedModel give those scores.
     model = artifacts.load_model(wd)
-    assert isinstance(decoding.scoring_layer(model), UniformSparseDense)
+    # its members are fused with the tree: the ensemble ranks the mean of
+    # their exact scores (a fused layer decodes by shortlist only alone)
+    assert isinstance(decoding.scoring_layer(model),
+                      (UniformSparseDense, FusedScores))
+    assert decoding.scores_every_label(model)
     np.testing.assert_allclose(_scores(model, test), mean, rtol=1e-5,
                                atol=1e-5)
     loaded = saving.load_saved_model(os.path.join(wd, "saved_model"))

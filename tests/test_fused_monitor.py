@@ -1,7 +1,7 @@
 """The fused model's validation P@k driving LR halving and early stopping
 (``config.train.monitor``, :func:`xmc_tf.job.plan.monitor_plan`,
-:class:`xmc_tf.job.finalize.FusedValidation`) and the scores it reads
-(:meth:`xmc_tf.job.finalize.FusionScores.with_scorer`)."""
+:class:`xmc_tf.job.finalize.FusedValidation`) and the shortlists it reads
+(:meth:`xmc_tf.job.finalize.FusionPlan.shortlist_scores`)."""
 
 from __future__ import annotations
 
@@ -15,97 +15,60 @@ import scipy.sparse as sp
 from xmc_tf import data as xdata
 from xmc_tf.errors import ConfigError
 from xmc_tf.job import finalize as xfinalize
+from xmc_tf.job import build as xbuild
 from xmc_tf.job import fit as xfit
+from xmc_tf.job import inputs as xinputs
 from xmc_tf.job import plan as xplan
 from xmc_tf.job.run import JobData, train_and_evaluate
+from xmc_tf.job.workdir import Workdir
+from xmc_tf.shortlist.fusion import NETWORK
 
 from test_neighbour_fusion import _config, _few_shot
 
 
-def _data(n=150, m=300, seed=5):
-    rng = np.random.default_rng(seed)
-    labels = sp.random(n, m, density=0.01, random_state=rng, format="csr")
-    labels.data[:] = 1
-    truth = labels.toarray()
-    scores = {"deep": rng.normal(size=(n, m)).astype(np.float32) + truth,
-              "a": rng.normal(size=(n, m)).astype(np.float32) + 2 * truth,
-              "b": rng.random((n, m)).astype(np.float32) + truth}
-    return scores, labels
-
-
-def _reference(scores, labels, weights, ks, shortlist, held):
-    """P@k (percent) of the documented rule, row by row: the shortlist is
-    the union of every scorer's top ``shortlist``; a scorer in ``held``
-    keeps its own score at the labels of the held scorers' shortlists and
-    its lowest shortlisted score elsewhere; the others are exact."""
-    n, m = labels.shape
-    y = labels.toarray() != 0
-    hits = {k: 0 for k in ks}
-    for i in range(n):
-        top = {name: set(np.argsort(-s[i], kind="stable")[:shortlist])
-               for name, s in scores.items()}
-        held_ids = set().union(*(top[name] for name in held))
-        union = sorted(set().union(*top.values()))
-        fused = []
-        for label in union:
-            total = 0.0
-            for name, w in weights.items():
-                s = scores[name][i]
-                if name in held and label not in held_ids:
-                    value = min(s[list(top[name])])
-                else:
-                    value = s[label]
-                total += w * value
-            fused.append(total)
-        order = [union[j] for j in np.argsort(-np.asarray(fused),
-                                              kind="stable")]
-        for k in ks:
-            hits[k] += sum(y[i, label] for label in order[:k])
-    return {k: 100.0 * hits[k] / (k * n) for k in ks}
-
-
-def test_with_scorer_adds_a_scorer_as_documented():
-    scores, labels = _data()
-    n, m = labels.shape
-    ks = (1, 3, 5)
-    others = {k: v for k, v in scores.items() if k != "deep"}
-
-    def blocks(arrays, size):
-        return [({k: v[i:i + size] for k, v in arrays.items()},
-                 labels[i:i + size]) for i in range(0, n, size)]
-
-    # a full shortlist: the same sums as scoring all three at once
-    held = xfinalize.FusionScores.collect(blocks(others, 64), shortlist=m)
-    added = held.with_scorer("deep", [scores["deep"][i:i + 40]
-                                      for i in range(0, n, 40)], shortlist=m)
-    at_once = xfinalize.FusionScores.collect(blocks(scores, 64), shortlist=m)
-    for weights in ({"deep": 1.0}, {"deep": 1.0, "a": 0.5},
-                    {"deep": 1.0, "a": 2.0, "b": 4.0}):
-        assert added.precision(weights, ks) == pytest.approx(
-            at_once.precision(weights, ks))
-    # a short one: the floors where only the new scorer shortlisted
-    held = xfinalize.FusionScores.collect(blocks(others, 50), shortlist=8)
-    added = held.with_scorer("deep", [scores["deep"][i:i + 70]
-                                      for i in range(0, n, 70)], shortlist=8)
-    assert added.ids.shape[1] == 24
-    for weights in ({"deep": 1.0}, {"deep": 1.0, "a": 0.5},
-                    {"deep": 0.5, "a": 2.0, "b": 4.0}, {"a": 1.0}):
-        assert added.precision(weights, ks) == pytest.approx(_reference(
-            scores, labels, weights, ks, 8, held=("a", "b")))
-    # one scorer alone stays exact, the new one too
-    full = xfinalize.FusionScores.collect(blocks(scores, 64), shortlist=m)
-    for name in scores:
-        assert added.precision({name: 1.0}, ks) == pytest.approx(
-            full.precision({name: 1.0}, ks))
-    with pytest.raises(ValueError, match="held already"):
-        held.with_scorer("a", [scores["a"]])
-    with pytest.raises(ValueError, match="scored 100 of the 150"):
-        held.with_scorer("deep", [scores["deep"][:100]])
-    with pytest.raises(ValueError, match="gave"):
-        held.with_scorer("deep", [scores["deep"][:, :10]])
-    with pytest.raises(ValueError, match="collect"):
-        xfinalize.FusionScores(held.ids, held.valid, held.hits,
-                               held.scores).with_scorer("deep", [])
+def test_shortlist_scores_are_exact_at_the_shortlisted_labels(tmp_path):
+    """With the shortlist on, the validation pass holds the union of the
+    tree's and the votes' shortlists, each part's score there equal to its
+    full scores gathered, the network's added per call."""
+    train = _few_shot()
+    config = _config(**{"shortlist.enabled": True, "tree.shortlist": 5,
+                        "neighbours.shortlist": 3})
+    run, _ = xplan.resolve_config(config, train)
+    split = xinputs.prepare_splits(run, train, str(tmp_path))
+    fit_data, val_data = split[0], split[1]
+    network = xbuild.build_model(run, fit_data.num_features,
+                                 fit_data.num_labels, True)
+    plan = xfinalize.prepare_fusion(run, Workdir(str(tmp_path)), fit_data,
+                                    val_data)
+    assert plan.shortlist and plan.reads_weights
+    scores = plan.shortlist_scores(network)
+    fused = plan.fused(network)
+    x = next(iter(xdata.make_tf_dataset(plan.rows, plan.rows.num_instances)))[0]
+    ids = scores.ids
+    valid = ids >= 0
+    for name, layer in [(NETWORK, network)] + [(s.name, s)
+                                               for s in fused.scorers]:
+        full = layer(x).numpy()
+        want = np.take_along_axis(full, np.maximum(ids, 0), 1)
+        np.testing.assert_allclose(scores.scores[name][valid], want[valid],
+                                   rtol=1e-4, atol=1e-5)
+    tree = fused.scorers[0].shortlist(x, 5)[0].numpy()
+    for i in range(ids.shape[0]):
+        assert set(tree[i]) - {-1} <= set(ids[i])
+        assert (scores.sources["label_tree"][i]
+                == np.isin(ids[i], tree[i]) & valid[i]).all()
+    # a second network: only its column changes
+    other = xbuild.build_model(run, fit_data.num_features,
+                               fit_data.num_labels, True)
+    again = plan.shortlist_scores(other)
+    assert (again.ids == ids).all()
+    np.testing.assert_array_equal(again.scores["label_tree"],
+                                  scores.scores["label_tree"])
+    full = other(x).numpy()
+    np.testing.assert_allclose(
+        again.scores[NETWORK][valid],
+        np.take_along_axis(full, np.maximum(ids, 0), 1)[valid], rtol=1e-4,
+        atol=1e-5)
 
 
 def test_monitor_plan():

@@ -1,4 +1,4 @@
-"""label_centroids (a frozen nearest-centroid scorer) and fuse_scores,
+"""label_centroids (a frozen nearest-centroid scorer) and FusedScores,
 against NumPy: the cosine of each instance with each label's truncated
 centroid, and model + weight * scorer."""
 
@@ -9,7 +9,7 @@ import scipy.sparse as sp
 import tensorflow as tf
 
 import xmc_tf
-from xmc_tf.layers import fuse_scores, label_centroids
+from xmc_tf.layers import FusedScores, label_centroids
 
 
 def _problem(seed=0, n=60, e=40, m=7):
@@ -53,7 +53,7 @@ def test_scores_are_cosines_with_the_truncated_centroids(fan_in):
     assert own.mean() > want.mean() + 0.1
 
 
-def test_fuse_scores_adds_the_weighted_scorer_and_round_trips(tmp_path):
+def test_fused_scores_add_the_weighted_centroids_and_round_trip(tmp_path):
     x, y = _problem(1)
     m = y.shape[1]
     inputs = keras.Input((x.shape[1],), sparse=True)
@@ -61,8 +61,8 @@ def test_fuse_scores_adds_the_weighted_scorer_and_round_trips(tmp_path):
     hidden = xmc_tf.layers.SparseEmbeddingBag(8)(inputs)
     model = keras.Model(inputs, keras.layers.Dense(m)(hidden))
     scorer = label_centroids(x, y, 5, seed=0)
-    fused = fuse_scores(model, scorer, 2.5, name="centroid_fused",
-                        weight_name="centroid_weight")
+    fused = keras.Model(inputs, FusedScores(model, [scorer], [2.5])(inputs),
+                        name="centroid_fused")
     batch = _sparse_tensor(x[:9])
     want = model(batch).numpy() + 2.5 * scorer(batch).numpy()
     np.testing.assert_allclose(fused(batch).numpy(), want, rtol=1e-5,
@@ -73,7 +73,7 @@ def test_fuse_scores_adds_the_weighted_scorer_and_round_trips(tmp_path):
     again = keras.models.load_model(path)
     np.testing.assert_allclose(again(batch).numpy(), want, rtol=1e-5,
                                atol=1e-6)
-    assert not again.get_layer("label_centroids").trainable
+    assert not again.layers[-1].scorers[0].trainable
     ids, _ = xmc_tf.decoding.top_k_function(again, 3)(batch)
     np.testing.assert_array_equal(ids.numpy(), np.argsort(-want, 1)[:, :3])
 
@@ -85,5 +85,5 @@ def test_bad_input_is_one_clear_error():
     dense_in = keras.Input((x.shape[1],))
     dense_model = keras.Model(dense_in, keras.layers.Dense(y.shape[1])(
         dense_in))
-    with pytest.raises(ValueError, match="sparse features"):
-        fuse_scores(dense_model, label_centroids(x, y, 3), 1.0)
+    with pytest.raises(ValueError, match="weights"):
+        FusedScores(dense_model, [label_centroids(x, y, 3)], [1.0, 2.0])

@@ -1,10 +1,12 @@
-"""The label tree second stage (:mod:`xmc_tf.job.tree`,
+"""The label tree (:mod:`xmc_tf.shortlist.tree`,
 :class:`xmc_tf.layers.LabelTreeScores`, ``config.tree``): the tree's
 structure, its classifiers against scikit-learn's LinearSVC fit directly,
 its scores against a per-label loop over dense weights, the layer against
-NumPy, the fusion weight against a brute-force P@k, and the job (fused
-export, reload, SavedModel, config checks)."""
+NumPy, and the job (fused export, reload, SavedModel with and without a
+shortlist, config checks).  The beam search and the fusion weights are
+tested in tests/test_shortlist.py."""
 
+import dataclasses
 import json
 import os
 
@@ -19,15 +21,15 @@ from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import saving
 from xmc_tf.job import heads
-from xmc_tf.job import tree as lt
+from xmc_tf.job import scorers as xscorers
+from xmc_tf.job.plan import summarize
+from xmc_tf.shortlist import tree as lt
 from xmc_tf.layers import LabelTreeScores
-from xmc_tf.layers.label_tree import fuse_with_tree
 from xmc_tf import decoding
 from xmc_tf.layers import UniformSparseDense
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.preprocessing import load_for_model
 from xmc_tf.job.plan import check_config
-from xmc_tf.job.plan import label_tree_plan
 from xmc_tf.job.run import train_and_evaluate
 
 SYN = "synthetic:num_instances=400,num_features=120,num_labels=24,seed=3"
@@ -279,47 +281,6 @@ def test_layer_matches_numpy_on_unordered_duplicate_and_empty_rows():
         layer.set_tree(other)
 
 
-def _brute_p_at_k(scores, labels, k):
-    y = labels.toarray()
-    hits = 0
-    for i in range(scores.shape[0]):
-        order = sorted(range(scores.shape[1]), key=lambda j: -scores[i, j])
-        hits += y[i, order[:k]].sum()
-    return 100.0 * hits / (k * scores.shape[0])
-
-
-def test_fusion_weight_against_brute_force_p_at_k():
-    rng = np.random.default_rng(1)
-    n, m = 60, 12
-    labels = sp.csr_matrix((rng.random((n, m)) < 0.2).astype(np.float32))
-    truth = labels.toarray()
-    deep = rng.normal(size=(n, m)).astype(np.float32) + truth  # weak
-    tree = (3.0 * truth - 3.0).astype(np.float32)  # informative, log <= 0
-    blocks = [(deep[:25], tree[:25], labels[:25]),
-              (deep[25:], tree[25:], labels[25:])]
-    weight, table = lt.choose_fusion_weight(blocks, ks=(1, 3))
-    for a, row in table.items():
-        fused = deep + np.float32(a) * tree
-        for k in (1, 3):
-            assert row[k] == pytest.approx(_brute_p_at_k(fused, labels, k))
-    assert weight > 0 and table[weight][1] > table[0.0][1]
-    # a tree of noise: the deep model alone wins
-    noise = -rng.random((n, m)).astype(np.float32) * 50
-    weight, _ = lt.choose_fusion_weight([(3 * truth + deep * 0.1, noise,
-                                          labels)], ks=(1,))
-    assert weight == 0.0
-    with pytest.raises(ValueError, match="shapes"):
-        lt.choose_fusion_weight([(deep, tree[:, :3], labels)])
-    with pytest.raises(ValueError, match="no validation"):
-        lt.choose_fusion_weight([])
-    # k above the number of labels: P@k over all of them
-    _, table = lt.choose_fusion_weight([(deep[:, :2], tree[:, :2],
-                                         labels[:, :2])], ks=(1, 5))
-    for a, row in table.items():
-        assert row[5] == pytest.approx(
-            100.0 * labels[:, :2].sum() / (5 * n))
-
-
 def _config(**overrides):
     c = xconfig.get_config("uniform_sparse")
     c.data.train = SYN
@@ -334,35 +295,52 @@ def _config(**overrides):
     return c
 
 
-def test_fused_job_exports_deep_plus_weighted_tree(tmp_path):
+def _fused_pieces(model):
+    """(the fused layer, its network, its tree layer) of an exported
+    model fused with the tree."""
+    fused = model.layers[-1]
+    tree_layer, = [s for s in fused.scorers
+                   if isinstance(s, LabelTreeScores)]
+    return fused, fused.network, tree_layer
+
+
+@pytest.mark.parametrize("shortlist", [False, True])
+def test_fused_job_exports_deep_plus_weighted_tree(tmp_path, shortlist):
     wd = str(tmp_path / "run")
-    config = _config(**{"tree.weight": 0.5})  # a fixed weight: always fused
+    config = _config(**{"tree.weight": 0.5,  # a fixed weight: always fused
+                        "shortlist.enabled": shortlist,
+                        "tree.shortlist": 6, "tree.beam": 2})
     result = train_and_evaluate(config, wd)
     info = result["label_tree"]
     assert info["weight"] == 0.5 and info["columns"] >= 24
     assert not os.path.exists(os.path.join(wd, "backup"))
 
     model = artifacts.load_model(wd)
-    # Decoded through the fusion (first input: the deep scores) and the
-    # normalising wrapper, as the deep model.
-    assert isinstance(decoding.scoring_layer(model), UniformSparseDense)
     assert decoding.scores_every_label(model)
-    fused = model.layers[-1]  # normalisation -> fused model
-    tree_layer = [l for l in fused.layers
-                  if isinstance(l, LabelTreeScores)][0]
-    deep = [l for l in fused.layers if isinstance(l, keras.Model)][0]
+    fused, deep, tree_layer = _fused_pieces(model)
+    assert fused.shortlists == shortlist
     test = load_for_model(config.data.test, wd)
     x, _ = xdata.make_tf_dataset(test, 64).take(1).get_single_element()
-    # the reloaded pieces, recombined by hand; the normalisation layer is
-    # the exported model's first
+    # the reloaded pieces, recombined by hand
     norm_x = model.layers[1](x)
     want = deep(norm_x).numpy() + 0.5 * tree_layer(norm_x).numpy()
     np.testing.assert_allclose(model(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    if shortlist:  # ranked within the tree's beam shortlist
+        held = tree_layer.shortlist(norm_x, 6, beam=2)[0].numpy()
+        rows = np.arange(want.shape[0])[:, None]
+        masked = np.full_like(want, -np.inf)
+        masked[rows, np.maximum(held, 0)] = np.where(
+            held >= 0, want[rows, np.maximum(held, 0)], -np.inf)
+        want = masked
     loaded = saving.load_saved_model(os.path.join(wd, "saved_model"))
     out = loaded.serve(x.indices, x.values, x.dense_shape)
     top = tf.math.top_k(want, k=5)
     np.testing.assert_allclose(out["scores"].numpy(), top.values.numpy(),
                                rtol=1e-5, atol=1e-5)
+    assert (out["label_ids"].numpy() == top.indices.numpy()).all()
+    every = loaded.score_all_labels(x.indices, x.values, x.dense_shape)
+    np.testing.assert_allclose(every["label_scores"].numpy(),
+                               model(x).numpy(), rtol=1e-5, atol=1e-5)
     saved = json.load(open(os.path.join(wd, "metrics.json")))
     assert saved["label_tree"]["weight"] == 0.5
 
@@ -390,7 +368,8 @@ def test_tree_config_checks_and_plan():
     for key, bad in (("tree.enabled", "yes"), ("tree.weight", -1.0),
                      ("tree.leaf_size", 1), ("tree.c", 0),
                      ("tree.threshold", -0.5), ("tree.max_labels", 0),
-                     ("tree.max_classes", -1)):
+                     ("tree.max_classes", -1), ("tree.beam", 0),
+                     ("tree.shortlist", 0)):
         with pytest.raises(ConfigError, match=key):
             check_config(_config(**{key: bad}))
     mach = xconfig.get_config("mach")
@@ -402,42 +381,30 @@ def test_tree_config_checks_and_plan():
         check_config(c)
     c = _config()
     head = check_config(c)
-    assert label_tree_plan(c, head, 24, True, True)[0]
-    assert not label_tree_plan(c, head, 24, False, True)[0]  # dense input
-    assert not label_tree_plan(c, head, 24, True, False)[0]  # no validation
-    assert not label_tree_plan(c, head, 10**6, True, True)[0]  # > max_labels
+    x, y = _data()
+    base = summarize(xdata.XCDataset(x, y))
+
+    def plan(config, head, m, sparse, has_validation, multi_class=False):
+        summary = dataclasses.replace(base, num_labels=m, sparse=sparse,
+                                      multi_class=multi_class)
+        return xscorers.get("tree").plan(config, head, summary,
+                                         has_validation)
+    assert plan(c, head, 24, True, True)[0]
+    assert not plan(c, head, 24, False, True)[0]  # dense input
+    assert not plan(c, head, 24, True, False)[0]  # no validation
+    assert not plan(c, head, 10**6, True, True)[0]  # > max_labels
     # multi-class: on up to max_classes (one solve per leaf), which is
     # checked apart from max_labels
-    assert label_tree_plan(c, head, 200_000, True, True, True)[0]
-    assert not label_tree_plan(c, head, 200_000, True, True)[0]
-    assert not label_tree_plan(c, head, 10**6, True, True, True)[0]
+    assert plan(c, head, 200_000, True, True, True)[0]
+    assert not plan(c, head, 200_000, True, True)[0]
+    assert not plan(c, head, 10**6, True, True, True)[0]
     c.tree.max_classes = 0
-    assert not label_tree_plan(c, head, 24, True, True, True)[0]
-    assert not label_tree_plan(mach, check_config(xconfig.get_config("mach")),
-                               24, True, True)[0]
+    assert not plan(c, head, 24, True, True, True)[0]
+    assert not plan(mach, check_config(xconfig.get_config("mach")), 24,
+                    True, True)[0]
     # the command line gives these string fields strings
     off = _config(**{"tree.enabled": "False"})
-    assert not label_tree_plan(off, check_config(off), 24, True, True)[0]
+    assert not plan(off, check_config(off), 24, True, True)[0]
     fixed = _config(**{"tree.enabled": "true", "tree.weight": "0.3",
                        "data.validation_fraction": 0.0})
-    assert label_tree_plan(fixed, check_config(fixed), 24, True, False)[0]
-
-
-def test_fuse_with_tree_checks_sizes():
-    import keras
-    x, y = _data()
-    tree = lt.fit_label_tree(x, y, leaf_size=4)
-    layer = LabelTreeScores.from_tree(tree)
-    inp = keras.Input((x.shape[1],), sparse=True)
-    deep = keras.Model(inp, keras.layers.Dense(y.shape[1] + 1)(inp))
-    with pytest.raises(ValueError, match="tree"):
-        fuse_with_tree(deep, layer, 0.5)
-    deep = keras.Model(inp, keras.layers.Dense(y.shape[1])(inp))
-    with pytest.raises(ValueError, match="weight"):
-        fuse_with_tree(deep, layer, -1.0)
-    fused = fuse_with_tree(deep, layer, 0.25)
-    st = _sparse_tensor(x[:8])
-    np.testing.assert_allclose(
-        fused(st).numpy(),
-        deep(st).numpy() + 0.25 * tree.log_scores(x[:8]), rtol=1e-5,
-        atol=1e-5)
+    assert plan(fixed, check_config(fixed), 24, True, False)[0]

@@ -1,9 +1,8 @@
 """The nearest-neighbour votes (:class:`xmc_tf.layers.NearestNeighbourScores`)
-against a brute-force kNN in NumPy; the one-pass fusion weights
-(:class:`xmc_tf.job.finalize.FusionScores`) against full rankings; and the
-votes in the job (``config.neighbours``, :func:`xmc_tf.job.plan.neighbour_plan`):
-the exported model against deep + weights x scorers recomputed from its
-layers."""
+against a brute-force kNN in NumPy, and the votes in the job
+(``config.neighbours``, :mod:`xmc_tf.job.scorers.neighbours`): the plan
+rule, the checks, and the exported model against network + weights x
+scorers recomputed from its layers."""
 
 import dataclasses
 import os
@@ -17,9 +16,8 @@ import tensorflow as tf
 from xmc_tf import data as xdata
 from xmc_tf.errors import ConfigError
 from xmc_tf.job import artifacts
-from xmc_tf.job import finalize as xfinalize
 from xmc_tf.job import plan as xplan
-from xmc_tf.job import tree as xlabel_tree
+from xmc_tf.job import scorers as xscorers
 from xmc_tf.job.classifier import load_config
 from xmc_tf.job.run import JobData, train_and_evaluate
 from xmc_tf.layers import NearestNeighbourScores
@@ -46,9 +44,9 @@ def _brute_force(queries, train, labels, k, power):
     return out
 
 
-@pytest.mark.parametrize("k,power,chunk", [(1, 2.0, 64), (5, 2.0, 3),
-                                           (7, 1.0, 5), (500, 0.0, 16)])
-def test_votes_match_a_brute_force_knn(k, power, chunk):
+@pytest.mark.parametrize("k,power", [(1, 2.0), (5, 2.0), (7, 1.0),
+                                     (500, 0.0)])
+def test_votes_match_a_brute_force_knn(k, power):
     rng = np.random.default_rng(k)
     train = sp.random(300, 40, density=0.1, random_state=rng,
                       format="csr", dtype=np.float32)
@@ -59,7 +57,7 @@ def test_votes_match_a_brute_force_knn(k, power, chunk):
     queries = sp.random(23, 40, density=0.15, random_state=rng,
                         format="csr", dtype=np.float32)
     layer = NearestNeighbourScores.from_data(train, labels, neighbours=k,
-                                             power=power, chunk_rows=chunk)
+                                             power=power)
     got = layer(_sparse_tensor(queries)).numpy()
     want = _brute_force(queries, train, labels, k, power)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -106,53 +104,6 @@ def test_layer_saves_and_reloads(tmp_path):
     assert again.layers[-1].get_config()["neighbours"] == 4
 
 
-def _rank_precision(scores, labels, ks):
-    """P@k (percent) of full rankings, as
-    :func:`xmc_tf.job.tree.choose_fusion_weight` computes it."""
-    _, table = xlabel_tree.choose_fusion_weight(
-        [(scores, np.zeros_like(scores), labels)], ks=ks, weights=(0.0,))
-    return table[0.0]
-
-
-def test_fusion_scores_rank_weighted_sums_as_full_rankings():
-    rng = np.random.default_rng(3)
-    n, m = 200, 400
-    labels = sp.random(n, m, density=0.01, random_state=rng, format="csr")
-    labels.data[:] = 1
-    truth = labels.toarray()
-    scores = {"deep": rng.normal(size=(n, m)).astype(np.float32) + truth,
-              "a": rng.normal(size=(n, m)).astype(np.float32) + 2 * truth,
-              "b": rng.random((n, m)).astype(np.float32)}
-    blocks = [({k: v[i:i + 64] for k, v in scores.items()}, labels[i:i + 64])
-              for i in range(0, n, 64)]
-    ks = (1, 3, 5)
-    # a shortlist as long as the label set: every sum exactly
-    full = xfinalize.FusionScores.collect(blocks, shortlist=m)
-    for weights in ({"deep": 1.0}, {"deep": 1.0, "a": 0.5},
-                    {"deep": 1.0, "a": 2.0, "b": 4.0}, {"b": 1.0}):
-        fused = sum(w * scores[k] for k, w in weights.items())
-        want = _rank_precision(fused, labels, ks)
-        got = full.precision(weights, ks)
-        assert got == pytest.approx(want)
-    # a short one: one scorer alone is still exact
-    short = xfinalize.FusionScores.collect(blocks, shortlist=10)
-    assert short.ids.shape[1] == 30
-    for name in scores:
-        assert short.precision({name: 1.0}, ks) == pytest.approx(
-            _rank_precision(scores[name], labels, ks))
-    weight, table = full.choose({"deep": 1.0}, "a", (0.0, 0.5, 2.0, 8.0),
-                                ks)
-    assert set(table) == {0.0, 0.5, 2.0, 8.0}
-    assert weight == max(table, key=lambda a: (np.mean(list(
-        table[a].values())), -a))
-    assert weight > 0  # "a" carries the labels
-    with pytest.raises(ValueError, match="no validation"):
-        xfinalize.FusionScores.collect([])
-    with pytest.raises(ValueError, match="scorer"):
-        xfinalize.FusionScores.collect([({"deep": scores["deep"][:, :5]},
-                                         labels)])
-
-
 def _few_shot(n_labels=60, per_label=3, d=300, seed=0):
     """Multi-class data, `per_label` training instances per class: each
     class owns 4 features, an instance shows 2-3 of them plus 2 noise
@@ -193,26 +144,30 @@ def test_plan_and_config_checks():
         (df.astype(float) ** 2).sum() / train.num_instances)
     c = _config()
     head = xplan.check_config(c)
-    assert xplan.neighbour_plan(c, head, summary, True)[0]
+    plan = xscorers.get("neighbours").plan
+    assert plan(c, head, summary, True)[0]
     for changes in (dict(label_instances_median=40.0), dict(sparse=False),
                     dict(num_labels=10**6),
                     dict(postings_per_instance=1e9)):
-        assert not xplan.neighbour_plan(
-            c, head, dataclasses.replace(summary, **changes), True)[0]
-    assert not xplan.neighbour_plan(c, head, summary, False)[0]
+        assert not plan(c, head, dataclasses.replace(summary, **changes),
+                        True)[0]
+    assert not plan(c, head, summary, False)[0]
     for key, bad in (("neighbours.enabled", "yes"),
                      ("neighbours.weight", -1.0), ("neighbours.k", 0),
                      ("neighbours.power", -2.0),
-                     ("neighbours.idf", "sometimes")):
+                     ("neighbours.idf", "sometimes"),
+                     ("neighbours.shortlist", -1)):
         with pytest.raises(ConfigError, match=key):
             xplan.check_config(_config(**{key: bad}))
 
 
-def _parts(model, name):
-    fused = [l for l in model.layers if isinstance(l, keras.Model)
-             and l.name == name]
-    assert len(fused) == 1, [l.name for l in model.layers]
-    return fused[0]
+def fused_layer(model):
+    """The :class:`xmc_tf.layers.FusedScores` of an exported fused model
+    (the model is that layer on the raw features)."""
+    from xmc_tf.layers import FusedScores
+    assert len(model.layers) == 3 and isinstance(model.layers[-1],
+                                                 FusedScores)
+    return model.layers[-1]
 
 
 def test_job_fuses_the_votes_with_the_weights_read_on_validation(tmp_path):
@@ -223,32 +178,31 @@ def test_job_fuses_the_votes_with_the_weights_read_on_validation(tmp_path):
                                            "centroids.enabled": False}),
                                 wd, data=JobData(train, test))
     info = result["neighbours"]
-    assert set(info["variants"]) == {"plain", "idf"}
+    assert set(info["variants"]) == {"label_neighbours", "idf_neighbours"}
     table = info["validation"]
     best = max(table, key=lambda a: (np.mean(list(table[a].values())),
                                      -float(a)))
     assert info["weight"] == float(best) > 0
     assert result["fusion"]["validation_instances"] == 45
-    # The exported model: deep + w * votes on the normalised features,
+    # The exported model: network + w * votes on the normalised features,
     # the votes recomputed from the stored rows.
     model = artifacts.load_model(wd)
-    outer = _parts(model, "neighbour_fused")
-    inner = outer.get_layer("deep")
-    scorer = outer.get_layer("idf_neighbours" if info["idf"]
-                             else "label_neighbours")
-    assert float(outer.get_layer("neighbour_weight").scale) == info["weight"]
+    fused, model_norm = fused_layer(model), model.layers[1]
+    assert fused.fusion_weights == [info["weight"]]
+    scorer, = fused.scorers
+    assert scorer.name == ("idf_neighbours" if info["idf"]
+                           else "label_neighbours")
     x = test.features[:30]
     batch = next(iter(xdata.make_tf_dataset(
         xdata.XCDataset(x, test.labels[:30]), 30)))[0]
-    normed = model.layers[1](batch)
-    want = inner(normed).numpy() + info["weight"] * scorer(normed).numpy()
+    normed = model_norm(batch)
+    want = (fused.network(normed).numpy() +
+            info["weight"] * scorer(normed).numpy())
     np.testing.assert_allclose(model(batch).numpy(), want, rtol=1e-5,
                                atol=1e-5)
     # the votes against a brute-force kNN over the fit split's rows
-    layer = (scorer.get_layer("label_neighbours") if info["idf"]
-             else scorer)
-    q = normed if not info["idf"] else scorer.get_layer("neighbour_idf")(
-        normed)
+    layer = scorer.scorer if info["idf"] else scorer
+    q = scorer.normalization(normed) if info["idf"] else normed
     rows = sp.csr_matrix((q.values.numpy(), (q.indices.numpy()[:, 0],
                                              q.indices.numpy()[:, 1])),
                          shape=q.dense_shape.numpy())
@@ -275,59 +229,11 @@ def test_votes_off_or_at_weight_zero_export_without_them(tmp_path):
         result = train_and_evaluate(_config(**overrides), wd,
                                     data=JobData(train))
         model = artifacts.load_model(wd)
-        assert not any(l.name == "neighbour_fused" for l in model.layers)
+        scorers = [s.name for l in model.layers
+                   for s in getattr(l, "scorers", [])]
+        assert not any("neighbours" in n for n in scorers), scorers
         if name == "off":
             assert "neighbours" not in result
         else:
             assert result["neighbours"]["weight"] == 0.0
             assert "validation" not in result["neighbours"]
-
-
-def test_coordinate_ascent_ends_at_a_coordinate_optimum():
-    """choose_fusion_weights: the first round is the greedy order (later
-    parts at 0); at the end no single weight change (nor variant) improves
-    the mean P@k, checked by brute force over each coordinate, and the
-    mean is at least the first round's."""
-    rng = np.random.default_rng(7)
-    n, m = 300, 120
-    truth = np.zeros((n, m), np.float32)
-    truth[np.arange(n), rng.integers(0, m, n)] = 1
-    labels = sp.csr_matrix(truth)
-    scores = {"deep": rng.normal(size=(n, m)).astype(np.float32),
-              # a: weak alone; b: strong; b_idf: a second variant of b
-              "a": (truth + 1.2 * rng.normal(size=(n, m))).astype(np.float32),
-              "b": (2 * truth + rng.normal(size=(n, m))).astype(np.float32),
-              "b_idf": (truth + rng.normal(size=(n, m))).astype(np.float32)}
-    fusion = xfinalize.FusionScores.collect([(scores, labels)], shortlist=m)
-    ks = (1, 3)
-    grid = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
-    parts = [("A", [("a", None)], grid),
-             ("B", [("b", False), ("b_idf", True)], grid)]
-    fixed = {"A": None, "B": None}
-    chosen, tables, variants, rounds = xfinalize.choose_fusion_weights(
-        fusion, parts, fixed, ks)
-    greedy, _, _, one = xfinalize.choose_fusion_weights(fusion, parts, fixed,
-                                                        ks, max_rounds=1)
-    assert one == 1 and 1 <= rounds <= xfinalize.FUSION_ROUNDS
-
-    def mean(weights):
-        return np.mean(list(fusion.precision(weights, ks).values()))
-
-    final = {"deep": 1.0, **{n: w for n, _, w in chosen.values()}}
-    assert mean(final) >= mean({"deep": 1.0, **{
-        n: w for n, _, w in greedy.values()}}) - 1e-9
-    if rounds < xfinalize.FUSION_ROUNDS:  # converged: a coordinate optimum
-        for part, variants_, _ in parts:
-            others = {n: w for p, (n, _, w) in chosen.items() if p != part}
-            for name, _ in variants_:
-                for w in grid:
-                    assert mean({"deep": 1.0, **others, name: w}) <= (
-                        mean(final) + 1e-9)
-            assert tables[part][chosen[part][2]] == fusion.precision(
-                {"deep": 1.0, **others, chosen[part][0]: chosen[part][2]},
-                ks)
-    assert set(variants) == {"B"} and set(variants["B"]) == {"plain", "idf"}
-    # a fixed weight is kept and not read
-    held, tables, _, _ = xfinalize.choose_fusion_weights(
-        fusion, parts, {"A": 2.0, "B": None}, ks)
-    assert held["A"] == ("a", None, 2.0) and "A" not in tables

@@ -16,7 +16,7 @@ from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf import metrics, saving
 from xmc_tf.job import heads, preprocessing
-from xmc_tf.layers import FeatureNormalization, UniformSparseDense
+from xmc_tf.layers import FeatureNormalization, FusedScores, UniformSparseDense
 from xmc_tf.job.run import train_and_evaluate
 
 
@@ -65,7 +65,9 @@ def test_exported_models_take_raw_features(run):
     wd = str(tmp / "wd")
     model = artifacts.load_model(wd)
     assert isinstance(model.layers[1], FeatureNormalization)
-    assert isinstance(decoding.scoring_layer(model), UniformSparseDense)
+    # the network, or the network fused with the tree
+    assert isinstance(decoding.scoring_layer(model),
+                      (UniformSparseDense, FusedScores))
     raw = xdata.load_dataset(str(tmp / "test.txt"))
     np.testing.assert_array_equal(raw.features.toarray(),
                                   test.features.toarray())

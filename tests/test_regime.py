@@ -106,6 +106,7 @@ def test_a_config_without_automatic_fields_is_returned_as_is():
     config.data.normalize, config.tree.enabled = "l2", False
     config.centroids.enabled = False
     config.neighbours.enabled = False
+    config.shortlist.enabled = False
     config.train.monitor = "network"
     run, regime = xplan.resolve_config(config, _toy(1))
     assert run is config and regime == {}

@@ -136,9 +136,20 @@ def _base() -> dict:
             gradient_instances=4096,
             wide=False,  # also rewire the wide path's layer
         ),
+        # Shortlist and re-rank (xmc_tf.layers.FusedScores): the fused
+        # model ranks, per instance, the labels its shortlisting scorers
+        # shortlist (the tree's beam search, the neighbours' votes), each
+        # scored by every scorer and the network; its weights are read and
+        # its test P@k measured on those shortlists.
+        shortlist=ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
+            # "auto": on above min_labels labels (below, every label is
+            # scored exactly: as cheap); or a bool
+            enabled="auto",
+            min_labels=4096,
+        )),
         # Second scorer: a label tree of L2-regularised linear rankers
-        # (xmc_tf.job.tree, Parabel), fit after training on the fit split
-        # and added to the model's scores as deep + weight * tree.
+        # (xmc_tf.shortlist.fit_label_tree, Parabel), fit on the fit split
+        # and added to the model's scores as network + weight * tree.
         tree=ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
             # "auto": on for sparse input with a validation split and a
             # head that scores every label, up to max_labels labels
@@ -150,6 +161,8 @@ def _base() -> dict:
             # mean validation P@k over eval.ks; or a number >= 0
             weight="auto",
             leaf_size=100,  # labels per leaf
+            beam=10,  # nodes kept per level of the beam search (Parabel)
+            shortlist=400,  # labels per instance it shortlists
             c=1.0,  # liblinear C (inverse L2 strength)
             tol=0.1,  # liblinear stopping tolerance
             threshold=0.1,  # weights of smaller magnitude are dropped
@@ -199,6 +212,7 @@ def _base() -> dict:
             # cosines of the rows weighted by the training set's idf once
             # more, as centroids.idf: "auto" reads both on validation
             idf="auto",
+            shortlist=100,  # labels per instance its votes shortlist
         )),
         eval=dict(
             ks=(1, 3, 5),  # P@k, nDCG@k, PSP@k, R@k

@@ -14,7 +14,9 @@ A scoring layer whose type has a registered decoder
 :class:`~xmc_tf.layers.MachHead` by the exact count-min decoder
 (:class:`~xmc_tf.layers.MachDecoder`, Medini et al., NeurIPS 2019, Eq. 2);
 a fused model (:class:`~xmc_tf.layers.FusedScores` applied to the model's
-input) by shortlist and re-rank (:meth:`~xmc_tf.layers.FusedScores.top_k`);
+input, possibly behind single-input layers such as the feature
+normalisation) by shortlist and re-rank
+(:meth:`~xmc_tf.layers.FusedScores.top_k`);
 every other model outputs a score per label ``[b, m]`` and is decoded by
 :func:`xmc_tf.ops.topk.top_k` (``Xmc>TopK`` on the CPU).
 
@@ -153,29 +155,48 @@ def _mach_top_k(model, layer, k: int):
     return lambda x: decoder(model(x, training=False))
 
 
-def _applies_to_input(model, layer) -> bool:
-    """Whether ``model`` is ``layer`` applied to ``model``'s input (its
-    only computation)."""
+def _front_layers(model, layer):
+    """The layers between ``model``'s input and ``layer`` when ``model``
+    is ``layer`` applied to them (a chain of single-input layers, e.g. the
+    feature normalisation), input side first; None when ``model`` does
+    more (``layer``'s output is not the model's, or a layer on the way
+    has several inputs or is a model)."""
     outputs, inputs = getattr(model, "outputs", None), model.inputs
     if not outputs or len(outputs) != 1 or len(inputs) != 1:
-        return False
+        return None
     operation, node_index, _ = outputs[0]._keras_history
     if operation is not layer:
-        return False
-    node = operation._inbound_nodes[node_index]
-    return len(node.input_tensors) == 1 and node.input_tensors[0] is inputs[0]
+        return None
+    chain = []
+    while True:
+        node = operation._inbound_nodes[node_index]
+        if len(node.input_tensors) != 1:
+            return None
+        tensor = node.input_tensors[0]
+        if tensor is inputs[0]:
+            return chain[::-1]
+        operation, node_index, _ = tensor._keras_history
+        if isinstance(operation, keras.Model):
+            return None
+        chain.append(operation)
 
 
 def _fused_top_k(model, layer, k: int):
-    # Shortlist and re-rank where the model is the fused layer itself; a
-    # model that wraps it in more (an ensemble's average) ranks its exact
-    # scores.
-    if not _applies_to_input(model, layer):
+    # Shortlist and re-rank where the model is the fused layer behind a
+    # chain of single-input layers; a model that wraps it in more (an
+    # ensemble's average) ranks its exact scores.
+    front = _front_layers(model, layer)
+    if front is None:
         return _full_scores_top_k(model, layer, k)
     if not 1 <= k <= layer.num_labels:
         raise ValueError(f"k={k} must be in [1, num_labels="
                          f"{layer.num_labels}]")
-    return lambda x: layer.top_k(x, k)
+
+    def top_k(x):
+        for step in front:
+            x = step(x)
+        return layer.top_k(x, k)
+    return top_k
 
 
 register_decoder(MachHead, _mach_top_k)

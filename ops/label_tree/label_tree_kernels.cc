@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "ops/common/sparse_batch.h"
 #include "ops/common/validation.h"
-#include "ops/embedding_bag/embedding_bag_kernels.h"
 #include "ops/label_tree/label_tree_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -34,59 +34,10 @@ using label_tree::ColumnScores;
 using label_tree::Fault;
 using label_tree::Scored;
 
-// The sparse batch, its rows bucketed.
-struct Batch {
-  int64_t rows = 0;
-  int64_t nnz = 0;
-  std::vector<int64_t> row_ids, feats;  // per entry
-  const float* values = nullptr;
-  std::vector<int64_t> offsets, order;  // BucketEntries by row
-};
+using Batch = SparseBatch;
 
 Status ReadBatch(OpKernelContext* ctx, int64_t num_features, Batch* b) {
-  const Tensor& indices = ctx->input(0);
-  const Tensor& values = ctx->input(1);
-  const Tensor& shape = ctx->input(2);
-  if (indices.dims() != 2 || indices.dim_size(1) != 2) {
-    return errors::InvalidArgument("indices must be a matrix [nnz, 2], got "
-                                   "shape ", indices.shape().DebugString());
-  }
-  TF_RETURN_IF_ERROR(CheckVector(values, "values"));
-  if (values.dim_size(0) != indices.dim_size(0)) {
-    return errors::InvalidArgument("values has ", values.dim_size(0),
-                                   " entries, indices ", indices.dim_size(0));
-  }
-  if (shape.dims() != 1 || shape.dim_size(0) != 2) {
-    return errors::InvalidArgument("dense_shape must be a vector [2], got "
-                                   "shape ", shape.shape().DebugString());
-  }
-  const auto dims = shape.flat<int64_t>();
-  if (dims(0) < 0 || dims(1) != num_features) {
-    return errors::InvalidArgument(
-        "dense_shape = [", dims(0), ", ", dims(1), "] must be [batch >= 0, ",
-        num_features, "] (the tree's num_features)");
-  }
-  b->rows = dims(0);
-  b->nnz = indices.dim_size(0);
-  b->values = values.flat<float>().data();
-  const int64_t* idx = indices.flat<int64_t>().data();
-  b->row_ids.resize(b->nnz);
-  b->feats.resize(b->nnz);
-  for (int64_t e = 0; e < b->nnz; ++e) {
-    const int64_t r = idx[2 * e], f = idx[2 * e + 1];
-    if (r < 0 || r >= b->rows) {
-      return OutOfRange("indices", indices.shape(), 2 * e, r, 0, b->rows,
-                        "rows of the batch");
-    }
-    if (f < 0 || f >= num_features) {
-      return OutOfRange("indices", indices.shape(), 2 * e + 1, f, 0,
-                        num_features, "num_features");
-    }
-    b->row_ids[e] = r;
-    b->feats[e] = f;
-  }
-  BucketEntries(b->row_ids.data(), b->nnz, b->rows, &b->offsets, &b->order);
-  return ::tensorflow::OkStatus();
+  return ReadSparseBatch(ctx, 0, num_features, "the tree's num_features", b);
 }
 
 Status ReadWeights(OpKernelContext* ctx, label_tree::Weights* w) {

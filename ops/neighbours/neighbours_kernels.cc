@@ -13,8 +13,8 @@
 #include <mutex>
 #include <vector>
 
+#include "ops/common/sparse_batch.h"
 #include "ops/common/validation.h"
-#include "ops/embedding_bag/embedding_bag_kernels.h"
 #include "ops/neighbours/neighbours_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -35,28 +35,12 @@ class NearestNeighboursOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& indices = ctx->input(0);
-    const Tensor& values = ctx->input(1);
-    const Tensor& shape = ctx->input(2);
     const Tensor& indptr = ctx->input(3);
     const Tensor& instances = ctx->input(4);
     const Tensor& index_values = ctx->input(5);
     int64_t n = 0;
     OP_REQUIRES_OK(ctx, NonNegativeScalar(ctx->input(6), "num_instances", &n));
     OP_REQUIRES_OK(ctx, CheckInt32Indexable(n, "num_instances"));
-    OP_REQUIRES(ctx, indices.dims() == 2 && indices.dim_size(1) == 2,
-                errors::InvalidArgument("indices must be a matrix [nnz, 2], "
-                                        "got shape ",
-                                        indices.shape().DebugString()));
-    OP_REQUIRES_OK(ctx, CheckVector(values, "values"));
-    OP_REQUIRES(ctx, values.dim_size(0) == indices.dim_size(0),
-                errors::InvalidArgument("values has ", values.dim_size(0),
-                                        " entries, indices ",
-                                        indices.dim_size(0)));
-    OP_REQUIRES(ctx, shape.dims() == 1 && shape.dim_size(0) == 2,
-                errors::InvalidArgument("dense_shape must be a vector [2], "
-                                        "got shape ",
-                                        shape.shape().DebugString()));
     OP_REQUIRES_OK(ctx, CheckVector(indptr, "index_indptr"));
     OP_REQUIRES_OK(ctx, CheckVector(instances, "index_instances"));
     OP_REQUIRES_OK(ctx, CheckVector(index_values, "index_values"));
@@ -74,28 +58,10 @@ class NearestNeighboursOp : public OpKernel {
     index.indptr = indptr.flat<int64_t>().data();
     index.instances = instances.flat<int32_t>().data();
     index.values = index_values.flat<float>().data();
-    const auto dims = shape.flat<int64_t>();
-    OP_REQUIRES(ctx, dims(0) >= 0 && dims(1) == index.num_features,
-                errors::InvalidArgument(
-                    "dense_shape = [", dims(0), ", ", dims(1),
-                    "] must be [batch >= 0, ", index.num_features,
-                    "] (the index's num_features)"));
-    const int64_t rows = dims(0), nnz = indices.dim_size(0);
-    const int64_t* idx = indices.flat<int64_t>().data();
-    std::vector<int64_t> row_ids(nnz), feats(nnz);
-    for (int64_t e = 0; e < nnz; ++e) {
-      const int64_t r = idx[2 * e], f = idx[2 * e + 1];
-      OP_REQUIRES(ctx, r >= 0 && r < rows,
-                  OutOfRange("indices", indices.shape(), 2 * e, r, 0, rows,
-                             "rows of the batch"));
-      OP_REQUIRES(ctx, f >= 0 && f < index.num_features,
-                  OutOfRange("indices", indices.shape(), 2 * e + 1, f, 0,
-                             index.num_features, "num_features"));
-      row_ids[e] = r;
-      feats[e] = f;
-    }
-    std::vector<int64_t> offsets, order;
-    BucketEntries(row_ids.data(), nnz, rows, &offsets, &order);
+    SparseBatch b;
+    OP_REQUIRES_OK(ctx, ReadSparseBatch(ctx, 0, index.num_features,
+                                        "the index's num_features", &b));
+    const int64_t rows = b.rows, nnz = b.nnz;
     Tensor* ids_t = nullptr;
     Tensor* sims_t = nullptr;
     const int64_t k = k_;
@@ -106,7 +72,7 @@ class NearestNeighboursOp : public OpKernel {
     if (rows == 0) return;
     int32_t* ids = ids_t->flat<int32_t>().data();
     float* sims = sims_t->flat<float>().data();
-    const float* vals = values.flat<float>().data();
+    const float* vals = b.values;
     std::mutex mu;
     int64_t bad_row = std::numeric_limits<int64_t>::max();
     Fault bad;
@@ -124,8 +90,9 @@ class NearestNeighboursOp : public OpKernel {
           std::vector<Scored> best;
           for (int64_t i = start; i < limit; ++i) {
             Fault fault;
-            if (!scratch.Accumulate(index, feats.data(), vals, order.data(),
-                                    offsets[i], offsets[i + 1], &fault)) {
+            if (!scratch.Accumulate(index, b.feats.data(), vals,
+                                    b.order.data(), b.offsets[i],
+                                    b.offsets[i + 1], &fault)) {
               std::lock_guard<std::mutex> lock(mu);
               if (i < bad_row) {
                 bad_row = i;

@@ -5,7 +5,7 @@ Dense (leaky ReLU) -> UniformSparseDense(num_labels, connections_per_label)
 plus the wide path, squared hinge loss, output bias at the loss's prior,
 LazyAdam 1e-3 halved on val-P@3 plateaus, early stopping, SET
 (Schultheis & Babbar); after training, a label tree of L2 linear rankers
-(Parabel-style, :mod:`xmc_tf.job.tree`) fit on the same features, its
+(Parabel-style, :mod:`xmc_tf.shortlist.tree`) fit on the same features, its
 log-scores added with a weight read on the validation split
 (``config.tree``).  Fields and defaults: :mod:`xmc_tf.config`; how they
 were chosen: docs/notes/defaults.md, docs/notes/real_data.md::

@@ -12,14 +12,16 @@ Phases, one module each, run in this order by :mod:`xmc_tf.job.run`:
 * :mod:`xmc_tf.job.fit` -- compile, callbacks, data streams, ``fit``;
 * :mod:`xmc_tf.job.resume` -- whether a backup belongs to the run, and
   restoring it;
-* :mod:`xmc_tf.job.finalize` -- the label tree, the label centroids,
-  the neighbour votes and the normalisation added to the trained network;
+* :mod:`xmc_tf.job.finalize` -- the fused scorers
+  (:mod:`xmc_tf.job.scorers`: the label tree, the label centroids, the
+  neighbour votes) and the normalisation added to the trained network,
+  their weights read on the validation rows' shortlists;
 * :mod:`xmc_tf.job.report` -- the ``metrics.json`` dict.
 
 Beside them: the ``xmc-tf`` command (:mod:`xmc_tf.job.cli`), the output
 heads a config names (:mod:`xmc_tf.job.heads`), the work directory and its
 backups (:mod:`xmc_tf.job.workdir`, :mod:`xmc_tf.job.checkpoint`), the
-label tree's fit (:mod:`xmc_tf.job.tree`), ensembles, data-parallel
+fused scorers' registry (:mod:`xmc_tf.job.scorers`), ensembles, data-parallel
 clusters (:mod:`xmc_tf.job.cluster`) and decoding / evaluation of a trained
 model (:mod:`xmc_tf.job.scoring`).
 

@@ -25,6 +25,8 @@ from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf.job import cluster as xcluster
 from xmc_tf.job import heads as xheads
+from xmc_tf.job import scorers as xscorers
+from xmc_tf.job.scorers.base import check_int, check_nonnegative
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.build import ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS
 from xmc_tf.job.inputs import validation_rows
@@ -32,9 +34,8 @@ from xmc_tf.samplers.registry import AUTO, auto_bool
 
 __all__ = ["DataSummary", "summarize", "check_config",
            "check_strategy", "resolve_config", "automatic",
-           "automatic_fields", "is_auto", "label_tree_plan", "tree_enabled",
-           "tree_weight", "fusion_weight", "centroid_plan",
-           "neighbour_plan", "MONITORS", "monitor_plan"]
+           "automatic_fields", "is_auto", "MONITORS", "monitor_plan",
+           "shortlist_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,12 +55,13 @@ class DataSummary:
         (counts or binary; :func:`xmc_tf.data.resolve_normalization`).
       label_instances_median: the median number of training instances of
         the labels that have any (0.0 without labels): the tail profile
-        that :func:`centroid_plan` reads.
+        that the centroids' and the votes' plan rules read
+        (:mod:`xmc_tf.job.scorers`).
       postings_per_instance: the stored training entries an instance's
         features meet, averaged over the training instances
         (``sum over features of df ** 2 / n``; 0.0 for dense features): the
         cost per query of :class:`xmc_tf.layers.NearestNeighbourScores`,
-        which :func:`neighbour_plan` reads.
+        which the votes' plan rule reads.
     """
 
     num_instances: int
@@ -112,143 +114,6 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_int(field: str, value, low: int) -> None:
-    """Raises ValueError unless ``value`` is an int (not a bool) >= low."""
-    if not (isinstance(value, int) and not isinstance(value, bool)
-            and value >= low):
-        raise ValueError(f"config.{field}={value!r} must be an int >= {low}")
-
-
-def _check_nonnegative(field: str, value) -> None:
-    """Raises ValueError unless ``value`` is a number >= 0."""
-    if not (_is_number(value) and value >= 0):
-        raise ValueError(f"config.{field}={value!r} must be a number >= 0")
-
-
-def tree_enabled(value):
-    """``config.tree.enabled`` as True, False or None (``"auto"``), command
-    line strings read (:func:`xmc_tf.samplers.registry.auto_bool`).
-
-    Raises:
-      ValueError: any other value.
-
-    >>> tree_enabled("auto"), tree_enabled("False"), tree_enabled(True)
-    (None, False, True)
-    """
-    return auto_bool(value, "config.tree.enabled")
-
-
-def fusion_weight(value, field: str):
-    """A fusion weight field (``config.tree.weight``,
-    ``config.centroids.weight``) as a float >= 0, or None (``"auto"``);
-    strings from the command line are read as numbers.
-
-    Raises:
-      ValueError: anything else (the message names ``field``).
-
-    >>> fusion_weight("auto", "w"), fusion_weight("0.3", "w")
-    (None, 0.3)
-    """
-    if isinstance(value, str) and value.strip().lower() == AUTO:
-        return None
-    try:
-        weight = float(value)
-    except (TypeError, ValueError):
-        weight = float("nan")
-    if isinstance(value, bool) or not weight >= 0:
-        raise ValueError(f"{field}={value!r} must be 'auto' or a number >= 0")
-    return weight
-
-
-def tree_weight(value):
-    """``config.tree.weight`` as a float >= 0, or None (``"auto"``); strings
-    from the command line are read as numbers.
-
-    Raises:
-      ValueError: anything else.
-
-    >>> tree_weight("auto"), tree_weight("0.3"), tree_weight(1)
-    (None, 0.3, 1.0)
-    """
-    return fusion_weight(value, "config.tree.weight")
-
-
-def _check_fused_scorer(section: str, enabled, weight, config, head) -> None:
-    """The checks shared by the scorers fused after training
-    (``config.tree``, ``config.centroids``): switched on, the head must
-    score every label, and an automatic weight needs a validation split.
-
-    Raises:
-      ValueError: naming ``config.<section>``'s field.
-    """
-    if enabled is True and not head.scores_every_label:
-        raise ValueError(f"config.{section}.enabled=True needs a head that "
-                         f"scores every label; head {head.name!r} does not")
-    if (enabled is True and weight is None
-            and not config.data.validation_fraction):
-        raise ValueError(f"config.{section}.weight='auto' is read on the "
-                         "validation split: set config.data.validation_fraction"
-                         f" > 0 or a number for config.{section}.weight")
-
-
-def _check_tree(config, head) -> None:
-    """Validates ``config.tree`` (ValueError naming the field)."""
-    tc = config.get("tree")
-    if tc is None:
-        return
-    enabled, weight = tree_enabled(tc.enabled), tree_weight(tc.weight)
-    _check_int("tree.leaf_size", tc.leaf_size, 2)
-    _check_int("tree.max_labels", tc.max_labels, 1)
-    _check_int("tree.max_classes", tc.get("max_classes", 0), 0)
-    for name in ("c", "tol"):
-        if not (_is_number(tc[name]) and tc[name] > 0):
-            raise ValueError(f"config.tree.{name}={tc[name]!r} must be a "
-                             "number > 0")
-    _check_nonnegative("tree.threshold", tc.threshold)
-    _check_fused_scorer("tree", enabled, weight, config, head)
-
-
-def label_tree_plan(config, head, num_labels: int, sparse_input: bool,
-                    has_validation: bool,
-                    multi_class: bool = False) -> tuple[bool, str]:
-    """Whether the run fits a label tree (:mod:`xmc_tf.job.tree`), and why.
-
-    ``config.tree.enabled="auto"`` turns it on for sparse input, a head that
-    scores every label and a validation split to read its weight on, up to
-    ``config.tree.max_labels`` labels on multi-label training data (one
-    liblinear solve per label: time grows with m) and
-    ``config.tree.max_classes`` on multi-class data (one solve per leaf:
-    DebDocNextWord's 181k classes in 75 s; docs/notes/tail.md).
-
-    Returns:
-      ``(enabled, reason)``; ``reason`` is one line for the log.
-    """
-    tc = config.get("tree")
-    enabled = tree_enabled(tc.enabled) if tc is not None else False
-    if enabled is False:
-        return False, "config.tree.enabled=False"
-    if not sparse_input:
-        return False, "dense input features"
-    if not head.scores_every_label:
-        return False, f"head {head.name!r} does not score every label"
-    if enabled is True:
-        return True, "config.tree.enabled=True"
-    if not has_validation and tree_weight(tc.weight) is None:
-        return False, "no validation split to read its weight on"
-    if multi_class:
-        limit = tc.get("max_classes", 0)
-        if num_labels > limit:
-            return False, (f"{num_labels} classes > config.tree.max_classes="
-                           f"{limit}")
-        return True, (f"sparse input, {num_labels} classes <= "
-                      f"config.tree.max_classes={limit}")
-    if num_labels > tc.max_labels:
-        return False, (f"{num_labels} labels > config.tree.max_labels="
-                       f"{tc.max_labels}")
-    return True, (f"sparse input, {num_labels} labels <= "
-                  f"config.tree.max_labels={tc.max_labels}")
-
-
 #: The values of ``config.train.monitor``.
 MONITORS = ("auto", "network", "fused")
 
@@ -260,28 +125,26 @@ def monitor_plan(config, has_validation: bool,
     than the network's, and why.
 
     ``config.train.monitor="auto"`` picks the fused model on multi-class
-    training labels when the few-shot scorers are on
-    (``config.centroids`` or ``config.neighbours`` enabled, as resolved by
-    :func:`centroid_plan` / :func:`neighbour_plan`) with a weight read on
-    validation and a validation split exists: there the tree, the
-    centroids and the votes carry the classes with a few instances, and
-    the network's own P@k keeps rising for epochs that leave the fused
-    model where it was (DebDocNextWord: 3 epochs instead of 13, 0.27x the
-    time, P@1 within 0.1; docs/notes/tail.md).  On multi-label labels the
-    network carries the ranking and the others correct it (WordNetHypernyms:
-    tree 0.3, centroids 1), the fused P@k rises less per epoch than the
-    network's and stopping on it came 3 epochs early (validation P@k 56.86
-    against 56.93), so the network is stopped on its own P@k there, as on
-    data with many instances per label.  ``"fused"`` and ``"network"`` are
-    kept; the job
-    (:class:`xmc_tf.job.run.Run`) raises
+    training labels when a few-shot scorer is on (a kind of
+    :mod:`xmc_tf.job.scorers` with ``few_shot``: the centroids, the votes,
+    as resolved by their plan rules) with its weight read on validation and
+    a validation split exists: there the tree, the centroids and the votes
+    carry the classes with a few instances, and the network's own P@k keeps
+    rising for epochs that leave the fused model where it was
+    (DebDocNextWord: 3 epochs instead of 13, 0.27x the time, P@1 within
+    0.1; docs/notes/tail.md).  On multi-label labels the network carries
+    the ranking and the others correct it (WordNetHypernyms: tree 0.3,
+    centroids 1), the fused P@k rises less per epoch than the network's
+    and stopping on it came 3 epochs early (validation P@k 56.86 against
+    56.93), so the network is stopped on its own P@k there, as on data
+    with many instances per label.  ``"fused"`` and ``"network"`` are
+    kept; the job (:class:`xmc_tf.job.run.Run`) raises
     :class:`~xmc_tf.errors.ConfigError` for ``"fused"`` without a weight
     to read, and trains a run under a ``tf.distribute`` strategy on the
     network's monitor when ``"auto"`` chose the fused one.
 
     Args:
-      config: the job config, ``config.centroids.enabled`` and
-        ``config.neighbours.enabled`` resolved.
+      config: the job config, the scorers' ``enabled`` resolved.
       has_validation: whether the run has a validation split.
       multi_class: whether every training instance has at most one label
         (:func:`xmc_tf.config.is_multi_class`).
@@ -297,149 +160,31 @@ def monitor_plan(config, has_validation: bool,
     if not multi_class:
         return False, ("multi-label training labels: the network carries "
                        "the ranking")
-    for section in ("centroids", "neighbours"):
-        sc = config.get(section)
-        if (sc is not None and auto_bool(sc.enabled,
-                                         f"config.{section}.enabled") is True
-                and fusion_weight(sc.weight, f"config.{section}.weight")
-                is None):
-            return True, (f"config.{section} is on with its weight read on "
-                          "validation: the fused model is exported")
+    for kind in xscorers.kinds():
+        if (kind.few_shot and kind.enabled(config) is True
+                and kind.weight(config) is None):
+            return True, (f"config.{kind.section} is on with its weight read "
+                          "on validation: the fused model is exported")
     return False, "no few-shot scorer's weight is read on validation"
 
 
-def _check_centroids(config, head) -> None:
-    """Validates ``config.centroids`` (ValueError naming the field)."""
-    cc = config.get("centroids")
-    if cc is None:
-        return
-    enabled = auto_bool(cc.enabled, "config.centroids.enabled")
-    weight = fusion_weight(cc.weight, "config.centroids.weight")
-    auto_bool(cc.get("idf", "auto"), "config.centroids.idf")
-    _check_int("centroids.connections", cc.connections, 1)
-    _check_nonnegative("centroids.max_median_instances",
-                       cc.max_median_instances)
-    _check_int("centroids.max_entries", cc.max_entries, 0)
-    _check_int("centroids.max_labels", cc.max_labels, 1)
-    _check_fused_scorer("centroids", enabled, weight, config, head)
-
-
-def _check_neighbours(config, head) -> None:
-    """Validates ``config.neighbours`` (ValueError naming the field)."""
-    nc = config.get("neighbours")
-    if nc is None:
-        return
-    enabled = auto_bool(nc.enabled, "config.neighbours.enabled")
-    weight = fusion_weight(nc.weight, "config.neighbours.weight")
-    auto_bool(nc.idf, "config.neighbours.idf")
-    _check_int("neighbours.k", nc.k, 1)
-    _check_nonnegative("neighbours.power", nc.power)
-    _check_nonnegative("neighbours.max_median_instances",
-                       nc.max_median_instances)
-    _check_nonnegative("neighbours.max_postings", nc.max_postings)
-    _check_int("neighbours.max_labels", nc.max_labels, 1)
-    _check_fused_scorer("neighbours", enabled, weight, config, head)
-
-
-def neighbour_plan(config, head, summary: DataSummary,
-                   has_validation: bool) -> tuple[bool, str]:
-    """Whether the run adds nearest-neighbour votes to its model
-    (:class:`xmc_tf.layers.NearestNeighbourScores`, fused by
-    :func:`xmc_tf.job.finalize.finalize`), and why.
-
-    ``config.neighbours.enabled="auto"`` turns them on under the
-    centroids' conditions (sparse input, a head that scores every label, a
-    validation split to read their weight on, few-shot labels: median
-    instances per label at most ``config.neighbours.max_median_instances``,
-    at most ``config.neighbours.max_labels`` labels) while an instance's
-    features meet at most ``config.neighbours.max_postings`` stored
-    training entries on average (the cost per query:
-    ``postings_per_instance`` of :class:`DataSummary`).
-
-    Returns:
-      ``(enabled, reason)``; ``reason`` is one line for the log.
-    """
-    nc = config.get("neighbours")
-    enabled = (auto_bool(nc.enabled, "config.neighbours.enabled")
-               if nc is not None else False)
-    if enabled is False:
-        return False, "config.neighbours.enabled=False"
-    if not summary.sparse:
-        return False, "dense input features"
-    if not head.scores_every_label:
-        return False, f"head {head.name!r} does not score every label"
-    if enabled is True:
-        return True, "config.neighbours.enabled=True"
-    if not has_validation and fusion_weight(
-            nc.weight, "config.neighbours.weight") is None:
-        return False, "no validation split to read their weight on"
-    if summary.num_labels > nc.max_labels:
-        return False, (f"{summary.num_labels} labels > "
-                       f"config.neighbours.max_labels={nc.max_labels}")
-    median = summary.label_instances_median
-    if median > nc.max_median_instances:
-        return False, (f"the median label has {median:g} training instances "
-                       f"> config.neighbours.max_median_instances="
-                       f"{nc.max_median_instances}")
-    if summary.postings_per_instance > nc.max_postings:
-        return False, (f"an instance meets ~{summary.postings_per_instance:.3g}"
-                       f" training entries > config.neighbours.max_postings="
-                       f"{nc.max_postings}")
-    return True, (f"sparse input, the median label has {median:g} training "
-                  f"instances <= {nc.max_median_instances}, "
-                  f"~{summary.postings_per_instance:.3g} entries met per "
-                  "instance")
-
-
-def centroid_plan(config, head, summary: DataSummary,
-                  has_validation: bool) -> tuple[bool, str]:
-    """Whether the run adds nearest-centroid scores to its model
-    (fused by :func:`xmc_tf.job.finalize.finalize`), and why.
-
-    ``config.centroids.enabled="auto"`` turns them on for sparse input, a
-    head that scores every label, a validation split to read their weight
-    on, and few-shot training labels: the median label has at most
-    ``config.centroids.max_median_instances`` training instances (there a
-    label's centroid is its instances, which the network's head learns
-    slowly; measured in docs/notes/tail.md), for at most
-    ``config.centroids.max_labels`` labels (choosing the weight ranks every
-    label of up to 8,192 validation instances per candidate weight) and
-    while the PIFA aggregate (about ``label_nnz x`` stored features per
-    instance entries) stays under ``config.centroids.max_entries``.
-
-    Returns:
-      ``(enabled, reason)``; ``reason`` is one line for the log.
-    """
-    cc = config.get("centroids")
-    enabled = (auto_bool(cc.enabled, "config.centroids.enabled")
-               if cc is not None else False)
-    if enabled is False:
-        return False, "config.centroids.enabled=False"
-    if not summary.sparse:
-        return False, "dense input features"
-    if not head.scores_every_label:
-        return False, f"head {head.name!r} does not score every label"
-    if enabled is True:
-        return True, "config.centroids.enabled=True"
-    if not has_validation and fusion_weight(
-            cc.weight, "config.centroids.weight") is None:
-        return False, "no validation split to read their weight on"
-    if summary.num_labels > cc.max_labels:
-        return False, (f"{summary.num_labels} labels > "
-                       f"config.centroids.max_labels={cc.max_labels}")
-    median = summary.label_instances_median
-    if median > cc.max_median_instances:
-        return False, (f"the median label has {median:g} training instances "
-                       f"> config.centroids.max_median_instances="
-                       f"{cc.max_median_instances}")
-    entries = summary.label_nnz * (summary.feature_nnz
-                                   / max(summary.num_instances, 1))
-    if entries > cc.max_entries:
-        return False, (f"the label aggregate would hold ~{entries:.3g} "
-                       f"entries > config.centroids.max_entries="
-                       f"{cc.max_entries}")
-    return True, (f"sparse input, the median label has {median:g} training "
-                  f"instances <= {cc.max_median_instances}")
+def shortlist_plan(config, summary) -> tuple[bool, str]:
+    """Whether the fused model ranks shortlists
+    (:class:`xmc_tf.layers.FusedScores`), and why:
+    ``config.shortlist.enabled="auto"`` turns it on above
+    ``config.shortlist.min_labels`` labels (below, scoring every label
+    exactly costs about as much)."""
+    sc = config.get("shortlist")
+    enabled = (auto_bool(sc.enabled, "config.shortlist.enabled")
+               if sc is not None else False)
+    if enabled is not None:
+        return enabled, f"config.shortlist.enabled={enabled}"
+    if summary.num_labels <= sc.min_labels:
+        return False, (f"{summary.num_labels} labels <= "
+                       f"config.shortlist.min_labels={sc.min_labels}: every "
+                       "label is scored")
+    return True, (f"{summary.num_labels} labels > config.shortlist.min_labels"
+                  f"={sc.min_labels}")
 
 
 def check_config(config) -> xheads.Head:
@@ -485,30 +230,33 @@ def _check_resolved(config) -> xheads.Head:
             if value not in allowed:
                 raise ValueError(f"config.{field}={value!r}; expected one of "
                                  f"{allowed}")
-        _check_int("model.ensemble_size", config.model.ensemble_size, 1)
+        check_int("model.ensemble_size", config.model.ensemble_size, 1)
         size = config.model.ensemble_size
         if size > 1 and not head.scores_every_label:
             raise ValueError(
                 f"config.model.ensemble_size={size} needs a head that scores "
                 f"every label; head {head.name!r} does not (use 1)")
-        _check_int("model.wide_connections", config.model.wide_connections, 0)
+        check_int("model.wide_connections", config.model.wide_connections, 0)
         if config.model.wide_max_mib is not None:
-            _check_int("model.wide_max_mib", config.model.wide_max_mib, 0)
+            check_int("model.wide_max_mib", config.model.wide_max_mib, 0)
         for name in ("input_dropout", "dropout", "intermediate_dropout"):
             rate = config.model[name]
             if not (_is_number(rate) and 0.0 <= rate < 1.0):
                 raise ValueError(f"config.model.{name}={rate!r} must be in "
                                  "[0, 1)")
         if tc.optimizer == "lazy_adamw":
-            _check_nonnegative("train.weight_decay", tc.weight_decay)
+            check_nonnegative("train.weight_decay", tc.weight_decay)
         if tc.min_delta is not None:
-            _check_nonnegative("train.min_delta", tc.min_delta)
+            check_nonnegative("train.min_delta", tc.min_delta)
         if tc.get("monitor", "auto") not in MONITORS:
             raise ValueError(f"config.train.monitor={tc.monitor!r}; expected "
                              f"one of {MONITORS}")
-        _check_tree(config, head)
-        _check_centroids(config, head)
-        _check_neighbours(config, head)
+        for kind in xscorers.kinds():
+            kind.check(config, head)
+        sc = config.get("shortlist")
+        if sc is not None:
+            auto_bool(sc.enabled, "config.shortlist.enabled")
+            check_int("shortlist.min_labels", sc.min_labels, 0)
         frac = config.data.validation_fraction
         if not 0.0 <= frac < 1.0:
             raise ValueError(f"config.data.validation_fraction={frac!r} must "
@@ -641,20 +389,20 @@ def _lsh_k(config, summary, head, has_validation):
     return k, f"{summary.num_labels} labels, hash {config.sampler.hash!r}"
 
 
-@automatic("tree.enabled")
-def _tree_enabled(config, summary, head, has_validation):
-    return label_tree_plan(config, head, summary.num_labels, summary.sparse,
-                           has_validation, summary.multi_class)
+def _scorer_resolver(kind):
+    def resolve(config, summary, head, has_validation):
+        return kind.plan(config, head, summary, has_validation)
+    return resolve
 
 
-@automatic("centroids.enabled")
-def _centroids_enabled(config, summary, head, has_validation):
-    return centroid_plan(config, head, summary, has_validation)
+for _kind in xscorers.kinds():
+    automatic(f"{_kind.section}.enabled")(_scorer_resolver(_kind))
 
 
-@automatic("neighbours.enabled")
-def _neighbours_enabled(config, summary, head, has_validation):
-    return neighbour_plan(config, head, summary, has_validation)
+@automatic("shortlist.enabled")
+def _shortlist(config, summary, head, has_validation):
+    del head, has_validation
+    return shortlist_plan(config, summary)
 
 
 @automatic("train.monitor")
@@ -688,8 +436,9 @@ def resolve_config(config, train: xdata.XCDataset,
     head's schema defaults), then each field registered with
     :func:`automatic` whose value is ``"auto"`` (feature normalisation,
     the sampled head's loss and candidate mode, the ANN index, LSH's K,
-    the label tree).  ``tree.weight="auto"`` is read after training, on
-    the validation scores (:func:`xmc_tf.job.finalize.finalize`).
+    each fused scorer's ``enabled`` (:mod:`xmc_tf.job.scorers`), the
+    shortlist, the monitor).  The fused scorers' ``weight="auto"`` is read
+    on the validation shortlists (:func:`xmc_tf.job.finalize.finalize`).
     Values the config sets are kept.
 
     Args:

@@ -33,7 +33,8 @@ from xmc_tf.files import atomic_path
 
 __all__ = ["Normalization", "fit_normalization", "normalize",
            "with_normalization", "load_spec",
-           "load_for_model", "save", "NORMALIZATION_LAYER"]
+           "load_for_model", "save", "NORMALIZATION_LAYER",
+           "behind_normalization"]
 
 #: Name of the normalisation layer of an exported model.
 NORMALIZATION_LAYER = "feature_normalization"
@@ -110,12 +111,24 @@ def with_normalization(model: keras.Model, norm: Normalization) -> keras.Model:
     """
     if not norm.sparse:
         return model
-    spec = model.inputs[0]
+    return behind_normalization(model, norm, model, f"{model.name}_raw_input")
+
+
+def behind_normalization(like: keras.Model, norm: Normalization, scorer,
+                         name: str) -> keras.Model:
+    """``keras.Model(x, scorer(normalization(x)))`` on raw features of
+    ``like``'s input spec, its layer ``"feature_normalization"`` holding
+    the idf (no normalisation for dense features): the exported model's
+    front, before a nested model (:func:`with_normalization`) or a layer
+    of its own (the fused scores of :func:`xmc_tf.job.finalize.finalize`,
+    which :mod:`xmc_tf.decoding` reaches through the normalisation)."""
+    spec = like.inputs[0]
     x = keras.Input(shape=tuple(spec.shape[1:]), sparse=bool(spec.sparse),
                     dtype=spec.dtype, name="raw_features")
-    layer = FeatureNormalization(norm.num_features, norm.method,
-                                 idf=norm.idf, name=NORMALIZATION_LAYER)
-    return keras.Model(x, model(layer(x)), name=f"{model.name}_raw_input")
+    h = (FeatureNormalization(norm.num_features, norm.method, idf=norm.idf,
+                              name=NORMALIZATION_LAYER)(x)
+         if norm.sparse else x)
+    return keras.Model(x, scorer(h), name=name)
 
 
 def save(norm: Normalization, workdir: str) -> None:

@@ -212,16 +212,15 @@ class Run:
             raise ConfigError("config.train.monitor='fused' needs validation "
                               "instances (config.data.validation_fraction > "
                               "0 or a validation file)")
-        plan = xfinalize.prepare_fusion(
-            self.config, self.wd, self.head, self.fit_data, self.val_data,
-            self.summary.sparse)
+        plan = xfinalize.prepare_fusion(self.config, self.wd, self.fit_data,
+                                        self.val_data)
         if not plan.reads_weights:
             raise ConfigError(
                 "config.train.monitor='fused' needs a scorer fused with its "
                 "weight read on validation (config.tree, config.centroids or "
                 "config.neighbours on with weight 'auto')")
-        return plan, xfinalize.FusedValidation(
-            plan, self.model, self.config.eval.ks, self.config.eval.batch_size)
+        return plan, xfinalize.FusedValidation(plan, self.model,
+                                               self.config.eval.ks)
 
     def fit(self) -> None:
         """Restores the backup (if any) and trains the remaining epochs."""
@@ -252,8 +251,8 @@ class Run:
                          "evaluation and export", released / 2**30)
         _return_free_memory("training is over")
         exported, finalize_info, finalize_seconds = xfinalize.finalize(
-            self.config, self.wd, self.head, self.model, self.fit_data,
-            self.val_data, self.summary.sparse, self.norm, plan=self.fusion)
+            self.config, self.wd, self.model, self.fit_data, self.val_data,
+            self.norm, plan=self.fusion)
         test, config = self.data.test, self.config
         metrics = (evaluate_model(exported, test, self.inv_prop,
                                   tuple(config.eval.ks),

@@ -15,8 +15,8 @@ __all__ = ["MachDecoder", "MachHead", "UniformSparseDense",
 __all__ += ["LabelDense"]
 __all__ += ["SparseDropout", "SparseEmbeddingBag"]
 __all__ += ["FeatureNormalization"]
-from xmc_tf.layers.label_tree import LabelTreeScores, fuse_scores  # noqa: E402
-__all__ += ["LabelTreeScores", "fuse_scores"]
+from xmc_tf.layers.label_tree import LabelTreeScores  # noqa: E402
+__all__ += ["LabelTreeScores"]
 from xmc_tf.layers.neighbours import NearestNeighbourScores  # noqa: E402
 __all__ += ["NearestNeighbourScores"]
 from xmc_tf.layers.fused import (FusedScores, NormalizedScorer,  # noqa: E402

@@ -26,6 +26,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from xmc_tf.ops.pairs import merge_shortlists
 from xmc_tf.ops.topk import top_k as select_top_k
 
 __all__ = ["FusedScores", "NormalizedScorer", "candidate_scorer",
@@ -101,29 +102,6 @@ def candidate_scorer(model):
             total = part if total is None else total + part
         return total
     return score
-
-
-def merge_shortlists(parts, min_width: int = 1):
-    """The union of several shortlists of the same rows, sorted by label id.
-
-    Args:
-      parts: int32 ``[batch, k_i]`` label ids (-1: padding), at least one.
-      min_width: the result has at least this many columns (padded).
-
-    Returns:
-      int32 ``[batch, sum k_i]`` (at least ``min_width`` columns): each
-      row's distinct labels in ascending order, then -1.
-    """
-    ids = tf.concat([tf.cast(p, tf.int32) for p in parts], axis=1)
-    pad = tf.maximum(int(min_width) - tf.shape(ids)[1], 0)
-    ids = tf.pad(ids, [[0, 0], [0, pad]], constant_values=-1)
-    big = tf.int32.max
-    ids = tf.sort(tf.where(ids < 0, big, ids), axis=1)
-    previous = tf.concat([tf.fill([tf.shape(ids)[0], 1], -1), ids[:, :-1]],
-                         axis=1)
-    ids = tf.where(tf.equal(ids, previous) | tf.equal(ids, big), big, ids)
-    ids = tf.sort(ids, axis=1)
-    return tf.where(tf.equal(ids, big), -1, ids)
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
@@ -211,9 +189,10 @@ class FusedScores(keras.layers.Layer):
     0`` the top k is taken from the exact scores of every label.
 
     Build it where the scorers are fitted (e.g. by :mod:`xmc_tf.job`) and
-    wrap it as ``keras.Model(x, FusedScores(...)(x))``: a model whose only
-    layer it is decodes by shortlist; nested in a larger model (an
-    ensemble's average) it is decoded from its exact scores.
+    wrap it as ``keras.Model(x, FusedScores(...)(x))``, optionally behind
+    single-input layers (the feature normalisation): such a model decodes
+    by shortlist; nested in a larger model (an ensemble's average) it is
+    decoded from its exact scores.
 
     Args:
       network: a functional Keras model ``[batch, D] -> [batch, m]`` (the
@@ -222,11 +201,10 @@ class FusedScores(keras.layers.Layer):
         ``-> [batch, m]`` and ``score_candidates(x, ids) -> [batch, C]``;
         the shortlisters also ``shortlist(x, k) -> (ids [batch, k],
         scores)``.
-      weights: one float ``>= 0`` per scorer.
+      weights: one float ``>= 0`` per scorer (0: a shortlisting scorer
+        only shortlists).
       shortlist: one int ``>= 0`` per scorer, the labels it shortlists
         per instance (0: it only re-ranks); None: all 0.
-      normalization: optional layer applied to the inputs first (the
-        feature normalisation, so the model takes raw features).
       **kwargs: base layer arguments (``name``...).
 
     Input shape:
@@ -242,7 +220,7 @@ class FusedScores(keras.layers.Layer):
     """
 
     def __init__(self, network, scorers=(), weights=(), shortlist=None,
-                 normalization=None, **kwargs):
+                 **kwargs):
         kwargs.setdefault("trainable", False)
         super().__init__(**kwargs)
         scorers = list(scorers)
@@ -264,7 +242,6 @@ class FusedScores(keras.layers.Layer):
         self.scorers = scorers
         self.fusion_weights = weights
         self.shortlist_sizes = shortlist
-        self.normalization = normalization
         self._network_scorer = None
 
     @property
@@ -278,20 +255,14 @@ class FusedScores(keras.layers.Layer):
         return any(self.shortlist_sizes)
 
     def build(self, input_shape):
-        if self.normalization is not None and not self.normalization.built:
-            self.normalization.build(input_shape)
         for scorer in self.scorers:
             if not scorer.built:
                 scorer.build(input_shape)
         self._network_scorer = candidate_scorer(self.network)
         super().build(input_shape)
 
-    def _inputs(self, inputs):
-        return (self.normalization(inputs) if self.normalization is not None
-                else inputs)
-
     def call(self, inputs):
-        x = self._inputs(inputs)
+        x = inputs
         out = tf.cast(self.network(x, training=False), tf.float32)
         for scorer, weight in zip(self.scorers, self.fusion_weights):
             if weight:
@@ -308,7 +279,7 @@ class FusedScores(keras.layers.Layer):
         """
         if not self.shortlists:
             raise ValueError("no scorer of this FusedScores shortlists")
-        x = self._inputs(inputs)
+        x = inputs
         return self._candidates(x, min_width)
 
     def _candidates(self, x, min_width):
@@ -317,12 +288,37 @@ class FusedScores(keras.layers.Layer):
                  if k]
         return merge_shortlists(parts, min_width)
 
+    def shortlist_sources(self, inputs, min_width: int = 1):
+        """:meth:`candidates` and where each label came from: ``(ids int32
+        [batch, K], {scorer name: bool [batch, K]})``, True where that
+        scorer shortlisted the label (so a reader can rank the shortlist a
+        subset of the scorers would make).
+
+        Raises:
+          ValueError: no scorer shortlists.
+        """
+        if not self.shortlists:
+            raise ValueError("no scorer of this FusedScores shortlists")
+        x = inputs
+        own = {scorer.name: tf.cast(scorer.shortlist(x, k)[0], tf.int32)
+               for scorer, k in zip(self.scorers, self.shortlist_sizes) if k}
+        ids = merge_shortlists(list(own.values()), min_width)
+        big = tf.int32.max
+        sources = {}
+        for name, part in own.items():
+            part = tf.sort(tf.where(part < 0, big, part), axis=1)
+            pos = tf.searchsorted(part, ids, side="left")
+            pos = tf.minimum(pos, tf.shape(part)[1] - 1)
+            sources[name] = (ids >= 0) & tf.equal(
+                tf.gather(part, pos, batch_dims=1), ids)
+        return ids, sources
+
     def component_scores(self, inputs, ids, weighted_only: bool = False):
         """Each part's scores at ``ids`` (int ``[batch, C]``, -1 padding):
         ``[network, scorer 0, scorer 1, ...]``, float32 ``[batch, C]`` each
         (0 at padding); with ``weighted_only`` the scorers at weight 0 are
         None.  The network's come from :func:`candidate_scorer`."""
-        return self._components(self._inputs(inputs), ids, weighted_only)
+        return self._components(inputs, ids, weighted_only)
 
     def _components(self, x, ids, weighted_only):
         ids = tf.cast(ids, tf.int32)
@@ -342,7 +338,7 @@ class FusedScores(keras.layers.Layer):
     def score_candidates(self, inputs, candidates):
         """The fused scores at ``candidates`` (int ``[batch, C]``; -1:
         padding, scored -inf): float32 ``[batch, C]``."""
-        return self._fused(self._inputs(inputs), candidates)
+        return self._fused(inputs, candidates)
 
     def _fused(self, x, ids):
         parts = self._components(x, ids, weighted_only=True)
@@ -369,7 +365,7 @@ class FusedScores(keras.layers.Layer):
         if not self.shortlists:
             top = select_top_k(self.call(inputs), k)
             return top.indices, top.values
-        x = self._inputs(inputs)
+        x = inputs
         ids = self._candidates(x, k)
         scores = self._fused(x, ids)
         # ids ascend along a row, so top_k's ties (lower position) are the
@@ -389,9 +385,7 @@ class FusedScores(keras.layers.Layer):
             network=serialize(self.network),
             scorers=[serialize(s) for s in self.scorers],
             weights=list(self.fusion_weights),
-            shortlist=list(self.shortlist_sizes),
-            normalization=(serialize(self.normalization)
-                           if self.normalization is not None else None))
+            shortlist=list(self.shortlist_sizes))
         return config
 
     @classmethod
@@ -400,6 +394,4 @@ class FusedScores(keras.layers.Layer):
         deserialize = keras.saving.deserialize_keras_object
         config["network"] = deserialize(config["network"])
         config["scorers"] = [deserialize(s) for s in config["scorers"]]
-        if config.get("normalization") is not None:
-            config["normalization"] = deserialize(config["normalization"])
         return cls(**config)

@@ -26,14 +26,7 @@ from xmc_tf.ops.label_tree import (TreeArrays, label_tree_beam_search,
                                    label_tree_path_scores)
 from xmc_tf.shortlist.tree import TreeTopology
 
-__all__ = ["LabelTreeScores", "fuse_with_tree", "fuse_scores",
-           "sparse_row_chunks",
-           "FUSED_MODEL", "DEEP_MODEL"]
-
-#: Name of the model :func:`fuse_with_tree` returns, and of the deep model
-#: nested in it.
-FUSED_MODEL = "tree_fused"
-DEEP_MODEL = "deep"
+__all__ = ["LabelTreeScores", "sparse_row_chunks"]
 
 
 def _sparse(inputs):
@@ -316,79 +309,3 @@ class LabelTreeScores(keras.layers.Layer):
                       num_weights=self.num_weights, depth=self.depth,
                       chunk_rows=self.chunk_rows, beam=self.beam)
         return config
-
-
-def fuse_scores(model: keras.Model, scorer: keras.layers.Layer,
-                weight: float, name: str = "fused",
-                weight_name: str = "scorer_weight") -> keras.Model:
-    """``model(x) + weight * scorer(x)`` as one Keras model.
-
-    A second scorer fused into a trained model's scores (Astec / DeepXML's
-    shortlist-and-rerank, Dahiya et al. WSDM 2021: a label tree, or label
-    centroids, beside the network), with the weight read on validation
-    data.  The weights of ``model`` and ``scorer`` are shared, not copied.
-
-    Args:
-      model: a model on sparse features ``[batch, D]`` whose output is
-        float32 ``[batch, num_labels]`` scores (renamed
-        ``DEEP_MODEL``).
-      scorer: a layer from the same sparse ``[batch, D]`` features to
-        ``[batch, num_labels]`` scores.
-      weight: the scorer's weight (``>= 0``).
-      name: the returned model's name.
-      weight_name: the name of the scaling layer.
-
-    Returns:
-      A functional model, input as ``model``'s, output float32
-      ``[batch, num_labels]``; :func:`xmc_tf.decoding.top_k_function`
-      decodes it as ``model`` (the sum lists ``model``'s scores first).
-
-    Raises:
-      ValueError: dense input, or a negative weight.
-    """
-    spec = model.inputs[0]
-    if not spec.sparse:
-        raise ValueError("score fusion needs a model on sparse features")
-    if not weight >= 0:
-        raise ValueError(f"fusion weight must be >= 0, got {weight!r}")
-    x = keras.Input(shape=tuple(spec.shape[1:]), sparse=True,
-                    dtype=spec.dtype, name="features")
-    model.name = DEEP_MODEL
-    extra = keras.layers.Rescaling(float(weight), name=weight_name)(scorer(x))
-    out = keras.layers.Add(name=f"{name}_scores")([model(x), extra])
-    return keras.Model(x, out, name=name)
-
-
-def fuse_with_tree(model: keras.Model, tree_layer: LabelTreeScores,
-                   weight: float) -> keras.Model:
-    """``model(x) + weight * tree_layer(x)`` as one Keras model
-    (:func:`fuse_scores`, named :data:`FUSED_MODEL`).
-
-    Args:
-      model: a model on sparse features ``[batch, D]`` whose output is
-        float32 ``[batch, num_labels]`` scores (renamed ``DEEP_MODEL``;
-        its weights are shared, not copied).
-      tree_layer: a built :class:`LabelTreeScores` of the same ``D`` and
-        ``num_labels``.
-      weight: the tree's weight (``>= 0``).
-
-    Returns:
-      A functional model named :data:`FUSED_MODEL`, input as ``model``'s,
-      output float32 ``[batch, num_labels]``;
-      :func:`xmc_tf.decoding.top_k_function` decodes it as ``model`` (the
-      fused sum lists ``model``'s scores first).
-
-    Raises:
-      ValueError: sizes that differ, dense input, or a negative weight.
-    """
-    spec = model.inputs[0]
-    if not spec.sparse:
-        raise ValueError("the label tree needs a model on sparse features")
-    width, labels = int(spec.shape[-1]), int(model.outputs[0].shape[-1])
-    if (width, labels) != (tree_layer.num_features, tree_layer.num_labels):
-        raise ValueError(f"model (features, labels) {(width, labels)} != the "
-                         f"tree's {(tree_layer.num_features, tree_layer.num_labels)}")
-    if not weight >= 0:
-        raise ValueError(f"tree weight must be >= 0, got {weight!r}")
-    return fuse_scores(model, tree_layer, weight, name=FUSED_MODEL,
-                       weight_name="tree_weight")

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from xmc_tf import initializers  # noqa: F401  (registers "hinge_prior")
 from xmc_tf.layers.scorer import LabelLayout, scatter_label_rows
-from xmc_tf.ops.pairs import lookup, sparse_keys
+from xmc_tf.ops.sparse_candidates import sparse_input_sampled_matmul
 from xmc_tf.ops.sampled import (check_candidates, check_shared_candidates,
                                 gather_label_rows,
                                 uniform_sparse_sampled_matmul)
@@ -155,7 +155,7 @@ def label_centroids(features, labels, fan_in: int, seed=None,
     scores lie in ``[-1, 1]``.  For labels with a handful of training
     instances this is a strong scorer of its own (the centroid is the
     instances), which a network's softmax or one-vs-all head learns
-    slowly; :func:`xmc_tf.layers.fuse_scores` adds it to a model's
+    slowly; :class:`xmc_tf.layers.FusedScores` adds it to a model's
     scores with a weight (:mod:`xmc_tf.job` reads the weight on the
     validation split).  Sources: PIFA (Prabhu et al., Parabel, WWW 2018;
     Yu et al., PECOS, JMLR 2022); nearest-centroid few-shot classifiers
@@ -375,10 +375,10 @@ class UniformSparseDense(keras.layers.Layer):
         Mehta et al., Algorithm 1: positives plus sampled negatives).
 
         Args:
-          inputs: ``[batch, num_features]`` float, or a ``tf.SparseTensor``
-            of that shape (a linear model on sparse features: the wide path,
-            the label centroids), whose candidates' connections are looked
-            up among each row's stored entries (TensorFlow's ops only).
+          inputs: ``[batch, num_features]`` float, or a float32
+            ``tf.SparseTensor`` of that shape (a linear model on sparse
+            features: the wide path, the label centroids; inference only,
+            no gradient).
           candidates: int32 ``[batch, num_candidates]`` label ids in
             ``[0, units)``, repeats allowed.
 
@@ -418,21 +418,17 @@ class UniformSparseDense(keras.layers.Layer):
         return scores
 
     def _sparse_candidates(self, inputs, candidates):
-        """:meth:`score_candidates` of a sparse batch: each candidate's
-        ``s`` connections looked up among the row's stored entries (a binary
-        search of the batch's sorted ``(row, feature)`` keys,
-        :mod:`xmc_tf.ops.pairs`; repeated entries add up), ``O(batch *
-        num_candidates * s * log nnz)``, no ``[batch, num_features]``
-        batch, TensorFlow's ops only."""
+        """:meth:`score_candidates` of a sparse batch (op
+        ``Xmc>SparseInputSampledMatmul``,
+        :func:`xmc_tf.ops.sparse_candidates.sparse_input_sampled_matmul`:
+        each row scattered into a scratch of ``num_features`` floats, its
+        candidates' connections read there; repeated entries add up; no
+        ``[batch, num_features]`` batch; inference only, no gradient)."""
         candidates = check_candidates(
             tf.convert_to_tensor(candidates, tf.int32), self.units)
-        keys, values = sparse_keys(self._scaled(inputs))
-        cols = tf.cast(gather_label_rows(self.indices, candidates), tf.int64)
-        kernel = gather_label_rows(self.kernel, candidates, values.dtype)
-        rows = tf.range(tf.shape(candidates, out_type=tf.int64)[0])
-        width = tf.constant(self.num_features, tf.int64)
-        x = lookup(keys, values, rows[:, None, None] * width + cols)
-        scores = tf.reduce_sum(x * kernel, axis=-1)
+        kernel = keras.ops.convert_to_tensor(self.kernel)
+        scores = sparse_input_sampled_matmul(self._scaled(inputs),
+                                             self.indices, kernel, candidates)
         if self.bias is not None:
             scores += gather_label_rows(self.bias, candidates, scores.dtype)
         return scores

@@ -4,6 +4,7 @@ the lookups of the scorers that score given ``(instance, label)`` pairs
 uniform-sparse layers' candidates on sparse input) and the per-row top k of
 sparse scores (a shortlist without a ``[batch, num_labels]`` tensor).
 
+:func:`merge_shortlists` unites several shortlists of the same rows.
 A key is ``row * num_columns + column`` (int64); :func:`merge_keys` sorts
 keys and adds up the values of repeated ones, after which a lookup is a
 binary search (``tf.searchsorted``).  Stock ops only: these trace
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-__all__ = ["merge_keys", "sparse_keys", "lookup", "row_top_k"]
+__all__ = ["merge_keys", "sparse_keys", "lookup", "row_top_k",
+           "merge_shortlists"]
 
 
 def merge_keys(keys, values):
@@ -91,3 +93,26 @@ def row_top_k(keys, values, num_rows, num_columns, k: int):
                 tf.constant(float("-inf"), values.dtype)), where,
         tf.boolean_mask(vals, keep))
     return ids, scores
+
+
+def merge_shortlists(parts, min_width: int = 1):
+    """The union of several shortlists of the same rows, sorted by label id.
+
+    Args:
+      parts: int ``[batch, k_i]`` label ids (-1: padding), at least one.
+      min_width: the result has at least this many columns (padded).
+
+    Returns:
+      int32 ``[batch, sum k_i]`` (at least ``min_width`` columns): each
+      row's distinct labels in ascending order, then -1.
+    """
+    ids = tf.concat([tf.cast(p, tf.int32) for p in parts], axis=1)
+    pad = tf.maximum(int(min_width) - tf.shape(ids)[1], 0)
+    ids = tf.pad(ids, [[0, 0], [0, pad]], constant_values=-1)
+    big = tf.int32.max
+    ids = tf.sort(tf.where(ids < 0, big, ids), axis=1)
+    previous = tf.concat([tf.fill([tf.shape(ids)[0], 1], -1), ids[:, :-1]],
+                         axis=1)
+    ids = tf.where(tf.equal(ids, previous) | tf.equal(ids, big), big, ids)
+    ids = tf.sort(ids, axis=1)
+    return tf.where(tf.equal(ids, big), -1, ids)
