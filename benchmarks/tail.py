@@ -139,7 +139,11 @@ def _child(conn, method, config, overrides, train_path, test_path, args_d):
         else:
             import xmc_tf  # pylint: disable=import-outside-toplevel
             start = time.time()
-            clf = xmc_tf.ExtremeClassifier(config, overrides)
+            keep = args_d.get("workdirs")
+            clf = xmc_tf.ExtremeClassifier(
+                config, overrides,
+                workdir=os.path.join(keep, method) if keep else None,
+                overwrite=True)
             clf.fit_datasets(train)
             seconds = time.time() - start
             ids, _ = clf.predict(test.features, k=5)
@@ -187,7 +191,7 @@ def run_method(method, config, overrides, train_path, test_path, args):
     proc = ctx.Process(target=_child, args=(
         child, method, config, overrides, train_path, test_path,
         {"max_train": args.max_train, "max_test": args.max_test,
-         "threads": args.threads}))
+         "threads": args.threads, "workdirs": args.workdirs}))
     proc.start()
     child.close()
     result = parent.recv() if parent.poll(args.timeout) else {
@@ -272,6 +276,9 @@ def main(argv=None):
                         help="first N test instances (0: all)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=4 * 3600)
+    parser.add_argument("--workdirs", default="",
+                        help="keep each of our runs' workdir in DIR/METHOD "
+                             "(e.g. for benchmarks/serving_shortlist.py)")
     parser.add_argument("--out", default="tail.json")
     parser.add_argument("--merge", action="store_true",
                         help="keep the methods already in --out")

@@ -369,7 +369,7 @@ def test_tree_config_checks_and_plan():
                      ("tree.leaf_size", 1), ("tree.c", 0),
                      ("tree.threshold", -0.5), ("tree.max_labels", 0),
                      ("tree.max_classes", -1), ("tree.beam", 0),
-                     ("tree.shortlist", 0)):
+                     ("tree.shortlist", 0), ("tree.rankers", "svm")):
         with pytest.raises(ConfigError, match=key):
             check_config(_config(**{key: bad}))
     mach = xconfig.get_config("mach")
@@ -392,14 +392,21 @@ def test_tree_config_checks_and_plan():
     assert plan(c, head, 24, True, True)[0]
     assert not plan(c, head, 24, False, True)[0]  # dense input
     assert not plan(c, head, 24, True, False)[0]  # no validation
-    assert not plan(c, head, 10**6, True, True)[0]  # > max_labels
-    # multi-class: on up to max_classes (one solve per leaf), which is
-    # checked apart from max_labels
+    # above max_labels (multi-label) / max_classes (multi-class, checked
+    # apart): centroid rankers, up to max_centroid_labels
     assert plan(c, head, 200_000, True, True, True)[0]
-    assert not plan(c, head, 200_000, True, True)[0]
-    assert not plan(c, head, 10**6, True, True, True)[0]
-    c.tree.max_classes = 0
+    for m, multi_class in ((200_000, False), (10**6, False),
+                           (10**6, True)):
+        on, why = plan(c, head, m, True, True, multi_class)
+        assert on and "centroid" in why
+    assert not plan(c, head, 2 * 10**6, True, True)[0]
+    c.tree.max_classes = c.tree.max_centroid_labels = 0
     assert not plan(c, head, 24, True, True, True)[0]
+    # the rankers the plan resolves
+    for m, want in ((24, "linear"), (200_000, "centroids")):
+        summary = dataclasses.replace(base, num_labels=m)
+        rankers = xscorers.get("tree").resolvers()["rankers"]
+        assert rankers(_config(), summary, head, True)[0] == want
     assert not plan(mach, check_config(xconfig.get_config("mach")), 24,
                     True, True)[0]
     # the command line gives these string fields strings

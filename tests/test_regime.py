@@ -107,6 +107,7 @@ def test_a_config_without_automatic_fields_is_returned_as_is():
     config.centroids.enabled = False
     config.neighbours.enabled = False
     config.shortlist.enabled = False
+    config.tree.rankers = "linear"
     config.train.monitor = "network"
     run, regime = xplan.resolve_config(config, _toy(1))
     assert run is config and regime == {}

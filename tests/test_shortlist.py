@@ -13,6 +13,8 @@ import zipfile
 
 import h5py
 import keras
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -32,7 +34,8 @@ from xmc_tf.ops import label_tree as olt
 from xmc_tf.ops import stock
 from xmc_tf.ops.neighbours import nearest_neighbours
 from xmc_tf.ops.sparse_candidates import sparse_input_sampled_matmul
-from xmc_tf.shortlist import LabelTree, TreeTopology, fit_label_tree
+from xmc_tf.shortlist import (LabelTree, TreeTopology, fit_centroid_tree,
+                              fit_label_tree)
 from xmc_tf.shortlist.fusion import (NETWORK, FusionPart, ShortlistScores,
                                      choose_fusion_weights)
 
@@ -61,6 +64,47 @@ def trees(data):
                         shape=y.shape)
     return {"multi-label": fit_label_tree(x[:1000], y[:1000], leaf_size=8),
             "multi-class": fit_label_tree(x[:1000], one[:1000], leaf_size=8)}
+
+
+def test_centroid_tree_columns_are_the_labels_centroids(data):
+    """fit_centroid_tree: a label's column is its normalised PIFA row kept
+    at its strongest features, a node's the normalised sum of its labels'
+    PIFA rows kept the same way; the beam over them reaches each training
+    instance's labels far more often than chance."""
+    x, y = data
+    tree = fit_centroid_tree(x[:1000], y[:1000], leaf_size=8,
+                             node_features=20, label_features=6)
+    assert (tree.bias == 0).all()
+    t = tree.topology()  # a consistent tree
+    assert t.num_nodes == tree.num_columns - tree.num_labels + 1
+    yy = sp.csr_matrix(y[:1000], dtype=np.float32)
+    yy.data[:] = 1
+    pifa = (yy.T @ x[:1000]).toarray()
+    pifa /= np.maximum(np.linalg.norm(pifa, axis=1, keepdims=True), 1e-12)
+    cols = tree.weights.T.toarray()  # [columns, D]
+
+    def kept(v, keep):
+        out = np.zeros_like(v)
+        top = np.argsort(-np.abs(v), kind="stable")[:keep]
+        out[top] = v[top]
+        return out / max(np.linalg.norm(out), 1e-12)
+    own = tree.paths[np.arange(tree.num_labels),
+                     (tree.paths < tree.num_columns).sum(1) - 1]
+    for label in range(0, tree.num_labels, 11):
+        np.testing.assert_allclose(cols[own[label]], kept(pifa[label], 6),
+                                   atol=1e-5)
+    # a node column: the labels under it
+    node_col = tree.paths[0][0]
+    under = [l for l in range(tree.num_labels) if tree.paths[l][0] == node_col]
+    np.testing.assert_allclose(cols[node_col],
+                               kept(pifa[under].sum(0), 20), atol=1e-5)
+    ids, _ = tree.beam_search(x[:200], 2, 15)
+    truth = y[:200].toarray()
+    recall = np.mean([truth[i, ids[i][ids[i] >= 0]].sum() / truth[i].sum()
+                      for i in range(200)])
+    assert recall > 3 * 15 / tree.num_labels  # 3x a random shortlist
+    with pytest.raises(ValueError, match="node_features"):
+        fit_centroid_tree(x, y, node_features=0)
 
 
 def _arrays(tree):
@@ -535,3 +579,32 @@ def test_coordinate_ascent_ends_at_a_coordinate_optimum():
             mean = np.mean(list(held.precision(trial, (1, 3)).values()))
             assert mean <= best + 1e-9
     assert choose_fusion_weights(None, parts, (1,)).weight["tree"] == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_label_tree_ops_never_crash_on_corrupt_arrays(trees, data):
+    """Any one entry of any array set to any int: the ops answer or raise
+    InvalidArgumentError (the kernels range-check what they read)."""
+    tree = trees["multi-label"]
+    good = _arrays(tree)
+    name = data.draw(st.sampled_from(["indptr", "columns", "paths",
+                                      "child_indptr", "children",
+                                      "column_node", "column_label"]))
+    array = np.array(getattr(good, name))
+    flat = array.reshape(-1)
+    where = data.draw(st.integers(0, flat.size - 1))
+    flat[where] = data.draw(st.integers(-2**31, 2**31 - 1))
+    fields = dict(vars(good))
+    fields[name] = array
+    broken = olt.TreeArrays(**fields)
+    x = tf.SparseTensor([[0, 0], [0, 5], [1, 7]], [1.0, 0.5, 2.0],
+                        [2, tree.num_features])
+    for call in (lambda: olt.label_tree_beam_search(x, broken, 3, 7),
+                 lambda: olt.label_tree_path_scores(
+                     x, broken, [[0, 3, -1], [5, 1, 2]])):
+        try:
+            ids = call()
+        except tf.errors.InvalidArgumentError:
+            continue
+        assert ids is not None

@@ -153,10 +153,17 @@ def _base() -> dict:
         tree=ml_collections.ConfigDict(type_safe=False, initial_dictionary=dict(
             # "auto": on for sparse input with a validation split and a
             # head that scores every label, up to max_labels labels
-            # (multi-label data) or max_classes (multi-class); or a bool
+            # (multi-label data) or max_classes (multi-class), and with
+            # centroid rankers up to max_centroid_labels; or a bool
             enabled="auto",
-            max_labels=100_000,  # "auto" stays off above (time, memory)
+            max_labels=100_000,  # linear rankers up to (time, memory)
             max_classes=262_144,  # multi-class: one solve per leaf
+            max_centroid_labels=1_048_576,  # centroid rankers up to
+            # the rankers of the nodes and labels: "linear" (liblinear,
+            # Parabel), "centroids" (the labels' PIFA centroids, no training:
+            # a shortlist for the network where linear ones cost too much),
+            # "auto" (linear up to max_labels / max_classes, else centroids)
+            rankers="auto",
             # "auto": the weight of FUSION_WEIGHTS (0 included) with the best
             # mean validation P@k over eval.ks; or a number >= 0
             weight="auto",

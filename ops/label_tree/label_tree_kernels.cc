@@ -59,12 +59,12 @@ Status ReadWeights(OpKernelContext* ctx, label_tree::Weights* w) {
         values.dim_size(0));
   }
   TF_RETURN_IF_ERROR(CheckInt32Indexable(bias.dim_size(0), "num_columns"));
-  w->num_features = indptr.dim_size(0) - 1;
-  w->num_columns = bias.dim_size(0);
-  w->num_weights = columns.dim_size(0);
-  w->indptr = indptr.flat<int64_t>().data();
-  w->columns = columns.flat<int32_t>().data();
-  w->values = values.flat<float>().data();
+  w->index.num_rows = indptr.dim_size(0) - 1;
+  w->index.num_targets = bias.dim_size(0);
+  w->index.num_entries = columns.dim_size(0);
+  w->index.indptr = indptr.flat<int64_t>().data();
+  w->index.targets = columns.flat<int32_t>().data();
+  w->index.weights = values.flat<float>().data();
   w->bias = bias.flat<float>().data();
   return ::tensorflow::OkStatus();
 }
@@ -78,12 +78,12 @@ Status FaultStatus(const Fault& f, int64_t row, const label_tree::Weights& w,
     case Fault::kWeightIndptr:
       return errors::InvalidArgument(
           "weight_indptr[", f.position, ":", f.position + 2,
-          "] is not a valid CSR row of the ", w.num_weights, " weights",
+          "] is not a valid CSR row of the ", w.index.num_entries, " weights",
           where);
     case Fault::kWeightColumn:
       return errors::InvalidArgument(
-          OutOfRangeMessage("weight_columns", TensorShape({w.num_weights}),
-                            f.position, f.value, 0, w.num_columns,
+          OutOfRangeMessage("weight_columns", TensorShape({w.index.num_entries}),
+                            f.position, f.value, 0, w.index.num_targets,
                             "num_columns"),
           where);
     case Fault::kChildIndptr:
@@ -94,12 +94,12 @@ Status FaultStatus(const Fault& f, int64_t row, const label_tree::Weights& w,
     case Fault::kChild:
       return errors::InvalidArgument(
           "children[", f.position, "] = ", f.value,
-          " is out of range [0, ", w.num_columns, ") (num_columns)", where);
+          " is out of range [0, ", w.index.num_targets, ") (num_columns)", where);
     case Fault::kColumnKind:
       return errors::InvalidArgument(
           "column_label[", f.position, "] = ", f.value,
           " must be -1 (an internal column) or a label id in [0, ",
-          w.num_columns, ")", where);
+          w.index.num_targets, ")", where);
     case Fault::kColumnNode:
       return errors::InvalidArgument(
           "column_node[", f.position, "] = ", f.value,
@@ -112,7 +112,7 @@ Status FaultStatus(const Fault& f, int64_t row, const label_tree::Weights& w,
     case Fault::kPathColumn:
       return errors::InvalidArgument(
           OutOfRangeMessage("paths", paths_shape, f.position, f.value, 0,
-                            w.num_columns + 1, "num_columns; C is padding"),
+                            w.index.num_targets + 1, "num_columns; C is padding"),
           where);
     case Fault::kLabel:
       return errors::InvalidArgument(OutOfRangeMessage(
@@ -153,21 +153,30 @@ void ForEachRow(OpKernelContext* ctx, const Batch& b,
                 RowFaults* faults, const Work& work) {
   if (b.rows == 0) return;
   const double mean_row =
-      w.num_features > 0 ? static_cast<double>(w.num_weights) /
-                               static_cast<double>(w.num_features)
+      w.index.num_rows > 0 ? static_cast<double>(w.index.num_entries) /
+                               static_cast<double>(w.index.num_rows)
                          : 0.0;
   const int64_t cost =
       static_cast<int64_t>(3.0 * mean_row * b.nnz / b.rows) + extra_cost +
-      w.num_columns / 64 + 100;
+      w.index.num_targets / 64 + 100;
   auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
   ::tensorflow::Shard(workers->num_threads, workers->workers, b.rows, cost,
                       [&](int64_t start, int64_t limit) {
-                        ColumnScores scores(w.num_columns);
+                        ColumnScores scores(w.index.num_targets);
                         for (int64_t i = start; i < limit; ++i) {
                           Fault fault;
+                          IndexFault bad;
                           bool ok = scores.Accumulate(
-                              w, b.feats.data(), b.values, b.order.data(),
-                              b.offsets[i], b.offsets[i + 1], &fault);
+                              w.index, b.feats.data(), b.values,
+                              b.order.data(), b.offsets[i], b.offsets[i + 1],
+                              &bad);
+                          if (!ok) {
+                            fault = bad.kind == IndexFault::kIndptr
+                                        ? Fault{Fault::kWeightIndptr,
+                                                bad.position, 0}
+                                        : Fault{Fault::kWeightColumn,
+                                                bad.position, bad.value};
+                          }
                           ok = ok && work(scores, i, &fault);
                           scores.Reset();
                           if (!ok) {
@@ -204,9 +213,9 @@ class LabelTreeBeamSearchOp : public OpKernel {
     for (const auto& [t, name] :
          {std::pair<const Tensor*, const char*>{&column_node, "column_node"},
           {&column_label, "column_label"}}) {
-      OP_REQUIRES(ctx, t->dims() == 1 && t->dim_size(0) == w.num_columns,
+      OP_REQUIRES(ctx, t->dims() == 1 && t->dim_size(0) == w.index.num_targets,
                   errors::InvalidArgument(name, " must be a vector [",
-                                          w.num_columns, "] (num_columns), "
+                                          w.index.num_targets, "] (num_columns), "
                                           "got shape ",
                                           t->shape().DebugString()));
     }
@@ -218,7 +227,7 @@ class LabelTreeBeamSearchOp : public OpKernel {
     t.column_node = column_node.flat<int32_t>().data();
     t.column_label = column_label.flat<int32_t>().data();
     Batch b;
-    OP_REQUIRES_OK(ctx, ReadBatch(ctx, w.num_features, &b));
+    OP_REQUIRES_OK(ctx, ReadBatch(ctx, w.index.num_rows, &b));
     Tensor* ids_t = nullptr;
     Tensor* scores_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b.rows, k_}),
@@ -269,7 +278,7 @@ class LabelTreePathScoresOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckMatrix(paths, "paths"));
     OP_REQUIRES_OK(ctx, CheckMatrix(labels, "label_ids"));
     Batch b;
-    OP_REQUIRES_OK(ctx, ReadBatch(ctx, w.num_features, &b));
+    OP_REQUIRES_OK(ctx, ReadBatch(ctx, w.index.num_rows, &b));
     OP_REQUIRES(ctx, labels.dim_size(0) == b.rows,
                 errors::InvalidArgument(
                     "label_ids has ", labels.dim_size(0),
@@ -281,7 +290,7 @@ class LabelTreePathScoresOp : public OpKernel {
     float* out = scores_t->flat<float>().data();
     const int32_t* path = paths.flat<int32_t>().data();
     const int32_t* ids = labels.flat<int32_t>().data();
-    const int64_t pad = w.num_columns;
+    const int64_t pad = w.index.num_targets;
     RowFaults faults;
     ForEachRow(ctx, b, w, 4 * k * depth, &faults,
                [&](const ColumnScores& scores, int64_t i, Fault* fault) {

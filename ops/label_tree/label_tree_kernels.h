@@ -7,8 +7,9 @@
 // every label of every leaf.  Its weights are stored feature-major, a CSR
 // matrix [D, C] (indptr [D + 1], columns [W], values [W]) plus a bias [C],
 // so an instance's column scores cost the summed row lengths of its own
-// features: ColumnScores accumulates them into a dense [C] scratch (only the
-// columns touched are reset afterwards) and gives each column's log-score
+// features: ColumnScores accumulates them into a dense [C] scratch
+// (ops/common/sparse_accumulator.h: only the columns touched are reset
+// afterwards) and gives each column's log-score
 // -max(0, 1 - (x . w_c + b_c))^2.
 //
 // The topology: node 0 is the root, node n >= 1 the internal column with
@@ -30,18 +31,16 @@
 #include <utility>
 #include <vector>
 
+#include "ops/common/sparse_accumulator.h"
+
 namespace xmc_tf {
 namespace label_tree {
 
-// The tree's classifiers (feature-major CSR weights and the bias).
+// The tree's classifiers: the feature-major CSR weights [D, C] as an
+// inverted index (features -> columns) and the bias [C].
 struct Weights {
-  int64_t num_features = 0;  // D
-  int64_t num_columns = 0;   // C
-  int64_t num_weights = 0;   // W
-  const int64_t* indptr = nullptr;   // [D + 1]
-  const int32_t* columns = nullptr;  // [W]
-  const float* values = nullptr;     // [W]
-  const float* bias = nullptr;       // [C]
+  InvertedIndex index;
+  const float* bias = nullptr;  // [C]
 };
 
 // The tree's shape (see the file comment).
@@ -95,54 +94,17 @@ inline void KeepBest(std::vector<Scored>* items, int64_t keep) {
   std::sort(items->begin(), items->end(), Better);
 }
 
-// One thread's column scores of one instance at a time.
-class ColumnScores {
+// One thread's column scores of one instance at a time (the column sums
+// in a SparseAccumulator over the feature-major weights).
+class ColumnScores : public SparseAccumulator {
  public:
-  explicit ColumnScores(int64_t num_columns)
-      : acc_(static_cast<size_t>(num_columns), 0.0f) {}
-
-  // Adds the entries (feats[order[j]], vals[order[j]]) for j in
-  // [begin, end) (feature ids already checked to be in [0, D)).
-  bool Accumulate(const Weights& w, const int64_t* feats, const float* vals,
-                  const int64_t* order, int64_t begin, int64_t end,
-                  Fault* fault) {
-    for (int64_t j = begin; j < end; ++j) {
-      const int64_t e = order[j];
-      const int64_t f = feats[e];
-      const int64_t lo = w.indptr[f], hi = w.indptr[f + 1];
-      if (lo < 0 || hi < lo || hi > w.num_weights) {
-        *fault = {Fault::kWeightIndptr, f, 0};
-        return false;
-      }
-      const float v = vals[e];
-      for (int64_t p = lo; p < hi; ++p) {
-        const int32_t c = w.columns[p];
-        if (c < 0 || c >= w.num_columns) {
-          *fault = {Fault::kWeightColumn, p, c};
-          return false;
-        }
-        if (acc_[c] == 0.0f) touched_.push_back(c);
-        acc_[c] += v * w.values[p];
-      }
-    }
-    return true;
-  }
+  using SparseAccumulator::SparseAccumulator;
 
   // Column c's log-score (c in [0, C)).
   float LogScore(const Weights& w, int64_t c) const {
-    const float margin = 1.0f - (acc_[c] + w.bias[c]);
+    const float margin = 1.0f - (value(c) + w.bias[c]);
     return margin > 0.0f ? -margin * margin : 0.0f;
   }
-
-  // Zeroes the columns the last instance touched.
-  void Reset() {
-    for (const int32_t c : touched_) acc_[c] = 0.0f;
-    touched_.clear();
-  }
-
- private:
-  std::vector<float> acc_;
-  std::vector<int32_t> touched_;
 };
 
 // Beam search down the tree for the instance whose column scores `s`
@@ -173,13 +135,13 @@ inline bool BeamSearch(const Weights& w, const Topology& t,
       }
       for (int64_t e = lo; e < hi; ++e) {
         const int32_t c = t.children[e];
-        if (c < 0 || c >= w.num_columns) {
+        if (c < 0 || c >= w.index.num_targets) {
           *fault = {Fault::kChild, e, c};
           return false;
         }
         const float score = item.first + s.LogScore(w, c);
         const int32_t label = t.column_label[c];
-        if (label < -1 || label >= w.num_columns) {
+        if (label < -1 || label >= w.index.num_targets) {
           *fault = {Fault::kColumnKind, c, label};
           return false;
         }

@@ -23,7 +23,6 @@
 namespace xmc_tf {
 namespace {
 
-using neighbours::Fault;
 using neighbours::Scored;
 
 class NearestNeighboursOp : public OpKernel {
@@ -51,15 +50,15 @@ class NearestNeighboursOp : public OpKernel {
                 errors::InvalidArgument(
                     "index_instances has ", instances.dim_size(0),
                     " entries, index_values ", index_values.dim_size(0)));
-    neighbours::Index index;
-    index.num_features = indptr.dim_size(0) - 1;
-    index.num_instances = n;
+    InvertedIndex index;
+    index.num_rows = indptr.dim_size(0) - 1;
+    index.num_targets = n;
     index.num_entries = instances.dim_size(0);
     index.indptr = indptr.flat<int64_t>().data();
-    index.instances = instances.flat<int32_t>().data();
-    index.values = index_values.flat<float>().data();
+    index.targets = instances.flat<int32_t>().data();
+    index.weights = index_values.flat<float>().data();
     SparseBatch b;
-    OP_REQUIRES_OK(ctx, ReadSparseBatch(ctx, 0, index.num_features,
+    OP_REQUIRES_OK(ctx, ReadSparseBatch(ctx, 0, index.num_rows,
                                         "the index's num_features", &b));
     const int64_t rows = b.rows, nnz = b.nnz;
     Tensor* ids_t = nullptr;
@@ -75,10 +74,10 @@ class NearestNeighboursOp : public OpKernel {
     const float* vals = b.values;
     std::mutex mu;
     int64_t bad_row = std::numeric_limits<int64_t>::max();
-    Fault bad;
+    IndexFault bad;
     const double mean_postings =
-        index.num_features > 0
-            ? static_cast<double>(index.num_entries) / index.num_features
+        index.num_rows > 0
+            ? static_cast<double>(index.num_entries) / index.num_rows
             : 0.0;
     const int64_t cost =
         static_cast<int64_t>(4.0 * mean_postings * nnz / rows) + 100;
@@ -89,7 +88,7 @@ class NearestNeighboursOp : public OpKernel {
           neighbours::Similarities scratch(n);
           std::vector<Scored> best;
           for (int64_t i = start; i < limit; ++i) {
-            Fault fault;
+            IndexFault fault;
             if (!scratch.Accumulate(index, b.feats.data(), vals,
                                     b.order.data(), b.offsets[i],
                                     b.offsets[i + 1], &fault)) {
@@ -108,12 +107,12 @@ class NearestNeighboursOp : public OpKernel {
             }
           }
         });
-    if (bad.kind == Fault::kIndptr) {
+    if (bad.kind == IndexFault::kIndptr) {
       ctx->CtxFailure(errors::InvalidArgument(
           "index_indptr[", bad.position, ":", bad.position + 2,
           "] is not a valid CSR row of the ", index.num_entries,
           " entries (query ", bad_row, ")"));
-    } else if (bad.kind == Fault::kInstance) {
+    } else if (bad.kind == IndexFault::kTarget) {
       ctx->CtxFailure(errors::InvalidArgument(
           OutOfRangeMessage("index_instances", instances.shape(),
                             bad.position, bad.value, 0, n, "num_instances"),

@@ -19,25 +19,13 @@
 #include <utility>
 #include <vector>
 
+#include "ops/common/sparse_accumulator.h"
+
 namespace xmc_tf {
 namespace neighbours {
 
-// The inverted index of the stored instances.
-struct Index {
-  int64_t num_features = 0;   // D
-  int64_t num_instances = 0;  // n
-  int64_t num_entries = 0;    // E
-  const int64_t* indptr = nullptr;     // [D + 1]
-  const int32_t* instances = nullptr;  // [E]
-  const float* values = nullptr;       // [E]
-};
-
-struct Fault {
-  enum Kind { kNone = 0, kIndptr, kInstance };
-  Kind kind = kNone;
-  int64_t position = 0;
-  int64_t value = 0;
-};
+// The inverted index of the stored instances (features -> instances) is an
+// InvertedIndex (ops/common/sparse_accumulator.h); its faults IndexFault.
 
 // (similarity, instance), best first: larger, then the lower id.
 using Scored = std::pair<float, int32_t>;
@@ -45,57 +33,28 @@ inline bool Better(const Scored& a, const Scored& b) {
   return a.first > b.first || (a.first == b.first && a.second < b.second);
 }
 
-// One thread's similarities of one query at a time.
-class Similarities {
+// One thread's similarities of one query at a time (a SparseAccumulator
+// over the inverted index).
+class Similarities : public SparseAccumulator {
  public:
-  explicit Similarities(int64_t num_instances)
-      : acc_(static_cast<size_t>(num_instances), 0.0f) {}
-
-  bool Accumulate(const Index& index, const int64_t* feats, const float* vals,
-                  const int64_t* order, int64_t begin, int64_t end,
-                  Fault* fault) {
-    for (int64_t j = begin; j < end; ++j) {
-      const int64_t e = order[j];
-      const int64_t f = feats[e];
-      const int64_t lo = index.indptr[f], hi = index.indptr[f + 1];
-      if (lo < 0 || hi < lo || hi > index.num_entries) {
-        *fault = {Fault::kIndptr, f, 0};
-        return false;
-      }
-      const float v = vals[e];
-      for (int64_t p = lo; p < hi; ++p) {
-        const int32_t t = index.instances[p];
-        if (t < 0 || t >= index.num_instances) {
-          *fault = {Fault::kInstance, p, t};
-          return false;
-        }
-        if (acc_[t] == 0.0f) touched_.push_back(t);
-        acc_[t] += v * index.values[p];
-      }
-    }
-    return true;
-  }
+  using SparseAccumulator::SparseAccumulator;
 
   // The k best positive similarities into *best (best first); resets the
   // scratch.  A NaN similarity is not positive: it is dropped.
   void TakeBest(int64_t k, std::vector<Scored>* best) {
     best->clear();
-    for (const int32_t t : touched_) {
-      const float s = acc_[t];
+    for (const int32_t t : touched()) {
+      const float s = value(t);
       if (s > 0.0f) best->emplace_back(s, t);
-      acc_[t] = 0.0f;  // a repeated touch then finds 0 and is skipped
+      Zero(t);  // a repeated touch then finds 0 and is skipped
     }
-    touched_.clear();
+    Reset();
     if (static_cast<int64_t>(best->size()) > k) {
       std::nth_element(best->begin(), best->begin() + k, best->end(), Better);
       best->resize(k);
     }
     std::sort(best->begin(), best->end(), Better);
   }
-
- private:
-  std::vector<float> acc_;
-  std::vector<int32_t> touched_;
 };
 
 }  // namespace neighbours

@@ -40,7 +40,8 @@ from xmc_tf.shortlist.fusion import (NETWORK, ShortlistScores,
                                      shortlist_blocks)
 
 __all__ = ["FUSION_VALIDATION_ROWS", "FUSION_TOP", "FUSION_ROUNDS",
-           "FUSED_MONITOR", "NETWORK_MONITOR", "FUSED_MODEL", "FusionPlan",
+           "FUSED_MONITOR", "NETWORK_MONITOR", "FUSED_MODEL", "NETWORK_PAIRS",
+           "FusionPlan",
            "FusedValidation", "prepare_fusion", "finalize", "row_blocks"]
 
 #: At most this many validation instances are scored to read the weights.
@@ -58,6 +59,9 @@ FUSED_MONITOR = "val_fused_precision"
 NETWORK_MONITOR = "val_network_precision"
 #: The name of the exported fused layer (and of its model).
 FUSED_MODEL = "fused"
+#: The network scores the validation shortlists in blocks of at most this
+#: many (instance, label) pairs (a dense head gathers a row per pair).
+NETWORK_PAIRS = 2**17
 
 
 def row_blocks(rows: xdata.XCDataset, batch: int):
@@ -148,7 +152,9 @@ class FusionPlan:
                 fused, _batches(self.rows, self.batch_size)))
         held = self._scorer_scores
         score = candidate_scorer(network)
-        batch = self.batch_size
+        # a dense head gathers [rows, width, hidden] rows: blocks of at
+        # most NETWORK_PAIRS (row, label) pairs
+        batch = max(1, min(self.batch_size, NETWORK_PAIRS // held.width))
 
         def blocks():
             for start, (_, x) in zip(range(0, held.num_instances, batch),

@@ -397,6 +397,8 @@ def _scorer_resolver(kind):
 
 for _kind in xscorers.kinds():
     automatic(f"{_kind.section}.enabled")(_scorer_resolver(_kind))
+    for _name, _resolve in _kind.resolvers().items():
+        automatic(f"{_kind.section}.{_name}")(_resolve)
 
 
 @automatic("shortlist.enabled")

@@ -22,9 +22,11 @@ Example:
 from xmc_tf.shortlist.fusion import (NETWORK, FusionChoice, FusionPart,
                                      ShortlistScores, choose_fusion_weights,
                                      exact_blocks, shortlist_blocks)
-from xmc_tf.shortlist.tree import (LabelTree, TreeTopology, fit_label_tree,
+from xmc_tf.shortlist.tree import (LabelTree, TreeTopology,
+                                   fit_centroid_tree, fit_label_tree,
                                    label_tree_bytes)
 
-__all__ = ["LabelTree", "TreeTopology", "fit_label_tree", "label_tree_bytes",
+__all__ = ["LabelTree", "TreeTopology", "fit_label_tree",
+           "fit_centroid_tree", "label_tree_bytes",
            "NETWORK", "FusionChoice", "FusionPart", "ShortlistScores",
            "choose_fusion_weights", "exact_blocks", "shortlist_blocks"]

@@ -495,14 +495,16 @@ def _column_sums(rows: sp.csr_matrix) -> sp.csr_matrix:
 
 
 def _top_entries(rows: sp.csr_matrix, keep: int) -> sp.csr_matrix:
-    """Each row's ``keep`` entries of largest magnitude, the row then scaled
-    to unit l2 norm (a zero row stays zero)."""
+    """Each row's ``keep`` entries of largest magnitude (ties: the lower
+    feature id), the row then scaled to unit l2 norm (a zero row stays
+    zero)."""
     rows = sp.csr_matrix(rows, dtype=np.float32)
+    rows.sort_indices()
     lengths = np.diff(rows.indptr)
     mask = np.ones(rows.nnz, bool)
-    for i in np.flatnonzero(lengths > keep):
+    for i in np.flatnonzero(lengths > keep):  # ties: the lower feature id
         lo, hi = rows.indptr[i], rows.indptr[i + 1]
-        drop = np.argpartition(-np.abs(rows.data[lo:hi]), keep)[keep:]
+        drop = np.argsort(-np.abs(rows.data[lo:hi]), kind="stable")[keep:]
         mask[lo + drop] = False
     kept = sp.csr_matrix((rows.data * mask, rows.indices, rows.indptr),
                          shape=rows.shape)

@@ -32,7 +32,8 @@ from xmc_tf.samplers.registry import AUTO, auto_bool
 from xmc_tf.shortlist.fusion import FusionPart
 
 __all__ = ["Variant", "BuiltScorer", "FusedScorer", "register", "kinds",
-           "get", "fusion_weight", "check_int", "check_nonnegative"]
+           "get", "fusion_weight", "check_int", "check_nonnegative",
+           "few_shot_limits"]
 
 
 def fusion_weight(value, field: str):
@@ -69,6 +70,26 @@ def check_nonnegative(field: str, value) -> None:
     if not (isinstance(value, (int, float)) and not isinstance(value, bool)
             and value >= 0):
         raise ValueError(f"config.{field}={value!r} must be a number >= 0")
+
+
+def few_shot_limits(section, summary, name: str):
+    """The conditions the few-shot scorers (the centroids, the votes) share:
+    at most ``max_labels`` labels and a median label of at most
+    ``max_median_instances`` training instances.
+
+    Returns:
+      ``(False, why)`` where one fails, else ``(True, why)``.
+    """
+    if summary.num_labels > section.max_labels:
+        return False, (f"{summary.num_labels} labels > "
+                       f"config.{name}.max_labels={section.max_labels}")
+    median = summary.label_instances_median
+    if median > section.max_median_instances:
+        return False, (f"the median label has {median:g} training "
+                       f"instances > config.{name}.max_median_instances="
+                       f"{section.max_median_instances}")
+    return True, (f"sparse input, the median label has {median:g} training "
+                  f"instances <= {section.max_median_instances}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +211,13 @@ class FusedScorer:
         """The kind's own rule on the :class:`~xmc_tf.job.plan.DataSummary`:
         ``(enabled, why)``."""
         raise NotImplementedError
+
+    def resolvers(self) -> dict:
+        """The kind's automatic fields besides ``enabled``: ``{field:
+        (config, summary, head, has_validation) -> (value, why)}`` (as
+        :func:`xmc_tf.job.plan.automatic` takes them), resolved after
+        ``enabled``."""
+        return {}
 
     def grid(self, multi_class: bool) -> tuple:
         """The weights tried when the weight is read (0 first)."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 
 from xmc_tf.job.scorers.base import (BuiltScorer, FusedScorer, check_int,
-                                     check_nonnegative, register)
+                                     check_nonnegative, few_shot_limits,
+                                     register)
 from xmc_tf.job.scorers.idf import idf_variants, variants
 from xmc_tf.layers import label_centroids
 from xmc_tf.samplers.registry import auto_bool
@@ -56,22 +57,16 @@ class CentroidScorer(FusedScorer):
         super().check(config, head)
 
     def plan_data(self, section, summary):
-        if summary.num_labels > section.max_labels:
-            return False, (f"{summary.num_labels} labels > "
-                           f"config.centroids.max_labels={section.max_labels}")
-        median = summary.label_instances_median
-        if median > section.max_median_instances:
-            return False, (f"the median label has {median:g} training "
-                           "instances > config.centroids.max_median_instances"
-                           f"={section.max_median_instances}")
+        on, why = few_shot_limits(section, summary, self.section)
+        if not on:
+            return on, why
         entries = summary.label_nnz * (summary.feature_nnz
                                        / max(summary.num_instances, 1))
         if entries > section.max_entries:
             return False, (f"the label aggregate would hold ~{entries:.3g} "
                            "entries > config.centroids.max_entries="
                            f"{section.max_entries}")
-        return True, (f"sparse input, the median label has {median:g} "
-                      f"training instances <= {section.max_median_instances}")
+        return True, why
 
     def grid(self, multi_class: bool) -> tuple:
         return WEIGHTS

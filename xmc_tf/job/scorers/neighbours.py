@@ -15,7 +15,8 @@ import time
 import scipy.sparse as sp
 
 from xmc_tf.job.scorers.base import (BuiltScorer, FusedScorer, check_int,
-                                     check_nonnegative, register)
+                                     check_nonnegative, few_shot_limits,
+                                     register)
 from xmc_tf.job.scorers.idf import idf_variants, variants
 from xmc_tf.layers import NearestNeighbourScores
 from xmc_tf.samplers.registry import auto_bool
@@ -58,22 +59,15 @@ class NeighbourScorer(FusedScorer):
         super().check(config, head)
 
     def plan_data(self, section, summary):
-        if summary.num_labels > section.max_labels:
-            return False, (f"{summary.num_labels} labels > "
-                           f"config.neighbours.max_labels={section.max_labels}")
-        median = summary.label_instances_median
-        if median > section.max_median_instances:
-            return False, (f"the median label has {median:g} training "
-                           "instances > config.neighbours.max_median_instances"
-                           f"={section.max_median_instances}")
+        on, why = few_shot_limits(section, summary, self.section)
+        if not on:
+            return on, why
         postings = summary.postings_per_instance
         if postings > section.max_postings:
             return False, (f"an instance meets ~{postings:.3g} training "
                            "entries > config.neighbours.max_postings="
                            f"{section.max_postings}")
-        return True, (f"sparse input, the median label has {median:g} "
-                      f"training instances <= {section.max_median_instances},"
-                      f" ~{postings:.3g} entries met per instance")
+        return True, f"{why}, ~{postings:.3g} entries met per instance"
 
     def grid(self, multi_class: bool) -> tuple:
         return WEIGHTS

@@ -20,10 +20,11 @@ from xmc_tf.files import atomic_path
 from xmc_tf.job.scorers.base import (BuiltScorer, FusedScorer, Variant,
                                      check_int, check_nonnegative, register)
 from xmc_tf.layers import LabelTreeScores
-from xmc_tf.shortlist import LabelTree, fit_label_tree, label_tree_bytes
+from xmc_tf.shortlist import (LabelTree, fit_centroid_tree, fit_label_tree,
+                              label_tree_bytes)
 
 __all__ = ["LabelTreeScorer", "LABEL_TREE_FILE", "MULTI_LABEL_WEIGHTS",
-           "MULTI_CLASS_WEIGHTS"]
+           "MULTI_CLASS_WEIGHTS", "RANKERS"]
 
 #: The fitted tree, kept in the backup directory until the export is done.
 LABEL_TREE_FILE = "label_tree.npz"
@@ -51,8 +52,9 @@ def _load(path: str, fit_data):
 
 
 def _fit(config, path: str, fit_data):
-    """Fits the tree on the (normalised) fit split, saves it at ``path``
-    and returns it with its fit seconds (progress logged every 10 s)."""
+    """Fits the tree on the (normalised) fit split with the config's
+    rankers, saves it at ``path`` and returns it with its fit seconds
+    (progress logged every 10 s)."""
     tc = config.tree
     start = time.time()
     last = [start]
@@ -61,10 +63,15 @@ def _fit(config, path: str, fit_data):
         if time.time() - last[0] >= 10:
             last[0] = time.time()
             logging.info(line)
-    tree = fit_label_tree(
-        fit_data.features, fit_data.labels, leaf_size=tc.leaf_size,
-        c=float(tc.c), tol=float(tc.tol), threshold=float(tc.threshold),
-        seed=config.seed, progress=progress)
+    if tc.get("rankers", "linear") == "centroids":
+        tree = fit_centroid_tree(fit_data.features, fit_data.labels,
+                                 leaf_size=tc.leaf_size, seed=config.seed,
+                                 progress=progress)
+    else:
+        tree = fit_label_tree(
+            fit_data.features, fit_data.labels, leaf_size=tc.leaf_size,
+            c=float(tc.c), tol=float(tc.tol), threshold=float(tc.threshold),
+            seed=config.seed, progress=progress)
     fit_seconds = time.time() - start
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with atomic_path(path) as tmp:
@@ -73,15 +80,50 @@ def _fit(config, path: str, fit_data):
     return tree, fit_seconds
 
 
+#: The values of ``config.tree.rankers``.
+RANKERS = ("auto", "linear", "centroids")
+
+
+def _limit_field(summary) -> str:
+    return "max_classes" if summary.multi_class else "max_labels"
+
+
+def _noun(summary) -> str:
+    return "classes" if summary.multi_class else "labels"
+
+
+def _linear_fits(section, summary) -> bool:
+    """Whether liblinear rankers are within the config's limits."""
+    return summary.num_labels <= section.get(_limit_field(summary), 0)
+
+
+def _rankers(config, summary, head, has_validation):
+    """``config.tree.rankers="auto"``: linear rankers up to
+    ``max_labels`` labels (multi-label) / ``max_classes`` classes, the
+    labels' centroids above (no training: at 670k labels one liblinear
+    solve per label would cost more than the network)."""
+    del head, has_validation
+    section = config.tree
+    if _linear_fits(section, summary):
+        return "linear", (f"{summary.num_labels} {_noun(summary)} <= "
+                          f"config.tree.{_limit_field(summary)}")
+    return "centroids", (f"{summary.num_labels} {_noun(summary)} > "
+                         f"config.tree.{_limit_field(summary)}: one solve "
+                         "per label costs too much")
+
+
 @register
 class LabelTreeScorer(FusedScorer):
     """``config.tree``: on for sparse input, a head that scores every label
-    and a validation split to read its weight on, up to
-    ``config.tree.max_labels`` labels on multi-label data (one liblinear
+    and a validation split to read its weight on, with linear rankers up
+    to ``config.tree.max_labels`` labels on multi-label data (one liblinear
     solve per label: time grows with m) and ``config.tree.max_classes`` on
     multi-class data (one solve per leaf: DebDocNextWord's 181k classes in
-    75 s; docs/notes/tail.md).  It shortlists ``config.tree.shortlist``
-    labels per instance by a beam of ``config.tree.beam`` nodes."""
+    44 s; docs/notes/shortlist.md), with centroid rankers
+    (:func:`xmc_tf.shortlist.fit_centroid_tree`: no training) above, up to
+    ``config.tree.max_centroid_labels``.  It shortlists
+    ``config.tree.shortlist`` labels per instance by a beam of
+    ``config.tree.beam`` nodes."""
 
     section = "tree"
     part = "label_tree"
@@ -95,6 +137,11 @@ class LabelTreeScorer(FusedScorer):
         check_int("tree.max_labels", tc.max_labels, 1)
         check_int("tree.max_classes", tc.get("max_classes", 0), 0)
         check_int("tree.beam", tc.get("beam", 10), 1)
+        check_int("tree.max_centroid_labels", tc.get("max_centroid_labels", 0),
+                  0)
+        if tc.get("rankers", "auto") not in RANKERS:
+            raise ValueError(f"config.tree.rankers={tc.rankers!r}; expected "
+                             f"one of {RANKERS}")
         check_int("tree.shortlist", tc.get("shortlist", 1), 1)
         for name in ("c", "tol"):
             if not (isinstance(tc[name], (int, float))
@@ -105,18 +152,22 @@ class LabelTreeScorer(FusedScorer):
         super().check(config, head)
 
     def plan_data(self, section, summary):
-        if summary.multi_class:
-            limit = section.get("max_classes", 0)
-            if summary.num_labels > limit:
-                return False, (f"{summary.num_labels} classes > "
-                               f"config.tree.max_classes={limit}")
-            return True, (f"sparse input, {summary.num_labels} classes <= "
-                          f"config.tree.max_classes={limit}")
-        if summary.num_labels > section.max_labels:
-            return False, (f"{summary.num_labels} labels > "
-                           f"config.tree.max_labels={section.max_labels}")
-        return True, (f"sparse input, {summary.num_labels} labels <= "
-                      f"config.tree.max_labels={section.max_labels}")
+        m = summary.num_labels
+        if _linear_fits(section, summary):
+            return True, (f"sparse input, {m} {_noun(summary)} <= "
+                          f"config.tree.{_limit_field(summary)}="
+                          f"{section.get(_limit_field(summary), 0)}")
+        limit = section.get("max_centroid_labels", 0)
+        if m > limit:
+            return False, (f"{m} {_noun(summary)} > config.tree."
+                           f"{_limit_field(summary)}="
+                           f"{section.get(_limit_field(summary), 0)} and > "
+                           f"config.tree.max_centroid_labels={limit}")
+        return True, (f"sparse input, {m} {_noun(summary)}: centroid rankers "
+                      f"(<= config.tree.max_centroid_labels={limit})")
+
+    def resolvers(self) -> dict:
+        return {"rankers": _rankers}
 
     def grid(self, multi_class: bool) -> tuple:
         return MULTI_CLASS_WEIGHTS if multi_class else MULTI_LABEL_WEIGHTS
@@ -131,7 +182,8 @@ class LabelTreeScorer(FusedScorer):
             tree, fit_seconds = _fit(config, path, fit_data)
         layer = LabelTreeScores.from_tree(tree, beam=int(tc.get("beam", 10)),
                                           name="label_tree")
-        info = {"columns": tree.num_columns, "weights": int(tree.weights.nnz),
+        info = {"rankers": tc.get("rankers", "linear"),
+                "columns": tree.num_columns, "weights": int(tree.weights.nnz),
                 "depth": int(tree.paths.shape[1]),
                 "bytes": label_tree_bytes(tree),
                 "fit_seconds": round(fit_seconds, 2)}
