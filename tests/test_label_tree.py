@@ -393,8 +393,11 @@ def test_tree_config_checks_and_plan():
     assert not plan(c, head, 24, False, True)[0]  # dense input
     assert not plan(c, head, 24, True, False)[0]  # no validation
     # above max_labels (multi-label) / max_classes (multi-class, checked
-    # apart): centroid rankers, up to max_centroid_labels
+    # apart): off, or centroid rankers up to max_centroid_labels (0 by
+    # default)
     assert plan(c, head, 200_000, True, True, True)[0]
+    assert not plan(c, head, 200_000, True, True)[0]
+    c.tree.max_centroid_labels = 1_048_576
     for m, multi_class in ((200_000, False), (10**6, False),
                            (10**6, True)):
         on, why = plan(c, head, m, True, True, multi_class)

@@ -320,7 +320,36 @@ def serving_page() -> str:
     lines += ["", "Source: `benchmarks/results/serving.json` "
               "(`python benchmarks/serving.py`).  How to export and serve: "
               "[the serving guide](../guide/serving.md)."]
+    lines += _shortlist_serving()
     return "\n".join(lines) + "\n"
+
+
+def _shortlist_serving() -> list:
+    """The section of ``serving_shortlist.json``: the default job's models
+    served by shortlist and re-rank, by full scoring, and Omikuji."""
+    d = load("serving_shortlist.json")
+    rows = [[r["case"], r["method"], f"{r['labels']:,}",
+             r["shortlist"] if r["shortlist"] is not None else "-",
+             _f(r["ms_batch1"], 2), _f(r["ms_per_instance_batch256"], 2),
+             _f(r["P@1"], 2), _f(r["P@5"], 2)] for r in d["rows"]]
+    load_start, load_end = (d["machine"]["loadavg_start"][0],
+                            d["machine"]["loadavg_end"][0])
+    lines = ["", "## Shortlist and re-rank: the default job's models", "",
+             "Milliseconds per instance of the SavedModel's `serve` (top 5 "
+             "by shortlist and re-rank) and of `score_all_labels` + top 5 "
+             "(`full`: every label scored exactly), at batch 1 and at batch "
+             "256, and Omikuji's `predict` (one instance a call), on the "
+             "first test instances of each set; P@k on the first "
+             f"{d['rows'][0]['eval_rows']:,} of them.  "
+             f"{d['machine']['cpus']} CPUs, load average "
+             f"{load_start:.1f}-{load_end:.1f}.", ""]
+    lines += _table(["case", "method", "labels", "shortlist",
+                     "ms, batch 1", "ms / instance, batch 256", "P@1",
+                     "P@5"], rows)
+    lines += ["", "Source: `benchmarks/results/serving_shortlist.json` "
+              "(`python benchmarks/serving_shortlist.py`); what each case "
+              "is: [the shortlist note](../notes/shortlist.md)."]
+    return lines
 
 
 def index_page() -> str:

@@ -158,7 +158,10 @@ def _base() -> dict:
             enabled="auto",
             max_labels=100_000,  # linear rankers up to (time, memory)
             max_classes=262_144,  # multi-class: one solve per leaf
-            max_centroid_labels=1_048_576,  # centroid rankers up to
+            # centroid rankers up to this many labels: 0 (off) by default,
+            # their shortlist missed most of the network's top 5 on the
+            # Amazon-670K-shaped set (docs/notes/shortlist.md)
+            max_centroid_labels=0,
             # the rankers of the nodes and labels: "linear" (liblinear,
             # Parabel), "centroids" (the labels' PIFA centroids, no training:
             # a shortlist for the network where linear ones cost too much),
