@@ -177,12 +177,15 @@ class FusionPlan:
 
 def _built_scorers(config, wd: Workdir, fit_data, has_validation: bool,
                    multi_class: bool) -> list:
-    """Every kind the (resolved) config turns on, built; a kind whose
-    weight is "auto" with no validation instances to read it on is left
-    out (logged)."""
+    """Every kind the (resolved) config turns on, built; on dense features
+    none, and a kind whose weight is "auto" with no validation instances
+    to read it on is left out (logged)."""
     built = []
     for kind in xscorers.kinds():
         if kind.enabled(config) is not True:
+            continue
+        if not fit_data.is_sparse:  # the scorers read sparse features
+            logging.info("%s: off (dense input features)", kind.what)
             continue
         if not has_validation and kind.weight(config) is None:
             logging.info("%s: off (weight 'auto' and no validation "
