@@ -313,20 +313,22 @@ class FusedScores(keras.layers.Layer):
                 tf.gather(part, pos, batch_dims=1), ids)
         return ids, sources
 
-    def component_scores(self, inputs, ids, weighted_only: bool = False):
+    def component_scores(self, inputs, ids, weighted_only: bool = False,
+                         network: bool = True):
         """Each part's scores at ``ids`` (int ``[batch, C]``, -1 padding):
         ``[network, scorer 0, scorer 1, ...]``, float32 ``[batch, C]`` each
         (0 at padding); with ``weighted_only`` the scorers at weight 0 are
-        None.  The network's come from :func:`candidate_scorer`."""
-        return self._components(inputs, ids, weighted_only)
+        None, without ``network`` the network's (from
+        :func:`candidate_scorer`) are None and not computed."""
+        return self._components(inputs, ids, weighted_only, network)
 
-    def _components(self, x, ids, weighted_only):
+    def _components(self, x, ids, weighted_only, network=True):
         ids = tf.cast(ids, tf.int32)
         valid = ids >= 0
         safe = tf.maximum(ids, 0)
-        if self._network_scorer is None:  # called before build
+        if network and self._network_scorer is None:  # called before build
             self._network_scorer = candidate_scorer(self.network)
-        parts = [self._network_scorer(x, safe)]
+        parts = [self._network_scorer(x, safe) if network else None]
         for scorer, weight in zip(self.scorers, self.fusion_weights):
             if weighted_only and not weight:
                 parts.append(None)

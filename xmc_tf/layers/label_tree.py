@@ -26,12 +26,13 @@ from xmc_tf.ops.label_tree import (TreeArrays, label_tree_beam_search,
                                    label_tree_path_scores)
 from xmc_tf.shortlist.tree import TreeTopology
 
-__all__ = ["LabelTreeScores", "sparse_row_chunks"]
+__all__ = ["LabelTreeScores", "sparse_row_chunks", "as_sparse_batch"]
 
 
-def _sparse(inputs):
-    """``inputs`` as a float32 ``tf.SparseTensor`` (a dense batch made
-    sparse)."""
+def as_sparse_batch(inputs):
+    """``inputs`` as a ``tf.SparseTensor`` (a dense batch, e.g. Keras'
+    tracing, made sparse, float32): what the scorers of sparse features
+    take."""
     if isinstance(inputs, tf.SparseTensor):
         return inputs
     return tf.sparse.from_dense(tf.convert_to_tensor(inputs, tf.float32))
@@ -42,8 +43,7 @@ def sparse_row_chunks(inputs, num_features: int, width: int,
     """``chunk_fn`` applied to a sparse batch ``chunk_rows`` rows at a time,
     the ``[rows, width]`` float32 results concatenated: the loop of the
     scorers that expand each stored entry into a row of their own index
-    (:class:`LabelTreeScores`,
-    :class:`xmc_tf.layers.NearestNeighbourScores`).
+    (:class:`LabelTreeScores`' exact scores of every label).
 
     Args:
       inputs: ``tf.SparseTensor`` ``[batch, num_features]`` (any entry
@@ -64,9 +64,7 @@ def sparse_row_chunks(inputs, num_features: int, width: int,
       tf.errors.InvalidArgumentError: a feature id outside ``[0,
         num_features)``.
     """
-    if not isinstance(inputs, tf.SparseTensor):  # e.g. Keras' tracing
-        inputs = tf.sparse.from_dense(tf.convert_to_tensor(inputs))
-    inputs = tf.sparse.reorder(inputs)  # row-major: rows in chunks
+    inputs = tf.sparse.reorder(as_sparse_batch(inputs))  # row-major: rows in chunks
     rows, feats = inputs.indices[:, 0], inputs.indices[:, 1]
     feats = tf.ensure_shape(feats, [None])
     with tf.control_dependencies([tf.debugging.assert_less(
@@ -263,7 +261,7 @@ class LabelTreeScores(keras.layers.Layer):
           tf.errors.InvalidArgumentError: a feature id outside ``[0, D)``.
         """
         return label_tree_beam_search(
-            _sparse(inputs), self._arrays(),
+            as_sparse_batch(inputs), self._arrays(),
             int(self.beam if beam is None else beam), int(k))
 
     def score_candidates(self, inputs, candidates):
@@ -276,7 +274,7 @@ class LabelTreeScores(keras.layers.Layer):
           tf.errors.InvalidArgumentError: a feature id outside ``[0, D)``
             or a candidate outside ``[-1, num_labels)``.
         """
-        return label_tree_path_scores(_sparse(inputs), self._arrays(),
+        return label_tree_path_scores(as_sparse_batch(inputs), self._arrays(),
                                       candidates)
 
     def _chunk_scores(self, rows, feats, values, num_rows):

@@ -20,18 +20,11 @@ import numpy as np
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf.layers.label_tree import as_sparse_batch
 from xmc_tf.ops.neighbours import nearest_neighbours
 from xmc_tf.ops.pairs import lookup, merge_keys, row_top_k
 
 __all__ = ["NearestNeighbourScores"]
-
-
-def _sparse(inputs):
-    """``inputs`` as a ``tf.SparseTensor`` (a dense batch, e.g. Keras'
-    tracing, made sparse)."""
-    if isinstance(inputs, tf.SparseTensor):
-        return inputs
-    return tf.sparse.from_dense(tf.convert_to_tensor(inputs, tf.float32))
 
 
 @keras.saving.register_keras_serializable(package="xmc_tf")
@@ -193,7 +186,7 @@ class NearestNeighbourScores(keras.layers.Layer):
         (:func:`xmc_tf.ops.neighbours.nearest_neighbours`): ``(ids int32
         [batch, k], similarities float32 [batch, k])``, best first, -1 / 0
         where fewer share a feature with positive dot product."""
-        inputs = _sparse(inputs)
+        inputs = as_sparse_batch(inputs)
         return nearest_neighbours(inputs, self.indptr, self.instances,
                                   self.values, self.num_instances,
                                   self.neighbours)
@@ -217,7 +210,7 @@ class NearestNeighbourScores(keras.layers.Layer):
         return merge_keys(keys, tf.gather(vote, lentry))
 
     def call(self, inputs):
-        inputs = _sparse(inputs)
+        inputs = as_sparse_batch(inputs)
         keys, votes = self.votes(inputs)
         batch = inputs.dense_shape[0]
         out = tf.math.unsorted_segment_sum(votes, keys,
@@ -228,7 +221,7 @@ class NearestNeighbourScores(keras.layers.Layer):
         """The votes of given labels, float32 ``[batch, C]``: ``call(inputs)``
         gathered at ``candidates`` (int ``[batch, C]``; -1: padding, 0),
         without the ``[batch, num_labels]`` tensor."""
-        inputs = _sparse(inputs)
+        inputs = as_sparse_batch(inputs)
         keys, votes = self.votes(inputs)
         candidates = tf.cast(candidates, tf.int64)
         rows = tf.range(tf.shape(candidates, out_type=tf.int64)[0])[:, None]
@@ -239,7 +232,7 @@ class NearestNeighbourScores(keras.layers.Layer):
         """The ``k`` labels of most votes per row: ``(ids int32 [batch, k],
         votes float32 [batch, k])``, best first (ties: the lower label id);
         -1 / -inf where the neighbours vote for fewer labels."""
-        inputs = _sparse(inputs)
+        inputs = as_sparse_batch(inputs)
         keys, votes = self.votes(inputs)
         return row_top_k(keys, votes, inputs.dense_shape[0], self.num_labels,
                          int(k))

@@ -95,6 +95,7 @@ class ShortlistScores:
                              "sources must have one shape")
         self.positives = (np.asarray(positives, np.int64)
                           if positives is not None else self.hits.sum(1))
+        self._shortlisted = {}  # named sources -> their mask
 
     @property
     def num_instances(self) -> int:
@@ -178,12 +179,11 @@ class ShortlistScores:
         sources."""
         weighted = tuple(sorted(n for n in weights
                                 if self.sources and n in self.sources))
-        cache = self.__dict__.setdefault("_shortlisted", {})
-        if weighted not in cache:
+        if weighted not in self._shortlisted:
             valid = self.ids >= 0
-            cache[weighted] = (valid & np.logical_or.reduce(
+            self._shortlisted[weighted] = (valid & np.logical_or.reduce(
                 [self.sources[n] for n in weighted]) if weighted else valid)
-        return cache[weighted]
+        return self._shortlisted[weighted]
 
     def recall(self, weights: dict | None = None) -> float:
         """The fraction of the instances' positives in their shortlists
@@ -252,7 +252,7 @@ def shortlist_blocks(fused, batches):
     names = [s.name for s in fused.scorers]
     for x, labels in batches:
         ids, sources = fused.shortlist_sources(x)
-        scores = fused.component_scores(x, ids)[1:]
+        scores = fused.component_scores(x, ids, network=False)[1:]
         yield (ids.numpy(), {n: s.numpy() for n, s in zip(names, scores)},
                labels, {n: v.numpy() for n, v in sources.items()})
 

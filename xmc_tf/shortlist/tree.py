@@ -383,9 +383,7 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
     y = sp.csc_matrix(labels, dtype=np.float32)
     y.data[:] = 1.0
     m = y.shape[1]
-    pifa = sp.csr_matrix(y.T @ x)
-    norms = np.sqrt(np.asarray(pifa.multiply(pifa).sum(1)).ravel())
-    pifa = sp.csr_matrix(sp.diags(1.0 / np.maximum(norms, 1e-12)) @ pifa)
+    pifa = _pifa(x, y)
     rng = np.random.default_rng(seed)
     columns, bias = [], []
     paths = [[] for _ in range(m)]
@@ -479,9 +477,13 @@ def _pifa(features, labels):
     x = sp.csr_matrix(features, dtype=np.float32)
     y = sp.csc_matrix(labels, dtype=np.float32)
     y.data[:] = 1.0
-    pifa = sp.csr_matrix(y.T @ x)
-    norms = np.sqrt(np.asarray(pifa.multiply(pifa).sum(1)).ravel())
-    return sp.csr_matrix(sp.diags(1.0 / np.maximum(norms, 1e-12)) @ pifa)
+    return _normalize_rows(sp.csr_matrix(y.T @ x))
+
+
+def _normalize_rows(rows: sp.csr_matrix) -> sp.csr_matrix:
+    """``rows`` scaled to unit l2 norm each (a zero row stays zero)."""
+    norms = np.sqrt(np.asarray(rows.multiply(rows).sum(1)).ravel())
+    return sp.csr_matrix(sp.diags(1.0 / np.maximum(norms, 1e-12)) @ rows)
 
 
 def _column_sums(rows: sp.csr_matrix) -> sp.csr_matrix:
@@ -509,9 +511,7 @@ def _top_entries(rows: sp.csr_matrix, keep: int) -> sp.csr_matrix:
     kept = sp.csr_matrix((rows.data * mask, rows.indices, rows.indptr),
                          shape=rows.shape)
     kept.eliminate_zeros()
-    norms = np.sqrt(np.asarray(kept.multiply(kept).sum(1)).ravel())
-    return sp.csr_matrix(sp.diags(1.0 / np.maximum(norms, 1e-12)) @ kept,
-                         dtype=np.float32)
+    return _normalize_rows(kept).astype(np.float32)
 
 
 def fit_centroid_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
