@@ -147,11 +147,17 @@ def test_plan_and_config_checks():
     plan = xscorers.get("neighbours").plan
     assert plan(c, head, summary, True)[0]
     for changes in (dict(label_instances_median=40.0), dict(sparse=False),
-                    dict(num_labels=10**6),
                     dict(postings_per_instance=1e9)):
         assert not plan(c, head, dataclasses.replace(summary, **changes),
                         True)[0]
     assert not plan(c, head, summary, False)[0]
+    # Above max_labels the votes stay off where every label is scored, and
+    # are on where the fused model ranks shortlists (the votes shortlist).
+    many = dataclasses.replace(summary, num_labels=10**6)
+    exact = _config(**{"shortlist.enabled": False})
+    assert not plan(exact, xplan.check_config(exact), many, True)[0]
+    on, why = plan(c, head, many, True)
+    assert on and "shortlisted" in why
     for key, bad in (("neighbours.enabled", "yes"),
                      ("neighbours.weight", -1.0), ("neighbours.k", 0),
                      ("neighbours.power", -2.0),

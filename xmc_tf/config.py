@@ -214,7 +214,9 @@ def _base() -> dict:
             k=100,  # training instances that vote
             power=2.0,  # a neighbour's vote: cosine ** power
             max_median_instances=8,
-            max_labels=262_144,  # "auto" stays off above (weight choice)
+            # "auto" stays off above, unless the fused model shortlists
+            # (config.shortlist: then no part scores every label)
+            max_labels=262_144,
             max_postings=100_000,  # "auto" stays off above (time per query)
             # "auto": the weight of NEIGHBOUR_WEIGHTS (0 included) with the
             # best mean validation P@k over eval.ks; or a number >= 0

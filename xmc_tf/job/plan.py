@@ -26,6 +26,7 @@ from xmc_tf import data as xdata
 from xmc_tf.job import cluster as xcluster
 from xmc_tf.job import heads as xheads
 from xmc_tf.job import scorers as xscorers
+from xmc_tf.job.scorers.base import shortlist_plan
 from xmc_tf.job.scorers.base import check_int, check_nonnegative
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.build import ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS
@@ -166,25 +167,6 @@ def monitor_plan(config, has_validation: bool,
             return True, (f"config.{kind.section} is on with its weight read "
                           "on validation: the fused model is exported")
     return False, "no few-shot scorer's weight is read on validation"
-
-
-def shortlist_plan(config, summary) -> tuple[bool, str]:
-    """Whether the fused model ranks shortlists
-    (:class:`xmc_tf.layers.FusedScores`), and why:
-    ``config.shortlist.enabled="auto"`` turns it on above
-    ``config.shortlist.min_labels`` labels (below, scoring every label
-    exactly costs about as much)."""
-    sc = config.get("shortlist")
-    enabled = (auto_bool(sc.enabled, "config.shortlist.enabled")
-               if sc is not None else False)
-    if enabled is not None:
-        return enabled, f"config.shortlist.enabled={enabled}"
-    if summary.num_labels <= sc.min_labels:
-        return False, (f"{summary.num_labels} labels <= "
-                       f"config.shortlist.min_labels={sc.min_labels}: every "
-                       "label is scored")
-    return True, (f"{summary.num_labels} labels > config.shortlist.min_labels"
-                  f"={sc.min_labels}")
 
 
 def check_config(config) -> xheads.Head:

@@ -33,7 +33,7 @@ from xmc_tf.shortlist.fusion import FusionPart
 
 __all__ = ["Variant", "BuiltScorer", "FusedScorer", "register", "kinds",
            "get", "fusion_weight", "check_int", "check_nonnegative",
-           "few_shot_limits"]
+           "few_shot_limits", "shortlist_plan"]
 
 
 def fusion_weight(value, field: str):
@@ -72,15 +72,15 @@ def check_nonnegative(field: str, value) -> None:
         raise ValueError(f"config.{field}={value!r} must be a number >= 0")
 
 
-def few_shot_limits(section, summary, name: str):
+def few_shot_limits(section, summary, name: str, label_cap: bool = True):
     """The conditions the few-shot scorers (the centroids, the votes) share:
-    at most ``max_labels`` labels and a median label of at most
-    ``max_median_instances`` training instances.
+    at most ``max_labels`` labels (unless not ``label_cap``) and a median
+    label of at most ``max_median_instances`` training instances.
 
     Returns:
       ``(False, why)`` where one fails, else ``(True, why)``.
     """
-    if summary.num_labels > section.max_labels:
+    if label_cap and summary.num_labels > section.max_labels:
         return False, (f"{summary.num_labels} labels > "
                        f"config.{name}.max_labels={section.max_labels}")
     median = summary.label_instances_median
@@ -136,6 +136,25 @@ class BuiltScorer:
     def variant(self, name: str) -> Variant:
         """The variant named ``name``."""
         return next(v for v in self.variants if v.name == name)
+
+
+def shortlist_plan(config, summary) -> tuple[bool, str]:
+    """Whether the fused model ranks shortlists
+    (:class:`xmc_tf.layers.FusedScores`), and why:
+    ``config.shortlist.enabled="auto"`` turns it on above
+    ``config.shortlist.min_labels`` labels (below, scoring every label
+    exactly costs about as much)."""
+    sc = config.get("shortlist")
+    enabled = (auto_bool(sc.enabled, "config.shortlist.enabled")
+               if sc is not None else False)
+    if enabled is not None:
+        return enabled, f"config.shortlist.enabled={enabled}"
+    if summary.num_labels <= sc.min_labels:
+        return False, (f"{summary.num_labels} labels <= "
+                       f"config.shortlist.min_labels={sc.min_labels}: every "
+                       "label is scored")
+    return True, (f"{summary.num_labels} labels > config.shortlist.min_labels"
+                  f"={sc.min_labels}")
 
 
 class FusedScorer:
@@ -205,11 +224,14 @@ class FusedScorer:
             return True, f"config.{self.section}.enabled=True"
         if not has_validation and self.weight(config) is None:
             return False, "no validation split to read its weight on"
-        return self.plan_data(self.config(config), summary)
+        return self.plan_data(self.config(config), summary,
+                              shortlist_plan(config, summary)[0])
 
-    def plan_data(self, section, summary):
+    def plan_data(self, section, summary, shortlists: bool):
         """The kind's own rule on the :class:`~xmc_tf.job.plan.DataSummary`:
-        ``(enabled, why)``."""
+        ``(enabled, why)``; ``shortlists``: whether the fused model ranks
+        shortlists (:func:`shortlist_plan`), so that no part scores every
+        label outside the exact ``score_all_labels``."""
         raise NotImplementedError
 
     def resolvers(self) -> dict:

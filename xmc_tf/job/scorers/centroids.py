@@ -56,7 +56,8 @@ class CentroidScorer(FusedScorer):
         check_int("centroids.max_labels", cc.max_labels, 1)
         super().check(config, head)
 
-    def plan_data(self, section, summary):
+    def plan_data(self, section, summary, shortlists):
+        del shortlists  # not measured above max_labels; the cap stays
         on, why = few_shot_limits(section, summary, self.section)
         if not on:
             return on, why

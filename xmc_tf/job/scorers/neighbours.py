@@ -34,7 +34,9 @@ class NeighbourScorer(FusedScorer):
     """``config.neighbours``: on under the centroids' conditions (sparse
     input, a head that scores every label, a validation split to read the
     weight on, few-shot labels: median instances per label at most
-    ``max_median_instances``, at most ``max_labels`` labels) while an
+    ``max_median_instances``, at most ``max_labels`` labels unless the
+    fused model ranks shortlists: the votes then shortlist, and neither
+    their weight's reading nor serving scores every label) while an
     instance's features meet at most ``max_postings`` stored training
     entries on average (the cost per query: ``postings_per_instance`` of
     :class:`~xmc_tf.job.plan.DataSummary`)."""
@@ -58,10 +60,14 @@ class NeighbourScorer(FusedScorer):
         check_int("neighbours.shortlist", nc.get("shortlist", 0), 0)
         super().check(config, head)
 
-    def plan_data(self, section, summary):
-        on, why = few_shot_limits(section, summary, self.section)
+    def plan_data(self, section, summary, shortlists):
+        on, why = few_shot_limits(section, summary, self.section,
+                                  label_cap=not shortlists)
         if not on:
             return on, why
+        if shortlists and summary.num_labels > section.max_labels:
+            why += (f", {summary.num_labels} labels > config.neighbours."
+                    "max_labels but shortlisted: no part scores every label")
         postings = summary.postings_per_instance
         if postings > section.max_postings:
             return False, (f"an instance meets ~{postings:.3g} training "

@@ -153,7 +153,8 @@ class LabelTreeScorer(FusedScorer):
         check_nonnegative("tree.threshold", tc.threshold)
         super().check(config, head)
 
-    def plan_data(self, section, summary):
+    def plan_data(self, section, summary, shortlists):
+        del shortlists
         m = summary.num_labels
         if _linear_fits(section, summary):
             return True, (f"sparse input, {m} {_noun(summary)} <= "
