@@ -33,6 +33,7 @@ from xmc_tf import callbacks, layers, losses, metrics, models, ops  # noqa: E402
 from xmc_tf import initializers  # noqa: E402
 from xmc_tf import optimizers  # noqa: E402
 from xmc_tf import saving  # noqa: E402  (load_saved_model, load_model)
+from xmc_tf import decoding  # noqa: E402  (top_k_function)
 from xmc_tf import config  # noqa: E402  (the config schema; no TensorFlow)
 from xmc_tf.job.classifier import ExtremeClassifier  # noqa: E402
 
@@ -40,6 +41,7 @@ __version__ = "0.1.0"
 __all__ = ["callbacks", "layers", "losses", "metrics", "models", "ops"]
 __all__ += ["optimizers"]
 __all__ += ["saving"]
+__all__ += ["decoding"]
 __all__ += ["initializers"]
 __all__ += ["config"]
 __all__ += ["ExtremeClassifier"]

@@ -35,11 +35,15 @@ Example:
 from __future__ import annotations
 
 import keras
+import numpy as np
+import scipy.sparse as sp
+import tensorflow as tf
 
 from xmc_tf.layers import FusedScores, MachDecoder, MachHead
 
 __all__ = ["register_decoder", "inference_model", "scoring_layer",
-           "scores_every_label", "top_k_function"]
+           "scores_every_label", "label_output", "as_model_inputs",
+           "top_k_function"]
 
 #: Scoring-layer class -> ``((model, layer, k) -> top_k, scores every
 #: label)`` (see :func:`register_decoder`).
@@ -68,6 +72,128 @@ def inference_model(model):
     training wrapper (:class:`xmc_tf.models.CandidateTrainer`), else
     ``model``."""
     return getattr(model, "inference_model", None) or model
+
+
+def _output_entries(model):
+    """``[(key, layer name, output tensor)]`` of ``model``'s outputs in
+    ``model.outputs`` order (key: the dict key of dict outputs, else the
+    position)."""
+    outputs = list(getattr(model, "outputs", None) or [])
+    struct = getattr(model, "_outputs_struct", None)
+    keys = {}
+    if isinstance(struct, dict):
+        keys = {id(t): key for key, t in struct.items()}
+    names = list(getattr(model, "output_names", None) or [])
+    return [(keys.get(id(t), i), names[i] if i < len(names) else None, t)
+            for i, t in enumerate(outputs)]
+
+
+def _scores_labels(layer) -> bool:
+    """Whether ``layer`` is one of xmc_tf's label-scoring layers (it scores
+    given labels, or a decoder is registered for its type)."""
+    return hasattr(layer, "score_candidates") or _registered(layer) is not None
+
+
+def label_output(model, output=None):
+    """``model`` reduced to its label-scoring output: a functional model
+    with ``model``'s inputs and that one output (``model`` itself when it
+    has one output).
+
+    Args:
+      model: a functional ``keras.Model`` (or a training wrapper).
+      output: which output scores the labels: a dict output's key, an
+        output layer's name, or a position in ``model.outputs``; None
+        (default) finds it structurally: the one output whose
+        :func:`scoring_layer` is an xmc_tf label-scoring layer, else the
+        one widest output.
+
+    Returns:
+      The single-output ``keras.Model`` (its layers are ``model``'s).
+
+    Raises:
+      ValueError: ``output`` names no output, or None and several outputs
+        qualify equally (the message lists them: pass ``output=``).
+    """
+    model = inference_model(model)
+    entries = _output_entries(model)
+    if output is None and len(entries) <= 1:
+        return model
+    if output is not None:
+        chosen = [e for e in entries if output in (e[0], e[1])
+                  or (isinstance(output, int) and not isinstance(output, bool)
+                      and 0 <= output < len(entries) and e is entries[output])]
+        if not chosen:
+            raise ValueError(
+                f"output={output!r} is not an output of model "
+                f"{model.name!r}; its outputs: "
+                f"{[e[0] for e in entries]} (layers {[e[1] for e in entries]})")
+    else:
+        subs = [(e, keras.Model(model.inputs, e[2])) for e in entries]
+        chosen = [e for e, sub in subs if _scores_labels(scoring_layer(sub))]
+        if not chosen:
+            widest = max(e[2].shape[-1] or 0 for e in entries)
+            chosen = [e for e in entries if (e[2].shape[-1] or 0) == widest]
+        if len(chosen) > 1:
+            raise ValueError(
+                f"model {model.name!r} has {len(entries)} outputs and "
+                f"{[e[0] for e in chosen]} could each score the labels: pass "
+                "output= (a key, an output layer's name or a position)")
+    key, _, tensor = chosen[0]
+    return keras.Model(getattr(model, "_inputs_struct", model.inputs), tensor,
+                       name=f"{model.name}_{key}")
+
+
+def _as_input(value, spec):
+    if isinstance(value, tf.SparseTensor) or tf.is_tensor(value):
+        return value
+    if sp.issparse(value):
+        coo = sp.coo_matrix(value)
+        order = np.lexsort((coo.col, coo.row))
+        return tf.SparseTensor(
+            np.stack([coo.row[order], coo.col[order]], 1).astype(np.int64),
+            coo.data[order].astype(np.float32), np.asarray(coo.shape, np.int64))
+    dtype = getattr(spec, "dtype", None) or "float32"
+    value = tf.convert_to_tensor(np.asarray(value), dtype=dtype)
+    return tf.sparse.from_dense(value) if getattr(spec, "sparse", False) \
+        else value
+
+
+def as_model_inputs(model, x):
+    """``x`` as ``model`` takes it: a scipy sparse matrix becomes a
+    float32 ``tf.SparseTensor`` (rows in order), a NumPy array or nested
+    list a tensor of the input's dtype; for a model with several inputs,
+    ``x`` is a dict by input name (or a list in ``model.inputs`` order) of
+    such values.  Tensors pass unchanged.
+
+    Args:
+      model: a functional ``keras.Model`` (or a training wrapper).
+      x: ``[batch, ...]`` values of each input (scipy sparse, NumPy,
+        nested lists, tensors), one value or a dict / list of them.
+
+    Returns:
+      A ``tf.SparseTensor`` (float32, for scipy input or a sparse input
+      given dense values) or ``tf.Tensor`` of the input's dtype, or a dict
+      / list of them.
+
+    Raises:
+      ValueError: a dict that lacks one of the model's inputs, or a
+        non-dict for a model with dict inputs.
+    """
+    model = inference_model(model)
+    struct = getattr(model, "_inputs_struct", None)
+    if isinstance(struct, dict):
+        if not isinstance(x, dict):
+            raise ValueError(f"model {model.name!r} takes a dict of inputs "
+                             f"{sorted(struct)}, got {type(x).__name__}")
+        missing = sorted(set(struct) - set(x))
+        if missing:
+            raise ValueError(f"model {model.name!r} needs the inputs "
+                             f"{missing} too")
+        return {key: _as_input(x[key], spec) for key, spec in struct.items()}
+    inputs = list(getattr(model, "inputs", None) or [])
+    if len(inputs) > 1 and isinstance(x, (list, tuple)):
+        return [_as_input(v, spec) for v, spec in zip(x, inputs)]
+    return _as_input(x, inputs[0] if inputs else None)
 
 
 def scoring_layer(model):
@@ -135,19 +261,35 @@ def _full_scores_top_k(model, layer, k: int):
     return top_k
 
 
-def top_k_function(model, k: int):
+def top_k_function(model, k: int, output=None):
     """``x -> (ids int32 [b, k], scores float32 [b, k])``, best first, for
     any model trained with xmc_tf (or a Keras model whose output scores
     labels): the registered decoder of its scoring layer, else the top
     ``k`` of its ``[b, m]`` scores (ties go to the lower label id).
 
+    ``x`` is what ``model.predict`` takes: a ``tf.SparseTensor``, a scipy
+    sparse matrix, a dense array or tensor, or for a model with several
+    inputs a dict by input name (:func:`as_model_inputs`).  A model with
+    several outputs is decoded at its label-scoring output
+    (:func:`label_output`).
+
+    Args:
+      model: a functional Keras model (or a training wrapper).
+      k: labels per row, ``1 <= k <= num_labels``.
+      output: as :func:`label_output` (None: found structurally).
+
     Raises:
-      ValueError: ``k`` out of range (``[1, m]``), or a model without
-        functional outputs.
+      ValueError: ``k`` out of range (``[1, m]``), a model without
+        functional outputs, or no single label-scoring output.
     """
-    model = inference_model(model)
+    model = label_output(model, output)
     layer = scoring_layer(model)
-    return (_decoder(layer) or _full_scores_top_k)(model, layer, int(k))
+    top_k = (_decoder(layer) or _full_scores_top_k)(model, layer, int(k))
+
+    def decode(x):
+        ids, scores = top_k(as_model_inputs(model, x))
+        return ids, tf.cast(scores, tf.float32)
+    return decode
 
 
 def _mach_top_k(model, layer, k: int):

@@ -30,9 +30,11 @@ Example (serving, in a new process)::
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import re
 
+from absl import logging
 import keras
 import tensorflow as tf
 
@@ -50,7 +52,7 @@ __all__ = ["export_saved_model", "save_keras_file", "load_saved_model",
 
 
 def export_saved_model(model: keras.Model, path: str, k: int = 5,
-                       portable: bool | None = None) -> bool:
+                       portable: bool | None = None, output=None) -> bool:
     """Writes a TF SavedModel whose signatures have named inputs and outputs.
 
     Signatures (``tf.saved_model.load(path).signatures[...]``, also callable
@@ -66,7 +68,13 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
     ``tf.SparseTensor`` ``[batch, num_features]`` in row-major order,
     ``indices`` int64 ``[nnz, 2]``, ``values`` float32 ``[nnz]``,
     ``dense_shape`` int64 ``[2]``; for dense features ``features`` float32
-    ``[batch, num_features]``.
+    ``[batch, num_features]``.  A model with several inputs takes each by
+    its name (a dict input's key, else the ``keras.Input``'s name): a
+    sparse one as ``NAME_indices``, ``NAME_values``, ``NAME_dense_shape``,
+    a dense one as ``NAME`` (its dtype, ``[batch, ...]``).  The scores are
+    float32 whatever the model's dtype policy (``mixed_float16`` too).  A
+    model with several outputs is served at its label-scoring output
+    (``output``, :func:`xmc_tf.decoding.label_output`).
 
     Portable or not: ``portable=True`` traces the signatures with
     TensorFlow's ops only (:func:`xmc_tf.ops.stock.stock_ops`):
@@ -101,18 +109,30 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
         ``Xmc>`` op that has none (a custom layer's) is an error; False:
         always the ``Xmc>`` ops (the fastest serving on the CPU; loads
         after ``import xmc_tf``).
+      output: which output scores the labels, for a model with several
+        (a dict key, an output layer's name or a position); None: found
+        structurally (:func:`xmc_tf.decoding.label_output`).
 
     Returns:
-      True when the SavedModel uses no ``Xmc>`` op.
+      True when the SavedModel is portable (it uses no ``Xmc>`` op); False
+      when it needs the op library (load it after ``import xmc_tf``, e.g.
+      with :func:`load_saved_model`): an INFO log line names the ops.
 
     Raises:
       ValueError: no registered head decodes the model (or it is a MACH
-        serving model with a ``MachDecoder``: pass the training model),
+        serving model with a ``MachDecoder``: pass the training model), no
+        single output scores the labels (pass ``output``),
         ``k`` is out of range, or ``portable=True`` for a model that needs
         an ``Xmc>`` op without a TensorFlow formulation (the message names
         them).
     """
     model = decoding.inference_model(model)
+    if any(isinstance(layer, layers.MachDecoder) for layer in model.layers):
+        raise ValueError(
+            "export_saved_model takes MACH's training model (its output the "
+            "MachHead's [b, R, B] logits), not a serving model that already "
+            "decodes: its serve signature decodes with MACH's decoder")
+    model = decoding.label_output(model, output)
     stock_only = portable is None or portable
     # Auto: only the equivalents that serve as fast (TopK, EmbeddingBag).
     formulations = bool(portable)
@@ -128,6 +148,11 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
                 f"{', '.join(needed)}, which TensorFlow has no equivalent "
                 "of: its SavedModel cannot be portable")
         stock_only = not needed
+        if needed:
+            logging.info("%s: not portable, it keeps the xmc_tf ops (%s are "
+                         "several times faster than TensorFlow's "
+                         "formulations): load it after `import xmc_tf`",
+                         path, ", ".join(needed))
     if not stock_only:  # traced again, with the Xmc> ops
         archive, _ = _serving_archive(model, k)
     _track_backing_variables(archive)
@@ -145,57 +170,78 @@ def _serving_archive(model: keras.Model, k: int):
     ``score_all_labels``) endpoints, traced now (in the caller's
     :func:`~xmc_tf.ops.stock.stock_ops` state); also returns the endpoint
     ``tf.function`` objects."""
-    spec = model.inputs[0]
-    num_features = spec.shape[-1]
-    if any(isinstance(layer, layers.MachDecoder) for layer in model.layers):
-        raise ValueError(
-            "export_saved_model takes MACH's training model (its output the "
-            "MachHead's [b, R, B] logits), not a serving model that already "
-            "decodes: its serve signature decodes with MACH's decoder")
     top_k = decoding.top_k_function(model, k)
     archive = keras.export.ExportArchive()
     archive.track(model)
+    signature, pack = _input_signature(model)
+    # Named parameters name the signature inputs (and the loaded object's
+    # methods' keywords); tf.functions with their own signatures because
+    # ExportArchive would make a sparse input dense.
+    parameters = inspect.Signature([
+        inspect.Parameter(spec.name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for spec in signature])
 
-    def top(x):
-        ids, scores = top_k(x)
+    def serve(*args):
+        _capture_variables_by_name(model)
+        ids, scores = top_k(pack(args))
         return {"label_ids": ids, "scores": scores}
 
-    def all_scores(x):
-        return {"label_scores": model(x, training=False)}
+    def score_all_labels(*args):
+        _capture_variables_by_name(model)
+        return {"label_scores": tf.cast(model(pack(args), training=False),
+                                        tf.float32)}
 
-    # Named parameters name the signature inputs; tf.functions with their own
-    # signatures because ExportArchive would make a sparse input dense.
-    if spec.sparse:
-        signature = [tf.TensorSpec([None, 2], tf.int64, name="indices"),
-                     tf.TensorSpec([None], tf.float32, name="values"),
-                     tf.TensorSpec([2], tf.int64, name="dense_shape")]
-
-        def serve(indices, values, dense_shape):
-            _capture_variables_by_name(model)
-            return top(tf.SparseTensor(indices, values, dense_shape))
-
-        def score_all_labels(indices, values, dense_shape):
-            _capture_variables_by_name(model)
-            return all_scores(tf.SparseTensor(indices, values, dense_shape))
-    else:
-        signature = [tf.TensorSpec([None, num_features], tf.float32,
-                                   name="features")]
-
-        def serve(features):
-            _capture_variables_by_name(model)
-            return top(features)
-
-        def score_all_labels(features):
-            _capture_variables_by_name(model)
-            return all_scores(features)
-
-    endpoints = [tf.function(serve, input_signature=signature)]
+    functions = [serve]
     if decoding.scores_every_label(model):
-        endpoints.append(tf.function(score_all_labels,
-                                     input_signature=signature))
+        functions.append(score_all_labels)
+    endpoints = []
+    for fn in functions:
+        fn.__signature__ = parameters
+        endpoints.append(tf.function(fn, input_signature=signature))
     for fn in endpoints:
         archive.add_endpoint(fn.__name__, fn)
     return archive, endpoints
+
+
+def _input_signature(model: keras.Model):
+    """The signature's ``TensorSpec`` s (named) and ``pack(args)``, which
+    rebuilds the model's input from them: one sparse input as
+    ``indices, values, dense_shape``, one dense input as ``features``,
+    several by name (a sparse one ``NAME_indices``... as
+    :func:`export_saved_model` says)."""
+    struct = getattr(model, "_inputs_struct", None)
+    if isinstance(struct, dict):
+        named = list(struct.items())
+    else:
+        named = [(t.name, t) for t in model.inputs]
+    named = [(re.sub(r"\W", "_", str(name)), t) for name, t in named]
+    single = len(named) == 1
+    signature, parts = [], []
+    for name, tensor in named:
+        if tensor.sparse:
+            prefix = "" if single else f"{name}_"
+            signature += [
+                tf.TensorSpec([None, 2], tf.int64, name=f"{prefix}indices"),
+                tf.TensorSpec([None], tf.float32, name=f"{prefix}values"),
+                tf.TensorSpec([2], tf.int64, name=f"{prefix}dense_shape")]
+            parts.append(3)
+        else:
+            dtype = tf.float32 if single else tf.as_dtype(tensor.dtype)
+            signature.append(tf.TensorSpec(
+                [None, *tensor.shape[1:]], dtype,
+                name="features" if single else name))
+            parts.append(1)
+
+    def pack(args):
+        values, at = [], 0
+        for width in parts:
+            group = args[at:at + width]
+            at += width
+            values.append(tf.SparseTensor(*group) if width == 3 else group[0])
+        if isinstance(struct, dict):
+            return {key: v for key, v in zip(struct, values)}
+        return values[0] if single else values
+    return signature, pack
 
 
 def _capture_variables_by_name(model: keras.Model) -> None:
