@@ -260,6 +260,29 @@ def test_user_errors_are_one_value_error():
     assert os.environ.get("XMC_TF_NEVER") is None
 
 
+def test_non_finite_features_are_refused_before_training():
+    x, y = _data()
+    for value in (np.nan, np.inf):
+        bad = x.copy()
+        bad.data[5] = value
+        dense = x.toarray()
+        dense[2, 1] = value
+        for trainer, labels in (
+                (SampledTrainer(_model(), UniformNegativeSampler(M, 6)), y),
+                (ScentTrainer(_model()), y[:, 0])):
+            trainer.compile()
+            with pytest.raises(ValueError, match="1 NaN or infinite"):
+                trainer.fit(bad, labels, verbose=0)
+            with pytest.raises(ValueError, match="1 NaN or infinite"):
+                trainer.fit(x, labels, validation_data=(bad, labels),
+                            verbose=0)
+        dense_trainer = SampledTrainer(_model(sparse=False),
+                                       UniformNegativeSampler(M, 6))
+        dense_trainer.compile()
+        with pytest.raises(ValueError, match="1 NaN or infinite"):
+            dense_trainer.fit(dense, y, verbose=0)
+
+
 def test_export_of_a_mach_serving_model_names_the_training_model(tmp_path):
     inputs = keras.Input((10,))
     head = xmc_tf.layers.MachHead(50, 8, 2)

@@ -372,7 +372,8 @@ class SetRewiring(keras.callbacks.Callback):
     exact with ``steps_per_execution > 1`` too.  Statistics of the last
     rewire are added to every epoch's logs, zeros before the first one (so
     History, CSVLogger and a TensorBoard callback placed after this one see
-    them):
+    them), unless the run is too short to reach a rewire (``fit``'s steps x
+    epochs below the next period): then to none:
     ``set_moved`` (connections moved per rewire), ``set_mean_abs_pruned``
     (mean ``|w|`` of the pruned connections) and ``set_rewires`` (count so far).
     ``get_state``/``set_state`` carry the counters and the RNG across a
@@ -393,7 +394,8 @@ class SetRewiring(keras.callbacks.Callback):
       layers: the layers to rewire; default all UniformSparseDense layers of
         the model.
       seed: seed of the regrowth draws.
-      verbose: print a line per rewire.
+      verbose: print a line per rewire (on a line of its own below a
+        ``verbose=1`` progress bar, no blank line otherwise).
       regrowth: ``"random"`` (SET) or ``"gradient"`` (RigL).
       gradient_data: with ``"gradient"``: the sample, as ``(x, y)`` batches
         like ``fit``'s, either an iterable read in full at every rewire or
@@ -467,8 +469,17 @@ class SetRewiring(keras.callbacks.Callback):
         if not self._targets():
             raise ValueError("SetRewiring: the model has no UniformSparseDense layer")
         _slot_names(self.model.optimizer)  # unsupported optimizer: ValueError
-        self._periods_done = optimizer_step(self.model) // (
-            self.every_n_steps)
+        start = optimizer_step(self.model)
+        self._periods_done = start // self.every_n_steps
+        # A run too short to reach a rewire logs no set_* keys at all (the
+        # keys must be in every epoch's logs or in none: History and
+        # CSVLogger align them by epoch).
+        params = self.params or {}
+        steps, epochs = params.get("steps"), params.get("epochs")
+        self._reports = not (
+            steps and epochs and self.rewires == 0
+            and (start + int(steps) * int(epochs)) // self.every_n_steps
+            == self._periods_done)
 
     def on_train_batch_end(self, batch, logs=None):
         # Count optimizer steps, not callback calls: with
@@ -548,16 +559,19 @@ class SetRewiring(keras.callbacks.Callback):
         if self.regrowth == "gradient":
             self.last_stats["set_gradient_grown"] = by_gradient
         if self.verbose:
-            print(f"\nSetRewiring: moved {moved} connections, mean |w| pruned "
+            # A new line only to leave a progress bar's line (verbose=1).
+            print(("\n" if (self.params or {}).get("verbose") == 1 else "")
+                  + f"SetRewiring: moved {moved} connections, mean |w| pruned "
                   f"{self.last_stats['set_mean_abs_pruned']:.4g}" + (
                       f", {by_gradient} grown at gradient sources"
                       if self.regrowth == "gradient" else ""))
         return self.last_stats
 
     def on_epoch_end(self, epoch, logs=None):
-        # Always present (zeros before the first rewire) so that loggers
-        # which fix their columns after the first epoch (CSVLogger) see them.
-        if logs is not None:
+        # Present from the first epoch (zeros before the first rewire) so
+        # that loggers which fix their columns after the first epoch
+        # (CSVLogger) see them; absent where no rewire can happen.
+        if logs is not None and getattr(self, "_reports", True):
             logs.update(self.last_stats)
 
     def get_state(self) -> dict:

@@ -208,7 +208,10 @@ class ReduceLROnPlateau(_RestoredState, keras.callbacks.ReduceLROnPlateau):
     ``get_state()`` returns the patience and cooldown counters and the best
     value (the learning rate itself is an optimizer variable, checkpointed
     with the optimizer); ``set_state`` re-applies them after Keras'
-    ``on_train_begin`` reset.  Arguments as for Keras' class.
+    ``on_train_begin`` reset.  Arguments as for Keras' class; with
+    ``verbose=1`` a reduction prints one line (no blank line below a
+    one-line-per-epoch log; the epoch's logged ``learning_rate`` is the rate
+    it trained at, as in Keras).
 
     >>> cb = ReduceLROnPlateau(monitor="val_loss")
     >>> cb.set_state(cb.get_state())
@@ -227,3 +230,26 @@ class ReduceLROnPlateau(_RestoredState, keras.callbacks.ReduceLROnPlateau):
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
         self._reapply_state()
+
+    def on_epoch_end(self, epoch, logs=None):
+        # Keras prints its reduction after a new line, a blank line below
+        # one-line-per-epoch logs (verbose=2): the line is printed here.
+        optimizer = self.model.optimizer
+        if hasattr(optimizer, "optimizers") or not self.verbose:
+            return super().on_epoch_end(epoch, logs)
+        verbose, self.verbose = self.verbose, 0
+        before = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        try:
+            super().on_epoch_end(epoch, logs)
+        finally:
+            self.verbose = verbose
+        after = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        if after < before:
+            under_bar = (self.params or {}).get("verbose") == 1
+            line = (f"Epoch {epoch + 1}: ReduceLROnPlateau reducing "
+                    f"learning rate to {after:.4g} (this epoch's logged "
+                    f"learning_rate, {before:.4g}, is the rate it trained at)")
+            if keras.utils.is_interactive_logging_enabled():
+                print(("\n" if under_bar else "") + line, flush=True)
+            else:
+                logging.info(line)

@@ -216,7 +216,8 @@ class StopOnNonFinite(keras.callbacks.Callback):
                 f"training diverged: loss {value} at epoch {self._epoch + 1}"
                 f"{where}; the workdir keeps the last finished epoch's "
                 "backup; lower config.train.learning_rate (or check the "
-                "loss options) and rerun with --overwrite")
+                "loss options) and rerun with --overwrite (from Python: "
+                "overwrite=True)")
 
     def on_train_batch_end(self, batch, logs=None):
         if (batch + 1) % self.every_n_batches == 0:
@@ -303,10 +304,12 @@ def make_callbacks(config, workdir: str, head, layer, val_data,
     cbs += [
         xcallbacks.ReduceLROnPlateau(
             monitor=monitor, mode=mode, factor=0.5, patience=tc.lr_patience,
-            min_lr=tc.min_learning_rate, min_delta=deltas["lr"], verbose=1),
+            min_lr=tc.min_learning_rate, min_delta=deltas["lr"],
+            verbose=1 if tc.verbose else 0),
         xcallbacks.EarlyStopping(
             monitor=monitor, mode=mode, patience=tc.early_stopping_patience,
-            min_delta=deltas["stop"], restore_best_weights=True, verbose=1,
+            min_delta=deltas["stop"], restore_best_weights=True,
+            verbose=1 if tc.verbose else 0,
             best_weights_dir=Workdir(workdir).backup_dir),
     ]
     if tc.tensorboard:

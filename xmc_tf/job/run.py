@@ -526,8 +526,8 @@ def _check_member(member_wd: Workdir, config) -> dict:
     if saved is None or xresume.config_changes(saved, config):
         raise ConfigError(
             f"ensemble member {member_wd.path} was trained with another "
-            "config; rerun with that config, or pass --overwrite to retrain "
-            "every member")
+            "config; rerun with that config, or pass --overwrite (from "
+            "Python: overwrite=True) to retrain every member")
     return metrics
 
 

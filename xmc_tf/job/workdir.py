@@ -367,7 +367,7 @@ class Workdir:
                 f"workdir {self.path} already holds a finished run{when}; "
                 f"evaluate it with `xmc-tf evaluate --workdir={self.path} "
                 "--data=...`, train into another --workdir, or pass "
-                "--overwrite to retrain here")
+                "--overwrite (from Python: overwrite=True) to retrain here")
         if overwrite:
             for name in (self.METRICS, self.BACKUP, self.HISTORY, self.MODEL,
                          self.SAVED_MODEL):

@@ -57,6 +57,15 @@ def _sparse_to_ids(y_true, num_labels):
     if width is not None and m is not None and width != int(m):
         raise ValueError(f"y_true is a SparseTensor with {width} columns but "
                          f"the predictions have {int(m)} labels")
+    if width is None:  # a scipy matrix's batches: checked when they come
+        m_text = f"{int(m)}" if m is not None else "num_labels"
+        with tf.control_dependencies([tf.debugging.assert_equal(
+                y_true.dense_shape[1], tf.cast(num_labels, tf.int64),
+                message=(f"the label matrix is not {m_text} columns wide, "
+                         "the width of the predictions (the head num_labels):"
+                         " x = its columns, y = the labels"))]):
+            y_true = tf.SparseTensor(tf.identity(y_true.indices),
+                                     y_true.values, y_true.dense_shape)
     y_true = tf.sparse.reorder(y_true)
     keep = tf.not_equal(y_true.values, tf.zeros([], y_true.dtype))
     indices = tf.boolean_mask(y_true.indices, keep)
@@ -109,6 +118,10 @@ def _dispatch_targets(y_true, num_labels, on_ids, on_dense):
     width = y_true.shape[-1]
     static_m = tf.get_static_value(num_labels)
     if width is not None and static_m is not None:
+        if width > int(static_m):  # no padded ids are wider than m
+            raise ValueError(f"y_true has {width} columns but the predictions "
+                             f"have {int(static_m)} labels (the head's "
+                             "num_labels)")
         return on_dense(y_true) if width == int(static_m) else float_ids()
     return tf.cond(
         tf.equal(tf.shape(y_true, out_type=tf.int64)[-1],
@@ -137,8 +150,11 @@ def target_label_ids(y_true, num_labels):
       int64 ``[batch, n]`` ids; ``n >= 1``.
 
     Raises:
-      ValueError: a SparseTensor whose width differs from ``num_labels``, a
-        bool ``[batch]``, or a float/bool ``y_true`` of rank above 2.
+      ValueError: a SparseTensor whose width differs from ``num_labels``
+        (``tf.errors.InvalidArgumentError`` at run time where the width is
+        only known then, as for a scipy matrix's batches in ``fit``), a
+        float ``[batch, n]`` with ``n > num_labels``, a bool ``[batch]``, or
+        a float/bool ``y_true`` of rank above 2.
 
     Source: the label formats of the Extreme Classification Repository
     (sparse label matrices) and of :func:`xmc_tf.data.make_tf_dataset`.

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from absl import logging
 import keras
 import numpy as np
 import scipy.sparse as sp
@@ -117,13 +118,24 @@ def _num_rows(x):
 
 
 def _features(x):
-    """Float32 features: a scipy matrix as CSR, an array as float32."""
+    """Float32 features: a scipy matrix as CSR, an array as float32.
+
+    Raises:
+      ValueError: NaN or infinite feature values (they would train to a
+        NaN loss without a word).
+    """
     if sp.issparse(x):
         x = sp.csr_matrix(x, dtype=np.float32)
         x.sort_indices()  # Keras' SparseTensor batches are then in order
+        values = x.data
+    elif isinstance(x, np.ndarray) and x.dtype.kind in "fiub":
+        x = values = x.astype(np.float32, copy=False)
+    else:
         return x
-    if isinstance(x, np.ndarray) and x.dtype.kind in "fiub":
-        return x.astype(np.float32, copy=False)
+    bad = values.size - int(np.isfinite(values).sum())
+    if bad:
+        raise ValueError(f"the features hold {bad} NaN or infinite values: "
+                         "replace them before training")
     return x
 
 
@@ -193,6 +205,14 @@ class CandidateTrainer(DistributedTrainerMixin, keras.Model):
         last = model.layers[-1] is self.head_layer
         if train_metrics is None:
             train_metrics = last and self.num_labels <= TRAIN_METRICS_MAX_LABELS
+            if last and not train_metrics:
+                logging.info(
+                    "%s: no training P@k (compiled metrics on validation "
+                    "only): %d labels > %d, where scoring every label of "
+                    "each training batch would cost more than the step; "
+                    "pass train_metrics=True to have them",
+                    type(self).__name__, self.num_labels,
+                    TRAIN_METRICS_MAX_LABELS)
         elif train_metrics and not last:
             raise ValueError("train_metrics=True needs the head layer "
                              f"{self.head_layer.name!r} to be the model's last "
@@ -275,7 +295,8 @@ class CandidateTrainer(DistributedTrainerMixin, keras.Model):
         Raises:
           ValueError: features and labels with different row counts, a
             label id ``>= num_labels``, a label matrix of another width
-            (each naming both sizes), before any step runs.
+            (each naming both sizes), NaN or infinite feature values,
+            before any step runs.
         """
         kwargs = dict(kwargs)
         split = float(kwargs.pop("validation_split", 0.0) or 0.0)
@@ -301,6 +322,19 @@ class CandidateTrainer(DistributedTrainerMixin, keras.Model):
         self._build_metrics()
         return super().fit(x, y, batch_size=batch_size, epochs=epochs,
                            **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        """``keras.Model.predict`` of the wrapped model's scores (float
+        ``[n, num_labels]``); features as :meth:`fit` takes them.  No rows
+        give a ``[0, num_labels]`` array (Keras' own loop fails on them).
+
+        Raises:
+          ValueError: NaN or infinite feature values.
+        """
+        x = _features(x)
+        if (sp.issparse(x) or isinstance(x, np.ndarray)) and x.shape[0] == 0:
+            return np.zeros((0, self.num_labels), np.float32)
+        return super().predict(x, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         """``keras.Model.evaluate`` on the forms :meth:`fit` takes."""

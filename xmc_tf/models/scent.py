@@ -57,7 +57,12 @@ class ScentTrainer(CandidateTrainer):
     ``make_tf_dataset(..., with_example_ids=True)``).  ``test_step``
     changes no dual (loss: the objective at the batch-optimal duals).
     Logged: ``loss``, ``sampled_fraction`` (classes scored per step over
-    ``num_labels``) and the compiled metrics.
+    ``num_labels``) and the compiled metrics.  The logged ``loss`` is the
+    batch's dual objective ``mean_i [S_i exp(-nu_i) + nu_i - 1]``
+    (:class:`~xmc_tf.losses.ScentLoss`), which at the optimal duals is the
+    cross-entropy of the in-batch estimate minus ``log`` of the number of
+    classes it averages over: it turns negative once the cross-entropy is
+    below that ``log``, as it should (a falling loss is progress).
 
     The loss is an attribute, so its variables (``nu``, ``visits``) are
     among the trainer's (non-trainable) variables: ``save`` /

@@ -52,6 +52,7 @@ Source: ``scent-extreme-multiclass``, Sec. 6.3, Algorithm 26.
 
 from __future__ import annotations
 
+from absl import logging
 import numpy as np
 
 from xmc_tf import config as xconfig
@@ -116,6 +117,10 @@ class ScentHead(CandidateHead):
                 f"{train_data.num_instances} training rows have more than one "
                 "label; use a multi-label head (dense, uniform_sparse, sampled)")
         self._labels = train_data.labels
+        logging.info("scent: the logged loss is SCENT's dual objective, the "
+                     "cross-entropy minus the log of the number of in-batch "
+                     "classes it averages over: it turns negative as the "
+                     "model learns (xmc_tf.models.ScentTrainer)")
 
     def dataset_kwargs(self):
         return {"with_example_ids": True}
