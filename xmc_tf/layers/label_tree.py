@@ -34,8 +34,13 @@ def as_sparse_batch(inputs):
     tracing, made sparse, float32): what the scorers of sparse features
     take."""
     if isinstance(inputs, tf.SparseTensor):
-        return inputs
-    return tf.sparse.from_dense(tf.convert_to_tensor(inputs, tf.float32))
+        if inputs.values.dtype == tf.float32:
+            return inputs
+        return tf.SparseTensor(inputs.indices,
+                               tf.cast(inputs.values, tf.float32),
+                               inputs.dense_shape)
+    return tf.sparse.from_dense(tf.cast(tf.convert_to_tensor(inputs),
+                                        tf.float32))
 
 
 def sparse_row_chunks(inputs, num_features: int, width: int,

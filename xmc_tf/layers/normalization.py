@@ -99,32 +99,39 @@ class FeatureNormalization(keras.layers.Layer):
         self.idf.assign(idf)
 
     def call(self, inputs):
-        if self.method == "none":
-            return inputs
+        # Computed in float32 (float64 norms), returned in the compute
+        # dtype (float16 under mixed_float16: raw counts times the idf
+        # could overflow it before the division).
+        dtype = self.compute_dtype
         if isinstance(inputs, tf.SparseTensor):
-            values = inputs.values
+            values = tf.cast(inputs.values, tf.float32)
             if self.method == "tfidf":
-                values = values * tf.gather(self.idf, inputs.indices[:, 1])
-            rows = inputs.indices[:, 0]
-            sq = tf.math.unsorted_segment_sum(
-                tf.square(tf.cast(values, tf.float64)), rows,
-                tf.cast(inputs.dense_shape[0], tf.int64))
-            norms = tf.sqrt(sq)
-            norms = tf.where(norms > 0, norms, tf.ones_like(norms))
-            values = values / tf.cast(tf.gather(norms, rows), values.dtype)
-            return tf.SparseTensor(inputs.indices, values, inputs.dense_shape)
-        x = tf.convert_to_tensor(inputs)
+                values = values * tf.cast(
+                    tf.gather(self.idf, inputs.indices[:, 1]), tf.float32)
+            if self.method != "none":
+                rows = inputs.indices[:, 0]
+                sq = tf.math.unsorted_segment_sum(
+                    tf.square(tf.cast(values, tf.float64)), rows,
+                    tf.cast(inputs.dense_shape[0], tf.int64))
+                norms = tf.sqrt(sq)
+                norms = tf.where(norms > 0, norms, tf.ones_like(norms))
+                values = values / tf.cast(tf.gather(norms, rows), tf.float32)
+            return tf.SparseTensor(inputs.indices, tf.cast(values, dtype),
+                                   inputs.dense_shape)
+        x = tf.cast(tf.convert_to_tensor(inputs), tf.float32)
+        if self.method == "none":
+            return tf.cast(x, dtype)
         if self.method == "tfidf":
-            x = x * self.idf
+            x = x * tf.cast(self.idf, tf.float32)
         norms = tf.norm(tf.cast(x, tf.float64), axis=-1, keepdims=True)
         norms = tf.where(norms > 0, norms, tf.ones_like(norms))
-        return x / tf.cast(norms, x.dtype)
+        return tf.cast(x / tf.cast(norms, tf.float32), dtype)
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def compute_output_spec(self, inputs):
-        return keras.KerasTensor(inputs.shape, dtype="float32",
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype,
                                  sparse=getattr(inputs, "sparse", False))
 
     def get_config(self):

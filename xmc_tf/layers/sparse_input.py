@@ -312,6 +312,11 @@ class SparseDropout(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
+    def compute_output_spec(self, inputs, training=False):
+        del training
+        return keras.KerasTensor(inputs.shape, dtype=inputs.dtype,
+                                 sparse=getattr(inputs, "sparse", False))
+
     def get_config(self):
         config = super().get_config()
         config.update({"rate": self.rate, "seed": self.seed})
