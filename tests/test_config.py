@@ -69,7 +69,7 @@ def test_packaged_configs_override_only_what_they_say():
             mach["model.intermediate_dim"], mach["train.learning_rate"],
             mach["model.intermediate_activation"], mach["train.min_delta"],
             mach["model.wide_connections"], mach["set.enabled"]) == (
-                "bce", 32, 0.5, 64, 2e-3, "relu", None, 0, False)
+                "bce", 32, 0.5, 256, 5e-3, "relu", 1e-3, 0, False)
     lsh = xconfig.get_config("lsh")
     # (learning rate, network: left to the data's regime since issue 31;
     # multi-label labels resolve them to the former values)
