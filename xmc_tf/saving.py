@@ -116,7 +116,8 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
     Returns:
       True when the SavedModel is portable (it uses no ``Xmc>`` op); False
       when it needs the op library (load it after ``import xmc_tf``, e.g.
-      with :func:`load_saved_model`): an INFO log line names the ops.
+      with :func:`load_saved_model`); with ``portable=None`` an INFO log
+      line then names the ops.
 
     Raises:
       ValueError: no registered head decodes the model (or it is a MACH
