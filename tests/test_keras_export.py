@@ -23,21 +23,19 @@ def _sparse(n=9, seed=0):
                      random_state=seed)
 
 
-def _parts(x, prefix=""):
-    coo = sp.coo_matrix(x)
-    order = np.lexsort((coo.col, coo.row))
-    return {f"{prefix}indices": tf.constant(
-                np.stack([coo.row[order], coo.col[order]], 1), tf.int64),
-            f"{prefix}values": tf.constant(coo.data[order], tf.float32),
-            f"{prefix}dense_shape": tf.constant(coo.shape, tf.int64)}
-
-
 def _sparse_tensor(x):
     coo = sp.coo_matrix(x)
     order = np.lexsort((coo.col, coo.row))
     return tf.SparseTensor(np.stack([coo.row[order], coo.col[order]], 1)
                            .astype(np.int64), coo.data[order],
                            np.asarray(coo.shape, np.int64))
+
+
+def _parts(x, prefix=""):
+    """The serve signature's inputs of a sparse input named ``prefix``."""
+    st = _sparse_tensor(x)
+    return {f"{prefix}indices": st.indices, f"{prefix}values": st.values,
+            f"{prefix}dense_shape": st.dense_shape}
 
 
 def _top5(scores):

@@ -73,6 +73,19 @@ def test_set_rewiring_prints_no_blank_line(capsys):
         assert "" not in _lines(out), out
 
 
+def test_index_callbacks_print_no_blank_line(capsys):
+    x, y = _data()
+    ids = xmc_tf.data.padded_label_ids(y, M)
+    sampler = xmc_tf.samplers.LshNegativeSampler(M, 8, hash="dwta")
+    trainer = SampledTrainer(_model(xmc_tf.layers.LabelDense(M)), sampler)
+    trainer.compile()
+    capsys.readouterr()
+    trainer.fit(x, ids, batch_size=64, epochs=2, verbose=2, callbacks=[
+        xmc_tf.callbacks.Rehash(sampler, every_n_steps=2, verbose=1)])
+    out = capsys.readouterr().out
+    assert "Rehash: " in out and "" not in _lines(out), out
+
+
 def test_a_run_without_rewires_logs_no_set_keys():
     x, y = _data()
     model = _compiled()

@@ -8,7 +8,6 @@ export) and the P@k engine of :mod:`xmc_tf.shortlist.fusion` against brute
 force."""
 
 import itertools
-import os
 import zipfile
 
 import h5py
@@ -25,7 +24,7 @@ from xmc_tf import config as xconfig
 from xmc_tf import decoding, saving
 from xmc_tf.data import make_synthetic, normalize_features
 from xmc_tf.job import build as xbuild
-from xmc_tf.layers import (FeatureNormalization, FusedScores, LabelDense,
+from xmc_tf.layers import (FeatureNormalization, FusedScores,
                            LabelTreeScores, NearestNeighbourScores,
                            NormalizedScorer, UniformSparseDense,
                            candidate_scorer, label_centroids,
@@ -34,7 +33,7 @@ from xmc_tf.ops import label_tree as olt
 from xmc_tf.ops import stock
 from xmc_tf.ops.neighbours import nearest_neighbours
 from xmc_tf.ops.sparse_candidates import sparse_input_sampled_matmul
-from xmc_tf.shortlist import (LabelTree, TreeTopology, fit_centroid_tree,
+from xmc_tf.shortlist import (TreeTopology, fit_centroid_tree,
                               fit_label_tree)
 from xmc_tf.shortlist.fusion import (NETWORK, FusionPart, ShortlistScores,
                                      choose_fusion_weights)

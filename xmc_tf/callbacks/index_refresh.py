@@ -9,7 +9,7 @@ import time
 import keras
 import numpy as np
 
-from xmc_tf.callbacks._steps import optimizer_step
+from xmc_tf.callbacks._steps import optimizer_step, print_line
 from xmc_tf.callbacks.rewiring import SetRewiring
 
 __all__ = ["RefreshIndex", "Rehash"]
@@ -170,7 +170,8 @@ class RefreshIndex(keras.callbacks.Callback):
         self._epoch_seconds += seconds
         self.last_stats = stats
         if self.verbose:
-            print(f"\nRefreshIndex: refresh {self.refreshes} took {seconds:.3g} s")
+            print_line(self, f"RefreshIndex: refresh {self.refreshes} took "
+                       f"{seconds:.3g} s")
         return stats
 
     def on_train_begin(self, logs=None):
@@ -369,7 +370,8 @@ class Rehash(keras.callbacks.Callback):
         self._epoch_seconds += seconds
         self._epoch_rows += count
         if self.verbose:
-            print(f"\nRehash: {count} labels re-hashed in {seconds:.3g} s")
+            print_line(self, f"Rehash: {count} labels re-hashed in "
+                       f"{seconds:.3g} s")
 
     def changed_rows(self, current=None) -> np.ndarray:
         """Label ids whose vector moved by more than ``threshold`` since it

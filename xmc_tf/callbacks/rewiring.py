@@ -24,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 import tensorflow as tf
 
-from xmc_tf.callbacks._steps import optimizer_step
+from xmc_tf.callbacks._steps import optimizer_step, print_line
 from xmc_tf.layers.uniform_sparse import UniformSparseDense
 from xmc_tf.ops.uniform_sparse import set_rewire, set_rewire_supported
 from xmc_tf.optimizers.slots import slot_names, slot_variables
@@ -559,12 +559,11 @@ class SetRewiring(keras.callbacks.Callback):
         if self.regrowth == "gradient":
             self.last_stats["set_gradient_grown"] = by_gradient
         if self.verbose:
-            # A new line only to leave a progress bar's line (verbose=1).
-            print(("\n" if (self.params or {}).get("verbose") == 1 else "")
-                  + f"SetRewiring: moved {moved} connections, mean |w| pruned "
-                  f"{self.last_stats['set_mean_abs_pruned']:.4g}" + (
-                      f", {by_gradient} grown at gradient sources"
-                      if self.regrowth == "gradient" else ""))
+            print_line(self, (
+                f"SetRewiring: moved {moved} connections, mean |w| pruned "
+                f"{self.last_stats['set_mean_abs_pruned']:.4g}") + (
+                    f", {by_gradient} grown at gradient sources"
+                    if self.regrowth == "gradient" else ""))
         return self.last_stats
 
     def on_epoch_end(self, epoch, logs=None):

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 from absl import logging
 
+from xmc_tf.callbacks._steps import print_line
 from xmc_tf.errors import CheckpointError
 from xmc_tf.variable_io import put_npy, read_variable
 from xmc_tf.files import atomic_path, discard_hint
@@ -245,11 +246,10 @@ class ReduceLROnPlateau(_RestoredState, keras.callbacks.ReduceLROnPlateau):
             self.verbose = verbose
         after = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
         if after < before:
-            under_bar = (self.params or {}).get("verbose") == 1
             line = (f"Epoch {epoch + 1}: ReduceLROnPlateau reducing "
                     f"learning rate to {after:.4g} (this epoch's logged "
                     f"learning_rate, {before:.4g}, is the rate it trained at)")
             if keras.utils.is_interactive_logging_enabled():
-                print(("\n" if under_bar else "") + line, flush=True)
-            else:
+                print_line(self, line)
+            else:  # where Keras' own messages go then
                 logging.info(line)

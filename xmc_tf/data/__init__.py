@@ -28,9 +28,9 @@ Example:
 
 from xmc_tf.data.embeddings import load_embedding_array, read_embeddings
 from xmc_tf.data.labels import label_matrix, padded_label_ids
-from xmc_tf.data.pipeline import (distribute_tf_dataset, fit_idf,
-                                  make_tf_dataset, normalize_features,
-                                  resolve_normalization)
+from xmc_tf.data.pipeline import (count_non_finite, distribute_tf_dataset,
+                                  fit_idf, make_tf_dataset,
+                                  normalize_features, resolve_normalization)
 from xmc_tf.data.synthetic import make_synthetic
 from xmc_tf.data.dataset import XCDataset
 from xmc_tf.data.specs import BUNDLED_DATASETS, load_bundled, load_dataset
@@ -40,6 +40,7 @@ from xmc_tf.data.xc_writer import write_xc, write_xc_labels
 __all__ = [
     "BUNDLED_DATASETS",
     "XCDataset",
+    "count_non_finite",
     "distribute_tf_dataset",
     "fit_idf",
     "label_matrix",

@@ -67,12 +67,30 @@ import tensorflow as tf
 
 from xmc_tf.data.dataset import XCDataset
 
-__all__ = ["distribute_tf_dataset", "fit_idf", "make_tf_dataset",
-           "normalize_features", "resolve_normalization"]
+__all__ = ["count_non_finite", "distribute_tf_dataset", "fit_idf",
+           "make_tf_dataset", "normalize_features", "resolve_normalization"]
 
 
 # ---------------------------------------------------------------------------
 # Feature normalisation.
+
+
+def count_non_finite(features) -> int:
+    """The NaN and infinite values among ``features``' stored entries.
+
+    Args:
+      features: a scipy sparse matrix (its stored entries are counted) or a
+        float NumPy array (every entry).
+
+    Returns:
+      The count, 0 for finite features (the check that the trainers,
+      :class:`xmc_tf.ExtremeClassifier` and the job make before training).
+
+    >>> count_non_finite(np.array([[1.0, np.nan], [np.inf, 0.0]]))
+    2
+    """
+    values = features.data if sp.issparse(features) else np.asarray(features)
+    return int(values.size - np.count_nonzero(np.isfinite(values)))
 
 
 def fit_idf(features) -> np.ndarray:

@@ -31,7 +31,6 @@ def _features(X, what: str):
         if X.ndim != 2:
             raise ValueError(f"{what}: X must be 2-D, got shape {X.shape}")
         features = sp.csr_matrix(X, dtype=np.float32)
-        values = features.data
     else:
         try:
             features = np.asarray(X, dtype=np.float32)
@@ -41,10 +40,9 @@ def _features(X, what: str):
         if features.ndim != 2:
             raise ValueError(f"{what}: X must be 2-D [instances, features], "
                              f"got shape {features.shape}")
-        values = features
     if 0 in features.shape:
         raise ValueError(f"{what}: X is empty (shape {features.shape})")
-    bad = np.size(values) - int(np.isfinite(values).sum())
+    bad = xdata.count_non_finite(features)
     if bad:
         raise ValueError(f"{what}: X holds {bad} NaN or infinite values")
     return features

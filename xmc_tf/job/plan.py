@@ -26,8 +26,8 @@ from xmc_tf import data as xdata
 from xmc_tf.job import cluster as xcluster
 from xmc_tf.job import heads as xheads
 from xmc_tf.job import scorers as xscorers
-from xmc_tf.job.scorers.base import shortlist_plan
-from xmc_tf.job.scorers.base import check_int, check_nonnegative
+from xmc_tf.job.scorers.base import (check_int, check_nonnegative,
+                                     shortlist_plan)
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.build import ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS
 from xmc_tf.job.inputs import validation_rows

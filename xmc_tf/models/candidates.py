@@ -41,6 +41,7 @@ import scipy.sparse as sp
 import tensorflow as tf
 
 from xmc_tf.data.labels import padded_label_ids
+from xmc_tf.data.pipeline import count_non_finite
 from xmc_tf.layers.scorer import SCORER_MEMBERS, LabelScorer
 from xmc_tf.losses.targets import target_label_ids
 from xmc_tf.models.distributed import DistributedTrainerMixin, step_logs
@@ -127,12 +128,11 @@ def _features(x):
     if sp.issparse(x):
         x = sp.csr_matrix(x, dtype=np.float32)
         x.sort_indices()  # Keras' SparseTensor batches are then in order
-        values = x.data
     elif isinstance(x, np.ndarray) and x.dtype.kind in "fiub":
-        x = values = x.astype(np.float32, copy=False)
+        x = x.astype(np.float32, copy=False)
     else:
         return x
-    bad = values.size - int(np.isfinite(values).sum())
+    bad = count_non_finite(x)
     if bad:
         raise ValueError(f"the features hold {bad} NaN or infinite values: "
                          "replace them before training")
