@@ -392,3 +392,60 @@ def test_export_and_load_in_new_process(tmp_path):
     served = np.load(tmp_path / "serve.npy")
     np.testing.assert_allclose(served, expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(np.load(tmp_path / "keras.npy"), expected)
+
+
+def _sparse_batch(rng, b, d, per_row):
+    rows = np.repeat(np.arange(b), per_row)
+    cols = np.concatenate([rng.choice(d, per_row, replace=False)
+                           for _ in range(b)])
+    values = rng.random(rows.size).astype(np.float32)
+    x = tf.sparse.reorder(tf.SparseTensor(
+        np.stack([rows, cols], 1).astype(np.int64), values, [b, d]))
+    return x, tf.sparse.to_dense(x).numpy()
+
+
+def test_kept_inverted_index_follows_every_change_of_the_indices(tmp_path):
+    """On sparse input the layer keeps the connections' inverted index
+    between calls: the scores must stay those of the dense reference after
+    each way the indices change (assign in eager and in a tf.function, SET,
+    set_weights, a reload), and the kept index is no Keras weight."""
+    from xmc_tf.callbacks.rewiring import rewire
+    rng = np.random.default_rng(3)
+    m, s, d, b = 40, 6, 90, 8
+    x, dense = _sparse_batch(rng, b, d, 5)
+    layer = UniformSparseDense(m, s, seed=1, bias_initializer="zeros")
+    inp = keras.Input((d,), sparse=True)
+    model = keras.Model(inp, layer(inp))
+
+    def reference():
+        idx, w = layer.indices.numpy(), layer.kernel.numpy()
+        return (dense[:, idx] * w).sum(-1)
+
+    step = tf.function(lambda v: layer(v))
+    np.testing.assert_allclose(model(x).numpy(), reference(), atol=1e-5)
+    assert len(layer.weights) == 3  # kernel, bias, indices: no cache
+    assert layer._inverted_cache is not None
+    new = layer.indices.numpy().copy()
+    new[3] = rng.choice(d, s, replace=False)
+    layer.indices.assign(new)  # eager assign
+    np.testing.assert_allclose(step(x).numpy(), reference(), atol=1e-5)
+    np.testing.assert_allclose(model(x).numpy(), reference(), atol=1e-5)
+    idx, _ = rewire(layer.indices.numpy(), layer.kernel.numpy(), 0.5, d,
+                    np.random.default_rng(0))
+    tf.function(lambda: layer.indices.assign(idx))()  # in a graph
+    np.testing.assert_allclose(step(x).numpy(), reference(), atol=1e-5)
+    weights = layer.get_weights()
+    weights[2] = random_connections(m, s, d, seed=9)
+    layer.set_weights(weights)
+    np.testing.assert_allclose(model(x).numpy(), reference(), atol=1e-5)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(loaded(x).numpy(), model(x).numpy(),
+                               atol=1e-6)
+    # A bad index is still rejected (the rebuild range-checks it).
+    bad = layer.indices.numpy().copy()
+    bad[0, 0] = d
+    layer.indices.assign(bad)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="indices"):
+        model(x)

@@ -18,7 +18,8 @@ from xmc_tf.ops.sparse_candidates import sparse_input_sampled_matmul
 from xmc_tf.ops.sampled import (check_candidates, check_shared_candidates,
                                 gather_label_rows,
                                 uniform_sparse_sampled_matmul)
-from xmc_tf.ops.uniform_sparse import (uniform_sparse_matmul,
+from xmc_tf.ops.uniform_sparse import (uniform_sparse_inverted_index,
+                                       uniform_sparse_matmul,
                                        uniform_sparse_matmul_sparse_input)
 
 
@@ -336,7 +337,8 @@ class UniformSparseDense(keras.layers.Layer):
             # connections are traversed feature by feature, one product per
             # (stored entry, connection of its feature), no [b, e] batch.
             outputs = uniform_sparse_matmul_sparse_input(
-                self._scaled(inputs), self.indices, self.kernel)
+                self._scaled(inputs), self.indices, self.kernel,
+                inverted_index=self._kept_inverted_index())
         else:
             if isinstance(inputs, tf.SparseTensor):  # other dtypes: densify
                 inputs = tf.sparse.to_dense(tf.sparse.reorder(inputs))
@@ -346,6 +348,70 @@ class UniformSparseDense(keras.layers.Layer):
         if self.bias is not None:
             outputs = outputs + keras.ops.cast(self.bias, outputs.dtype)
         return self.activation(outputs)
+
+    def _kept_inverted_index(self):
+        """The inverted index of ``indices`` (``uniform_sparse_inverted_index``),
+        kept between calls; None where it is not kept (a portable export's
+        stock formulation, or a first call in a replica context).
+
+        Kept in three variables outside the layer's Keras weights (not in
+        ``get_weights`` or ``model.keras``; a SavedModel holds them): the
+        ``indices`` the index was built from, its ``offsets`` and
+        ``entries``.  Every call compares ``indices`` with the first
+        (``m s`` int32 compares: a cost of ``8 m s`` bytes read, against a
+        sort of the ``m s`` connections) and rebuilds the index when they
+        differ (a SET rewire, ``set_weights``, a load, an assign by the
+        user), so the index always matches ``indices``; a rebuild range-checks
+        the indices as the op does.  The variables are created on the first
+        sparse float32 call (at most ``(D + 1) * 8 + 8 m s`` bytes)."""
+        from xmc_tf.ops import stock
+        if stock.stock_formulations():
+            return None
+        cache = getattr(self, "_inverted_cache", None)
+        if cache is None:
+            if (tf.distribute.has_strategy()
+                    and not tf.distribute.in_cross_replica_context()):
+                return None
+            cache = self._make_inverted_cache()
+        built_from, offsets, entries = cache
+        indices = tf.convert_to_tensor(self.indices)
+
+        def kept():
+            return (tf.convert_to_tensor(offsets),
+                    tf.convert_to_tensor(entries))
+
+        def rebuild():
+            new_offsets, new_entries = uniform_sparse_inverted_index(
+                indices, self.num_features)
+            with tf.control_dependencies([
+                    built_from.assign(indices), offsets.assign(new_offsets),
+                    entries.assign(new_entries)]):
+                return tf.identity(new_offsets), tf.identity(new_entries)
+
+        return tf.cond(tf.reduce_all(tf.equal(indices, built_from)), kept,
+                       rebuild)
+
+    def _make_inverted_cache(self):
+        """Creates the three variables of :meth:`_kept_inverted_index` (the
+        first marked stale: all -1, so the first call builds the index)."""
+        m, s = self.units, self.connections_per_label
+        narrow = m * s <= np.iinfo(np.int32).max
+        only_first = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        with tf.init_scope():
+            cache = (
+                tf.Variable(tf.fill([m, s], -1), trainable=False,
+                            name="inverted_built_from",
+                            aggregation=only_first),
+                tf.Variable(tf.zeros([self.num_features + 1], tf.int64),
+                            trainable=False, name="inverted_offsets",
+                            aggregation=only_first),
+                tf.Variable(tf.zeros([m * s],
+                                     tf.int32 if narrow else tf.int64),
+                            trainable=False, name="inverted_entries",
+                            aggregation=only_first))
+        # Outside Keras' tracking (not a layer weight): a plain attribute.
+        object.__setattr__(self, "_inverted_cache", cache)
+        return cache
 
     def _scaled(self, inputs):
         """``kernel_scale * inputs`` (the same products as scaling the
