@@ -115,6 +115,48 @@ def test_unknown_encoder_and_optimizer():
     assert isinstance(opt, LazyAdamW) and opt.weight_decay == 0.25
 
 
+def test_cosine_schedule_decays_per_step_to_the_minimum():
+    """``train.schedule="cosine"``: the rate starts at ``learning_rate``,
+    follows ``min + (lr - min) (1 + cos(pi t / T)) / 2`` per step over
+    ``epochs * steps_per_epoch`` steps and stays at ``min_learning_rate``
+    (an independent formula, not Keras' code)."""
+    from xmc_tf.job.build import learning_rate
+    c = _config()
+    assert learning_rate(c, 10) == c.train.learning_rate  # "plateau"
+    c.train.schedule = "cosine"
+    c.train.epochs, c.train.learning_rate = 3, 1e-2
+    c.train.min_learning_rate = 1e-3
+    schedule = learning_rate(c, steps_per_epoch=10)
+    total = 30
+    for step in (0, 7, 15, 29, 30, 45):
+        t = min(step, total)
+        want = 1e-3 + (1e-2 - 1e-3) * (1 + np.cos(np.pi * t / total)) / 2
+        np.testing.assert_allclose(float(schedule(step)), want, rtol=1e-5)
+    opt = build_optimizer(c, steps_per_epoch=10)
+    opt.iterations.assign(15)
+    np.testing.assert_allclose(float(opt.learning_rate), 5.5e-3, rtol=1e-5)
+    with pytest.raises(ValueError, match="steps per epoch"):
+        learning_rate(c)
+    c.train.schedule = "linear"
+    with pytest.raises(ValueError, match="config.train.schedule='linear'"):
+        build_optimizer(c, 10)
+
+
+def test_cosine_schedule_replaces_plateau_halving_in_the_callbacks():
+    from xmc_tf import callbacks as xcallbacks
+    from xmc_tf.job import fit as xfit
+    c = _config()
+    head = heads.get_head(c)
+    kinds = lambda cbs: {type(cb) for cb in cbs}  # noqa: E731
+    plateau = kinds(xfit.make_callbacks(c, "/nonexistent", head, None, None))
+    assert xcallbacks.ReduceLROnPlateau in plateau
+    assert xfit.LogLearningRate not in plateau
+    c.train.schedule = "cosine"
+    cosine = kinds(xfit.make_callbacks(c, "/nonexistent", head, None, None))
+    assert xcallbacks.ReduceLROnPlateau not in cosine
+    assert {xfit.LogLearningRate, xcallbacks.EarlyStopping} <= cosine
+
+
 def test_check_config_rejects_bad_weight_decay():
     from xmc_tf.job.plan import check_config
     from xmc_tf.errors import ConfigError

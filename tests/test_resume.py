@@ -93,11 +93,15 @@ def _history(workdir):
 
 
 # "fused": the schedule follows the validation P@k of the network fused
-# with the label tree (fit before training, reloaded by the resume).
-@pytest.mark.parametrize("monitor", ["auto", "fused"])
-def test_killed_run_resumes_exactly(tmp_path, monitor):
+# with the label tree (fit before training, reloaded by the resume);
+# "cosine": the learning rate follows a per-step cosine (read at the
+# optimizer's restored step counter) instead of halving on plateaus.
+@pytest.mark.parametrize("monitor,schedule", [
+    ("auto", "plateau"), ("fused", "plateau"), ("auto", "cosine")])
+def test_killed_run_resumes_exactly(tmp_path, monitor, schedule):
     ref, run = tmp_path / "uninterrupted", tmp_path / "killed"
-    extra = [f"--config.train.monitor={monitor}"]
+    extra = [f"--config.train.monitor={monitor}",
+             f"--config.train.schedule={schedule}"]
     reference = _start(tmp_path, ref, extra)  # runs beside the killed one
 
     kill_step = 2 * STEPS_PER_EPOCH + 4  # mid third epoch

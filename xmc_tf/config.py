@@ -110,6 +110,10 @@ def _base() -> dict:
             learning_rate=1e-3,  # LR halved on plateaus of val P@3 ...
             min_learning_rate=1e-4,  # ... down to this
             lr_patience=1,  # epochs without progress before halving
+            # "plateau" (the halving above) or "cosine": per step from
+            # learning_rate down to min_learning_rate over train.epochs
+            # epochs (early stopping still ends the run)
+            schedule="plateau",
             early_stopping_patience=3,
             # what LR halving and early stopping follow: "network" (the
             # head's validation P@k), "fused" (the validation P@k of the

@@ -39,6 +39,7 @@ from xmc_tf.job import wide as xwide
 from xmc_tf.layers import SparseDropout, SparseEmbeddingBag
 
 __all__ = ["build_model", "build_network", "build_optimizer", "ENCODERS",
+           "learning_rate", "SCHEDULES",
            "INTERMEDIATE_ACTIVATIONS", "OPTIMIZERS"]
 
 #: ``config.model.encoder``: the first encoder layer on sparse input.
@@ -157,8 +158,53 @@ def build_model(config, num_features: int, num_labels: int,
                          head)[0]
 
 
-def build_optimizer(config) -> keras.optimizers.Optimizer:
-    """The optimizer ``config.train`` names, at ``config.train.learning_rate``.
+#: Values of ``config.train.schedule``.
+SCHEDULES = ("plateau", "cosine")
+
+
+def learning_rate(config, steps_per_epoch: int | None = None):
+    """The learning rate the optimizer starts with: a float, or a schedule.
+
+    ``config.train.schedule="plateau"``: ``config.train.learning_rate``
+    (halved on plateaus by :class:`xmc_tf.callbacks.ReduceLROnPlateau`, see
+    :func:`xmc_tf.job.fit.make_callbacks`); ``"cosine"``: a
+    ``keras.optimizers.schedules.CosineDecay`` from ``learning_rate`` to
+    ``min_learning_rate`` over ``config.train.epochs * steps_per_epoch``
+    steps (Loshchilov & Hutter, SGDR, 2017, Eq. 5 without restarts), read at
+    the optimizer's step counter, so a resumed run continues on the same
+    curve.
+
+    Args:
+      config: the job config (``config.train``).
+      steps_per_epoch: training steps per epoch (needed for ``"cosine"``).
+
+    Returns:
+      float or ``keras.optimizers.schedules.LearningRateSchedule``.
+
+    Raises:
+      ValueError: unknown ``config.train.schedule``, or ``"cosine"`` without
+        ``steps_per_epoch``.
+    """
+    tc = config.train
+    schedule = tc.get("schedule", "plateau")
+    if schedule == "plateau":
+        return float(tc.learning_rate)
+    if schedule != "cosine":
+        raise ValueError(f"config.train.schedule={schedule!r}; expected one "
+                         f"of {SCHEDULES}")
+    if not steps_per_epoch:
+        raise ValueError("config.train.schedule='cosine' needs the number "
+                         "of steps per epoch")
+    lr = float(tc.learning_rate)
+    return keras.optimizers.schedules.CosineDecay(
+        lr, decay_steps=max(1, int(tc.epochs) * int(steps_per_epoch)),
+        alpha=min(1.0, float(tc.min_learning_rate) / lr))
+
+
+def build_optimizer(config, steps_per_epoch: int | None = None
+                    ) -> keras.optimizers.Optimizer:
+    """The optimizer ``config.train`` names, at ``config.train.learning_rate``
+    (or the schedule of ``config.train.schedule``: :func:`learning_rate`).
 
     ``"lazy_adam"`` (default): :class:`xmc_tf.optimizers.LazyAdam` -- Adam
     on dense gradients, and on ``IndexedSlices`` gradients (the sparse-input
@@ -169,18 +215,22 @@ def build_optimizer(config) -> keras.optimizers.Optimizer:
     ``IndexedSlices``); ``"adam"``: ``keras.optimizers.Adam`` (densifies
     ``IndexedSlices``).
 
+    Args:
+      config: the job config (``config.train``).
+      steps_per_epoch: training steps per epoch (for a schedule).
+
     Raises:
-      ValueError: unknown ``config.train.optimizer``.
+      ValueError: unknown ``config.train.optimizer`` or ``.schedule``.
     """
     from xmc_tf.optimizers import LazyAdam, LazyAdamW
     tc = config.train
     name = tc.optimizer
+    lr = learning_rate(config, steps_per_epoch)
     if name == "lazy_adam":
-        return LazyAdam(learning_rate=tc.learning_rate)
+        return LazyAdam(learning_rate=lr)
     if name == "lazy_adamw":
-        return LazyAdamW(learning_rate=tc.learning_rate,
-                         weight_decay=tc.weight_decay)
+        return LazyAdamW(learning_rate=lr, weight_decay=tc.weight_decay)
     if name == "adam":
-        return keras.optimizers.Adam(learning_rate=tc.learning_rate)
+        return keras.optimizers.Adam(learning_rate=lr)
     raise ValueError(f"config.train.optimizer={name!r}; expected one of "
                      f"{OPTIMIZERS}")

@@ -29,7 +29,8 @@ from xmc_tf.job.workdir import Workdir
 
 __all__ = ["build_and_compile", "validation_batch_size", "release_optimizer",
            "FUSED_MIN_DELTA",
-           "StopOnNonFinite", "ChiefLogs", "make_callbacks", "make_datasets",
+           "StopOnNonFinite", "LogLearningRate", "ChiefLogs", "make_callbacks",
+           "make_datasets",
            "fit_model", "VALIDATION_FREE_BYTES"]
 
 
@@ -70,7 +71,9 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     if wide is not None and fit_data is not None:
         xwide.initialize_wide(wide, config, fit_data)
     try:
-        optimizer = head.make_optimizer() or build_optimizer(config)
+        steps = (math.ceil(fit_data.num_instances / config.train.batch_size)
+                 if fit_data is not None else None)
+        optimizer = head.make_optimizer() or build_optimizer(config, steps)
     except ValueError as e:
         raise ConfigError(" ".join(str(e).split())) from e
     fit_model = head.training_model(model, layer)
@@ -179,6 +182,18 @@ def release_optimizer(model) -> int:
     return released
 
 
+class LogLearningRate(keras.callbacks.Callback):
+    """Adds ``learning_rate`` to the epoch logs (and so to ``history.csv``):
+    the optimizer's rate after the epoch's last step, e.g. of a
+    ``keras.optimizers.schedules.CosineDecay`` (with a plateau schedule
+    :class:`xmc_tf.callbacks.ReduceLROnPlateau` logs the rate instead)."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = float(keras.ops.convert_to_numpy(
+                self.model.optimizer.learning_rate))
+
+
 class StopOnNonFinite(keras.callbacks.Callback):
     """Stops a run whose training loss is NaN or +-inf, with a clear error.
 
@@ -271,7 +286,9 @@ def make_callbacks(config, workdir: str, head, layer, val_data,
     :class:`StopOnNonFinite`, then the head's own callbacks (SET, held-out
     P@k, ...), so their epoch logs reach the rest (in a multi-worker
     ``cluster``, replaced by the chief's: :class:`ChiefLogs`); then LR
-    halving and early stopping on the head's monitor (val P@3 when a
+    halving (``config.train.schedule="plateau"``; with ``"cosine"`` the
+    optimizer's schedule, its rate logged by :class:`LogLearningRate`) and
+    early stopping on the head's monitor (val P@3 when a
     validation split exists), both with state that survives a resume
     (:mod:`xmc_tf.job.checkpoint`; the best weights on disk in
     ``workdir/backup``, not in memory), and TensorBoard.  With ``fused``
@@ -301,11 +318,14 @@ def make_callbacks(config, workdir: str, head, layer, val_data,
         cbs.append(fused)
     if cluster is not None and cluster.multi_worker:
         cbs.append(ChiefLogs(cluster))
-    cbs += [
-        xcallbacks.ReduceLROnPlateau(
+    if tc.get("schedule", "plateau") == "plateau":
+        cbs.append(xcallbacks.ReduceLROnPlateau(
             monitor=monitor, mode=mode, factor=0.5, patience=tc.lr_patience,
             min_lr=tc.min_learning_rate, min_delta=deltas["lr"],
-            verbose=1 if tc.verbose else 0),
+            verbose=1 if tc.verbose else 0))
+    else:  # the optimizer's own schedule (xmc_tf.job.build.learning_rate)
+        cbs.append(LogLearningRate())
+    cbs += [
         xcallbacks.EarlyStopping(
             monitor=monitor, mode=mode, patience=tc.early_stopping_patience,
             min_delta=deltas["stop"], restore_best_weights=True,

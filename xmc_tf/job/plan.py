@@ -29,7 +29,8 @@ from xmc_tf.job import scorers as xscorers
 from xmc_tf.job.scorers.base import (check_int, check_nonnegative,
                                      shortlist_plan)
 from xmc_tf.errors import ConfigError
-from xmc_tf.job.build import ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS
+from xmc_tf.job.build import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
+                             SCHEDULES)
 from xmc_tf.job.inputs import validation_rows
 from xmc_tf.samplers.registry import AUTO, auto_bool
 
@@ -205,6 +206,7 @@ def _check_resolved(config) -> xheads.Head:
                                  ">= 1")
         for field, value, allowed in (
                 ("train.optimizer", tc.optimizer, OPTIMIZERS),
+                ("train.schedule", tc.get("schedule", "plateau"), SCHEDULES),
                 ("model.encoder", config.model.encoder, ENCODERS),
                 ("model.intermediate_activation",
                  config.model.intermediate_activation,
