@@ -252,9 +252,11 @@ class UniformSparseDense(keras.layers.Layer):
     per-label sparse linear model, e.g. the wide path of
     ``config.model.wide_connections``): float32 batches go through
     :func:`xmc_tf.ops.uniform_sparse_matmul_sparse_input` (cost about
-    ``nnz * m * s / e`` multiply-adds plus a sort of the ``m s``
-    connections, no dense batch), other dtypes are densified per batch
-    (``b e`` values).
+    ``nnz * m * s / e`` multiply-adds, no dense batch; the connections'
+    inverted index, a sort of the ``m s`` connections, is kept between
+    calls and rebuilt only when ``indices`` changed, which a compare of the
+    ``m s`` indices finds on every call), other dtypes are densified per
+    batch (``b e`` values).
     Output shape: ``[batch, units]``.
 
     Mixed precision (``keras.mixed_precision.set_global_policy(
