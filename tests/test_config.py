@@ -159,7 +159,47 @@ def test_model_from_the_schema_uses_the_schema_defaults():
     assert np.all(bias < 0)  # not zeros: below 0 for labels on 2 of 10 rows
     opt = build_optimizer(c)
     assert type(opt) is LazyAdam
-    assert float(opt.learning_rate) == pytest.approx(1e-3)
+    assert float(opt.learning_rate) == pytest.approx(2e-3)
+    # the uniform-sparse head's own defaults (docs/notes/epochs.md)
+    assert (c.train.batch_size, c.model.intermediate_dim) == (256, 6)
+    assert xconfig.base().model.intermediate_dim == 1024
+    assert xconfig.base("dense").train.batch_size == 64  # the schema's
+
+
+def test_batch_is_cut_to_the_score_budget():
+    """``train.batch_scores_mib``: label-wise heads get at most
+    ``MiB * 2**20 / (4 m)`` rows per batch; other heads, None and batches
+    that fit are left alone."""
+    from xmc_tf.job.plan import batch_cap
+    c = xconfig.base()
+    assert c.train.batch_scores_mib == 128 and c.train.batch_size == 256
+    assert batch_cap(c, 131_072) is None  # 256 * 131072 * 4 B = 128 MiB
+    assert batch_cap(c, 131_073) == 255
+    assert batch_cap(c, 670_091) == 50
+    assert batch_cap(c, 10 ** 9) == 1
+    c.train.batch_scores_mib = None
+    assert batch_cap(c, 670_091) is None
+    m = xconfig.base("mach")
+    assert batch_cap(m, 10 ** 8) is None  # scores buckets, not labels
+
+
+def test_resolve_config_cuts_the_batch_and_says_so(caplog):
+    import logging
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import scipy.sparse as sp  # pylint: disable=import-outside-toplevel
+    from xmc_tf import data as xdata  # pylint: disable=import-outside-toplevel
+    from xmc_tf.job.plan import resolve_config
+    rows = np.arange(40)
+    feats = sp.csr_matrix((np.ones(40, np.float32), (rows, rows % 7)),
+                          shape=(40, 7))
+    labels = sp.csr_matrix((np.ones(40, np.float32), (rows, rows * 5000)),
+                           shape=(40, 200_000))
+    c = xconfig.base()
+    with caplog.at_level(logging.INFO, logger="absl"):
+        run, resolved = resolve_config(c, xdata.XCDataset(feats, labels))
+    assert run.train.batch_size == 167 and c.train.batch_size == 256
+    assert resolved["fields"]["train.batch_size"] == 167
+    assert "config.train.batch_size=167: cut from 256" in caplog.text
 
 
 def test_head_rejects_a_config_without_its_fields():

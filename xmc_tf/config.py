@@ -106,6 +106,11 @@ def _base() -> dict:
             optimizer="lazy_adam",
             weight_decay=0.004,  # lazy_adamw only (decoupled, x learning rate)
             batch_size=64,
+            # label-wise heads: the batch's [batch_size, num_labels] float32
+            # scores are kept under this many MiB (a larger batch_size is
+            # cut to fit, with a log line: 256 up to 131,072 labels, 50 at
+            # 670k); None: no cap
+            batch_scores_mib=config_dict.FieldReference(128, field_type=int),
             epochs=60,  # at most; early stopping decides
             learning_rate=1e-3,  # LR halved on plateaus of val P@3 ...
             min_learning_rate=1e-4,  # ... down to this
@@ -246,7 +251,12 @@ BASE = _base()
 #: it changes.  A section given as a ``ConfigDict`` keeps its own settings
 #: (``sampler`` is not type-safe: ``shared`` takes True, False or "auto").
 HEAD_DEFAULTS = {
-    "uniform_sparse": {},
+    # chosen on the validation splits of Bibtex, Delicious and
+    # WordNetHypernyms for the time to train (docs/notes/epochs.md)
+    "uniform_sparse": dict(
+        model=dict(intermediate_dim=1024),
+        train=dict(batch_size=256, learning_rate=2e-3),
+    ),
     "dense": dict(
         set=dict(enabled=False),  # SET rewires uniform-sparse layers only
     ),

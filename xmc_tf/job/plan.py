@@ -232,6 +232,8 @@ def _check_resolved(config) -> xheads.Head:
             check_nonnegative("train.weight_decay", tc.weight_decay)
         if tc.min_delta is not None:
             check_nonnegative("train.min_delta", tc.min_delta)
+        if tc.get("batch_scores_mib") is not None:
+            check_int("train.batch_scores_mib", tc.batch_scores_mib, 1)
         if tc.get("monitor", "auto") not in MONITORS:
             raise ValueError(f"config.train.monitor={tc.monitor!r}; expected "
                              f"one of {MONITORS}")
@@ -410,6 +412,30 @@ def _resolve_regime(config, summary) -> tuple:
     return xconfig.resolve_regime(config, summary.multi_class), values
 
 
+def batch_cap(config, num_labels: int) -> int | None:
+    """The batch size ``config.train.batch_scores_mib`` allows, or None.
+
+    For heads that score every label in training (a ``[batch, num_labels]``
+    float32 score matrix, and as many for the loss signal and the
+    gradient), the largest batch whose scores take at most
+    ``batch_scores_mib`` MiB (at least 1), when ``config.train.batch_size``
+    is larger; None when it fits, when the field is None, or for heads that
+    score a few labels per instance (sampled, MACH, SCENT).
+
+    Args:
+      config: the job config.
+      num_labels: ``m``.
+
+    Returns:
+      int or None.
+    """
+    mib = config.train.get("batch_scores_mib")
+    if mib is None or not xheads.get_head(config).full_scores_in_training:
+        return None
+    cap = max(1, int(mib) * 2**20 // (4 * max(1, int(num_labels))))
+    return cap if int(config.train.batch_size) > cap else None
+
+
 def resolve_config(config, train: xdata.XCDataset,
                    validation: xdata.XCDataset | None = None,
                    summary: DataSummary | None = None):
@@ -460,6 +486,17 @@ def resolve_config(config, train: xdata.XCDataset,
         values[field] = value
         logging.info("config.%s=%r: chosen from the data (%s)", field, value,
                      why)
+    cap = batch_cap(run, summary.num_labels)
+    if cap is not None:
+        if run is config:
+            run = copy.deepcopy(config)
+        logging.info(
+            "config.train.batch_size=%d: cut from %d so that a batch's "
+            "[batch, %d] float32 scores stay under "
+            "config.train.batch_scores_mib=%d MiB", cap, run.train.batch_size,
+            summary.num_labels, run.train.batch_scores_mib)
+        run.train.batch_size = cap
+        values["train.batch_size"] = cap
     if not values:
         return config, {}
     return run, {"labels": summary.regime,
