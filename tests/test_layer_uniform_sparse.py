@@ -443,6 +443,14 @@ def test_kept_inverted_index_follows_every_change_of_the_indices(tmp_path):
     loaded = keras.models.load_model(path)
     np.testing.assert_allclose(loaded(x).numpy(), model(x).numpy(),
                                atol=1e-6)
+    # The SavedModel keeps no index state of its own and scores as the model.
+    from xmc_tf.saving import export_saved_model
+    export_saved_model(model, str(tmp_path / "sm"), k=3)
+    served = tf.saved_model.load(str(tmp_path / "sm")).signatures[
+        "score_all_labels"](indices=x.indices, values=x.values,
+                            dense_shape=x.dense_shape)
+    np.testing.assert_allclose(next(iter(served.values())).numpy(),
+                               reference(), atol=1e-5)
     # A bad index is still rejected (the rebuild range-checks it).
     bad = layer.indices.numpy().copy()
     bad[0, 0] = d

@@ -44,6 +44,7 @@ from xmc_tf import variable_io
 # (and the ops' gradients) when imported: load_keras_file needs them.
 from xmc_tf import layers, losses, metrics, optimizers  # noqa: F401
 from xmc_tf.models import candidates as _candidates
+from xmc_tf.layers.uniform_sparse import per_call_inverted_index
 from xmc_tf.errors import OpLibraryError, OpNotRegisteredError
 from xmc_tf.ops import _loader, stock
 
@@ -134,6 +135,13 @@ def export_saved_model(model: keras.Model, path: str, k: int = 5,
             "MachHead's [b, R, B] logits), not a serving model that already "
             "decodes: its serve signature decodes with MACH's decoder")
     model = decoding.label_output(model, output)
+    # The serving signatures keep no state between calls.
+    with per_call_inverted_index():
+        return _export(model, path, k, portable)
+
+
+def _export(model, path, k, portable) -> bool:
+    """:func:`export_saved_model` from the label-scoring model on."""
     stock_only = portable is None or portable
     # Auto: only the equivalents that serve as fast (TopK, EmbeddingBag).
     formulations = bool(portable)

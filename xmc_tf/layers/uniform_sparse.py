@@ -7,6 +7,9 @@ intermediate layer before it), Sec. 4.1 (random initial connections).
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import keras
 import numpy as np
 import scipy.sparse as sp
@@ -21,6 +24,25 @@ from xmc_tf.ops.sampled import (check_candidates, check_shared_candidates,
 from xmc_tf.ops.uniform_sparse import (uniform_sparse_inverted_index,
                                        uniform_sparse_matmul,
                                        uniform_sparse_matmul_sparse_input)
+
+
+_PER_CALL = threading.local()
+
+
+@contextlib.contextmanager
+def per_call_inverted_index():
+    """Within this context (this thread), :class:`UniformSparseDense` on
+    sparse input builds its connections' inverted index in every call
+    instead of keeping it in variables between calls (what it does
+    otherwise).  :func:`xmc_tf.saving.export_saved_model` traces the
+    serving signatures this way, so a SavedModel holds no such state (and
+    its functions no variables captured inside a ``tf.cond``)."""
+    previous = getattr(_PER_CALL, "on", False)
+    _PER_CALL.on = True
+    try:
+        yield
+    finally:
+        _PER_CALL.on = previous
 
 
 def random_connections(num_labels: int, fan_in: int, num_features: int,
@@ -354,10 +376,11 @@ class UniformSparseDense(keras.layers.Layer):
     def _kept_inverted_index(self):
         """The inverted index of ``indices`` (``uniform_sparse_inverted_index``),
         kept between calls; None where it is not kept (a portable export's
-        stock formulation, or a first call in a replica context).
+        stock formulation, :func:`per_call_inverted_index`, or a first call
+        in a replica context).
 
         Kept in three variables outside the layer's Keras weights (not in
-        ``get_weights`` or ``model.keras``; a SavedModel holds them): the
+        ``get_weights``, ``model.keras`` or an exported SavedModel): the
         ``indices`` the index was built from, its ``offsets`` and
         ``entries``.  Every call compares ``indices`` with the first
         (``m s`` int32 compares: a cost of ``8 m s`` bytes read, against a
@@ -367,7 +390,7 @@ class UniformSparseDense(keras.layers.Layer):
         the indices as the op does.  The variables are created on the first
         sparse float32 call (at most ``(D + 1) * 8 + 8 m s`` bytes)."""
         from xmc_tf.ops import stock
-        if stock.stock_formulations():
+        if stock.stock_formulations() or getattr(_PER_CALL, "on", False):
             return None
         cache = getattr(self, "_inverted_cache", None)
         if cache is None:
