@@ -88,14 +88,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-SETS = {
-    "bibtex": ("Bibtex/xc/bibtex_xcsplit_train.txt.gz",
-               "Bibtex/xc/bibtex_xcsplit_test.txt.gz"),
-    "delicious": ("Delicious/xc/delicious_xcsplit_train.txt.gz",
-                  "Delicious/xc/delicious_xcsplit_test.txt.gz"),
-    "wordnet": ("WordNetHypernyms/train.txt.gz",
-                "WordNetHypernyms/test.txt.gz"),
-}
+# The shared multi-label sets' train / test files under ../shared/data.
+from epoch_time import SETS  # noqa: E402  (benchmarks/)
 
 #: Parts that ``model.train_step`` runs (the rest: input, set).
 STEP_PARTS = ("encoder", "intermediate", "head", "wide", "loss",
@@ -155,28 +149,26 @@ def _median_pass(fn, batches, repeats):
     return {"median_s": statistics.median(per_pass), "min_s": min(per_pass)}
 
 
-class _StepClock:
+def _step_clock(skip):
     """A Keras callback: the steady seconds per step of a ``fit`` (from the
     end of batch ``skip`` to the end of the last; the start of ``fit``,
     the iterator's first shuffle buffer and tracing are not in it)."""
+    import keras
 
-    def __new__(cls, skip):
-        import keras
+    class StepClock(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.skip, self.marks = skip, []
 
-        class Clock(keras.callbacks.Callback):
-            def __init__(self):
-                super().__init__()
-                self.skip, self.marks = skip, []
+        def on_train_batch_end(self, batch, logs=None):
+            if batch + 1 >= self.skip:
+                self.marks.append((batch + 1, time.perf_counter()))
 
-            def on_train_batch_end(self, batch, logs=None):
-                if batch + 1 >= self.skip:
-                    self.marks.append((batch + 1, time.perf_counter()))
+        def seconds_per_step(self):
+            (b0, t0), (b1, t1) = self.marks[0], self.marks[-1]
+            return (t1 - t0) / (b1 - b0)
 
-            def seconds_per_step(self):
-                (b0, t0), (b1, t1) = self.marks[0], self.marks[-1]
-                return (t1 - t0) / (b1 - b0)
-
-        return Clock()
+    return StepClock()
 
 
 def _read(out):
@@ -276,15 +268,15 @@ def measure(name, train, test, args, peaks):
             tape.watch(scores)
             loss = loss_fn(y, scores)
         g = tape.gradient(loss, scores)
-        return h, a, g
+        return h, a, scores, g
 
     cached = []
     nz = []
     zs, us = [], []
     for batch in batches:
         x, y = xy(batch)
-        h, a, g = forward_parts(x, y)
-        cached.append((x, y, h, a, g))
+        h, a, scores, g = forward_parts(x, y)
+        cached.append((x, y, h, a, g, scores))
         nz.append(int(tf.math.count_nonzero(
             tf.reduce_any(tf.not_equal(g, 0.0), axis=0))))
         zs.append(int(tf.size(x.values)))
@@ -333,9 +325,6 @@ def measure(name, train, test, args, peaks):
             loss = loss_fn(y, scores)
         return tape.gradient(loss, fit_model.trainable_variables)
 
-    scores_cache = [out_layer(c[3]) + (wide_layer(c[0]) if wide_layer
-                                       is not None else 0.0)
-                    for c in cached]
     grads_cache = [full_grads(c[0], c[1]) for c in cached]
     variables = fit_model.trainable_variables
 
@@ -359,7 +348,7 @@ def measure(name, train, test, args, peaks):
     if wide_layer is not None:
         measured["wide"] = _median_pass(lambda c: wide_part(c[0], c[4]),
                                         cached, R)
-    pairs = list(zip([c[1] for c in cached], scores_cache))
+    pairs = [(c[1], c[5]) for c in cached]
     measured["loss"] = _median_pass(lambda p: loss_part(*p), pairs, R)
     if metrics:
         measured["train_metrics"] = _median_pass(lambda p: metrics_part(*p),
@@ -376,7 +365,7 @@ def measure(name, train, test, args, peaks):
                            "min_s": min(times) / every}
     measured["train_step"] = _median_pass(step_part, batches, R)
     n_fit = max(args.batches * 4, 100)
-    clock = _StepClock(skip=20)
+    clock = _step_clock(skip=20)
     fit_model.fit(train_ds, steps_per_epoch=n_fit + clock.skip, epochs=1,
                   verbose=0, callbacks=set_cbs + [clock])
     keras_s = clock.seconds_per_step()
