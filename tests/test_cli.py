@@ -63,12 +63,15 @@ def trained(tmp_path_factory):
     xdata.write_xc(tmp / "test.txt", test)
     workdir = tmp / "run"
     # verbose=1 (the quick start's progress bar), here on a pipe; the
-    # absl INFO lines go to stderr.
+    # absl INFO lines go to stderr.  13 steps an epoch and a rewire every
+    # 20: one SET rewire, in epoch 2.
     out, err = xmc_tf_cmd("train", "--config=configs/uniform_sparse.py",
                           f"--config.data.train={tmp / 'train.txt.gz'}",
                           f"--config.data.test={tmp / 'test.txt'}",
                           f"--workdir={workdir}",
-                          *[a for a in SMALL if "verbose" not in a],
+                          *[a for a in SMALL if "verbose" not in a
+                            and "every_n_steps" not in a],
+                          "--config.set.every_n_steps=20",
                           "--config.train.verbose=1", stderr=True)
     return tmp, workdir, test, out + err
 
@@ -93,13 +96,19 @@ def test_train_prints_no_long_lines(trained):
     SavedModel input renames (~600 characters a signature), no progress
     bar redrawn with carriage returns into one line an epoch (~19,000
     characters in a log file), no two datasets or a table on one line."""
-    _, _, _, out = trained
+    _, workdir, _, out = trained
     lines = out.splitlines()
     assert max(len(line) for line in lines) <= 300, max(lines, key=len)
     assert "\r" not in out and "\b" not in out
     assert "unsupported characters" not in out
     # the progress (one line per epoch), the choices and results stay
     assert "Epoch 1/2" in lines and "Epoch 2/2" in lines, out
+    # The epoch line shows SET's keys only in the epoch that rewired
+    # (history.csv keeps them in both).
+    epochs = [line for line in lines if line.startswith("13/13 - ")]
+    assert ["set_moved: " in line for line in epochs] == [False, True], out
+    header, *rows = (workdir / "history.csv").read_text().splitlines()
+    assert "set_moved" in header.split(",") and len(rows) == 2
     assert any("label tree: weight" in line for line in lines), out
     assert any(line.startswith("INFO:absl:test: XCDataset(") for line in lines)
 

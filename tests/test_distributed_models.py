@@ -10,7 +10,8 @@ collective ops must be configured before TensorFlow starts):
 
 * ``MirroredStrategy`` over two logical CPUs: a plain ``keras.Model`` with
   sparse features fails with Keras' error (the bug is real: if a Keras
-  upgrade fixes it, this test says so); ``DistributedModel`` and a stand-in
+  upgrade fixes it, this test says so), which xmc_tf turns into a
+  ``TypeError`` naming ``DistributedModel``; ``DistributedModel`` and a stand-in
   trainer (a ``keras.Model`` subclass with its own ``train_step``, listed
   after :class:`DistributedTrainerMixin`, as ``SampledTrainer`` /
   ``ScentTrainer`` would be) train with sparse and dense features to the
@@ -219,6 +220,10 @@ def test_mirrored_sparse_and_dense_features_without_fix_up_calls():
         "Keras now trains a plain keras.Model on SparseTensor features under "
         "MirroredStrategy: DistributedTrainerMixin may be unnecessary")
     assert "'SparseTensor' object has no attribute 'device'" in (
+        r["plain_error"]), r["plain_error"]
+    # ... and since xmc_tf's import, its error names the fix.
+    assert r["plain_error"].startswith("TypeError: "), r["plain_error"]
+    assert "xmc_tf.models.DistributedModel(inputs, outputs)" in (
         r["plain_error"]), r["plain_error"]
     for key in ("model_sparse", "model_dense", "trainer_sparse",
                 "trainer_dense"):

@@ -275,9 +275,9 @@ def test_graph_analysis_on_made_up_packages(tmp_path, case):
 
 
 #: What ``xmc_tf.callbacks`` exported as one module (and the two resumable
-#: schedules it exports since it is a package).
-CALLBACKS = ["EarlyStopping", "ReduceLROnPlateau", "RefreshIndex", "Rehash",
-             "SetRewiring", "TopKEvaluation", "rewire"]
+#: schedules it exports since it is a package, and the epoch line).
+CALLBACKS = ["EarlyStopping", "EpochLine", "ReduceLROnPlateau", "RefreshIndex",
+             "Rehash", "SetRewiring", "TopKEvaluation", "rewire"]
 
 
 def test_callbacks_package_exports():

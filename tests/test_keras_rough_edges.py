@@ -99,6 +99,48 @@ def test_a_run_without_rewires_logs_no_set_keys():
     assert long.history["set_rewires"] == [0, 1]
 
 
+def _epoch_lines(out):
+    return [line for line in _lines(out) if " - loss: " in line]
+
+
+def test_epoch_line_shows_set_keys_only_in_epochs_with_a_rewire(capsys):
+    x, y = _data()
+    model = _compiled()
+    capsys.readouterr()
+    # 8 steps per epoch, a rewire every 12: after steps 12 and 24, i.e. in
+    # epochs 2 and 3; none in epochs 1 and 4.
+    history = model.fit(x, y, batch_size=32, epochs=4, verbose=2, callbacks=[
+        xmc_tf.callbacks.SetRewiring(every_n_steps=12),
+        xmc_tf.callbacks.EpochLine()])
+    lines = _epoch_lines(capsys.readouterr().out)
+    assert len(lines) == 4, lines
+    assert ["set_moved: " in line for line in lines] == [
+        False, True, True, False], lines
+    assert "set_rewires: 2" in lines[2]
+    assert all("precision_at_1: " in line for line in lines)
+    # History (and CSVLogger) keep every key in every epoch.
+    assert history.history["set_rewires"] == [0, 1, 2, 2]
+    assert len(history.history["set_moved"]) == 4
+
+
+def test_epoch_line_filters_lsh_keys_and_only_the_printed_line():
+    line = xmc_tf.callbacks.EpochLine()
+    line.on_train_begin()
+    logs = [{"loss": 1.0, "lsh_rehashes": 0, "lsh_rows_rehashed": 0,
+             "set_rewires": 1, "set_moved": 5, "candidates_per_row": 8.0},
+            {"loss": 0.9, "lsh_rehashes": 3, "lsh_rows_rehashed": 60,
+             "set_rewires": 1, "set_moved": 5, "candidates_per_row": 8.0}]
+    shown = [line.shown(dict(entry)) for entry in logs]
+    assert sorted(shown[0]) == ["candidates_per_row", "loss", "set_moved",
+                                "set_rewires"]
+    assert sorted(shown[1]) == ["candidates_per_row", "loss",
+                                "lsh_rehashes", "lsh_rows_rehashed"]
+    line.on_train_begin()  # a new fit: counters start again
+    assert "set_moved" in line.shown(dict(logs[1]))
+    with pytest.raises(TypeError, match="counter keys to key prefixes"):
+        xmc_tf.callbacks.EpochLine({"set_rewires": 1})
+
+
 def test_reduce_lr_on_plateau_prints_one_line(capsys):
     x, y = _data()
     model = _compiled()

@@ -392,7 +392,10 @@ def fit_model(fit_model, config, head, fit_data, val_data, model,
               last_epoch: int) -> None:
     """Runs ``fit_model.fit`` from ``initial_epoch`` to ``last_epoch`` on
     the streams of :func:`make_datasets` (``config.train.batch_size``,
-    ``ceil(n / batch_size)`` steps per epoch) with ``callbacks``."""
+    ``ceil(n / batch_size)`` steps per epoch) with ``callbacks``, then
+    :class:`xmc_tf.callbacks.EpochLine` as the progress bar (an epoch's
+    line leaves out the SET / index / LSH keys of an event that did not
+    happen in it; ``history.csv`` keeps them)."""
     tc = config.train
     train_ds, val_ds = make_datasets(config, head, fit_data, val_data, model,
                                      cluster, initial_epoch)
@@ -402,4 +405,5 @@ def fit_model(fit_model, config, head, fit_data, val_data, model,
                   initial_epoch=initial_epoch,
                   epochs=max(last_epoch, initial_epoch),
                   shuffle=False,  # make_tf_dataset shuffles per epoch
-                  callbacks=callbacks, verbose=_keras_verbose(tc.verbose))
+                  callbacks=list(callbacks) + [xcallbacks.EpochLine()],
+                  verbose=_keras_verbose(tc.verbose))

@@ -26,9 +26,19 @@ return every log as a ``[1]`` vector, whose cross-worker mean is the value
 Keras logs (at the end of an epoch Keras reads the metrics' own results,
 summed over every replica).  :class:`DistributedModel` is a
 ``keras.Model`` with the mixin, for a functional model of your own.
+
+A plain ``keras.Model`` (or ``Sequential``) still meets bug 1, in Keras'
+own code before any xmc_tf layer, loss or metric runs.  So that its error
+names the fix, importing this module wraps
+``TensorFlowTrainer._maybe_symbolic_build`` once: that ``AttributeError``
+of a model without the mixin becomes a ``TypeError`` naming
+:class:`DistributedModel` (Keras' message kept in it); nothing else
+changes, and a Keras release without that method is left alone.
 """
 
 from __future__ import annotations
+
+import functools
 
 import keras
 import tensorflow as tf
@@ -148,3 +158,51 @@ class DistributedModel(DistributedTrainerMixin, keras.Model):
       >>> isinstance(model, keras.Model)
       True
     """
+
+
+_PLAIN_MODEL_ERROR = (
+    "a {cls} model cannot fit SparseTensor batches under {strategy} (Keras 3.15 "
+    "builds the model from strategy.reduce of the first batch, which fails "
+    "on a SparseTensor: {keras_error}): create it as "
+    "xmc_tf.models.DistributedModel(inputs, outputs) under strategy.scope() "
+    "instead of keras.Model (a subclassed model: list "
+    "xmc_tf.models.DistributedTrainerMixin first among its bases)")
+
+
+def _name_the_fix() -> None:
+    """Wraps Keras' ``TensorFlowTrainer._maybe_symbolic_build`` (once) so
+    that a model without :class:`DistributedTrainerMixin` which meets
+    Keras' ``strategy.reduce`` of a ``SparseTensor`` batch gets a
+    ``TypeError`` naming :class:`DistributedModel` instead of
+    ``AttributeError: 'SparseTensor' object has no attribute 'device'``.
+
+    Raises (from the wrapped method):
+      TypeError: that case, with Keras' message in it.
+    """
+    try:
+        from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+    except ImportError:  # another Keras layout: nothing to wrap
+        return
+    original = TensorFlowTrainer.__dict__.get("_maybe_symbolic_build")
+    if original is None or getattr(original, "_xmc_tf_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def _maybe_symbolic_build(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        except AttributeError as e:
+            if (isinstance(self, DistributedTrainerMixin)
+                    or "SparseTensor" not in str(e)):
+                raise
+            strategy = getattr(self, "_distribute_strategy", None)
+            raise TypeError(_PLAIN_MODEL_ERROR.format(
+                cls=type(self).__name__,
+                strategy=type(strategy).__name__ if strategy else "a strategy",
+                keras_error=e)) from e
+
+    _maybe_symbolic_build._xmc_tf_wrapped = True
+    TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+
+
+_name_the_fix()
