@@ -240,11 +240,13 @@ def test_placed_on_cpu_under_a_gpu_scope():
 
 
 def _raw_args():
-    """b = 3, D = 6, m = 4, s = 2: offsets [0, 2, 4, 5, 6, 7, 8]."""
+    """b = 3, D = 6, m = 4, s = 2: offsets [0, 2, 4, 5, 6, 7, 8]; the batch
+    stores features 1, 3 and 5 (the cases of ``_bad`` break their lists:
+    the kernels check the lists they read)."""
     idx = np.array([[0, 1], [2, 3], [4, 5], [1, 0]], np.int32)
     offsets, entries = np_inverted_index(idx, 6)
     return dict(rows=np.array([0, 1, 2], np.int64),
-                cols=np.array([1, 0, 5], np.int64),
+                cols=np.array([1, 3, 5], np.int64),
                 values=np.ones(3, np.float32), batch_size=np.int64(3),
                 offsets=offsets, entries=entries.astype(np.int32),
                 weights=np.ones((4, 2), np.float32))
@@ -334,6 +336,7 @@ def test_grad_weights_rejects_bad_backward_and_repeated_positions():
             backward=np.ones((3, 5), np.float32),
             **{k: v for k, v in a.items() if k != "batch_size"})
     # Features 0 and 1 both list position 0 (not an inverted index).
+    a["cols"] = np.array([1, 0, 5], np.int64)
     a["offsets"] = np.array([0, 1, 2, 8, 8, 8, 8], np.int64)
     a["entries"] = np.array([0, 0, 1, 2, 3, 4, 5, 6], np.int32)
     y = lib.xmc_uniform_sparse_matmul_sparse_input(**a)  # defined: a sum
@@ -341,6 +344,37 @@ def test_grad_weights_rejects_bad_backward_and_repeated_positions():
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"entries\[1\] = 0 .*repeats a position"):
         _grad_call(a)
+
+
+@pytest.mark.parametrize("part", ["entry", "offsets"])
+def test_lists_the_batch_does_not_read_are_not_checked(part):
+    """The matmul and its gradient check the lists of the features the
+    batch stores (features 1, 3, 5), not the whole index on every call: a
+    bad entry or offsets pair of feature 2 (positions 4, read by no entry)
+    changes nothing; the same list read by the batch is an error."""
+    good = _raw_args()
+    bad = _raw_args()
+    if part == "entry":
+        entries = bad["entries"].copy()
+        entries[4] = 99  # feature 2's list is entries[4:5]
+        bad["entries"] = entries
+        message = r"entries\[4\] = 99 is out of range \[0, 8\)"
+    else:
+        offsets = bad["offsets"].copy()
+        offsets[2] = 6  # feature 1 reads offsets[1:3] = [2, 6]
+        offsets[3] = 5  # feature 2: [6, 5], decreasing
+        bad["offsets"] = offsets
+        good["cols"] = bad["cols"] = np.array([0, 4, 5], np.int64)
+        message = r"offsets\[3\] = 5 < offsets\[2\] = 6"
+    np.testing.assert_array_equal(
+        lib.xmc_uniform_sparse_matmul_sparse_input(**bad),
+        lib.xmc_uniform_sparse_matmul_sparse_input(**good))
+    np.testing.assert_array_equal(_grad_call(bad), _grad_call(good))
+    bad["cols"] = np.array([1, 2, 5], np.int64)  # now feature 2 is read
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        lib.xmc_uniform_sparse_matmul_sparse_input(**bad)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        _grad_call(bad)
 
 
 def test_negative_batch_size():

@@ -62,6 +62,8 @@ namespace topk {
 constexpr int64_t kMinChunk = 1 << 16;
 // Scores per vectorised threshold test.
 constexpr int64_t kGroup = 64;
+// Candidate buffer entries at least (it holds max(2 k, this)).
+constexpr int64_t kMinCapacity = 16;
 
 struct Entry {
   float value;
@@ -148,7 +150,10 @@ inline void SelectChunk(const float* x, int64_t n, int64_t base, int64_t k,
     for (int64_t j = 0; j < n; ++j) out->push_back({x[j], base + j});
     return;
   }
-  const int64_t capacity = std::max<int64_t>(2 * k, 256);
+  // Small for small k: the threshold rises at each compaction, and until
+  // it does most groups of a row of 10^4 scores pass the vectorised test
+  // (a 256 floor kept it at the first entries' level for a whole row).
+  const int64_t capacity = std::max<int64_t>(2 * k, kMinCapacity);
   buf->clear();
   buf->reserve(capacity + kGroup);
   for (int64_t j = 0; j < k; ++j) buf->push_back({x[j], base + j});

@@ -271,7 +271,12 @@ offsets: [D + 1] int64, offsets[0] = 0, non-decreasing, offsets[D] =
 entries: [num_labels * fan_in] int32/int64, each in [0, num_labels * fan_in).
 weights: [num_labels, fan_in] float32.
 scores: [batch_size, num_labels] float32.
-Any violation is InvalidArgument naming the first offending entry.
+Any violation is InvalidArgument naming the first offending entry.  The
+index is checked where it is read: its sizes, offsets[0] and offsets[D] on
+every call, and the offsets pair and list of every feature the batch
+stores (a kept index is not re-read whole on every call); a bad part the
+batch reads is reported with the whole index's first bad offset or entry,
+a bad part it does not read is not read.
 )doc");
 
 REGISTER_OP("Xmc>UniformSparseMatmulSparseInputGradWeights")
@@ -322,7 +327,8 @@ cols: [nnz] int64 in [0, D).  values: [nnz] float32.
 offsets: [D + 1] int64; entries: [num_labels * fan_in] int32/int64, as for
 Xmc>UniformSparseMatmulSparseInput.  weights: [num_labels, fan_in] float32.
 grad_weights: [num_labels, fan_in] float32.
-Any violation is InvalidArgument naming the first offending entry.
+Any violation is InvalidArgument naming the first offending entry; the
+index is checked where it is read, as in Xmc>UniformSparseMatmulSparseInput.
 )doc");
 
 REGISTER_OP("Xmc>SetRewire")

@@ -28,9 +28,17 @@
 //    (so that each output element has one writer); then the groups are
 //    sharded: for each listed p, grad_weights_flat[p] = sum over the group's
 //    entries of v * backward[i, p / fan_in], zero backward entries skipped.
-//  * Every kernel validates shapes and ranges first and fails with
+//  * Every kernel validates shapes and ranges and fails with
 //    InvalidArgument naming the first offending entry; no shape CHECK-fails
-//    (output shapes are built with TensorShape::BuildTensorShape).
+//    (output shapes are built with TensorShape::BuildTensorShape).  The
+//    matmul and its gradient check the inverted index where they read it:
+//    its frame (sizes, offsets[0] = 0, offsets[D] = num_labels * fan_in) in
+//    O(1), and, for every feature the batch stores, its offsets pair and the
+//    entries of its list, before reading through them.  A kept index
+//    (built once by Xmc>UniformSparseInvertedIndex, which checks the
+//    indices it sorts) is then not re-read whole on every call; any bad
+//    part the batch reads fails with the message of the whole index's check
+//    (ValidateInvertedIndex), whose first bad entry may lie elsewhere.
 
 #include <algorithm>
 #include <cstdint>
@@ -55,12 +63,12 @@ namespace {
 // Validation (the shared checks and messages of ops/common/validation.h; the
 // sharded first-bad searches of ops/common/bad_index.h).
 
-// Checks the inverted index (offsets [D + 1], entries [num_connections]) and
-// returns D.  O(D + num_connections), sharded.
-template <typename Tidx>
-Status ValidateInvertedIndex(OpKernelContext* ctx, const Tensor& offsets,
-                             const Tensor& entries, int64_t num_connections,
-                             int64_t* num_features) {
+// Checks the frame of an inverted index (offsets [D + 1], entries
+// [num_connections]: ranks, sizes, offsets[0] = 0, offsets[D] =
+// num_connections) and returns D.  O(1).
+Status ValidateInvertedIndexFrame(const Tensor& offsets, const Tensor& entries,
+                                  int64_t num_connections,
+                                  int64_t* num_features) {
   TF_RETURN_IF_ERROR(CheckVector(offsets, "offsets"));
   TF_RETURN_IF_ERROR(CheckVector(entries, "entries"));
   if (offsets.NumElements() < 1) {
@@ -78,16 +86,32 @@ Status ValidateInvertedIndex(OpKernelContext* ctx, const Tensor& offsets,
   if (o[0] != 0) {
     return errors::InvalidArgument("offsets[0] = ", o[0], " must be 0");
   }
+  if (o[d] != n) {
+    return errors::InvalidArgument("offsets[", d, "] = ", o[d],
+                                   " must equal the number of entries ", n);
+  }
+  *num_features = d;
+  return ::tensorflow::OkStatus();
+}
+
+// Checks the whole inverted index: its frame, non-decreasing offsets and
+// every entry in [0, num_connections).  O(D + num_connections), sharded.
+// The matmul kernels run it only to name what is wrong once a list they
+// read is bad (ListIsBad).
+template <typename Tidx>
+Status ValidateInvertedIndex(OpKernelContext* ctx, const Tensor& offsets,
+                             const Tensor& entries, int64_t num_connections) {
+  int64_t d = 0;
+  TF_RETURN_IF_ERROR(
+      ValidateInvertedIndexFrame(offsets, entries, num_connections, &d));
+  const int64_t n = num_connections;
+  const int64_t* o = offsets.flat<int64_t>().data();
   const int64_t bad_offset = FirstBadPosition(
       ctx, d, [o](int64_t f) { return o[f + 1] < o[f]; }, /*cost=*/2);
   if (bad_offset >= 0) {
     return errors::InvalidArgument(
         "offsets[", bad_offset + 1, "] = ", o[bad_offset + 1], " < offsets[",
         bad_offset, "] = ", o[bad_offset], ": offsets must be non-decreasing");
-  }
-  if (o[d] != n) {
-    return errors::InvalidArgument("offsets[", d, "] = ", o[d],
-                                   " must equal the number of entries ", n);
   }
   const Tidx* e = entries.flat<Tidx>().data();
   const int64_t bad_entry = FirstOutOfRange(ctx, e, n, 0, n);
@@ -96,8 +120,35 @@ Status ValidateInvertedIndex(OpKernelContext* ctx, const Tensor& offsets,
                       static_cast<int64_t>(e[bad_entry]), 0, n,
                       "num_labels * fan_in");
   }
-  *num_features = d;
   return ::tensorflow::OkStatus();
+}
+
+// Whether feature f's part of a framed inverted index is unsafe to read:
+// its offsets pair outside 0 <= offsets[f] <= offsets[f + 1] <= n, or an
+// entry of its list outside [0, n).  Reads offsets[f], offsets[f + 1] and
+// (when they are sound) the list.  f in [0, D).
+template <typename Tidx>
+inline bool ListIsBad(const int64_t* off, const Tidx* ent, int64_t n,
+                      int64_t f) {
+  const int64_t a = off[f], z = off[f + 1];
+  if (a < 0 || a > z || z > n) return true;
+  const uint64_t bound = static_cast<uint64_t>(n);
+  bool bad = false;
+  for (int64_t q = a; q < z; ++q) {  // branch-free: vectorised
+    bad |= static_cast<uint64_t>(static_cast<int64_t>(ent[q])) >= bound;
+  }
+  return bad;
+}
+
+// The error of an inverted index one of whose read lists ListIsBad: the
+// whole index's check names the first bad offset or entry.
+template <typename Tidx>
+Status BadListError(OpKernelContext* ctx, const Tensor& offsets,
+                    const Tensor& entries, int64_t n, int64_t feature) {
+  Status full = ValidateInvertedIndex<Tidx>(ctx, offsets, entries, n);
+  if (!full.ok()) return full;
+  return errors::Internal("the inverted index list of feature ", feature,
+                          " failed its check, the whole index passed");
 }
 
 // rows / cols / values: vectors of one length; rows in [0, num_rows), cols
@@ -298,10 +349,22 @@ class UniformSparseMatmulSparseInputOp : public OpKernel {
     int64_t batch = 0, m = 0, s = 0, d = 0;
     OP_REQUIRES_OK(ctx, NonNegativeScalar(ctx->input(3), "batch_size", &batch));
     OP_REQUIRES_OK(ctx, WeightsDims(weights, &m, &s));
-    OP_REQUIRES_OK(ctx, ValidateInvertedIndex<Tidx>(ctx, offsets, entries,
-                                                    m * s, &d));
+    OP_REQUIRES_OK(ctx, ValidateInvertedIndexFrame(offsets, entries, m * s,
+                                                   &d));
     OP_REQUIRES_OK(ctx, ValidateSparseInput(ctx, rows, cols, values, batch, d,
                                             "batch_size"));
+    // The lists the batch reads (cols are in [0, D) now).
+    {
+      const int64_t* c = cols.flat<int64_t>().data();
+      const int64_t* o = offsets.flat<int64_t>().data();
+      const Tidx* e = entries.flat<Tidx>().data();
+      const int64_t bad = FirstBadPosition(
+          ctx, rows.dim_size(0),
+          [&](int64_t q) { return ListIsBad(o, e, m * s, c[q]); },
+          /*cost=*/2 * (m * s / std::max<int64_t>(d, 1)) + 4);
+      OP_REQUIRES(ctx, bad < 0,
+                  BadListError<Tidx>(ctx, offsets, entries, m * s, c[bad]));
+    }
     TensorShape out_shape;
     OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({batch, m}, &out_shape));
     Tensor* scores_t = nullptr;
@@ -370,8 +433,7 @@ class UniformSparseMatmulSparseInputGradWeightsOp : public OpKernel {
                     " must be [batch, ", m, "] ([batch, num_labels])"));
     const int64_t batch = backward.dim_size(0);
     const int64_t n = m * s;
-    OP_REQUIRES_OK(ctx,
-                   ValidateInvertedIndex<Tidx>(ctx, offsets, entries, n, &d));
+    OP_REQUIRES_OK(ctx, ValidateInvertedIndexFrame(offsets, entries, n, &d));
     OP_REQUIRES_OK(ctx, ValidateSparseInput(ctx, rows, cols, values, batch, d,
                                             "rows of backward"));
     Tensor* grad_t = nullptr;
@@ -395,8 +457,12 @@ class UniformSparseMatmulSparseInputGradWeightsOp : public OpKernel {
     int64_t touched = 0, work = 0;
     for (int64_t q = 0; q < nnz; ++q) {
       if (q == 0 || col[order[q]] != col[order[q - 1]]) {
+        // The lists the batch reads: checked once per feature.
+        const int64_t f = col[order[q]];
+        OP_REQUIRES(ctx, !ListIsBad(off, ent, n, f),
+                    BadListError<Tidx>(ctx, offsets, entries, n, f));
         group_start.push_back(q);
-        touched += off[col[order[q]] + 1] - off[col[order[q]]];
+        touched += off[f + 1] - off[f];
       }
     }
     const int64_t groups = static_cast<int64_t>(group_start.size());

@@ -408,8 +408,13 @@ def fuzz_uniform_sparse_sparse_input(max_examples):
             cols[rng.integers(0, nnz)] = e
             want = "cols["
         elif bad == "entry" and n:
-            entries[rng.integers(0, n)] = n
-            want = "entries["
+            q = int(rng.integers(0, n))
+            entries[q] = n
+            # Rejected where the batch reads that list (the kernels check
+            # the lists of the features the batch stores); else the case
+            # goes on: the result is the reference's.
+            feature = int(np.searchsorted(offsets, q, side="right") - 1)
+            want = "entries[" if np.isin(feature, cols) else None
         elif bad == "offsets":
             offsets[-1] += 1
             want = "offsets["

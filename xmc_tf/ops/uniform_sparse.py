@@ -294,7 +294,10 @@ def uniform_sparse_matmul_sparse_input(sp_input, indices, weights, name=None,
     Raises:
       tf.errors.InvalidArgumentError: an index out of ``[0, D)`` (the
         message names the entry, e.g. ``indices[3, 7] = 600``), a
-        ``sp_input`` entry whose row or column is out of range, ``weights``
+        ``sp_input`` entry whose row or column is out of range, a bad
+        ``inverted_index`` where the batch reads it (the sizes, and the
+        lists of the features the batch stores; a kept index is not
+        re-read whole in every call), ``weights``
         and ``indices`` of different shapes not known statically, or a
         non-float32 dtype (from the ops' type attributes; in graph
         construction this surfaces as a ``TypeError`` instead).
