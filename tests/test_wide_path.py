@@ -97,6 +97,68 @@ def test_label_feature_connections_fill_and_errors():
         label_feature_connections(x, sp.csr_matrix((2, 2)), 2)
 
 
+def _hot_feature_data(n=60, d=40, m=20, seed=3):
+    """Feature 0 in every instance: in every label's choices."""
+    rng = np.random.default_rng(seed)
+    x = sp.random(n, d, density=0.1, format="lil", random_state=seed,
+                  dtype=np.float32)
+    x[:, 0] = rng.random((n, 1)).astype(np.float32) + 0.1
+    y = sp.csr_matrix((rng.random((n, m)) < 0.2).astype(np.float32))
+    return sp.csr_matrix(x), y
+
+
+def test_max_fan_out_keeps_a_feature_where_it_weighs_most():
+    x, y = _hot_feature_data()
+    s, cap = 4, 12
+    free_conn, free_w = label_feature_connections(x, y, s, seed=0,
+                                                  return_weights=True)
+    conn, w = label_feature_connections(x, y, s, seed=0, return_weights=True,
+                                        max_fan_out=cap)
+    free_fan_out = np.bincount(free_conn.ravel())
+    # every label has feature 0, no other feature is above the cap
+    assert free_fan_out[0] == 20 and free_fan_out[1:].max() <= cap
+    fan_out = np.bincount(conn.ravel(), minlength=x.shape[1])
+    assert fan_out.max() <= cap and fan_out[0] == cap
+    for j in range(20):
+        assert len(set(conn[j].tolist())) == s and np.all(np.diff(conn[j]) > 0)
+    # Feature 0 stays in the labels where its normalised weight is largest.
+    weight_of_0 = np.array([free_w[j][free_conn[j] == 0][0] for j in range(20)])
+    kept = np.flatnonzero((conn == 0).any(axis=1))
+    assert sorted(kept.tolist()) == sorted(
+        np.argsort(-weight_of_0, kind="stable")[:cap].tolist())
+    # Elsewhere the labels keep their other connections and weights; the
+    # replacement connection starts at weight 0.
+    for j in range(20):
+        if j in kept:
+            np.testing.assert_array_equal(conn[j], free_conn[j])
+            continue
+        others = free_conn[j] != 0
+        assert set(free_conn[j][others].tolist()) <= set(conn[j].tolist())
+        new = ~np.isin(conn[j], free_conn[j])
+        assert new.sum() == 1 and w[j][new] == 0.0
+    # Without a cap: the same as before; a cap must be positive.
+    np.testing.assert_array_equal(
+        label_feature_connections(x, y, s, seed=0, max_fan_out=None),
+        free_conn)
+    with pytest.raises(ValueError, match="max_fan_out=0 must be >= 1"):
+        label_feature_connections(x, y, s, seed=0, max_fan_out=0)
+
+
+def test_wide_max_fan_out_is_a_multiple_of_the_mean_fan_out():
+    x, y = _hot_feature_data()
+    data = xdata.XCDataset(x, y)
+    config = _config(wide_connections=4, wide_max_fan_out=2.0)
+    head = heads.get_head(config)
+    head.prepare(data)
+    _, _, wide = build_network(config, 40, 20, sparse_input=True, head=head)
+    xwide.initialize_wide(wide, config, data)
+    # ceil(2 * 20 labels * 4 connections / 40 features) = 4 labels a feature
+    np.testing.assert_array_equal(
+        wide.indices.numpy(),
+        label_feature_connections(x, y, 4, seed=config.seed, max_fan_out=4))
+    assert np.bincount(wide.indices.numpy().ravel()).max() <= 4
+
+
 # -- kernel_scale --------------------------------------------------------------
 
 def test_kernel_scale_equals_scaled_kernel_and_scales_adam_step():

@@ -85,6 +85,13 @@ def _base() -> dict:
             # connection: weight, index, two Adam moments, gradient): all
             # 128 up to 26k labels, 5 at 670k; None: no cap
             wide_max_mib=config_dict.FieldReference(64, field_type=int),
+            # no input feature in more than this many times the mean
+            # number of labels per feature (m s / e) of the wide path: a
+            # feature of most instances is otherwise in the choices of
+            # almost every label, and a batch costs one multiply-add per
+            # (entry, label of its feature); None: no cap
+            wide_max_fan_out=config_dict.FieldReference(None,
+                                                        field_type=float),
             wide_init="zeros",  # or "centroid": the label's centroid cosine
             wide_lr_multiplier=5.0,  # the wide kernel trains 5x faster
             wide_l2=0.0,  # L2 on the wide kernel (no gain at 1e-4 / 1e-3)

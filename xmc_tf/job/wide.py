@@ -136,14 +136,22 @@ def initialize_wide(layer: UniformSparseDense, config, train_data) -> None:
       train_data: the normalised :class:`xmc_tf.data.XCDataset` ``fit``
         trains on (sparse features).
     """
+    fan_in = int(layer.indices.shape[1])
+    ratio = config.model.get("wide_max_fan_out")
+    max_fan_out = None
+    if ratio is not None:
+        max_fan_out = max(1, int(np.ceil(
+            float(ratio) * layer.units * fan_in / train_data.num_features)))
     indices, weights = label_feature_connections(
-        train_data.features, train_data.labels, int(layer.indices.shape[1]),
-        config.seed, return_weights=True)
+        train_data.features, train_data.labels, fan_in, config.seed,
+        return_weights=True, max_fan_out=max_fan_out)
     layer.indices.assign(indices)
     scale = 0.0
     if config.model.wide_init == "centroid":
         scale = _centroid_scale(train_data, indices, weights)
         layer.kernel.assign(weights * (scale / layer.kernel_scale))
     logging.info("wide path: %d connections per label from the labels' "
-                 "positive instances, kernel %s", indices.shape[1],
+                 "positive instances%s, kernel %s", indices.shape[1],
+                 f", at most {max_fan_out} labels per feature"
+                 if max_fan_out else "",
                  f"the centroids x {scale:.3g}" if scale else "zeros")

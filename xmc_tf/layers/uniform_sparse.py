@@ -92,7 +92,8 @@ def random_connections(num_labels: int, fan_in: int, num_features: int,
 
 
 def label_feature_connections(features, labels, fan_in: int, seed=None,
-                              return_weights: bool = False):
+                              return_weights: bool = False,
+                              max_fan_out: int | None = None):
     """Each label's ``fan_in`` strongest features in its positive instances.
 
     The label representation of PIFA (positive instance feature
@@ -115,6 +116,15 @@ def label_feature_connections(features, labels, fan_in: int, seed=None,
         connections, each row scaled to unit l2 norm (0 at filled ones):
         ``x . w_j`` is then the cosine of ``x`` and label ``j``'s
         (truncated) centroid, a nearest-centroid classifier.
+      max_fan_out: None, or the most labels one feature connects to.  A
+        feature in more labels' choices (a feature of most instances, in
+        the choices of every label with fewer than ``fan_in`` features)
+        keeps the ``max_fan_out`` labels where its share of the label's
+        l2-normalised aggregate is largest; each other label gets a random
+        feature instead (weight 0) that is in no more than ``max_fan_out``
+        labels' rows already where one can be found quickly.  On sparse
+        input a batch costs one multiply-add per (stored entry, label of
+        its feature): the few features of very many labels dominate it.
 
     Returns:
       int32 ``[m, s]``, each row ``s`` distinct sorted values in ``[0, e)``
@@ -123,8 +133,8 @@ def label_feature_connections(features, labels, fan_in: int, seed=None,
       features per instance entries) plus ``O(m s)``.
 
     Raises:
-      ValueError: ``fan_in`` outside ``[1, e]`` or ``features`` and
-        ``labels`` with different numbers of rows.
+      ValueError: ``fan_in`` outside ``[1, e]``, ``features`` and
+        ``labels`` with different numbers of rows, or ``max_fan_out < 1``.
 
     >>> import scipy.sparse as sp
     >>> x = sp.csr_matrix(np.array([[0., 2., 1., 0.], [3., 0., 0., 0.]]))
@@ -160,10 +170,50 @@ def label_feature_connections(features, labels, fan_in: int, seed=None,
             vals = np.concatenate([vals, np.zeros(rest.size, vals.dtype)])
         order = np.argsort(cols)
         out[j], weights[j] = cols[order], vals[order]
+    norms = np.sqrt(np.square(weights).sum(axis=1, keepdims=True))
+    weights = weights / np.maximum(norms, 1e-12)
+    if max_fan_out is not None:
+        _cap_fan_out(out, weights, int(max_fan_out), num_features, seed)
     if not return_weights:
         return out
-    norms = np.sqrt(np.square(weights).sum(axis=1, keepdims=True))
-    return out, weights / np.maximum(norms, 1e-12)
+    return out, weights
+
+
+def _cap_fan_out(out, weights, max_fan_out: int, num_features: int,
+                 seed) -> None:
+    """In place: no feature in more than ``max_fan_out`` rows of ``out``
+    (``label_feature_connections``' ``max_fan_out``); rows stay sorted and
+    distinct."""
+    if max_fan_out < 1:
+        raise ValueError(f"max_fan_out={max_fan_out} must be >= 1")
+    m, s = out.shape
+    fan_out = np.bincount(out.ravel(), minlength=num_features)
+    over = np.flatnonzero(fan_out > max_fan_out)
+    if over.size == 0 or num_features <= s:
+        return
+    rng = np.random.default_rng(None if seed is None else seed + 1)
+    flat_out, flat_w = out.reshape(-1), weights.reshape(-1)
+    changed = np.zeros(m, bool)
+    for f in over:
+        where = np.flatnonzero(flat_out == f)
+        # keep the labels where f weighs most; replace it in the others
+        drop = where[np.argsort(-flat_w[where], kind="stable")[max_fan_out:]]
+        fan_out[f] -= drop.size
+        for p in drop:
+            j = p // s
+            row = out[j]
+            for _ in range(16):  # a feature of few labels, not in the row
+                g = int(rng.integers(num_features))
+                if fan_out[g] < max_fan_out and not np.any(row == g):
+                    break
+            else:
+                g = int(rng.choice(np.setdiff1d(np.arange(num_features), row)))
+            flat_out[p], flat_w[p] = g, 0.0
+            fan_out[g] += 1
+            changed[j] = True
+    for j in np.flatnonzero(changed):
+        order = np.argsort(out[j])
+        out[j], weights[j] = out[j][order], weights[j][order]
 
 
 def label_centroids(features, labels, fan_in: int, seed=None,
