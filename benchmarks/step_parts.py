@@ -54,8 +54,12 @@ bandwidth, gathers / rate)``; ``fraction = measured / limit``:
 * head: ``2 b m s + 4 b m_nz s`` flops, ``16 m s + 12 b m + 8 b e`` bytes,
   ``m s + 2 m_nz s`` row gathers (as roofline.py's forward, grad_features,
   grad_weights);
-* wide: ``4 z w m / D`` flops (each stored entry meets ``w m / D``
-  connections on average), ``16 m w + 8 b m`` bytes;
+* wide: ``4 p`` flops, ``p`` the batch's (stored entry, connection of its
+  feature) pairs counted on the kept inverted index (``z w m / D`` if the
+  connections were uniform; the data-chosen ones put the features of most
+  instances in most labels' rows), ``16 m w + 8 b m`` bytes, ``2 p``
+  row gathers (each pair reads a weight of another label's row in the
+  forward and a signal entry of another label in the gradient);
 * loss: ``8 b m`` flops, ``12 b m`` bytes; train_metrics: ``2 b m``
   compares, ``4 b m`` bytes;
 * optimizer: ``28`` bytes per updated weight (gradient read; weight and two
@@ -96,19 +100,24 @@ STEP_PARTS = ("encoder", "intermediate", "head", "wide", "loss",
               "train_metrics", "optimizer")
 
 
-def work_models(b, z, u, D, d, e, m, s, w, m_nz, set_every):
+def work_models(b, z, u, D, d, e, m, s, w, m_nz, set_every,
+                wide_products=None):
     """FLOPs, DRAM bytes and row gathers of every part (module docstring).
 
     Args:
       b, z, u, D, d, e, m, s, w, m_nz: the shapes of the module docstring
         (per step; ``z``, ``u`` and ``m_nz`` are means over the batches).
       set_every: steps per SET rewire.
+      wide_products: ``p`` of the module docstring (mean per batch), or
+        None for the uniform ``z w m / D``.
 
     Returns:
       dict part -> ``{"flops", "bytes", "row_gathers"}`` (floats).
     """
-    wide = dict(flops=4.0 * z * w * m / D, bytes=16.0 * m * w + 8.0 * b * m,
-                row_gathers=0.0) if w else None
+    if wide_products is None:
+        wide_products = z * w * m / D
+    wide = dict(flops=4.0 * wide_products, bytes=16.0 * m * w + 8.0 * b * m,
+                row_gathers=2.0 * wide_products) if w else None
     models = {
         "input": dict(flops=0.0, bytes=12.0 * z + 8 * b, row_gathers=0.0),
         "encoder": dict(flops=4.0 * z * d, bytes=8.0 * z * d + 8 * b * d,
@@ -186,6 +195,7 @@ def measure(name, train, test, args, peaks):
       dict: shapes, parts (``median_s``, ``min_s``, ``limit_s``, ``bound``,
       ``fraction`` and the work model) and the overheads.
     """
+    import numpy as np
     import tensorflow as tf
 
     import roofline
@@ -270,7 +280,18 @@ def measure(name, train, test, args, peaks):
         g = tape.gradient(loss, scores)
         return h, a, scores, g
 
+    def wide_offsets():
+        """The wide layer's inverted-index offsets ``[D + 1]`` (its kept
+        index, built by the forward passes above)."""
+        cache = getattr(wide_layer, "_inverted_cache", None)
+        if cache is not None:
+            return cache[1].numpy()
+        counts = np.bincount(wide_layer.indices.numpy().ravel(),
+                             minlength=run.fit_data.num_features)
+        return np.concatenate([[0], np.cumsum(counts)])
+
     cached = []
+    products = []
     nz = []
     zs, us = [], []
     for batch in batches:
@@ -280,6 +301,10 @@ def measure(name, train, test, args, peaks):
         nz.append(int(tf.math.count_nonzero(
             tf.reduce_any(tf.not_equal(g, 0.0), axis=0))))
         zs.append(int(tf.size(x.values)))
+        if wide_layer is not None:
+            offsets = wide_offsets()
+            f = x.indices[:, 1].numpy()
+            products.append(int((offsets[f + 1] - offsets[f]).sum()))
         us.append(int(tf.size(tf.unique(x.indices[:, 1])[0])))
 
     @tf.function(reduce_retracing=True)
@@ -379,11 +404,13 @@ def measure(name, train, test, args, peaks):
         s=int(out_layer.indices.shape[-1]),
         w=int(wide_layer.indices.shape[-1]) if wide_layer is not None else 0,
         m_nz=statistics.mean(nz), set_every=every,
+        wide_products=statistics.mean(products) if products else 0,
         steps_per_epoch=steps_per_epoch, warm_steps=args.warm_steps,
         warm_s=warm_s)
     models = work_models(shapes["b"], shapes["z"], shapes["u"], shapes["D"],
                          shapes["d"], shapes["e"], shapes["m"], shapes["s"],
-                         shapes["w"], shapes["m_nz"], every)
+                         shapes["w"], shapes["m_nz"], every,
+                         wide_products=shapes["wide_products"] or None)
     parts = {}
     for part, times in measured.items():
         row = dict(times)

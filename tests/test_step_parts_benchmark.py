@@ -25,6 +25,11 @@ def test_work_models_against_hand_counts():
     assert models["head"]["row_gathers"] == 20 * 3 + 2 * 12 * 3
     # wide: an entry meets w m / D connections on average, forward + grad
     assert models["wide"]["flops"] == pytest.approx(4 * 10 * 5 * 20 / 50)
+    assert models["wide"]["row_gathers"] == pytest.approx(2 * 10 * 5 * 20 / 50)
+    # ... or the batch's counted (entry, connection) pairs
+    counted = step_parts.work_models(b, z, u, D, d, e, m, s, w, m_nz, 100,
+                                     wide_products=321)["wide"]
+    assert counted["flops"] == 4 * 321 and counted["row_gathers"] == 2 * 321
     # Adam: 28 bytes per updated weight over every group's variables
     updated = 7 * 6 + 6 + 6 * 8 + 8 + 20 * 3 + 20 + 20 * 5 + 20
     assert models["optimizer"]["bytes"] == 28 * updated
@@ -53,6 +58,8 @@ def test_measure_times_every_part_of_a_small_default_model():
                                                                     8, 8)
     assert shapes["m"] == 159 and 0 < shapes["m_nz"] <= 159
     assert shapes["z"] > 0 and 0 < shapes["u"] <= shapes["z"]
+    # the batch's (entry, wide connection) pairs: some, at most z m
+    assert 0 < shapes["wide_products"] <= shapes["z"] * shapes["m"]
     for part in step_parts.STEP_PARTS + ("input", "set"):
         row = parts[part]
         assert row["median_s"] > 0 and row["limit_s"] > 0, part
