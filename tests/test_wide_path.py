@@ -252,6 +252,7 @@ def test_wide_path_config_checks_and_min_delta(tmp_path):
     for field, value in (("model.wide_connections", -1),
                          ("model.input_dropout", 1.0),
                          ("train.min_delta", -0.1),
+                         ("model.wide_max_fan_out", 0.0),
                          ("model.wide_init", "centroids")):
         c = _config()
         section, name = field.split(".")

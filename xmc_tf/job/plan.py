@@ -223,6 +223,10 @@ def _check_resolved(config) -> xheads.Head:
         check_int("model.wide_connections", config.model.wide_connections, 0)
         if config.model.wide_max_mib is not None:
             check_int("model.wide_max_mib", config.model.wide_max_mib, 0)
+        fan_out = config.model.get("wide_max_fan_out")
+        if fan_out is not None and not (_is_number(fan_out) and fan_out > 0):
+            raise ValueError(f"config.model.wide_max_fan_out={fan_out!r} must "
+                             "be a number > 0 (or None: no cap)")
         for name in ("input_dropout", "dropout", "intermediate_dropout"):
             rate = config.model[name]
             if not (_is_number(rate) and 0.0 <= rate < 1.0):
