@@ -457,3 +457,46 @@ def test_kept_inverted_index_follows_every_change_of_the_indices(tmp_path):
     layer.indices.assign(bad)
     with pytest.raises(tf.errors.InvalidArgumentError, match="indices"):
         model(x)
+
+
+def test_writers_of_the_indices_check_them(tmp_path):
+    """``set_weights`` and loading range-check the connections they write
+    (nothing is assigned on a bad one); an assign that bypasses them (the
+    model's ``set_weights``) fails at the next forward, which checks every
+    index it gathers."""
+    import h5py
+
+    inputs = keras.Input((8,))
+    layer = UniformSparseDense(10, 3, seed=0, name="head")
+    model = keras.Model(inputs, layer(inputs))
+    x = np.ones((2, 8), np.float32)
+    before = [w.copy() for w in layer.get_weights()]
+    kernel, bias, indices = before
+    bad = indices.copy()
+    bad[4, 2] = 8
+    with pytest.raises(ValueError,
+                       match=r"head: indices\[4, 2\] = 8 is out of range "
+                             r"\[0, 8\)"):
+        layer.set_weights([kernel + 1, bias, bad])
+    for got, want in zip(layer.get_weights(), before):
+        np.testing.assert_array_equal(got, want)
+
+    path = str(tmp_path / "m.weights.h5")
+    model.save_weights(path)
+    with h5py.File(path, "r+") as f:
+        found = []
+        f.visititems(lambda n, d: found.append(n) if isinstance(
+            d, h5py.Dataset) and d.dtype == np.int32 else None)
+        assert len(found) == 1, found  # the only int32 variable: indices
+        data = f[found[0]][...]
+        data[1, 0] = -3
+        f[found[0]][...] = data
+    with pytest.raises(ValueError,
+                       match=r"head: indices\[1, 0\] = -3 is out of range"):
+        model.load_weights(path)
+    np.testing.assert_array_equal(layer.indices.numpy(), indices)
+
+    model.set_weights([kernel, bias, bad])  # Keras assigns directly
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"indices\[4, 2\] = 8 is out of range"):
+        model(x)

@@ -192,11 +192,25 @@ ALL_OPS = {
 def test_out_of_range_index(op, bad_value):
     idx = IDX.copy()
     idx[1, 1] = bad_value
-    # Even with an all-zero signal the gradient kernels reject the index.
-    g = np.zeros_like(G)
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=rf"indices\[1, 1\] = {bad_value} is out of range \[0, 5\)"):
-        ALL_OPS[op](X, idx, W, g)
+        ALL_OPS[op](X, idx, W, G)
+
+
+@pytest.mark.parametrize("bad_value", [5, 99, -1])
+def test_forward_checks_every_index_gradients_those_they_read(bad_value):
+    """The forward reads every index, so it rejects a bad one whatever the
+    signal; a gradient reads the indices of the labels with a non-zero
+    signal only: with an all-zero signal it returns zeros."""
+    idx = IDX.copy()
+    idx[1, 1] = bad_value
+    g = np.zeros_like(G)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="out of range"):
+        ALL_OPS["forward"](X, idx, W, g)
+    for op in ("grad_features", "grad_weights", "grad"):
+        out = ALL_OPS[op](X, idx, W, g)
+        for t in (out if isinstance(out, (list, tuple)) else [out]):
+            assert not t.numpy().any(), op
 
 
 @pytest.mark.parametrize("op", sorted(ALL_OPS))
@@ -545,19 +559,53 @@ def test_sparse_signal_duplicate_sources_over_spans(isa, monkeypatch):
 
 
 @pytest.mark.parametrize("op", sorted(ALL_OPS))
-@pytest.mark.parametrize("density", [0.0, 0.01])
+@pytest.mark.parametrize("density", [0.0, 0.01, 0.1, 0.5])
 def test_smallest_bad_index_over_spans(op, density):
     """Bad indices in two spans of labels (so in two threads' parts of the
-    sparse path): the error names the smallest position, whatever the
-    signal."""
+    sparse path) of labels with signal, and one smaller in a label without:
+    the forward names the smallest of all, a gradient the smallest it read
+    (the signal's density picks the CPU path: instance-major below 1/16
+    non-zero, blocks of labels above, with per-label scalar loops on
+    columns of few non-zeros and vector loops on the others)."""
     rng = np.random.default_rng(7)
-    x, indices, weights, g = make_case(rng, 8, 64, 2000, 32, density=density)
+    x, indices, weights, g = make_case(rng, 64, 64, 2000, 32, density=density)
     indices[1500, 3] = 64
     indices[700, 20] = -5
+    indices[300, 0] = 99
+    g[2, [700, 1500]] = 1.0
+    g[:, 300] = 0.0
+    first = "300, 0\\] = 99" if op == "forward" else "700, 20\\] = -5"
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"indices\[700, 20\] = -5 is out of range "
-                             r"\[0, 64\)"):
+                       match=rf"indices\[{first} is out of range \[0, 64\)"):
         ALL_OPS[op](x, indices, weights, g)
+
+
+@pytest.mark.parametrize("isa", ["base", "avx512"])
+@pytest.mark.parametrize("density", [0.01, 0.1, 0.5, 1.0])
+def test_gradients_skip_bad_indices_of_labels_without_signal(
+        isa, density, monkeypatch):
+    """Labels whose backward column is zero may hold any index (it is not
+    read): both gradients equal the dense reference of the same connections
+    with those labels' indices replaced by valid ones, on every CPU path."""
+    monkeypatch.setenv("XMC_TF_CPU_ISA", isa)
+    rng = np.random.default_rng(11)
+    x, indices, weights, g = make_case(rng, 48, 40, 3000, 8, density=density)
+    silent = rng.choice(3000, size=200, replace=False)
+    g[:, silent] = 0.0
+    valid = indices.copy()
+    indices[silent, rng.integers(0, 8, size=200)] = rng.choice(
+        [-7, 40, 2 ** 31 - 1], size=200)
+    gx, gw = (t.numpy() for t in lib.xmc_uniform_sparse_matmul_grad(
+        backward=g, features=x, indices=indices, weights=weights))
+    _, ref_gx, ref_gw = reference(x, valid, weights, g)
+    np.testing.assert_allclose(gx, ref_gx, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(gw, ref_gw, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        lib.xmc_uniform_sparse_matmul_grad_weights(g, x, indices).numpy(),
+        ref_gw, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        lib.xmc_uniform_sparse_matmul_grad_features(
+            g, x, indices, weights).numpy(), ref_gx, rtol=1e-5, atol=1e-4)
 
 
 def test_fused_gradient_reduced_precision():

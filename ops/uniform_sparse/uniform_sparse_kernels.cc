@@ -29,8 +29,9 @@
 //      grad_weights[j, :] (hardware gathers) and g * weights[j, :] to row
 //      i of the thread's [batch, num_features] features-gradient buffer,
 //      which stays in L1 while the instance's entries are applied.  The
-//      work is proportional to the non-zeros (Sec. 3.3); the indices are
-//      range-checked span by span as the pass reaches them;
+//      work is proportional to the non-zeros (Sec. 3.3); a span's labels
+//      that some entry reads have their indices range-checked before the
+//      span is applied;
 //    - a denser one: one pass over the labels in blocks of kSignalBlock.
 //      A block's signal backward[:, j0:j0+128] is loaded (TileSignal) as
 //      dense columns (as per-label lists of non-zeros for a sparse signal
@@ -52,9 +53,14 @@
 //    exactly 0, even against an inf / NaN feature or weight (no 0 * inf =
 //    NaN): which outputs are non-finite does not depend on the density of
 //    backward or on the path.
-//  * Every kernel validates ranks and shapes, and its functor the index
-//    range, first, and fails with InvalidArgument naming the offending
-//    entry.
+//  * Every kernel validates ranks and shapes, and its functor the range of
+//    the indices it reads, and fails with InvalidArgument naming the
+//    offending entry: the forward checks every index first; the gradients
+//    check a label's row of indices where they first read it (only labels
+//    with a non-zero signal), before any use as an address, and report
+//    the smallest bad position read (an index of a label without signal
+//    is never read; the forward, which every training step runs first,
+//    checks them all).
 
 #include <algorithm>
 #include <cmath>
@@ -175,10 +181,14 @@ inline bool AllZero<float>(const float* p, int64_t n) {
 }
 
 // out[f] += g * w[j, k] at f = idx[j, k] for the labels j in [j0, j1) whose
-// backward value g = back[j] is non-zero.
+// backward value g = back[j] is non-zero (out has num_features entries).
+// Each such label's indices are range-checked before they are used; returns
+// the position j * fan_in + k of the first bad one (the labels in order; out
+// is then partly updated), or -1.
 template <typename T>
-void GradFeaturesRow(const T* back, const int32_t* idx, const T* w, int64_t j0,
-                     int64_t j1, int64_t fan_in, float* out) {
+int64_t GradFeaturesRow(const T* back, const int32_t* idx, const T* w,
+                        int64_t j0, int64_t j1, int64_t fan_in,
+                        int64_t num_features, float* out) {
   for (int64_t b0 = j0; b0 < j1; b0 += kTile) {
     const int64_t b1 = std::min(j1, b0 + kTile);
     if (AllZero(back + b0, b1 - b0)) continue;  // nothing is read
@@ -186,12 +196,22 @@ void GradFeaturesRow(const T* back, const int32_t* idx, const T* w, int64_t j0,
       const float g = static_cast<float>(back[j]);
       if (g == 0.0f) continue;  // implicit negative mining: nothing is read
       const int32_t* ij = idx + j * fan_in;
+      const int64_t bad = FirstOutOfRangeSerial(ij, fan_in, 0, num_features);
+      if (bad >= 0) return j * fan_in + bad;
       const T* wj = w + j * fan_in;
       for (int64_t k = 0; k < fan_in; ++k) {
         out[ij[k]] += g * static_cast<float>(wj[k]);
       }
     }
   }
+  return -1;
+}
+
+// Fails the op with InvalidArgument naming indices[p] (p: a flat position).
+void FailIndex(OpKernelContext* ctx, const int32_t* idx,
+               const UniformSparseDims& d, int64_t p) {
+  ctx->CtxFailure(OutOfRange("indices", TensorShape({d.num_labels, d.fan_in}),
+                             p, idx[p], 0, d.num_features, "num_features"));
 }
 
 // sum_i a[i] * b[i] over the terms with a[i] != 0: a zero entry of the
@@ -492,6 +512,7 @@ void GradFeaturesByRows(OpKernelContext* ctx, const T* back,
     buffer = buffer_t.flat<float>().data();
   }
   const int64_t per_chunk = (d.num_labels + chunks - 1) / chunks;
+  FirstBad bad;
   ::tensorflow::Shard(
       workers->num_threads, workers->workers, d.batch * chunks,
       per_chunk * 4 + d.num_features, [&](int64_t start, int64_t limit) {
@@ -499,11 +520,14 @@ void GradFeaturesByRows(OpKernelContext* ctx, const T* back,
           const int64_t c = u / d.batch, i = u % d.batch;
           float* row = buffer + (c * d.batch + i) * d.num_features;
           std::fill(row, row + d.num_features, 0.0f);
-          GradFeaturesRow<T>(back + i * d.num_labels, idx, w, c * per_chunk,
-                             std::min(d.num_labels, (c + 1) * per_chunk),
-                             d.fan_in, row);
+          const int64_t p = GradFeaturesRow<T>(
+              back + i * d.num_labels, idx, w, c * per_chunk,
+              std::min(d.num_labels, (c + 1) * per_chunk), d.fan_in,
+              d.num_features, row);
+          if (p >= 0) bad.Record(p);
         }
       });
+  if (bad.found()) return FailIndex(ctx, idx, d, bad.get());
   if (!direct) SumChunks(ctx, buffer, chunks, out_size, out);
 }
 
@@ -720,6 +744,7 @@ void GradientsBySignalRows(OpKernelContext* ctx, const T* back, const T* feat,
       workers->num_threads, workers->workers, parts, cost,
       [&](int64_t start, int64_t limit) {
         std::vector<float> gw_storage;
+        std::vector<uint8_t> read(span);
         if (weights_grad && !std::is_same<T, float>::value) {
           gw_storage.resize(span * d.fan_in);
         }
@@ -735,8 +760,28 @@ void GradientsBySignalRows(OpKernelContext* ctx, const T* back, const T* feat,
             const int64_t j0 = sp * span;
             const int64_t n = std::min(span, d.num_labels - j0);
             const int32_t* ij = idx + j0 * d.fan_in;
-            const int64_t first = FirstOutOfRangeSerial(
-                ij, n * d.fan_in, 0, d.num_features);
+            // The span's labels that some entry reads, and their indices
+            // checked (nothing else of the span is read).
+            std::fill(read.begin(), read.begin() + n, 0);
+            for (int64_t c = 0; c < collectors; ++c) {
+              const SignalEntries& list = *entries[c];
+              const int64_t rows = d.batch * (c + 1) / collectors -
+                                   d.batch * c / collectors;
+              const int32_t* pos = list.pos();
+              for (int64_t r = 0; r < rows; ++r) {
+                const int64_t q1 = list.start(r, sp + 1);
+                for (int64_t q = list.start(r, sp); q < q1; ++q) {
+                  read[pos[q]] = 1;
+                }
+              }
+            }
+            int64_t first = -1;
+            for (int64_t t = 0; t < n && first < 0; ++t) {
+              if (!read[t]) continue;
+              const int64_t k = FirstOutOfRangeSerial(
+                  ij + t * d.fan_in, d.fan_in, 0, d.num_features);
+              if (k >= 0) first = t * d.fan_in + k;
+            }
             if (first >= 0) {
               bad.Record(j0 * d.fan_in + first);
               break;  // every later position of this part is larger
@@ -776,13 +821,7 @@ void GradientsBySignalRows(OpKernelContext* ctx, const T* back, const T* feat,
           }
         }
       });
-  if (bad.found()) {
-    const int64_t p = bad.get();
-    ctx->CtxFailure(OutOfRange("indices",
-                               TensorShape({d.num_labels, d.fan_in}), p,
-                               idx[p], 0, d.num_features, "num_features"));
-    return;
-  }
+  if (bad.found()) return FailIndex(ctx, idx, d, bad.get());
   if (features_grad) SumChunks(ctx, buffer, parts, row_size, grad_features);
 }
 
@@ -821,8 +860,6 @@ void GradientsCpu(OpKernelContext* ctx, const T* back, const T* feat,
       return;
     }
   }
-  if (!IndicesInRange(ctx, idx, d)) return;
-
   // The features gradient: in the pass (scattered into per-part buffers),
   // by rows, or nothing to do.
   int64_t parts = 0;
@@ -838,7 +875,21 @@ void GradientsCpu(OpKernelContext* ctx, const T* back, const T* feat,
     }
   }
   const bool weights_grad = grad_weights != nullptr && d.fan_in > 0;
-  if (parts == 0 && !weights_grad) return;
+  if (parts == 0 && !weights_grad) {
+    // Nothing to compute (no features, or fan_in 0), but a label with signal
+    // is still read: with no features each of its indices is out of range.
+    if (d.num_features == 0 && d.fan_in > 0) {
+      int64_t first = d.num_labels;  // the smallest label with signal
+      for (int64_t i = 0; i < d.batch; ++i) {
+        const T* row = back + i * d.num_labels;
+        for (int64_t j = 0; j < first; ++j) {
+          if (static_cast<float>(row[j]) != 0.0f) first = j;
+        }
+      }
+      if (first < d.num_labels) return FailIndex(ctx, idx, d, first * d.fan_in);
+    }
+    return;
+  }
   if (num_blocks == 0) return;
 
   // featT for the weights gradient's dense columns.
@@ -873,12 +924,14 @@ void GradientsCpu(OpKernelContext* ctx, const T* back, const T* feat,
   const int64_t cost = blocks_per_unit * kSignalBlock *
                        (d.batch + static_cast<int64_t>(density * d.batch) *
                                       d.fan_in * 4);
+  FirstBad bad;
   ::tensorflow::Shard(
       workers->num_threads, workers->workers, units, cost,
       [&](int64_t start, int64_t limit) {
         TileSignal<T> signal(d.batch, bp, dense_signal);
         std::vector<float> sums(d.fan_in);
         for (int64_t unit = start; unit < limit; ++unit) {
+          bool stop = false;  // a bad index: the rest of the unit is larger
           float* gT = nullptr;
           if (parts > 0) {
             gT = gT_all + unit * slice;
@@ -887,7 +940,7 @@ void GradientsCpu(OpKernelContext* ctx, const T* back, const T* feat,
           const int64_t b0 = parts > 0 ? num_blocks * unit / parts : unit;
           const int64_t b1 =
               parts > 0 ? num_blocks * (unit + 1) / parts : unit + 1;
-          for (int64_t block = b0; block < b1; ++block) {
+          for (int64_t block = b0; block < b1 && !stop; ++block) {
             const int64_t j0 = block * kSignalBlock;
             const int64_t nt = std::min(kSignalBlock, d.num_labels - j0);
             signal.Load(back, d.num_labels, j0, nt);
@@ -902,6 +955,13 @@ void GradientsCpu(OpKernelContext* ctx, const T* back, const T* feat,
                 continue;
               }
               const int32_t* ij = idx + j * d.fan_in;
+              const int64_t k =
+                  FirstOutOfRangeSerial(ij, d.fan_in, 0, d.num_features);
+              if (k >= 0) {
+                bad.Record(j * d.fan_in + k);
+                stop = true;
+                break;
+              }
               if (gj != nullptr) label.Weights(&signal, t, n, ij, sums.data(), gj);
               if (gT != nullptr) {
                 label.Features(&signal, t, n, ij, w + j * d.fan_in, gT);
@@ -910,6 +970,7 @@ void GradientsCpu(OpKernelContext* ctx, const T* back, const T* feat,
           }
         }
       });
+  if (bad.found()) return FailIndex(ctx, idx, d, bad.get());
   if (parts == 0) return;
   // grad_features[i, f] = sum over parts of gT[part, f, i]: the parts are
   // summed into the first (in place), which is then transposed in blocks

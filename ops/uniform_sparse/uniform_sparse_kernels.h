@@ -19,8 +19,10 @@
 // half, bfloat16, accumulated in float32) are in uniform_sparse_kernels.cc,
 // the GpuDevice ones (float, half and bfloat16, behind XMC_TF_WITH_CUDA)
 // call the extern "C" launchers declared further down.  Each functor
-// range-checks `indices` itself (the CPU ones on the host, the GPU launchers on the device) and
-// fails the op with InvalidArgument on an entry outside [0, num_features).
+// range-checks `indices` itself and fails the op with InvalidArgument on an
+// entry outside [0, num_features): the forward and the GPU launchers every
+// entry, the CPU gradients the rows of the labels with a non-zero signal
+// (the only rows they read).
 #ifndef XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_KERNELS_H_
 #define XMC_TF_OPS_UNIFORM_SPARSE_UNIFORM_SPARSE_KERNELS_H_
 

@@ -62,7 +62,9 @@ cache line, a GPU warp in one coalesced load, SET rewiring works on rows, and
 the matrices shard by label.
 
 features: [batch, num_features] float32/float16/bfloat16.
-indices: [num_labels, fan_in] int32, every entry in [0, num_features).
+indices: [num_labels, fan_in] int32, every entry in [0, num_features);
+  every entry is checked (the op reads them all): one outside is
+  InvalidArgument naming it ("indices[j, k] = v is out of range [0, D)").
 weights: [num_labels, fan_in], same dtype as features.
 scores: [batch, num_labels], same dtype as features (accumulated in float32).
 )doc");
@@ -90,6 +92,12 @@ Entries with backward[i, j] == 0 are skipped without reading indices[j, :] or
 weights[j, :] (implicit negative mining, Sec. 3.3).  Only the shape of
 `features` is used.
 
+The gradients check the indices they read: on the CPU, the rows
+indices[j, :] of the labels with a non-zero backward[:, j] (a bad one is
+InvalidArgument naming the smallest bad position read; an index of a label
+without signal is not read, so not checked: the forward op checks them all);
+the GPU launchers check every index.
+
 backward: [batch, num_labels]; features: [batch, num_features];
 indices, weights: [num_labels, fan_in].
 grad_features: [batch, num_features].
@@ -115,6 +123,12 @@ grad_weights[j, k] = sum_i backward[i, j] * features[i, indices[j, k]]
 
 A zero backward[i, j] skips the load of features[i, indices[j, k]]; a label
 whose whole backward column is zero does not read indices[j, :] at all.
+
+The gradients check the indices they read: on the CPU, the rows
+indices[j, :] of the labels with a non-zero backward[:, j] (a bad one is
+InvalidArgument naming the smallest bad position read; an index of a label
+without signal is not read, so not checked: the forward op checks them all);
+the GPU launchers check every index.
 
 backward: [batch, num_labels]; features: [batch, num_features];
 indices: [num_labels, fan_in].  grad_weights: [num_labels, fan_in].
@@ -145,6 +159,12 @@ backward, features, indices), computed together: the CPU kernel reads
 `backward` and `indices` once for both, skipping every zero entry of
 `backward` (Sec. 3.3; on a sparse signal the work is proportional to its
 non-zeros).  The gradient registered for Xmc>UniformSparseMatmul.
+
+The gradients check the indices they read: on the CPU, the rows
+indices[j, :] of the labels with a non-zero backward[:, j] (a bad one is
+InvalidArgument naming the smallest bad position read; an index of a label
+without signal is not read, so not checked: the forward op checks them all);
+the GPU launchers check every index.
 
 backward: [batch, num_labels]; features: [batch, num_features];
 indices, weights: [num_labels, fan_in].

@@ -269,6 +269,34 @@ def label_centroids(features, labels, fan_in: int, seed=None,
     return layer
 
 
+def _check_connections(indices, num_features: int, name: str = "indices"):
+    """Checks a uniform-sparse layer's connections before they are written.
+
+    The forward op checks every index it gathers and the gradient ops the
+    indices they read (the labels with a non-zero signal); the layer's
+    writers (:meth:`UniformSparseDense.set_weights`, loading) check what
+    they write with this, so a bad index fails where it enters.
+
+    Args:
+      indices: ``[num_labels, fan_in]`` integer array-like.
+      num_features: the input dimension D.
+      name: the layer's name, for the message.
+
+    Raises:
+      ValueError: an entry outside ``[0, num_features)``, naming the first
+        (row-major) as ``indices[j, k] = v``.
+    """
+    idx = np.asarray(indices)
+    if idx.ndim != 2 or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"{name}: indices must be a [num_labels, fan_in] "
+                         f"integer array, got {idx.dtype} {idx.shape}")
+    bad = (idx < 0) | (idx >= num_features)
+    if bad.any():
+        j, k = np.unravel_index(int(np.argmax(bad)), idx.shape)
+        raise ValueError(f"{name}: indices[{j}, {k}] = {int(idx[j, k])} is "
+                         f"out of range [0, {num_features}) (num_features)")
+
+
 @keras.saving.register_keras_serializable(package="xmc_tf")
 class UniformSparseDense(keras.layers.Layer):
     """Output layer in which every label has exactly ``s`` incoming connections.
@@ -403,6 +431,35 @@ class UniformSparseDense(keras.layers.Layer):
                 constraint=self.bias_constraint)
         self.input_spec = keras.layers.InputSpec(ndim=2,
                                                  axes={-1: self.num_features})
+
+    def set_weights(self, weights):
+        """As ``keras.layers.Layer.set_weights``, after a range check of the
+        new ``indices``.
+
+        Raises:
+          ValueError: a weight list of the wrong length or shapes (Keras),
+            or an entry of ``indices`` outside ``[0, num_features)``
+            (nothing is assigned then).
+        """
+        for variable, value in zip(self.weights, weights):
+            if variable is self.indices:
+                _check_connections(value, self.num_features, self.name)
+        super().set_weights(weights)
+
+    def load_own_variables(self, store):
+        """As ``keras.layers.Layer.load_own_variables`` (``load_model``,
+        ``load_weights``), after a range check of the stored ``indices``.
+
+        Raises:
+          ValueError: an entry of the stored ``indices`` outside
+            ``[0, num_features)`` (nothing is assigned then), or a store of
+            the wrong size (Keras).
+        """
+        variables = self._trainable_variables + self._non_trainable_variables
+        for i, variable in enumerate(variables):
+            if variable is self.indices and str(i) in store:
+                _check_connections(store[str(i)], self.num_features, self.name)
+        super().load_own_variables(store)
 
     def call(self, inputs):
         if isinstance(inputs, tf.SparseTensor) and (

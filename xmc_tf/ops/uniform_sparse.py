@@ -62,7 +62,10 @@ def uniform_sparse_matmul(features, indices, weights, name=None):
     Raises:
       tf.errors.InvalidArgumentError: an operand is not a matrix, ``weights``
         and ``indices`` differ in shape, or an index is out of range (the
-        message names the entry, e.g. ``indices[3, 7] = 600``).
+        message names the entry, e.g. ``indices[3, 7] = 600``).  The forward
+        checks every index; the gradients (on the CPU) the rows of the
+        labels with a non-zero signal, the only ones they read, and name
+        the smallest bad position among those.
       xmc_tf.errors.OpLibraryError: the op library is missing or was built for
         another TensorFlow.
 
