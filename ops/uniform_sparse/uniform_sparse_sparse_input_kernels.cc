@@ -461,9 +461,11 @@ class UniformSparseMatmulSparseInputGradWeightsOp : public OpKernel {
     int64_t touched = 0, work = 0;
     for (int64_t q = 0; q < nnz; ++q) {
       if (q == 0 || col[order[q]] != col[order[q - 1]]) {
-        // The lists the batch reads: checked once per feature.
+        // The lists the batch reads: their offsets here, their entries in
+        // the pass below (each list read once).
         const int64_t f = col[order[q]];
-        OP_REQUIRES(ctx, !ListIsBad(off, ent, n, f),
+        const int64_t a = off[f], z = off[f + 1];
+        OP_REQUIRES(ctx, a >= 0 && a <= z && z <= n,
                     BadListError<Tidx>(ctx, offsets, entries, n, f));
         group_start.push_back(q);
         touched += off[f + 1] - off[f];
@@ -476,24 +478,36 @@ class UniformSparseMatmulSparseInputGradWeightsOp : public OpKernel {
       work += (off[f + 1] - off[f]) * (group_start[u + 1] - group_start[u]);
     }
 
-    // Each listed position of the batch's features must occur once: its
-    // group's worker is then its only writer.
+    // Each listed position of the batch's features must be in [0, n) (else
+    // the whole index's check names the first bad entry) and occur once:
+    // its group's worker is then its only writer.  A bad entry anywhere in
+    // the read lists is reported before a repeat.
     if (touched > 0) {
       std::vector<uint64_t> seen((n + 63) / 64, 0);
+      int64_t repeat = -1, repeat_feature = -1;  // the first repeat found
       for (int64_t u = 0; u < groups; ++u) {
         const int64_t f = col[order[group_start[u]]];
         for (int64_t q = off[f]; q < off[f + 1]; ++q) {
-          const uint64_t p = static_cast<uint64_t>(ent[q]);
+          const uint64_t p =
+              static_cast<uint64_t>(static_cast<int64_t>(ent[q]));
+          OP_REQUIRES(ctx, p < static_cast<uint64_t>(n),
+                      BadListError<Tidx>(ctx, offsets, entries, n, f));
           const uint64_t bit = uint64_t{1} << (p & 63);
-          OP_REQUIRES(ctx, (seen[p >> 6] & bit) == 0,
-                      errors::InvalidArgument(
-                          "entries[", q, "] = ", p, " (listed for feature ", f,
-                          ") repeats a position already listed for a feature "
-                          "of the batch: an inverted index lists every "
-                          "position once"));
+          if ((seen[p >> 6] & bit) != 0 && repeat < 0) {
+            repeat = q;
+            repeat_feature = f;
+          }
           seen[p >> 6] |= bit;
         }
       }
+      OP_REQUIRES(ctx, repeat < 0,
+                  errors::InvalidArgument(
+                      "entries[", repeat, "] = ",
+                      static_cast<int64_t>(ent[repeat]),
+                      " (listed for feature ", repeat_feature,
+                      ") repeats a position already listed for a feature of "
+                      "the batch: an inverted index lists every position "
+                      "once"));
     }
 
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
