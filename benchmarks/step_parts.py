@@ -280,15 +280,11 @@ def measure(name, train, test, args, peaks):
         g = tape.gradient(loss, scores)
         return h, a, scores, g
 
-    def wide_offsets():
-        """The wide layer's inverted-index offsets ``[D + 1]`` (its kept
-        index, built by the forward passes above)."""
-        cache = getattr(wide_layer, "_inverted_cache", None)
-        if cache is not None:
-            return cache[1].numpy()
-        counts = np.bincount(wide_layer.indices.numpy().ravel(),
-                             minlength=run.fit_data.num_features)
-        return np.concatenate([[0], np.cumsum(counts)])
+    # The wide layer's connections per feature (the lengths of its inverted
+    # index's lists; no SET rewires these batches, so once).
+    fan_out = (np.bincount(wide_layer.indices.numpy().ravel(),
+                           minlength=run.fit_data.num_features)
+               if wide_layer is not None else None)
 
     cached = []
     products = []
@@ -302,9 +298,7 @@ def measure(name, train, test, args, peaks):
             tf.reduce_any(tf.not_equal(g, 0.0), axis=0))))
         zs.append(int(tf.size(x.values)))
         if wide_layer is not None:
-            offsets = wide_offsets()
-            f = x.indices[:, 1].numpy()
-            products.append(int((offsets[f + 1] - offsets[f]).sum()))
+            products.append(int(fan_out[x.indices[:, 1].numpy()].sum()))
         us.append(int(tf.size(tf.unique(x.indices[:, 1])[0])))
 
     @tf.function(reduce_retracing=True)
