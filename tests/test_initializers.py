@@ -151,3 +151,98 @@ def test_bce_learns_from_its_own_prior():
     loss = BinaryCrossentropy()
     out = LabelDense(1000, bias_initializer=loss.bias_initializer(3))
     assert _train_p1(out, loss, 10, _toy()) >= 0.9
+
+
+# ---------------------------------------------------------------------------
+# Block-by-block draws of large matrices.
+
+@pytest.mark.parametrize("init, moments", [
+    # Glorot uniform on [rows, cols]: U(-l, l), l = sqrt(6 / (rows + cols)).
+    (keras.initializers.GlorotUniform(seed=3),
+     lambda r, c: (0.0, math.sqrt(6 / (r + c)) / math.sqrt(3))),
+    (keras.initializers.HeNormal(seed=3),  # truncated, stddev sqrt(2 / r)
+     lambda r, c: (0.0, math.sqrt(2 / r))),
+    (keras.initializers.RandomUniform(-0.05, 0.05, seed=3),
+     lambda r, c: (0.0, 0.1 / math.sqrt(12))),
+    (keras.initializers.RandomNormal(0.5, 2.0, seed=3),
+     lambda r, c: (0.5, 2.0)),
+    (keras.initializers.Constant(0.25), lambda r, c: (0.25, 0.0)),
+])
+def test_chunked_draw_has_the_whole_draws_distribution(init, moments):
+    rows, cols = 20_000, 24
+    value = xmc_tf.initializers.chunked_initial_value(
+        init, (rows, cols), chunk_bytes=4 * cols * 777)  # 26 blocks
+    assert value.shape == (rows, cols) and value.dtype == np.float32
+    whole = keras.ops.convert_to_numpy(init((rows, cols)))
+    mean, std = moments(rows, cols)
+    for v in (value, whole):
+        assert abs(v.mean() - mean) < 0.01 * max(std, 1e-3) + 1e-6
+        assert v.std() == pytest.approx(std, rel=0.02, abs=1e-6)
+        assert np.abs(v - mean).max() <= max(whole.max() - mean,
+                                             mean - whole.min()) + 1e-6
+    if std > 0:
+        # The blocks are not repeats of one another (an int seed given to
+        # every block would make them so).
+        assert not np.array_equal(value[:777], value[777:1554])
+        again = xmc_tf.initializers.chunked_initial_value(
+            type(init).from_config(init.get_config()), (rows, cols),
+            chunk_bytes=4 * cols * 777)
+        np.testing.assert_array_equal(again, value)  # seeded: reproducible
+
+
+def test_chunked_draw_needs_a_known_distribution_and_float32():
+    class Custom(keras.initializers.Initializer):
+        def __call__(self, shape, dtype=None):
+            return keras.ops.ones(shape, dtype)
+
+    assert xmc_tf.initializers.chunked_initial_value(Custom(), (4, 3)) is None
+    assert xmc_tf.initializers.chunked_initial_value(
+        "glorot_uniform", (4, 3), dtype="float16") is None
+    with pytest.raises(ValueError, match="shape"):
+        xmc_tf.initializers.chunked_initial_value("zeros", (-1, 3))
+    # Below CHUNKED_INIT_BYTES a layer keeps its initializer as it is.
+    init = keras.initializers.GlorotUniform(seed=1)
+    assert xmc_tf.initializers.large_matrix_initializer(
+        init, (1000, 32)) is init
+    big = xmc_tf.initializers.large_matrix_initializer(
+        init, (xmc_tf.initializers.CHUNKED_INIT_BYTES // 128, 32))
+    assert big is not init and callable(big)
+    assert isinstance(xmc_tf.initializers.large_matrix_initializer(
+        Custom(), (xmc_tf.initializers.CHUNKED_INIT_BYTES // 128, 32)),
+        Custom)
+
+
+def test_layers_draw_large_kernels_in_blocks(monkeypatch):
+    """Above CHUNKED_INIT_BYTES the uniform-sparse kernel and the embedding
+    are drawn block by block (another draw of the same distribution);
+    below it, by their initializer in one call (the values of before)."""
+    from xmc_tf.layers import SparseEmbeddingBag
+
+    def kernels():
+        head = UniformSparseDense(
+            40_000, 8, seed=0,
+            kernel_initializer=keras.initializers.GlorotUniform(seed=5))
+        head.build((None, 64))
+        emb = SparseEmbeddingBag(
+            16, kernel_initializer=keras.initializers.RandomUniform(
+                -0.05, 0.05, seed=5))
+        emb.build((None, 30_000))
+        return head.kernel.numpy(), emb.kernel.numpy()
+
+    head_whole = keras.ops.convert_to_numpy(
+        keras.initializers.GlorotUniform(seed=5)((40_000, 8)))
+    emb_whole = keras.ops.convert_to_numpy(keras.initializers.RandomUniform(
+        -0.05, 0.05, seed=5)((30_000, 16)))
+    head, emb = kernels()
+    np.testing.assert_array_equal(head, head_whole)
+    np.testing.assert_array_equal(emb, emb_whole)
+    monkeypatch.setattr(xmc_tf.initializers, "CHUNKED_INIT_BYTES", 1 << 20)
+    head, emb = kernels()  # one block: the one-call draw
+    np.testing.assert_array_equal(head, head_whole)
+    np.testing.assert_array_equal(emb, emb_whole)
+    monkeypatch.setattr(xmc_tf.initializers, "CHUNK_BYTES", 100_000)
+    head, emb = kernels()
+    for got, whole in ((head, head_whole), (emb, emb_whole)):
+        assert not np.array_equal(got, whole)
+        assert np.abs(got).max() <= np.abs(whole).max() + 1e-7
+        assert got.std() == pytest.approx(whole.std(), rel=0.02)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from xmc_tf.initializers import large_matrix_initializer
 from xmc_tf.ops.embedding_bag import embedding_bag, embedding_bag_supported
 from xmc_tf.optimizers.rows import gather_rows, tf_variable
 
@@ -79,7 +80,10 @@ class SparseEmbeddingBag(keras.layers.Layer):
       use_bias: add a bias ``[units]``.
       combiner: ``"sum"`` (default; TF-IDF weighted sum, = ``Dense``),
         ``"mean"`` or ``"sqrtn"``.
-      kernel_initializer, bias_initializer: as ``keras.layers.Dense``.
+      kernel_initializer, bias_initializer: as ``keras.layers.Dense``;
+        a kernel of at least
+        :data:`xmc_tf.initializers.CHUNKED_INIT_BYTES` is drawn a block
+        of rows at a time (:func:`xmc_tf.initializers.chunked_initial_value`).
       kernel_regularizer, kernel_constraint: as ``Dense``, but both read and
         (regularizer) differentiate the **whole** table every step, so the
         kernel gradient becomes dense again and, after the first sparse
@@ -154,7 +158,9 @@ class SparseEmbeddingBag(keras.layers.Layer):
         self.num_features = int(num_features)
         self.kernel = self.add_weight(
             name="kernel", shape=(self.num_features, self.units),
-            initializer=self.kernel_initializer,
+            initializer=large_matrix_initializer(
+                self.kernel_initializer, (self.num_features, self.units),
+                self.variable_dtype),
             regularizer=self.kernel_regularizer,
             constraint=self.kernel_constraint)
         if self.use_bias:

@@ -16,6 +16,7 @@ import scipy.sparse as sp
 import tensorflow as tf
 
 from xmc_tf import initializers  # noqa: F401  (registers "hinge_prior")
+from xmc_tf.initializers import large_matrix_initializer
 from xmc_tf.layers.scorer import LabelLayout, scatter_label_rows
 from xmc_tf.ops.sparse_candidates import sparse_input_sampled_matmul
 from xmc_tf.ops.sampled import (check_candidates, check_shared_candidates,
@@ -419,7 +420,9 @@ class UniformSparseDense(keras.layers.Layer):
             initializer=lambda shape, dtype=None: connections, trainable=False)
         self.kernel = self.add_weight(
             name="kernel", shape=connections.shape,
-            initializer=self.kernel_initializer,
+            initializer=large_matrix_initializer(
+                self.kernel_initializer, connections.shape,
+                self.variable_dtype),
             regularizer=self.kernel_regularizer,
             constraint=self.kernel_constraint)
         self.bias = None
