@@ -336,7 +336,10 @@ class UniformSparseDense(keras.layers.Layer):
       kernel_initializer: as in ``keras.layers.Dense``.  The kernel
         initializer is called with the shape ``[units, s]``, which Keras reads
         as fan_in = units, fan_out = s (``glorot_uniform``: limit
-        ``sqrt(6 / (units + s))``).
+        ``sqrt(6 / (units + s))``); a kernel of at least
+        :data:`xmc_tf.initializers.CHUNKED_INIT_BYTES` is drawn a block of
+        labels at a time (:func:`xmc_tf.initializers.chunked_initial_value`:
+        the same distribution, without the one-call draw's temporaries).
       kernel_regularizer, bias_regularizer, activity_regularizer: as in
         ``keras.layers.Dense``.
       kernel_constraint, bias_constraint: as in ``keras.layers.Dense``.
