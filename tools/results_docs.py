@@ -238,6 +238,7 @@ def scaling_page() -> str:
               f"SET every {roof['set_every']} steps):", ""]
     lines += _table(["labels", "s", "e", "b", "steady-state s/step",
                      "x its limit", "head step s", "SET rewire s"], steady)
+    lines += memory_parts_section()
     lines += ["", "![Memory and time per step against the number of labels]"
               "(figures/scale.png)", "",
               "Left: peak memory per head.  Right: seconds per step; circles "
@@ -251,6 +252,56 @@ def scaling_page() -> str:
               "benchmarks/roofline.py`).  Details, targets and caveats: the "
               "lab note [scaling](../notes/scaling.md)."]
     return "\n".join(lines) + "\n"
+
+
+def memory_parts_section() -> list:
+    """The per-part memory table of ``memory_parts.json`` (GiB)."""
+    if not os.path.exists(os.path.join(RESULTS, "memory_parts.json")):
+        return []
+    result = load("memory_parts.json")
+    gib = 2 ** 30
+    runs = result["runs"]
+    parts = sorted({k for r in runs for k in r["model_variable_bytes"]})
+    phases = ("start", "runtime", "data", "model", "optimizer", "datasets",
+              "fit")
+
+    def grow(r, phase):
+        rss = r["rss_bytes"]
+        return rss[phase] - rss[phases[phases.index(phase) - 1]]
+
+    rows = [["runtime: Python, TF, Keras, op library (RSS)"] +
+            [_f(r["rss_bytes"]["runtime"] / gib) for r in runs],
+            ["data and plan (growth)"] +
+            [_f(grow(r, "data") / gib) for r in runs]]
+    for part in parts:
+        rows.append([f"model variables: {part}"] + [
+            _f(r["model_variable_bytes"].get(part, 0) / gib) for r in runs])
+    rows.append(["model variables, all / build's growth"] + [
+        f"{_f(sum(r['model_variable_bytes'].values()) / gib)} / "
+        f"{_f(grow(r, 'model') / gib)}" for r in runs])
+    for part in parts:
+        if any(part in r["optimizer_state_bytes"] for r in runs):
+            rows.append([f"optimizer state: {part}"] + [
+                _f(r["optimizer_state_bytes"].get(part, 0) / gib)
+                for r in runs])
+    rows.append(["optimizer state, all / its build's growth"] + [
+        f"{_f(sum(r['optimizer_state_bytes'].values()) / gib)} / "
+        f"{_f(grow(r, 'optimizer') / gib)}" for r in runs])
+    rows.append(["training: peak over the RSS before it"] + [
+        _f((r["phase_peak_bytes"]["fit"] - r["rss_bytes"]["datasets"]) / gib)
+        for r in runs])
+    rows.append(["**whole process peak**"] + [
+        f"**{_f(r['phase_peak_bytes']['fit'] / gib)}**" for r in runs])
+    header = ["GiB"] + [f"{r['scale']} {r['head']} ({r['num_labels']:,} "
+                        "labels)" for r in runs]
+    return ["", "Memory by part (`benchmarks/memory_parts.py`: the job's "
+            "phases in one process each, the same shapes and settings; "
+            "exact bytes of every variable and optimizer slot, beside the "
+            "resident memory each phase added; RSS counts the pages "
+            "touched, so zero-filled state shows where it is first "
+            f"written; encoder {result['encoder']}, intermediate "
+            f"{result['intermediate']:,}, batch {result['batch_size']}):",
+            ""] + _table(header, rows)
 
 
 def plot_scale(path: str) -> None:
