@@ -70,12 +70,14 @@
 // [m, s], converted to T at the end (one rounding, as on the CPU).
 //
 // Index checks: every launcher range-checks all m * s indices (the contract
-// of the header: bad_position is -1 iff every index is in range, like the
-// CPU kernels).  Each warp checks the indices of its label where it loads
-// them (also when its signal is zero); an out-of-range entry is recorded with
-// atomicMin of its flat position (cuda::RecordBad, cuda::RunWithChecks<1> of
-// ops/common/cuda_launch.h) and replaced by (index 0, weight 0), never used
-// as an address, so the reported position is the smallest bad one.
+// of the header: bad_position is -1 iff every index is in range; stricter
+// than the CPU gradients, which check the rows of the labels with signal,
+// the only ones they read).  Each warp checks the indices of its label where
+// it loads them (also when its signal is zero); an out-of-range entry is
+// recorded with atomicMin of its flat position (cuda::RecordBad,
+// cuda::RunWithChecks<1> of ops/common/cuda_launch.h) and replaced by
+// (index 0, weight 0), never used as an address, so the reported position
+// is the smallest bad one.
 // Zero-size inputs launch no empty grid: see the launchers at the end.
 
 #include <cuda_bf16.h>

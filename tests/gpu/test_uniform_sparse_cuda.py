@@ -415,8 +415,9 @@ def test_out_of_range_index_is_reported(lib, dev, bad_value, density):
         indices[j, k] = bad_value
     first = min(j * s + k for j, k in positions)
     assert forward(lib, dev, features, indices, weights)[1] == first
-    # Reported even where the signal is zero (density 0): every index of
-    # the layer is checked, as on the CPU.
+    # Reported even where the signal is zero (density 0): the launchers
+    # check every index of the layer (the CPU gradients only the rows of
+    # the labels with signal, the ones they read).
     assert grad_features(lib, dev, backward, indices, weights, e)[1] == first
     assert grad_weights(lib, dev, backward, features, indices)[1] == first
     assert grads(lib, dev, backward, features, indices, weights)[1] == first
