@@ -238,8 +238,9 @@ def chunked_initial_value(initializer, shape, dtype="float32",
     from the same distribution (the scale of a ``VarianceScaling``
     initializer, Glorot, He or LeCun, computed from the whole ``shape``) and
     copied into one NumPy array, so what remains is the array and one
-    block's temporaries.  The values are another draw than the one-call
-    initializer's (same distribution; reproducible for an int seed).
+    block's temporaries.  With more than one block the values are another
+    draw than the one-call initializer's (the same distribution;
+    reproducible for an int seed); a single block is that draw.
 
     Args:
       initializer: a Keras initializer (or its name / config):
