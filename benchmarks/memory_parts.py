@@ -51,8 +51,12 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import scale  # noqa: E402  (benchmarks/scale.py: shapes, data, settings)
+from peers import proc_status_bytes  # noqa: E402  (benchmarks/peers.py)
+from real_data import parse_set  # noqa: E402  (benchmarks/real_data.py)
 
 GIB = 2**30
 PHASES = ("start", "runtime", "data", "model", "optimizer", "datasets",
@@ -60,12 +64,9 @@ PHASES = ("start", "runtime", "data", "model", "optimizer", "datasets",
 
 
 def _status(key: str) -> int:
-    """``/proc/self/status`` entry ``key`` (``VmRSS``, ``VmHWM``), bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
+    """This process's ``/proc/self/status`` entry ``key`` (``VmRSS``,
+    ``VmHWM``), bytes."""
+    return proc_status_bytes(os.getpid(), key)
 
 
 def _reset_peak():
@@ -90,24 +91,9 @@ def _part(layer_name: str, variable_name: str) -> str:
 
 
 def _nbytes(v) -> int:
-    return int(v.numpy().nbytes) if hasattr(v, "numpy") else 0
-
-
-def apply_overrides(config, flags: list[str]):
-    """Sets ``--config.a.b=value`` flags (as ``scale.py`` gives the CLI) on
-    a config in place (values as Python literals, else strings)."""
-    import ast
-    for flag in flags:
-        key, value = flag[len("--config."):].split("=", 1)
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            pass
-        *path, attr = key.split(".")
-        target = config
-        for name in path:
-            target = target[name]
-        target[attr] = value
+    """Bytes of a variable's value (from its shape and dtype: no copy)."""
+    dtype = getattr(v.dtype, "as_numpy_dtype", v.dtype)  # tf.DType or str
+    return int(np.prod(v.shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def measure_child(scale_name: str, head: str, paths: dict, args) -> dict:
@@ -136,7 +122,7 @@ def measure_child(scale_name: str, head: str, paths: dict, args) -> dict:
         return xmc_tf
 
     phase("runtime", load_runtime)
-    from xmc_tf import config as xconfig
+    from xmc_tf.job import load_config
     from xmc_tf.callbacks import SetRewiring
     from xmc_tf.job import cluster as xcluster
     from xmc_tf.job import fit as xfit
@@ -146,11 +132,11 @@ def measure_child(scale_name: str, head: str, paths: dict, args) -> dict:
     from xmc_tf.optimizers import slot_variables
 
     config_name, flags = scale._overrides(scale_name, head, args)
-    config = xconfig.get_config(config_name)
     prefix = "base_" if head == "base" else ""
-    config.data.train = paths[prefix + "train"]
-    config.data.test = paths[prefix + "test"]
-    apply_overrides(config, flags)
+    overrides = dict(parse_set(f[len("--config."):]) for f in flags)
+    overrides.update({"data.train": paths[prefix + "train"],
+                      "data.test": paths[prefix + "test"]})
+    config = load_config(config_name, overrides)
     for section in ("tree", "centroids", "neighbours"):
         if section in config:
             config[section].enabled = False
