@@ -123,15 +123,21 @@ Status ValidateInvertedIndex(OpKernelContext* ctx, const Tensor& offsets,
   return ::tensorflow::OkStatus();
 }
 
+// Whether feature f's offsets pair is outside 0 <= offsets[f] <=
+// offsets[f + 1] <= n (reads those two offsets only).  f in [0, D).
+inline bool OffsetsAreBad(const int64_t* off, int64_t n, int64_t f) {
+  const int64_t a = off[f], z = off[f + 1];
+  return a < 0 || a > z || z > n;
+}
+
 // Whether feature f's part of a framed inverted index is unsafe to read:
-// its offsets pair outside 0 <= offsets[f] <= offsets[f + 1] <= n, or an
-// entry of its list outside [0, n).  Reads offsets[f], offsets[f + 1] and
-// (when they are sound) the list.  f in [0, D).
+// OffsetsAreBad, or an entry of its list outside [0, n).  Reads offsets[f],
+// offsets[f + 1] and (when they are sound) the list.  f in [0, D).
 template <typename Tidx>
 inline bool ListIsBad(const int64_t* off, const Tidx* ent, int64_t n,
                       int64_t f) {
+  if (OffsetsAreBad(off, n, f)) return true;
   const int64_t a = off[f], z = off[f + 1];
-  if (a < 0 || a > z || z > n) return true;
   const uint64_t bound = static_cast<uint64_t>(n);
   bool bad = false;
   for (int64_t q = a; q < z; ++q) {  // branch-free: vectorised
@@ -464,8 +470,7 @@ class UniformSparseMatmulSparseInputGradWeightsOp : public OpKernel {
         // The lists the batch reads: their offsets here, their entries in
         // the pass below (each list read once).
         const int64_t f = col[order[q]];
-        const int64_t a = off[f], z = off[f + 1];
-        OP_REQUIRES(ctx, a >= 0 && a <= z && z <= n,
+        OP_REQUIRES(ctx, !OffsetsAreBad(off, n, f),
                     BadListError<Tidx>(ctx, offsets, entries, n, f));
         group_start.push_back(q);
         touched += off[f + 1] - off[f];
