@@ -55,8 +55,7 @@ def test_cli_factories_build_the_default_callbacks():
     """The registry's refresh callbacks with the CLI's config equal the
     callbacks a user builds with no argument but the sampler; a config
     without the rehash fields falls back to Rehash's own defaults."""
-    from xmc_tf.samplers.lsh import _rehash_callbacks
-    from xmc_tf.samplers.registry import index_refresh_callbacks
+    from xmc_tf.job.samplers import _rehash_callbacks, index_refresh_callbacks
     lsh = LshNegativeSampler(100, 8)
     mixture = MixtureSampler(lsh, UniformNegativeSampler(100, 8))
     sc = ml_collections.ConfigDict(dict(SAMPLER))

@@ -18,7 +18,7 @@ from xmc_tf import data as xdata
 from xmc_tf import metrics, saving
 from xmc_tf import decoding
 from xmc_tf.job import ensemble, heads
-from xmc_tf.layers import FusedScores, UniformSparseDense
+from xmc_tf.layers import FusedScores, ScoreAverage, UniformSparseDense
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.preprocessing import load_for_model
 from xmc_tf.job.workdir import Workdir
@@ -56,7 +56,7 @@ def test_average_scores_rejects_members_of_other_shapes():
         ensemble.average_scores([_dense_member(0, d=5), _dense_member(1, d=6)])
     x = keras.Input((5,))
     with pytest.raises(ValueError, match="one shape"):
-        ensemble.ScoreAverage()([keras.layers.Dense(3)(x),
+        ScoreAverage()([keras.layers.Dense(3)(x),
                                  keras.layers.Dense(4)(x)])
 
 

@@ -572,7 +572,8 @@ def test_default_K_draws_about_k_candidates(hash_):
 
 def test_config_K_0_is_the_automatic_K_of_the_family():
     import ml_collections
-    from xmc_tf.samplers import lsh_auto_K, make_sampler
+    from xmc_tf.job.samplers import make_sampler
+    from xmc_tf.samplers import lsh_auto_K
     sc = ml_collections.ConfigDict(dict(
         kind="lsh", num_negatives=39, hash="dwta", K=0, L=50,
         query="embedding"))

@@ -118,7 +118,7 @@ def test_every_automatic_field_is_resolved_once_from_the_data(
         labels_per_instance):
     """The one resolver: no "auto" (or None) is left in the run's config,
     each value is the component's own rule on the data (NumPy checks)."""
-    from xmc_tf.samplers.registry import sampler_sizes
+    from xmc_tf.job.samplers import sampler_sizes
     from xmc_tf.samplers.lsh import lsh_auto_K
     train = _toy(labels_per_instance)
     multi_class = labels_per_instance == 1

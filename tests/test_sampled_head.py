@@ -176,7 +176,7 @@ def test_config_errors():
 
 
 def test_sampler_sizes_cap_relative_to_num_labels():
-    from xmc_tf.samplers.registry import sampler_sizes
+    from xmc_tf.job.samplers import sampler_sizes
     sc = _config("dense").sampler
     sc.num_negatives, sc.num_hard, sc.num_uniform = 256, 32, 256
     # No cap: the sizes as given.
@@ -198,7 +198,8 @@ def test_sampler_sizes_cap_relative_to_num_labels():
 
 
 def test_make_sampler_applies_cap_and_lsh_options():
-    from xmc_tf.samplers import lsh_auto_K, make_sampler
+    from xmc_tf.job.samplers import make_sampler
+    from xmc_tf.samplers import lsh_auto_K
     sc = _config("dense", kind="uniform").sampler
     sc.num_negatives = 256
     sc.max_fraction = 0.25

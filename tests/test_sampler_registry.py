@@ -24,8 +24,8 @@ from xmc_tf.layers.scorer import LabelScorer, check_label_scorer, label_layout
 from xmc_tf.job.build import build_model
 from xmc_tf.optimizers import LazyAdam
 from xmc_tf.samplers import Candidates, NegativeSampler, mask_accidental_hits
-from xmc_tf.samplers.registry import (kinds, register_sampler, sampler_kind,
-                                      shared_kinds)
+from xmc_tf.job.samplers import (kinds, register_sampler, sampler_kind,
+                                 shared_kinds)
 from op_requirements import needs_ops
 
 

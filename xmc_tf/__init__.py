@@ -35,7 +35,6 @@ from xmc_tf import optimizers  # noqa: E402
 from xmc_tf import saving  # noqa: E402  (load_saved_model, load_model)
 from xmc_tf import decoding  # noqa: E402  (top_k_function)
 from xmc_tf import config  # noqa: E402  (the config schema; no TensorFlow)
-from xmc_tf.job.classifier import ExtremeClassifier  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["callbacks", "layers", "losses", "metrics", "models", "ops"]
@@ -45,3 +44,17 @@ __all__ += ["decoding"]
 __all__ += ["initializers"]
 __all__ += ["config"]
 __all__ += ["ExtremeClassifier"]
+
+
+def __getattr__(name):
+    """``xmc_tf.ExtremeClassifier`` (:class:`xmc_tf.job.classifier.
+    ExtremeClassifier`), imported at its first use: the library's modules
+    (``import xmc_tf.layers``) do not load the job."""
+    if name == "ExtremeClassifier":
+        from xmc_tf.job.classifier import ExtremeClassifier
+        return ExtremeClassifier
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"ExtremeClassifier"})

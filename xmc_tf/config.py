@@ -38,7 +38,7 @@ from ml_collections import config_dict
 
 __all__ = ["BASE", "DEFAULT_CONFIG", "DEFAULT_HEAD", "HEAD_DEFAULTS",
            "CONFIGS_DIR", "MULTI_CLASS_DEFAULTS", "REGIME_FIELDS", "base",
-           "config_file", "get_config", "names", "by_regime", "is_multi_class",
+           "config_file", "get_config", "names", "by_regime", "AUTO", "auto_bool",
            "unresolved_fields", "regime_values", "resolve_regime",
            "flat_fields", "config_from_file"]
 
@@ -49,6 +49,38 @@ CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
 DEFAULT_CONFIG = "quickstart"
 #: ``config.model.head`` of :func:`base` without an argument.
 DEFAULT_HEAD = "uniform_sparse"
+
+
+#: The value of a config field that the job reads from the data.
+AUTO = "auto"
+
+
+def auto_bool(value, field: str):
+    """A bool config field that also takes ``"auto"``: True, False or None
+    (``"auto"``).  The command line gives such a string field strings
+    (``--config.sampler.shared=True`` on a config whose default is
+    ``"auto"``), which are read here.
+
+    Args:
+      value: the field's value.
+      field: its dotted name, for the message (``"config.tree.enabled"``).
+
+    Raises:
+      ValueError: any other value.
+
+    >>> auto_bool("auto", "f"), auto_bool("True", "f"), auto_bool(False, "f")
+    (None, True, False)
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text == AUTO:
+        return None
+    if text in ("true", "1"):
+        return True
+    if text in ("false", "0", "none", ""):
+        return False
+    raise ValueError(f"{field}={value!r}; expected True, False or {AUTO!r}")
 
 
 def _base() -> dict:
@@ -427,27 +459,6 @@ def flat_fields(fields: dict, prefix: str = ""):
             yield f"{prefix}{key}", value
 
 
-def is_multi_class(labels) -> bool:
-    """Whether training labels are multi-class: every instance has at most
-    one label (and there is at least one instance).
-
-    Args:
-      labels: ``scipy.sparse`` CSR ``[n, m]`` label matrix (explicit
-        entries are labels).
-
-    Returns:
-      bool.
-
-    >>> import scipy.sparse as sp
-    >>> is_multi_class(sp.identity(3, format="csr"))
-    True
-    >>> is_multi_class(sp.csr_matrix([[1, 1], [0, 1]]))
-    False
-    """
-    counts = labels.indptr[1:] - labels.indptr[:-1]
-    return bool(counts.size) and int(counts.max()) <= 1
-
-
 def unresolved_fields(config) -> tuple[str, ...]:
     """The fields of :data:`REGIME_FIELDS` that ``config`` leaves to the
     data (None), in :data:`REGIME_FIELDS` order.
@@ -476,7 +487,7 @@ def regime_values(config, multi_class: bool) -> dict:
 
     Args:
       config: a job config (``config.model.head`` names its schema).
-      multi_class: the training labels' regime (:func:`is_multi_class`).
+      multi_class: the training labels' regime (:func:`xmc_tf.data.is_multi_class`).
 
     Returns:
       ``{field: value}`` for every :func:`unresolved_fields` field:
@@ -504,7 +515,7 @@ def resolve_regime(config, multi_class: bool) -> ml_collections.ConfigDict:
     Args:
       config: a job config; fields of :data:`REGIME_FIELDS` that hold None
         (:func:`by_regime`) are filled in, every other value is kept.
-      multi_class: the training labels' regime (:func:`is_multi_class`).
+      multi_class: the training labels' regime (:func:`xmc_tf.data.is_multi_class`).
 
     Returns:
       ml_collections.ConfigDict: a new config (``config`` is unchanged;

@@ -27,7 +27,7 @@ Example:
 """
 
 from xmc_tf.data.embeddings import load_embedding_array, read_embeddings
-from xmc_tf.data.labels import label_matrix, padded_label_ids
+from xmc_tf.data.labels import is_multi_class, label_matrix, padded_label_ids
 from xmc_tf.data.pipeline import (count_non_finite, distribute_tf_dataset,
                                   fit_idf, make_tf_dataset,
                                   normalize_features, resolve_normalization)
@@ -43,6 +43,7 @@ __all__ = [
     "count_non_finite",
     "distribute_tf_dataset",
     "fit_idf",
+    "is_multi_class",
     "label_matrix",
     "load_bundled",
     "load_dataset",

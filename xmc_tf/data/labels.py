@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["padded_label_ids", "label_matrix"]
+__all__ = ["padded_label_ids", "label_matrix", "is_multi_class"]
 
 
 def label_matrix(labels, num_labels: int | None = None) -> sp.csr_matrix:
@@ -132,3 +132,24 @@ def padded_label_ids(labels, num_labels: int | None = None,
     cols = np.arange(y.indices.size) - np.repeat(y.indptr[:-1], counts)
     out[rows, cols] = y.indices
     return out
+
+
+def is_multi_class(labels) -> bool:
+    """Whether training labels are multi-class: every instance has at most
+    one label (and there is at least one instance).
+
+    Args:
+      labels: ``scipy.sparse`` CSR ``[n, m]`` label matrix (explicit
+        entries are labels).
+
+    Returns:
+      bool.
+
+    >>> import scipy.sparse as sp
+    >>> is_multi_class(sp.identity(3, format="csr"))
+    True
+    >>> is_multi_class(sp.csr_matrix([[1, 1], [0, 1]]))
+    False
+    """
+    counts = labels.indptr[1:] - labels.indptr[:-1]
+    return bool(counts.size) and int(counts.max()) <= 1

@@ -31,45 +31,14 @@ from __future__ import annotations
 
 import keras
 
-__all__ = ["ScoreAverage", "average_scores", "ENSEMBLE_MODEL",
-           "MEMBER_PREFIX"]
+from xmc_tf.layers import ScoreAverage
+
+__all__ = ["average_scores", "ENSEMBLE_MODEL", "MEMBER_PREFIX"]
 
 #: Name of the averaged model built by :func:`average_scores`.
 ENSEMBLE_MODEL = "ensemble"
 #: Members of an averaged model are renamed ``member_0``, ``member_1``, ...
 MEMBER_PREFIX = "member_"
-
-
-@keras.saving.register_keras_serializable(package="xmc_tf")
-class ScoreAverage(keras.layers.Layer):
-    """The element-wise mean of ``n`` score tensors of one shape.
-
-    Input: a list of ``n >= 1`` float32 tensors ``[batch, num_labels]``;
-    output: float32 ``[batch, num_labels]``, their mean.  No weights.
-    The model of :func:`average_scores` ends with it;
-    :func:`xmc_tf.decoding.scoring_layer` follows its first input (the
-    first member), so the model is decoded as its members are.
-
-    Raises:
-      ValueError: no inputs, or inputs of different shapes (at build).
-    """
-
-    def build(self, input_shape):
-        shapes = [tuple(s) for s in input_shape]
-        if not shapes or any(s != shapes[0] for s in shapes):
-            raise ValueError(f"ScoreAverage needs >= 1 inputs of one shape; "
-                             f"got {shapes}")
-        self.built = True
-
-    def call(self, inputs):
-        total = inputs[0]
-        for x in inputs[1:]:
-            total = total + x
-        return total / float(len(inputs))
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape[0])
-
 
 
 def average_scores(models: list[keras.Model]) -> keras.Model:
@@ -86,7 +55,7 @@ def average_scores(models: list[keras.Model]) -> keras.Model:
     Returns:
       A functional ``keras.Model`` named ``"ensemble"``: input as the
       members', output float32 ``[batch, num_labels]`` (the last layer, a
-      :class:`ScoreAverage`, is named ``"output"``).
+      :class:`xmc_tf.layers.ScoreAverage`, is named ``"output"``).
 
     Raises:
       ValueError: no models, or models whose inputs or outputs differ in

@@ -34,7 +34,7 @@ from xmc_tf.job.inputs import subset
 from xmc_tf.job.workdir import Workdir
 from xmc_tf.layers import FusedScores, candidate_scorer
 from xmc_tf.metrics import evaluator as xevaluation
-from xmc_tf.samplers.registry import auto_bool
+from xmc_tf.config import auto_bool
 from xmc_tf.shortlist.fusion import (NETWORK, ShortlistScores,
                                      choose_fusion_weights, exact_blocks,
                                      shortlist_blocks)
@@ -208,7 +208,7 @@ def prepare_fusion(config, wd: Workdir, fit_data, val_data) -> FusionPlan:
       A :class:`FusionPlan`.
     """
     start = time.time()
-    multi_class = xconfig.is_multi_class(fit_data.labels)
+    multi_class = xdata.is_multi_class(fit_data.labels)
     has_validation = val_data is not None and val_data.num_instances > 0
     built = _built_scorers(config, wd, fit_data, has_validation, multi_class)
     sc = config.get("shortlist")

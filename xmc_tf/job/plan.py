@@ -32,7 +32,7 @@ from xmc_tf.errors import ConfigError
 from xmc_tf.job.build import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
                              SCHEDULES)
 from xmc_tf.job.inputs import validation_rows
-from xmc_tf.samplers.registry import AUTO, auto_bool
+from xmc_tf.config import AUTO, auto_bool
 
 __all__ = ["DataSummary", "summarize", "check_config",
            "check_strategy", "resolve_config", "automatic",
@@ -50,7 +50,7 @@ class DataSummary:
       num_labels: label columns, m.
       sparse: True for sparse (CSR) features, False for dense embeddings.
       multi_class: every instance has at most one label
-        (:func:`xmc_tf.config.is_multi_class`).
+        (:func:`xmc_tf.data.is_multi_class`).
       feature_nnz: stored feature values (``n * d`` for dense features).
       label_nnz: stored labels (positives).
       whole_features: every stored feature value is a whole number >= 0
@@ -103,7 +103,7 @@ def summarize(train: xdata.XCDataset) -> DataSummary:
         num_instances=int(train.num_instances),
         num_features=int(train.num_features),
         num_labels=int(train.num_labels), sparse=bool(train.is_sparse),
-        multi_class=bool(xconfig.is_multi_class(train.labels)),
+        multi_class=bool(xdata.is_multi_class(train.labels)),
         feature_nnz=nnz, label_nnz=int(train.labels.nnz),
         whole_features=xdata.resolve_normalization(
             "auto", features) == "tfidf",
@@ -149,7 +149,7 @@ def monitor_plan(config, has_validation: bool,
       config: the job config, the scorers' ``enabled`` resolved.
       has_validation: whether the run has a validation split.
       multi_class: whether every training instance has at most one label
-        (:func:`xmc_tf.config.is_multi_class`).
+        (:func:`xmc_tf.data.is_multi_class`).
 
     Returns:
       ``(fused, why)``.
@@ -359,7 +359,7 @@ def _loss(config, summary, head, has_validation):
 
 @automatic("sampler.shared")
 def _shared(config, summary, head, has_validation):
-    from xmc_tf.samplers.registry import shared_kinds
+    from xmc_tf.job.samplers import shared_kinds
     shared = summary.multi_class and config.sampler.kind in shared_kinds()
     return bool(shared), (f"{summary.regime} training labels, sampler "
                           f"{config.sampler.kind!r}")
@@ -374,7 +374,7 @@ def _index(config, summary, head, has_validation):
 
 @automatic("sampler.K")
 def _lsh_k(config, summary, head, has_validation):
-    from xmc_tf.samplers.lsh import sampler_config_K
+    from xmc_tf.job.samplers import sampler_config_K
     k = sampler_config_K(config.sampler, summary.num_labels)
     return k, f"{summary.num_labels} labels, hash {config.sampler.hash!r}"
 

@@ -23,3 +23,5 @@ from xmc_tf.layers.fused import (FusedScores, NormalizedScorer,  # noqa: E402
                                  candidate_scorer, merge_shortlists)
 __all__ += ["FusedScores", "NormalizedScorer", "candidate_scorer",
             "merge_shortlists"]
+from xmc_tf.layers.ensemble import ScoreAverage  # noqa: E402
+__all__ += ["ScoreAverage"]

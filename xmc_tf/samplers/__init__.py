@@ -13,7 +13,3 @@ __all__ += ["AnnNegativeSampler", "InBatchSampler", "MixtureSampler",
 from xmc_tf.samplers.lsh import LshNegativeSampler, lsh_auto_K  # noqa: E402
 
 __all__ += ["LshNegativeSampler", "lsh_auto_K"]
-from xmc_tf.samplers.registry import (kinds, make_sampler,  # noqa: E402
-                                      register_sampler, sampler_kind)
-
-__all__ += ["kinds", "make_sampler", "register_sampler", "sampler_kind"]

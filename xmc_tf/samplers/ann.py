@@ -73,7 +73,6 @@ import tensorflow as tf
 
 from xmc_tf.layers.scorer import label_layout
 from xmc_tf.samplers.base import Candidates, NegativeSampler
-from xmc_tf.samplers.registry import register_sampler, sampler_sizes
 from xmc_tf.samplers.vectors import (DEFAULT_MAX_BYTES, QueryTransform,
                                      label_vectors, projection_dim)
 
@@ -577,14 +576,3 @@ class AnnNegativeSampler(NegativeSampler):
                 "projection": self.projection, "max_bytes": self.max_bytes,
                 "query_sample_size": self.query_sample_size,
                 "num_threads": self.num_threads}
-
-
-@register_sampler("ann", requires=FAISS)
-def _make_ann(sampler_config, num_labels, seed, shared):
-    """``config.sampler.kind = "ann"``: the ``num_negatives`` hardest
-    labels of a stale faiss index per row (``index``, ``nprobe``)."""
-    del shared
-    sc = sampler_config
-    k = sampler_sizes(sc, num_labels)["num_negatives"]
-    return AnnNegativeSampler(num_labels, k, index=sc.index, nprobe=sc.nprobe,
-                              seed=seed)

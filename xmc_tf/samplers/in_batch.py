@@ -38,7 +38,6 @@ from __future__ import annotations
 import tensorflow as tf
 
 from xmc_tf.samplers.base import Candidates, NegativeSampler, mask_accidental_hits
-from xmc_tf.samplers.registry import register_sampler, sampler_sizes
 
 __all__ = ["InBatchSampler"]
 
@@ -104,12 +103,3 @@ class InBatchSampler(NegativeSampler):
         log_q = tf.where(mask, log_q[None], 0.0)
         weights = tf.cast(mask, tf.float32)
         return Candidates(ids, mask, log_q, weights)
-
-
-@register_sampler("in_batch")
-def _make_in_batch(sampler_config, num_labels, seed, shared):
-    """``config.sampler.kind = "in_batch"``: ``num_negatives`` of the
-    batch's other positives per row."""
-    del shared
-    k = sampler_sizes(sampler_config, num_labels)["num_negatives"]
-    return InBatchSampler(num_labels, k, seed=seed)

@@ -80,11 +80,8 @@ from xmc_tf.ops.lsh import (HASHES, LshHashFamily,
                             simhash_inclusion_probability)
 from xmc_tf.layers.scorer import label_layout
 from xmc_tf.samplers.base import Candidates, NegativeSampler, mask_accidental_hits
-from xmc_tf.samplers.mixture import MixtureSampler, shared_pool_options
-from xmc_tf.samplers.registry import register_sampler, sampler_sizes
-from xmc_tf.samplers.uniform import UniformNegativeSampler
 
-__all__ = ["LshNegativeSampler", "lsh_auto_K", "sampler_config_K"]
+__all__ = ["LshNegativeSampler", "lsh_auto_K"]
 
 QUERIES = ("embedding", "label")
 INCLUSIONS = ("auto", "cosine", "collisions")
@@ -593,8 +590,8 @@ class LshNegativeSampler(NegativeSampler):
 def lsh_auto_K(num_labels: int, num_candidates: int, L: int,  # noqa: N802,N803
                hash: str = "simhash", bin_size: int = 8,  # pylint: disable=redefined-builtin
                bucket_bits: int = 16) -> int:
-    """Hash functions per LSH table for a label space (``K=None``, and
-    ``config.sampler.K = 0``).
+    """Hash functions per LSH table for a label space (what
+    :class:`LshNegativeSampler` uses with ``K=None``).
 
     A table of ``K`` functions of ``b`` bits each has ``2^(K b)`` buckets
     (SimHash: ``b = 1``; DWTA: ``b = log2(bin_size)``), so a bucket holds
@@ -644,70 +641,3 @@ def lsh_auto_K(num_labels: int, num_candidates: int, L: int,  # noqa: N802,N803
     bits = min(int(bucket_bits),
                max(1, math.floor(math.log2(max(ratio, 2.0)))))
     return max(1, bits // bits_per_hash)
-
-
-def _rehash_callbacks(sampler, sampler_config, set_callback=None):
-    """LSH tables follow the weights by :class:`xmc_tf.callbacks.Rehash`
-    (LNS's period ``rehash_every_steps``, decay ``rehash_decay``) of the
-    LSH sampler (the hard part of a shared mixture)."""
-    del set_callback  # Rehash finds rewired rows itself (label_rows)
-    from xmc_tf.callbacks import Rehash
-    # A field the config lacks: Rehash's own default.
-    kwargs = {arg: sampler_config[field] for field, arg in (
-        ("rehash_every_steps", "every_n_steps"),
-        ("rehash_decay", "frequency_decay")) if field in sampler_config}
-    return [Rehash(getattr(sampler, "hard", sampler), **kwargs)]
-
-
-def _lsh_k(sampler_config, num_labels, shared):
-    """Labels per row the LSH tables retrieve for ``config.sampler``:
-    ``num_hard`` (at least 1) in shared mode, else ``num_negatives``."""
-    sizes = sampler_sizes(sampler_config, num_labels)
-    return max(sizes["num_hard"], 1) if shared else sizes["num_negatives"]
-
-
-def sampler_config_K(sampler_config, num_labels: int) -> int:  # noqa: N802
-    """``config.sampler.K`` for ``num_labels`` labels: the value set, or
-    (``"auto"`` or 0) :func:`lsh_auto_K` of the candidates per row the
-    tables retrieve, ``config.sampler.L`` tables and the hash family, as
-    :class:`LshNegativeSampler` computes it with ``K=None``.
-
-    Args:
-      sampler_config: ``config.sampler`` (``K``, ``L``, ``hash``,
-        ``shared`` resolved to a bool, the sizes of
-        :func:`xmc_tf.samplers.registry.sampler_sizes`).
-      num_labels: m.
-
-    Returns:
-      int K >= 1.
-    """
-    sc = sampler_config
-    if str(sc.K).strip().lower() not in ("auto", "0"):
-        return int(sc.K)
-    k = _lsh_k(sc, num_labels, sc.shared is True)
-    return lsh_auto_K(num_labels, k, int(sc.L), hash=sc.hash)
-
-
-@register_sampler("lsh", shared=True, refresh_callbacks=_rehash_callbacks)
-def _make_lsh(sampler_config, num_labels, seed, shared):
-    """``config.sampler.kind = "lsh"``: per row, ``num_negatives`` labels
-    retrieved from the LSH tables (``hash``, ``K`` (``"auto"``:
-    :func:`lsh_auto_K`),
-    ``L``, ``query``, ``weighting``, ``min_probability``); shared, a
-    mixture whose pool the tables retrieve (``num_hard`` per row) plus
-    ``num_uniform`` uniform draws (seed + 1)."""
-    sc = sampler_config
-    sizes = sampler_sizes(sc, num_labels)
-    k = _lsh_k(sc, num_labels, shared)
-    auto = str(sc.K).strip().lower() in ("auto", "0")
-    lsh = LshNegativeSampler(
-        num_labels, k, hash=sc.hash, K=None if auto else int(sc.K), L=sc.L,
-        query=sc.query, seed=seed,
-        weighting=sc.get("weighting", "inverse_probability"),
-        min_probability=sc.get("min_probability", None) or None)
-    if not shared:
-        return lsh
-    uniform = UniformNegativeSampler(num_labels, sizes["num_uniform"],
-                                     seed=seed + 1)
-    return MixtureSampler(lsh, uniform, k_h=sizes["num_hard"],
-                          **shared_pool_options(sc))

@@ -65,11 +65,9 @@ import tensorflow as tf
 
 from xmc_tf.samplers.base import (Candidates, NegativeSampler,
                                   mask_accidental_hits, shared_candidates)
-from xmc_tf.samplers.ann import FAISS, AnnNegativeSampler
-from xmc_tf.samplers.registry import register_sampler, sampler_sizes
 from xmc_tf.samplers.uniform import UniformNegativeSampler
 
-__all__ = ["MixtureSampler", "shared_pool_options"]
+__all__ = ["MixtureSampler"]
 
 
 class MixtureSampler(NegativeSampler):
@@ -258,31 +256,3 @@ class MixtureSampler(NegativeSampler):
                 "k_h": self.k_h, "k_r": self.k_r,
                 "pool_positives": self.pool_positives,
                 "hard_queries": self.hard_queries}
-
-
-def shared_pool_options(sampler_config) -> dict:
-    """The shared-pool arguments of :class:`MixtureSampler` read from
-    ``config.sampler`` (``pool_positives``, ``hard_queries``), for every
-    sampler kind built on the mixture ("mixture", "lsh").
-
-    Returns:
-      ``{"pool_positives": bool, "hard_queries": int or None}``.
-    """
-    sc = sampler_config
-    return {"pool_positives": bool(sc.get("pool_positives", True)),
-            "hard_queries": sc.get("hard_queries", None)}
-
-
-@register_sampler("mixture", shared=True, requires=FAISS)
-def _make_mixture(sampler_config, num_labels, seed, shared):
-    """``config.sampler.kind = "mixture"`` (ASTRA): ``num_hard`` ANN hard
-    negatives + ``num_uniform`` uniform ones (seed + 1)."""
-    del shared  # the same sampler draws both ways
-    sc = sampler_config
-    sizes = sampler_sizes(sc, num_labels)
-    k_h = sizes["num_hard"]
-    hard = AnnNegativeSampler(num_labels, max(k_h, 1), index=sc.index,
-                              nprobe=sc.nprobe, seed=seed)
-    uniform = UniformNegativeSampler(num_labels, sizes["num_uniform"],
-                                     seed=seed + 1)
-    return MixtureSampler(hard, uniform, k_h=k_h, **shared_pool_options(sc))

@@ -38,7 +38,6 @@ import tensorflow as tf
 
 from xmc_tf.samplers.base import (Candidates, NegativeSampler,
                                   shared_candidates)
-from xmc_tf.samplers.registry import register_sampler, sampler_sizes
 
 __all__ = ["UniformNegativeSampler", "draw_excluding"]
 
@@ -197,12 +196,3 @@ class UniformNegativeSampler(NegativeSampler):
         weights = tf.where(mask, count / k, 0.0)
         log_q = tf.where(mask, tf.math.log(k / tf.maximum(count, 1.0)), 0.0)
         return Candidates(ids, mask, log_q, weights)
-
-
-@register_sampler("uniform", shared=True)
-def _make_uniform(sampler_config, num_labels, seed, shared):
-    """``config.sampler.kind = "uniform"``: ``num_negatives`` uniform draws
-    per row (or per batch, shared)."""
-    del shared  # the same sampler draws both ways
-    k = sampler_sizes(sampler_config, num_labels)["num_negatives"]
-    return UniformNegativeSampler(num_labels, k, seed=seed)

@@ -38,6 +38,8 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
+from xmc_tf.data.labels import is_multi_class
+
 __all__ = ["LabelTree", "TreeTopology", "fit_label_tree",
            "fit_centroid_tree", "label_tree_bytes"]
 
@@ -454,8 +456,7 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
             build(ids[part], inst[has], path + [col])
 
     rows = sp.csr_matrix(y)
-    counts = np.diff(rows.indptr)
-    if counts.size and counts.max() <= 1:  # multi-class (config.is_multi_class)
+    if is_multi_class(rows):
         label_of = np.full(rows.shape[0], m, np.int64)  # m: no label
         label_of[np.diff(rows.indptr) == 1] = rows.indices
         build_multi_class(np.arange(m), np.arange(x.shape[0]), [])

@@ -22,7 +22,7 @@ Labels reach the head inside ``fit`` through :class:`SampledTrainer`, a
 model with its own ``train_step`` (Keras passes a loss only ``(y_true,
 y_pred)``, which cannot express per-instance candidates).  The sampler is
 made by the kind registered under ``config.sampler.kind``
-(:mod:`xmc_tf.samplers.registry`), which also brings its refresh callbacks.
+(:mod:`xmc_tf.job.samplers`), which also brings its refresh callbacks.
 
 Config (``config.model.head = "sampled"``):
 
@@ -68,9 +68,10 @@ from xmc_tf.job.heads.candidates import CandidateHead
 from xmc_tf.models.sampled import SampledTrainer
 from xmc_tf.losses.sampled import (SampledBinaryCrossentropy,
                                    SampledSoftmax, SampledSquaredHinge)
-from xmc_tf.samplers.registry import (AUTO, make_sampler, sampler_kind,
-                                      shared_kinds)
-from xmc_tf.samplers.registry import shared_setting as _shared_setting
+from xmc_tf.config import AUTO
+from xmc_tf.data import is_multi_class
+from xmc_tf.job.samplers import (make_sampler, sampler_kind, shared_kinds,
+                                 shared_setting as _shared_setting)
 
 __all__ = ["SampledHead", "SAMPLED_LOSSES", "regime_choices"]
 
@@ -112,7 +113,7 @@ def regime_choices(config, labels) -> dict:
     >>> regime_choices(c, sp.csr_matrix([[1, 1], [0, 1]]))
     {'loss': 'squared_hinge', 'shared': False, 'multi_class': False}
     """
-    multi_class = xconfig.is_multi_class(labels)
+    multi_class = is_multi_class(labels)
     loss = config.loss
     if loss == AUTO:
         loss = "softmax" if multi_class else "squared_hinge"
@@ -196,7 +197,7 @@ class SampledHead(CandidateHead):
 
     def candidate_callbacks(self, layer, set_callback):
         """The refresh callbacks of the sampler's kind (ANN index refresh,
-        LSH rehash; see :mod:`xmc_tf.samplers.registry`)."""
+        LSH rehash; see :mod:`xmc_tf.job.samplers`)."""
         sc = self.config.sampler
         return sampler_kind(sc.kind).refresh_callbacks(
             self.sampler(layer), sc, set_callback)

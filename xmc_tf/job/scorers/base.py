@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from xmc_tf.samplers.registry import AUTO, auto_bool
+from xmc_tf.config import AUTO, auto_bool
 from xmc_tf.shortlist.fusion import FusionPart
 
 __all__ = ["Variant", "BuiltScorer", "FusedScorer", "register", "kinds",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from xmc_tf import data as xdata
 from xmc_tf.job.scorers.base import Variant
 from xmc_tf.layers import FeatureNormalization, NormalizedScorer
-from xmc_tf.samplers.registry import auto_bool
+from xmc_tf.config import auto_bool
 
 __all__ = ["variants", "idf_variants"]
 

@@ -19,7 +19,7 @@ from xmc_tf.job.scorers.base import (BuiltScorer, FusedScorer, check_int,
                                      register)
 from xmc_tf.job.scorers.idf import idf_variants, variants
 from xmc_tf.layers import NearestNeighbourScores
-from xmc_tf.samplers.registry import auto_bool
+from xmc_tf.config import auto_bool
 
 __all__ = ["NeighbourScorer", "WEIGHTS"]
 

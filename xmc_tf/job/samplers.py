@@ -1,23 +1,27 @@
-"""The sampler registry: ``config.sampler.kind`` -> how to make the sampler.
+"""``config.sampler`` -> a negative sampler: the job's sampler adapters.
 
-Every sampler kind registers, in its own module, a factory that makes its
+The library's samplers (:mod:`xmc_tf.samplers`) take plain arguments; this
+module is where the job's config meets them.  Every sampler kind registers
+an adapter (a factory) that makes its
 :class:`~xmc_tf.samplers.NegativeSampler` from ``(config.sampler,
 num_labels, seed, shared)`` with :func:`register_sampler`, together with
 what the head needs to know about it: whether it has a shared-candidates
 mode, which optional modules it needs (checked before any work), and the
 callbacks that keep it up to date with the head's weights.  The sampled head
-(:mod:`xmc_tf.job.heads.sampled`) asks only the registry, so a new sampler is
-one new module that registers itself (and is imported before the config is
-checked).
+(:mod:`xmc_tf.job.heads.sampled`) asks only this registry, so a new sampler
+is its class plus one adapter registered here or in a module imported before
+the config is checked.
 
-Built-in kinds: ``"uniform"`` (:mod:`xmc_tf.samplers.uniform`),
-``"in_batch"`` (:mod:`xmc_tf.samplers.in_batch`), ``"ann"``
-(:mod:`xmc_tf.samplers.ann`), ``"mixture"`` (:mod:`xmc_tf.samplers.mixture`),
-``"lsh"`` (:mod:`xmc_tf.samplers.lsh`).
+Built-in kinds: ``"uniform"``
+(:class:`~xmc_tf.samplers.UniformNegativeSampler`), ``"in_batch"``
+(:class:`~xmc_tf.samplers.InBatchSampler`), ``"ann"``
+(:class:`~xmc_tf.samplers.AnnNegativeSampler`), ``"mixture"``
+(:class:`~xmc_tf.samplers.MixtureSampler` of the ANN and uniform samplers,
+ASTRA), ``"lsh"`` (:class:`~xmc_tf.samplers.LshNegativeSampler`, shared: a
+mixture whose pool the LSH tables retrieve).
 
 Example:
     >>> import ml_collections
-    >>> from xmc_tf import samplers
     >>> sc = ml_collections.ConfigDict(dict(kind="uniform", num_negatives=8))
     >>> make_sampler(sc, 100, seed=0)
     UniformNegativeSampler(num_labels=100, num_candidates=8, seed=0)
@@ -31,41 +35,16 @@ import dataclasses
 import importlib.util
 from typing import Callable
 
-__all__ = ["AUTO", "auto_bool", "SamplerKind", "index_refresh_callbacks", "kinds",
-           "make_sampler", "register_sampler", "sampler_kind",
-           "sampler_sizes", "shared_kinds", "shared_setting"]
+from xmc_tf.config import auto_bool
+from xmc_tf.samplers import (AnnNegativeSampler, InBatchSampler,
+                             LshNegativeSampler, MixtureSampler,
+                             UniformNegativeSampler, lsh_auto_K)
+from xmc_tf.samplers.ann import FAISS
 
-#: ``config.sampler.shared`` value read from the data.
-AUTO = "auto"
-
-
-def auto_bool(value, field: str):
-    """A bool config field that also takes ``"auto"``: True, False or None
-    (``"auto"``).  The command line gives such a string field strings
-    (``--config.sampler.shared=True`` on a config whose default is
-    ``"auto"``), which are read here.
-
-    Args:
-      value: the field's value.
-      field: its dotted name, for the message (``"config.tree.enabled"``).
-
-    Raises:
-      ValueError: any other value.
-
-    >>> auto_bool("auto", "f"), auto_bool("True", "f"), auto_bool(False, "f")
-    (None, True, False)
-    """
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text == AUTO:
-        return None
-    if text in ("true", "1"):
-        return True
-    if text in ("false", "0", "none", ""):
-        return False
-    raise ValueError(f"{field}={value!r}; expected True, False or {AUTO!r}")
-
+__all__ = ["SamplerKind", "index_refresh_callbacks", "kinds", "make_sampler",
+           "register_sampler", "sampler_config_K", "sampler_kind",
+           "sampler_sizes", "shared_kinds", "shared_pool_options",
+           "shared_setting"]
 
 def shared_setting(value):
     """``config.sampler.shared`` as True, False or None (``"auto"``)
@@ -269,3 +248,127 @@ def make_sampler(sampler_config, num_labels: int, seed: int,
         shared = bool(shared_setting(sampler_config.get("shared", False)))
     return kind.factory(sampler_config, int(num_labels), int(seed),
                         bool(shared))
+
+
+@register_sampler("uniform", shared=True)
+def _make_uniform(sampler_config, num_labels, seed, shared):
+    """``config.sampler.kind = "uniform"``: ``num_negatives`` uniform draws
+    per row (or per batch, shared)."""
+    del shared  # the same sampler draws both ways
+    k = sampler_sizes(sampler_config, num_labels)["num_negatives"]
+    return UniformNegativeSampler(num_labels, k, seed=seed)
+
+
+@register_sampler("in_batch")
+def _make_in_batch(sampler_config, num_labels, seed, shared):
+    """``config.sampler.kind = "in_batch"``: ``num_negatives`` of the
+    batch's other positives per row."""
+    del shared
+    k = sampler_sizes(sampler_config, num_labels)["num_negatives"]
+    return InBatchSampler(num_labels, k, seed=seed)
+
+
+@register_sampler("ann", requires=FAISS)
+def _make_ann(sampler_config, num_labels, seed, shared):
+    """``config.sampler.kind = "ann"``: the ``num_negatives`` hardest
+    labels of a stale faiss index per row (``index``, ``nprobe``)."""
+    del shared
+    sc = sampler_config
+    k = sampler_sizes(sc, num_labels)["num_negatives"]
+    return AnnNegativeSampler(num_labels, k, index=sc.index, nprobe=sc.nprobe,
+                              seed=seed)
+
+
+def shared_pool_options(sampler_config) -> dict:
+    """The shared-pool arguments of :class:`MixtureSampler` read from
+    ``config.sampler`` (``pool_positives``, ``hard_queries``), for every
+    sampler kind built on the mixture ("mixture", "lsh").
+
+    Returns:
+      ``{"pool_positives": bool, "hard_queries": int or None}``.
+    """
+    sc = sampler_config
+    return {"pool_positives": bool(sc.get("pool_positives", True)),
+            "hard_queries": sc.get("hard_queries", None)}
+
+
+@register_sampler("mixture", shared=True, requires=FAISS)
+def _make_mixture(sampler_config, num_labels, seed, shared):
+    """``config.sampler.kind = "mixture"`` (ASTRA): ``num_hard`` ANN hard
+    negatives + ``num_uniform`` uniform ones (seed + 1)."""
+    del shared  # the same sampler draws both ways
+    sc = sampler_config
+    sizes = sampler_sizes(sc, num_labels)
+    k_h = sizes["num_hard"]
+    hard = AnnNegativeSampler(num_labels, max(k_h, 1), index=sc.index,
+                              nprobe=sc.nprobe, seed=seed)
+    uniform = UniformNegativeSampler(num_labels, sizes["num_uniform"],
+                                     seed=seed + 1)
+    return MixtureSampler(hard, uniform, k_h=k_h, **shared_pool_options(sc))
+
+
+def _rehash_callbacks(sampler, sampler_config, set_callback=None):
+    """LSH tables follow the weights by :class:`xmc_tf.callbacks.Rehash`
+    (LNS's period ``rehash_every_steps``, decay ``rehash_decay``) of the
+    LSH sampler (the hard part of a shared mixture)."""
+    del set_callback  # Rehash finds rewired rows itself (label_rows)
+    from xmc_tf.callbacks import Rehash
+    # A field the config lacks: Rehash's own default.
+    kwargs = {arg: sampler_config[field] for field, arg in (
+        ("rehash_every_steps", "every_n_steps"),
+        ("rehash_decay", "frequency_decay")) if field in sampler_config}
+    return [Rehash(getattr(sampler, "hard", sampler), **kwargs)]
+
+
+def _lsh_k(sampler_config, num_labels, shared):
+    """Labels per row the LSH tables retrieve for ``config.sampler``:
+    ``num_hard`` (at least 1) in shared mode, else ``num_negatives``."""
+    sizes = sampler_sizes(sampler_config, num_labels)
+    return max(sizes["num_hard"], 1) if shared else sizes["num_negatives"]
+
+
+def sampler_config_K(sampler_config, num_labels: int) -> int:  # noqa: N802
+    """``config.sampler.K`` for ``num_labels`` labels: the value set, or
+    (``"auto"`` or 0) :func:`lsh_auto_K` of the candidates per row the
+    tables retrieve, ``config.sampler.L`` tables and the hash family, as
+    :class:`LshNegativeSampler` computes it with ``K=None``.
+
+    Args:
+      sampler_config: ``config.sampler`` (``K``, ``L``, ``hash``,
+        ``shared`` resolved to a bool, the sizes of
+        :func:`xmc_tf.samplers.registry.sampler_sizes`).
+      num_labels: m.
+
+    Returns:
+      int K >= 1.
+    """
+    sc = sampler_config
+    if str(sc.K).strip().lower() not in ("auto", "0"):
+        return int(sc.K)
+    k = _lsh_k(sc, num_labels, sc.shared is True)
+    return lsh_auto_K(num_labels, k, int(sc.L), hash=sc.hash)
+
+
+@register_sampler("lsh", shared=True, refresh_callbacks=_rehash_callbacks)
+def _make_lsh(sampler_config, num_labels, seed, shared):
+    """``config.sampler.kind = "lsh"``: per row, ``num_negatives`` labels
+    retrieved from the LSH tables (``hash``, ``K`` (``"auto"``:
+    :func:`lsh_auto_K`),
+    ``L``, ``query``, ``weighting``, ``min_probability``); shared, a
+    mixture whose pool the tables retrieve (``num_hard`` per row) plus
+    ``num_uniform`` uniform draws (seed + 1)."""
+    sc = sampler_config
+    sizes = sampler_sizes(sc, num_labels)
+    k = _lsh_k(sc, num_labels, shared)
+    auto = str(sc.K).strip().lower() in ("auto", "0")
+    lsh = LshNegativeSampler(
+        num_labels, k, hash=sc.hash, K=None if auto else int(sc.K), L=sc.L,
+        query=sc.query, seed=seed,
+        weighting=sc.get("weighting", "inverse_probability"),
+        min_probability=sc.get("min_probability", None) or None)
+    if not shared:
+        return lsh
+    uniform = UniformNegativeSampler(num_labels, sizes["num_uniform"],
+                                     seed=seed + 1)
+    return MixtureSampler(lsh, uniform, k_h=sizes["num_hard"],
+                          **shared_pool_options(sc))
