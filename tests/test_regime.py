@@ -241,3 +241,45 @@ def test_resume_refuses_a_backup_whose_labels_resolved_otherwise(tmp_path):
     with pytest.raises(CheckpointError, match="chosen from its training "
                                               "labels"):
         xrun.train_and_evaluate(_run_config(path), workdir)
+
+
+def test_a_run_checks_its_config_once(tmp_path, monkeypatch):
+    """``train_and_evaluate`` checks the config once, as given (both label
+    regimes), and makes no head beyond those of that check: the plan binds
+    the checked head to the resolved config (Head.bound_to)."""
+    from xmc_tf.job.heads import base as heads_base
+    path = tmp_path / "train.txt"
+    _write(path, _toy(1))
+    config = _run_config(path, epochs=1)
+    made = []
+    init = heads_base.Head.__init__
+
+    def counting_init(self, c):
+        made.append(type(self).__name__)
+        init(self, c)
+
+    monkeypatch.setattr(heads_base.Head, "__init__", counting_init)
+    xplan.check_config(config)
+    heads_per_check, made[:] = len(made), []
+    checks = []
+    check = xplan.check_config
+
+    def counting_check(c):
+        checks.append(c)
+        return check(c)
+
+    monkeypatch.setattr(xplan, "check_config", counting_check)
+    bound = []
+    bound_to = heads_base.Head.bound_to
+
+    def recording_bound_to(self, c):
+        bound.append(c)
+        return bound_to(self, c)
+
+    monkeypatch.setattr(heads_base.Head, "bound_to", recording_bound_to)
+    metrics = xrun.train_and_evaluate(config, str(tmp_path / "wd"))
+    assert len(checks) == 1 and checks[0] is config
+    assert len(made) == heads_per_check == 3  # as given, both regimes
+    # the run's head is bound to the resolved config (batch size by regime)
+    assert bound[-1].train.batch_size == 256
+    assert metrics["regime"]["fields"]["train.batch_size"] == 256

@@ -531,9 +531,9 @@ def _print_config(config, config_path):
     from xmc_tf.errors import ConfigError
     from xmc_tf.job import inputs, plan
     try:
-        plan.check_config(config)
+        head = plan.check_config(config)
         train, _ = inputs.read_datasets(config)
-        resolved, _ = plan.resolve_config(config, train)
+        resolved, _ = plan.resolve_config(config, train, head=head)
     except ConfigError as e:
         raise ConfigError(f"{_shown(config_path)}: {e}") from e
     print(resolved.to_json_best_effort(indent=2, sort_keys=True))

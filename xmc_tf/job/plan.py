@@ -35,7 +35,7 @@ from xmc_tf.job.inputs import validation_rows
 from xmc_tf.config import AUTO, auto_bool
 
 __all__ = ["DataSummary", "summarize", "check_config",
-           "check_strategy", "resolve_config", "automatic",
+           "check_strategy", "check_batch_split", "resolve_config", "automatic",
            "automatic_fields", "is_auto", "MONITORS", "monitor_plan",
            "shortlist_plan"]
 
@@ -272,11 +272,11 @@ def check_strategy(config, head, cluster: xcluster.Cluster) -> None:
       ConfigError: ``config.model.ensemble_size > 1`` (members are trained
         one process at a time), a head that cannot be trained data parallel
         (:attr:`xmc_tf.job.heads.Head.data_parallel`), or
-        ``config.train.batch_size`` not a multiple of the replicas (the
-        global batch is split evenly over them).
+        ``config.train.batch_size`` not a multiple of the replicas
+        (:func:`check_batch_split`; a batch size left to the label regime,
+        None, is checked once resolved).
     """
-    replicas = cluster.num_replicas
-    batch_size = config.train.batch_size  # None: by regime, checked later
+    batch_size = config.train.batch_size
     if config.model.ensemble_size > 1:
         raise ConfigError(
             f"config.model.ensemble_size={config.model.ensemble_size}: "
@@ -287,7 +287,23 @@ def check_strategy(config, head, cluster: xcluster.Cluster) -> None:
             f"config.model.head={head.name!r} cannot be trained under a "
             "tf.distribute strategy (its trainer keeps per-process sampler "
             "or per-instance state); use --strategy=none")
-    if batch_size is not None and batch_size % replicas:
+    if batch_size is not None:
+        check_batch_split(batch_size, cluster)
+
+
+def check_batch_split(batch_size: int, cluster: xcluster.Cluster) -> None:
+    """Checks that the global batch splits evenly over the replicas.
+
+    Args:
+      batch_size: ``config.train.batch_size`` (instances per step, all
+        replicas together).
+      cluster: the :class:`xmc_tf.job.cluster.Cluster` of the strategy.
+
+    Raises:
+      ConfigError: ``batch_size`` not a multiple of ``cluster.num_replicas``.
+    """
+    replicas = cluster.num_replicas
+    if batch_size % replicas:
         raise ConfigError(
             f"config.train.batch_size={batch_size} must be a "
             f"multiple of the {replicas} replicas of the strategy (the global "
@@ -416,7 +432,7 @@ def _resolve_regime(config, summary) -> tuple:
     return xconfig.resolve_regime(config, summary.multi_class), values
 
 
-def batch_cap(config, num_labels: int) -> int | None:
+def batch_cap(config, num_labels: int, head=None) -> int | None:
     """The batch size ``config.train.batch_scores_mib`` allows, or None.
 
     For heads that score every label in training (a ``[batch, num_labels]``
@@ -429,12 +445,16 @@ def batch_cap(config, num_labels: int) -> int | None:
     Args:
       config: the job config.
       num_labels: ``m``.
+      head: the config's :class:`~xmc_tf.job.heads.Head` (None: made from
+        the config).
 
     Returns:
       int or None.
     """
     mib = config.train.get("batch_scores_mib")
-    if mib is None or not xheads.get_head(config).full_scores_in_training:
+    if mib is None:
+        return None
+    if not (head or xheads.get_head(config)).full_scores_in_training:
         return None
     cap = max(1, int(mib) * 2**20 // (4 * max(1, int(num_labels))))
     return cap if int(config.train.batch_size) > cap else None
@@ -442,7 +462,7 @@ def batch_cap(config, num_labels: int) -> int | None:
 
 def resolve_config(config, train: xdata.XCDataset,
                    validation: xdata.XCDataset | None = None,
-                   summary: DataSummary | None = None):
+                   summary: DataSummary | None = None, head=None):
     """The one resolver of automatic settings: the run's config with every
     field left to the data filled in, one log line per field.
 
@@ -464,6 +484,9 @@ def resolve_config(config, train: xdata.XCDataset,
         splits ``config.data.validation_fraction`` of ``train``).
       summary: ``train``'s :class:`DataSummary` when the caller has it
         (:func:`summarize` reads every feature value).
+      head: the :class:`~xmc_tf.job.heads.Head` that :func:`check_config`
+        returned for ``config`` (None: made from the config); the resolvers
+        read it bound to the config resolved so far.
 
     Returns:
       ``(run_config, resolved)``: the config the run trains with (``config``
@@ -476,7 +499,6 @@ def resolve_config(config, train: xdata.XCDataset,
     run, values = _resolve_regime(config, summary)
     has_validation = validation is not None or bool(
         validation_rows(run, summary.num_instances))
-    head = None
     for field, resolve in _RESOLVERS.items():
         node, name = _field(run, field)
         if node is None or not is_auto(node[name]):
@@ -485,12 +507,12 @@ def resolve_config(config, train: xdata.XCDataset,
             run = copy.deepcopy(config)
             node, name = _field(run, field)
         head = head or xheads.get_head(run)
-        value, why = resolve(run, summary, head, has_validation)
+        value, why = resolve(run, summary, head.bound_to(run), has_validation)
         node[name] = value
         values[field] = value
         logging.info("config.%s=%r: chosen from the data (%s)", field, value,
                      why)
-    cap = batch_cap(run, summary.num_labels)
+    cap = batch_cap(run, summary.num_labels, head)
     if cap is not None:
         if run is config:
             run = copy.deepcopy(config)

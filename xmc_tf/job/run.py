@@ -144,11 +144,15 @@ class Run:
         write_bytes_atomic(self.wd.file(Workdir.CONFIG),
                            self.given.to_json_best_effort(indent=2).encode())
         self.config, self.regime = xplan.resolve_config(
-            self.given, train, self.data.validation, self.summary)
-        if self.regime:
-            self.head = xplan.check_config(self.config)
-            if self.cluster.strategy is not None:
-                xplan.check_strategy(self.config, self.head, self.cluster)
+            self.given, train, self.data.validation, self.summary,
+            head=self.head)
+        # Checked once, as given, for both label regimes (check_config);
+        # only a batch size the plan chose is new here.
+        self.head = self.head.bound_to(self.config)
+        if (self.cluster.strategy is not None and self.config.train.batch_size
+                != self.given.train.batch_size):  # by regime, or capped
+            xplan.check_batch_split(self.config.train.batch_size,
+                                    self.cluster)
         xresume.check_same_data(self.ckpt, self.regime,
                                 self.summary.to_json())
 

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from typing import ClassVar
 
 import keras
@@ -158,6 +159,20 @@ class Head:
                 f"xmc_tf.config.base({self.name!r}) (a packaged config of "
                 "that head: xmc_tf.config.names())")
         self.check_config()
+
+    def bound_to(self, config) -> "Head":
+        """This head bound to ``config`` without checking it again: the
+        resolved copy (:func:`xmc_tf.job.plan.resolve_config`) of the config
+        this head was checked with (:func:`xmc_tf.job.plan.check_config`
+        checks both label regimes' values).  Call it before
+        :meth:`prepare`: the copy shares what ``__init__`` set.
+
+        Returns:
+          A new head of this class; ``self`` is unchanged.
+        """
+        head = copy.copy(self)
+        head.config = config
+        return head
 
     # -- training -----------------------------------------------------------
 
