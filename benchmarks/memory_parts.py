@@ -8,8 +8,8 @@ Amazon-670K / Amazon-3M shapes, same files, same job settings as its
 fan-in 32 / 96, batch 32, ``lazy_adam``, SET twice a run; the label tree
 and the other fused scorers off, as training does not use them) and head
 (``--heads``: ``uniform_sparse`` and the 1,000-label ``base``), one child
-process goes through the job's own phases (``xmc_tf.job.run.Run``:
-``plan``, ``build``, the optimizer's ``build``, ``make_datasets``, then
+process goes through the job's own phases (:mod:`xmc_tf.job.run`:
+``plan`` and ``split``, ``build``, the optimizer's ``build``, ``make_datasets``, then
 ``fit`` for the scale's steps) and records after each phase the process's
 resident memory (``VmRSS``) and, within the phase, its peak (``VmHWM``,
 reset at the phase's start through ``/proc/self/clear_refs``):
@@ -106,8 +106,10 @@ def measure_child(scale_name: str, head: str, paths: dict, args) -> dict:
         t = time.perf_counter()
         out = fn()
         seconds = time.perf_counter() - t
-        peak[name] = _status("VmHWM")
+        # RSS first: the high-water mark read after it is at least that
+        # (threads may still allocate between the two reads).
         rss[name] = _status("VmRSS")
+        peak[name] = _status("VmHWM")
         times[name] = round(seconds, 2)
         return out
 
@@ -127,7 +129,7 @@ def measure_child(scale_name: str, head: str, paths: dict, args) -> dict:
     from xmc_tf.job import cluster as xcluster
     from xmc_tf.job import fit as xfit
     from xmc_tf.job import plan as xplan
-    from xmc_tf.job.run import Run
+    from xmc_tf.job import run as xrun
     from xmc_tf.job.workdir import Workdir
     from xmc_tf.optimizers import slot_variables
 
@@ -144,17 +146,22 @@ def measure_child(scale_name: str, head: str, paths: dict, args) -> dict:
     workdir = os.path.join(args.workdir, f"parts_{scale_name}_{head}")
     os.makedirs(workdir, exist_ok=True)
     head_kind = xplan.check_config(config)
-    run = Run(config, Workdir(workdir), head_kind, xcluster.Cluster(None),
-              None, None, [])
-    phase("data", run.plan)
-    phase("model", run.build)
-    model, fit_model = run.model, run.fit_model
+    job = xrun.Job(Workdir(workdir), xcluster.Cluster(None))
+
+    def plan_and_split():
+        planned = xrun.plan(job, config, head_kind, None)
+        return planned, xrun.split(job, planned)
+
+    planned, splits = phase("data", plan_and_split)
+    built = phase("model", lambda: xrun.build(job, planned, splits))
+    model, fit_model = built.model, built.fit_model
     opt = fit_model.optimizer
     phase("optimizer", lambda: opt.build(fit_model.trainable_variables))
     train_ds, _ = phase("datasets", lambda: xfit.make_datasets(
-        run.config, run.head, run.fit_data, None, model, run.cluster, 0))
+        planned.config, planned.head, splits.fit_data, None, model,
+        job.cluster, 0))
     steps = scale.SCALES[scale_name]["train_steps"]
-    set_cbs = [c for c in run.callbacks if isinstance(c, SetRewiring)]
+    set_cbs = [c for c in built.callbacks if isinstance(c, SetRewiring)]
     phase("fit", lambda: fit_model.fit(train_ds, steps_per_epoch=steps,
                                        epochs=1, verbose=0,
                                        callbacks=set_cbs))

@@ -6,7 +6,7 @@ Issue 57 item 1.  For each shared multi-label set (``--datasets``: Bibtex
 and Delicious' ``xcsplit``, WordNetHypernyms) the job builds the default
 model exactly as ``xmc-tf train --config=uniform_sparse`` does (plan,
 normalisation, prior bias, wide path from the data, the compiled loss and
-training metrics, LazyAdam; :class:`xmc_tf.job.run.Run`, the fused scorers
+training metrics, LazyAdam; the phases of :mod:`xmc_tf.job.run`, the fused scorers
 off: they run after training), trains it ``--warm-steps`` steps (so that the
 loss signal is as sparse as in training, not at its initial state), then
 times, on ``--batches`` real training batches held in memory, every part of
@@ -204,7 +204,7 @@ def measure(name, train, test, args, peaks):
     from xmc_tf.job import cluster as xcluster
     from xmc_tf.job import fit as xfit
     from xmc_tf.job import plan as xplan
-    from xmc_tf.job.run import Run
+    from xmc_tf.job import run as xrun
     from xmc_tf.job.workdir import Workdir
 
     config = xconfig.get_config("uniform_sparse")
@@ -221,16 +221,16 @@ def measure(name, train, test, args, peaks):
         target[attr] = json.loads(value)
     head = xplan.check_config(config)
     workdir = tempfile.mkdtemp(prefix=f"step_parts_{name}_")
-    run = Run(config, Workdir(workdir), head, xcluster.Cluster(None), None,
-              None, [])
-    run.plan()
-    run.build()
-    cfg = run.config
-    model, fit_model = run.model, run.fit_model
-    set_cbs = [c for c in run.callbacks if isinstance(c, SetRewiring)]
-    train_ds, _ = xfit.make_datasets(cfg, run.head, run.fit_data, None,
-                                     model, run.cluster, 0)
-    steps_per_epoch = -(-run.fit_data.num_instances // cfg.train.batch_size)
+    job = xrun.Job(Workdir(workdir), xcluster.Cluster(None))
+    planned = xrun.plan(job, config, head, None)
+    splits = xrun.split(job, planned)
+    built = xrun.build(job, planned, splits)
+    cfg = planned.config
+    model, fit_model = built.model, built.fit_model
+    set_cbs = [c for c in built.callbacks if isinstance(c, SetRewiring)]
+    train_ds, _ = xfit.make_datasets(cfg, planned.head, splits.fit_data, None,
+                                     model, job.cluster, 0)
+    steps_per_epoch = -(-splits.fit_data.num_instances // cfg.train.batch_size)
     t = time.perf_counter()
     fit_model.fit(train_ds, steps_per_epoch=args.warm_steps, epochs=1,
                   verbose=0, callbacks=set_cbs)
@@ -252,7 +252,7 @@ def measure(name, train, test, args, peaks):
     loss_fn = fit_model.loss
     # the compiled training metrics' kinds, fresh (Keras keeps its own
     # inside a CompileMetrics wrapper)
-    metrics = run.head.train_metrics(run.layer)
+    metrics = planned.head.train_metrics(built.layer)
     opt = fit_model.optimizer
 
     def xy(batch):
@@ -283,7 +283,7 @@ def measure(name, train, test, args, peaks):
     # The wide layer's connections per feature (the lengths of its inverted
     # index's lists; no SET rewires these batches, so once).
     fan_out = (np.bincount(wide_layer.indices.numpy().ravel(),
-                           minlength=run.fit_data.num_features)
+                           minlength=splits.fit_data.num_features)
                if wide_layer is not None else None)
 
     cached = []
@@ -393,7 +393,7 @@ def measure(name, train, test, args, peaks):
     b = cfg.train.batch_size
     shapes = dict(
         b=b, z=statistics.mean(zs), u=statistics.mean(us),
-        D=run.fit_data.num_features, d=int(enc.units),
+        D=splits.fit_data.num_features, d=int(enc.units),
         e=int(inter.units), m=int(out_layer.units),
         s=int(out_layer.indices.shape[-1]),
         w=int(wide_layer.indices.shape[-1]) if wide_layer is not None else 0,

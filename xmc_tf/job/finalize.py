@@ -26,7 +26,6 @@ import keras
 import numpy as np
 from absl import logging
 
-from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf.job import preprocessing as xprep
 from xmc_tf.job import scorers as xscorers

@@ -9,6 +9,8 @@ is trained; :func:`read_datasets` is what ``xmc-tf train`` reads from
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import scipy.sparse as sp
 from absl import logging
@@ -20,9 +22,35 @@ from xmc_tf.errors import ConfigError, DataError
 from xmc_tf.job.workdir import Workdir
 from xmc_tf.files import atomic_path
 
-__all__ = ["as_dataset", "read_datasets", "check_compatible", "subset",
+__all__ = ["JobData", "as_dataset", "read_datasets", "check_compatible", "subset",
            "validation_rows", "validation_split", "prepare_splits",
            "save_inv_propensities"]
+
+
+@dataclasses.dataclass
+class JobData:
+    """The data of a run, raw feature values (the job fits the
+    normalisation).
+
+    Attributes:
+      train: :class:`xmc_tf.data.XCDataset` to train on.
+      test: data set evaluated into ``metrics.json``, or None.
+      validation: data set for the schedule, early stopping and the label
+        tree's weight; None takes ``config.data.validation_fraction`` of
+        ``train`` (:func:`xmc_tf.job.inputs.validation_split`).
+    """
+
+    train: xdata.XCDataset
+    test: xdata.XCDataset | None = None
+    validation: xdata.XCDataset | None = None
+
+    def check(self) -> None:
+        """Raises ValueError when test or validation differ from train in
+        their numbers of features or labels."""
+        check_compatible(self.train, self.test, "the training data",
+                                 "the test data")
+        check_compatible(self.train, self.validation,
+                                 "the training data", "the validation data")
 
 
 def _features(X, what: str):

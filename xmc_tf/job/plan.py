@@ -2,10 +2,14 @@
 data, and resolve every field the config leaves to the data.
 
 The job (:mod:`xmc_tf.job.run`) runs the phases
-plan -> build -> fit -> finalize -> export; this module is the first: what
-it returns is a config with concrete values that the later phases read
-(:func:`resolve_config`), and a :class:`DataSummary` of the training data
-that the resume check and ``metrics.json`` keep.
+plan -> splits -> build -> fit -> finalize -> export, each a function from
+the value of the one before; this module makes the first value, a frozen
+:class:`Plan` (:func:`make_plan`): the config as given and resolved to
+concrete values (:func:`resolve_config`), what the data chose, the head
+bound to the resolved config, and a :class:`DataSummary` of the training
+data that the resume check and ``metrics.json`` keep.  The checks
+(:func:`check_config`, :func:`check_strategy`) run once, on the config as
+given, before any data is read.
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 4.1 (the schedule the configs use).
@@ -34,7 +38,7 @@ from xmc_tf.job.build import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
 from xmc_tf.job.inputs import validation_rows
 from xmc_tf.config import AUTO, auto_bool
 
-__all__ = ["DataSummary", "summarize", "check_config",
+__all__ = ["DataSummary", "Plan", "make_plan", "summarize", "check_config",
            "check_strategy", "check_batch_split", "resolve_config", "automatic",
            "automatic_fields", "is_auto", "MONITORS", "monitor_plan",
            "shortlist_plan"]
@@ -112,6 +116,59 @@ def summarize(train: xdata.XCDataset) -> DataSummary:
         postings_per_instance=postings)
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The plan phase's value: what every later phase reads.
+
+    Attributes:
+      given: the config as given (``ml_collections.ConfigDict``; what
+        ``config.json``, the resume check and ensemble members compare).
+      config: the config resolved from the data (:func:`resolve_config`);
+        ``given`` itself when nothing was left to the data.
+      regime: ``{"labels", "fields"}`` of the values the data chose (JSON;
+        ``{}`` when none), kept by the checkpoint and ``metrics.json``.
+      head: the :class:`xmc_tf.job.heads.Head` bound to ``config``.
+      summary: the training data's :class:`DataSummary`.
+      data: the run's data (:class:`xmc_tf.job.inputs.JobData`, raw
+        feature values).
+      inv_prop: float32 ``[num_labels]`` inverse label propensities of the
+        training labels (PSP@k), or None without a test set.
+    """
+
+    given: object
+    config: object
+    regime: dict
+    head: xheads.Head
+    summary: DataSummary
+    data: object
+    inv_prop: object = None
+
+
+def make_plan(given, head: xheads.Head, data, summary: DataSummary | None =
+              None, inv_prop=None) -> Plan:
+    """The :class:`Plan` of ``given`` on ``data``: the config resolved from
+    the training data (:func:`resolve_config`) and ``head`` bound to it
+    (:meth:`xmc_tf.job.heads.Head.bound_to`: no second check).
+
+    Args:
+      given: the config as given, checked by :func:`check_config`.
+      head: what :func:`check_config` returned for it.
+      data: :class:`xmc_tf.job.inputs.JobData` (``train`` and, when the
+        caller has one, ``validation``).
+      summary: ``data.train``'s :class:`DataSummary` when the caller has it.
+      inv_prop: the inverse propensities to keep in the plan (or None).
+
+    Returns:
+      The frozen :class:`Plan`.
+    """
+    summary = summary or summarize(data.train)
+    config, regime = resolve_config(given, data.train, data.validation,
+                                    summary, head=head)
+    return Plan(given=given, config=config, regime=regime,
+                head=head.bound_to(config), summary=summary, data=data,
+                inv_prop=inv_prop)
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -140,7 +197,7 @@ def monitor_plan(config, has_validation: bool,
     and stopping on it came 3 epochs early (validation P@k 56.86 against
     56.93), so the network is stopped on its own P@k there, as on data
     with many instances per label.  ``"fused"`` and ``"network"`` are
-    kept; the job (:class:`xmc_tf.job.run.Run`) raises
+    kept; the job (:func:`xmc_tf.job.run.build`) raises
     :class:`~xmc_tf.errors.ConfigError` for ``"fused"`` without a weight
     to read, and trains a run under a ``tf.distribute`` strategy on the
     network's monitor when ``"auto"`` chose the fused one.

@@ -6,19 +6,25 @@ directory that keeps its promises.
 in-memory data sets: :class:`JobData`, what
 :class:`xmc_tf.ExtremeClassifier` passes), evaluates it on the test set
 and writes ``model.keras``, ``saved_model/`` and, last, ``metrics.json``.
-The phases are the methods of :class:`Run`, each in its module:
+The config is checked once, as given (:func:`xmc_tf.job.plan.check_config`,
+:func:`xmc_tf.job.plan.check_strategy`), before any data is read.  Each
+phase is then a function from the value of the one before, all of them
+reading the process's :class:`Job` (workdir, cluster, backup, callbacks):
 
-* plan (:mod:`xmc_tf.job.plan`): the config checked and resolved from a
-  summary of the training data;
-* build (:mod:`xmc_tf.job.fit`): validation split and normalisation
-  (:mod:`xmc_tf.job.inputs`), the model, its optimizer and callbacks;
-* fit (:mod:`xmc_tf.job.fit`, :mod:`xmc_tf.job.resume`): restore a backup
-  or start fresh, ``model.fit``;
-* finalize (:mod:`xmc_tf.job.finalize`): the label tree, the label
-  centroids, the neighbour votes and the normalisation added to the
-  trained network;
-* export: test metrics (:mod:`xmc_tf.job.report`), the model files, the
-  completion marker.
+* :func:`plan` (:mod:`xmc_tf.job.plan`): data -> a frozen
+  :class:`xmc_tf.job.plan.Plan`, the config resolved from a summary of the
+  training data;
+* :func:`split` (:mod:`xmc_tf.job.inputs`): plan -> :class:`Splits`, the
+  validation split and the normalisation;
+* :func:`build` (:mod:`xmc_tf.job.fit`): -> :class:`Built`, the model, its
+  optimizer, callbacks and checkpointer;
+* :func:`fit` (:mod:`xmc_tf.job.fit`, :mod:`xmc_tf.job.resume`): restore a
+  backup or start fresh, ``model.fit`` (``Built``'s models, in place);
+* :func:`finalize` (:mod:`xmc_tf.job.finalize`): -> :class:`Fused`, the
+  label tree, the label centroids, the neighbour votes and the
+  normalisation added to the trained network;
+* :func:`export`: test metrics (:mod:`xmc_tf.job.report`), the model files
+  and the completion marker (the step an ensemble ends with too).
 
 The work directory keeps its promises (:mod:`xmc_tf.job.workdir`,
 :mod:`xmc_tf.job.checkpoint`): one run at a time (a lock), a finished run is
@@ -61,60 +67,32 @@ from xmc_tf.job import memory as xmemory
 from xmc_tf.job import report as xreport
 from xmc_tf.job import resume as xresume
 from xmc_tf.job.scoring import evaluate_model
+from xmc_tf.job.inputs import JobData
 from xmc_tf.job.workdir import Workdir
 from xmc_tf.files import atomic_path, write_bytes_atomic
 
-__all__ = ["JobData", "Run", "train_and_evaluate", "member_config",
-           "MEMBERS_DIR"]
+__all__ = ["JobData", "Job", "Splits", "Built", "Fused", "plan", "split",
+           "build", "fit", "train", "finalize", "export",
+           "train_and_evaluate", "member_config", "MEMBERS_DIR"]
 
 
-@dataclasses.dataclass
-class JobData:
-    """The data of a run, raw feature values (the job fits the
-    normalisation).
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Where one process runs the job: what every phase may read besides
+    the value of the phase before.
 
     Attributes:
-      train: :class:`xmc_tf.data.XCDataset` to train on.
-      test: data set evaluated into ``metrics.json``, or None.
-      validation: data set for the schedule, early stopping and the label
-        tree's weight; None takes ``config.data.validation_fraction`` of
-        ``train`` (:func:`xmc_tf.job.inputs.validation_split`).
-    """
-
-    train: xdata.XCDataset
-    test: xdata.XCDataset | None = None
-    validation: xdata.XCDataset | None = None
-
-    def check(self) -> None:
-        """Raises ValueError when test or validation differ from train in
-        their numbers of features or labels."""
-        xinputs.check_compatible(self.train, self.test, "the training data",
-                                 "the test data")
-        xinputs.check_compatible(self.train, self.validation,
-                                 "the training data", "the validation data")
-
-
-class Run:
-    """One run of the main job in one process (the chief's or another
-    worker's), its phases as methods called in order by
-    :func:`train_and_evaluate`.
-
-    Args:
-      config: the job config as given (checked by
-        :func:`xmc_tf.job.plan.check_config`).
-      wd: the :class:`~xmc_tf.job.workdir.Workdir` this process writes.
-      head: the config's :class:`xmc_tf.job.heads.Head`.
+      wd: the :class:`~xmc_tf.job.workdir.Workdir` this process writes (a
+        temporary one on a non-chief worker).
       cluster: the :class:`xmc_tf.job.cluster.Cluster`.
-      data: the :class:`JobData`, or None to read ``config.data``.
       ckpt: the :class:`xmc_tf.job.checkpoint.Checkpoint` to resume, or None.
       callbacks: the caller's Keras callbacks (run before the checkpointer).
     """
 
-    def __init__(self, config, wd: Workdir, head, cluster: xcluster.Cluster,
-                 data: JobData | None, ckpt, callbacks):
-        self.given, self.config, self.wd, self.head = config, config, wd, head
-        self.cluster, self.data, self.ckpt = cluster, data, ckpt
-        self.extra_callbacks = list(callbacks)
+    wd: Workdir
+    cluster: xcluster.Cluster
+    ckpt: object = None
+    callbacks: tuple = ()
 
     def scope(self):
         """The strategy's scope (entered once per use), or a null one."""
@@ -122,174 +100,292 @@ class Run:
         return (strategy.scope() if strategy is not None
                 else contextlib.nullcontext())
 
-    def plan(self) -> None:
-        """Seeds, reads the data, writes ``config.json`` and the PSP
-        weights, and resolves the config from the training data."""
-        keras.utils.set_random_seed(self.given.seed)
-        if self.data is None:
-            self.data = JobData(*xinputs.read_datasets(self.given))
-        train, test = self.data.train, self.data.test
-        logging.info("train: %s", train)
-        logging.info("test: %s", test)
-        self.inv_prop = xinputs.save_inv_propensities(self.given, train,
-                                                      self.wd.path)
-        self.summary = xplan.summarize(train)
-        self.cluster.check_same("data", {
-            "train": self.summary.to_json(),
-            "test": [test.num_instances, test.num_features, test.num_labels]
-            if test is not None else None})
-        # config.json and the checkpoint's config are the config as given (a
-        # resume and an ensemble's members are checked against it); the
-        # values the data chose are kept beside it ("regime").
-        write_bytes_atomic(self.wd.file(Workdir.CONFIG),
-                           self.given.to_json_best_effort(indent=2).encode())
-        self.config, self.regime = xplan.resolve_config(
-            self.given, train, self.data.validation, self.summary,
-            head=self.head)
-        # Checked once, as given, for both label regimes (check_config);
-        # only a batch size the plan chose is new here.
-        self.head = self.head.bound_to(self.config)
-        if (self.cluster.strategy is not None and self.config.train.batch_size
-                != self.given.train.batch_size):  # by regime, or capped
-            xplan.check_batch_split(self.config.train.batch_size,
-                                    self.cluster)
-        xresume.check_same_data(self.ckpt, self.regime,
-                                self.summary.to_json())
 
-    def build(self) -> None:
-        """Splits and normalises the data, builds and compiles the model,
-        and makes the callbacks and the checkpointer."""
-        self.fit_data, self.val_data, self.norm = xinputs.prepare_splits(
-            self.config, self.data.train, self.wd.path, self.data.validation)
-        try:
-            self.head.prepare(self.fit_data)  # e.g. SCENT's per-instance duals
-        except ValueError as e:
-            raise DataError(" ".join(str(e).split())) from e
-        with self.scope():
-            self.model, self.layer, self.fit_model = xfit.build_and_compile(
-                self.config, self.head, self.fit_data.num_features,
-                self.fit_data.num_labels, self.summary.sparse,
-                distributed=self.cluster.strategy is not None,
-                fit_data=self.fit_data)
-        self.model.summary(print_fn=logging.info)
-        # What parsing, normalising and initialising freed stays resident
-        # in malloc's heaps otherwise, under training's peak.
-        _return_free_memory("the data and the model are built")
-        self.fusion, fused_cb = self._fusion_before_fit()
-        cbs = xfit.make_callbacks(self.config, self.wd.path, self.head,
-                                  self.layer, self.val_data, self.cluster,
-                                  fused=fused_cb)
-        self.callbacks = cbs + self.extra_callbacks
-        self.stateful = xckpt.stateful_objects(self.callbacks, self.fit_model)
-        meta = xresume.start_meta(self.given, self.regime,
-                                  self.summary.to_json(), self.ckpt)
-        self.checkpointer = xckpt.Checkpointer(
-            self.wd.backup_dir, self.stateful, self.wd.file(Workdir.HISTORY),
-            meta)
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    """The split phase's value (:func:`split`).
 
-    def _fusion_before_fit(self):
-        """The fused scorers' plan and its
-        :class:`~xmc_tf.job.finalize.FusedValidation` when the fused
-        model's validation P@k drives the schedule and early stopping
-        (:func:`xmc_tf.job.plan.monitor_plan`), else ``(None, None)``
-        (:func:`xmc_tf.job.finalize.finalize` prepares the scorers after
-        training).
+    Attributes:
+      fit_data: the normalised :class:`xmc_tf.data.XCDataset` trained on.
+      val_data: the normalised validation set, or None.
+      norm: the feature normalisation fitted on ``fit_data``
+        (:func:`xmc_tf.job.inputs.prepare_splits`).
+    """
 
-        Raises:
-          ConfigError: ``config.train.monitor="fused"`` set by the user
-            under a strategy, or with no validation instances or no weight
-            read on them.
-        """
-        monitor = self.config.train.get("monitor", "network")
-        if monitor == "fused" and self.cluster.strategy is not None:
-            if self.given.train.get("monitor", "auto") == "fused":
-                raise ConfigError(
-                    "config.train.monitor='fused' is not supported under a "
-                    "tf.distribute strategy; use 'network' or "
-                    "--strategy=none")
-            logging.info("config.train.monitor: 'network' under a "
-                         "tf.distribute strategy")
-            monitor = "network"
-        if monitor != "fused":
-            return None, None
-        if self.val_data is None or not self.val_data.num_instances:
-            raise ConfigError("config.train.monitor='fused' needs validation "
-                              "instances (config.data.validation_fraction > "
-                              "0 or a validation file)")
-        plan = xfinalize.prepare_fusion(self.config, self.wd, self.fit_data,
-                                        self.val_data)
-        if not plan.reads_weights:
+    fit_data: xdata.XCDataset
+    val_data: xdata.XCDataset | None
+    norm: object
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """The build phase's value (:func:`build`); :func:`fit` trains its
+    models in place.
+
+    Attributes:
+      model: the Keras model the config describes (features -> scores).
+      layer: its output layer (the head's).
+      fit_model: what ``fit`` trains (``model``, or a trainer around it).
+      fusion: the fused scorers' plan prepared before training
+        (``config.train.monitor="fused"``), or None.
+      callbacks: the job's callbacks and the caller's.
+      stateful: what the checkpointer saves besides the model.
+      checkpointer: the :class:`xmc_tf.job.checkpoint.Checkpointer`.
+    """
+
+    model: keras.Model
+    layer: keras.layers.Layer
+    fit_model: keras.Model
+    fusion: object
+    callbacks: list
+    stateful: dict
+    checkpointer: xckpt.Checkpointer
+
+
+@dataclasses.dataclass(frozen=True)
+class Fused:
+    """The finalize phase's value (:func:`finalize`).
+
+    Attributes:
+      model: the model exported: the network with the fused scorers and the
+        normalisation added.
+      info: what ``metrics.json`` reports of them (tree, centroids,
+        neighbours, fusion weights).
+      seconds: the fused scorers' fit and weight reading, seconds.
+    """
+
+    model: keras.Model
+    info: dict
+    seconds: float
+
+
+def plan(job: Job, given, head, data: JobData | None) -> xplan.Plan:
+    """Seeds, reads the data, writes ``config.json`` and the PSP weights,
+    and makes the :class:`xmc_tf.job.plan.Plan` (the config resolved from
+    the training data).
+
+    Args:
+      job: the :class:`Job`.
+      given: the config as given, checked by
+        :func:`xmc_tf.job.plan.check_config`.
+      head: what that check returned.
+      data: the :class:`JobData`, or None to read ``config.data``.
+
+    Raises:
+      DataError: unreadable or inconsistent data files.
+      DistributeError: workers read different data.
+      CheckpointError: a backup whose data or resolved values differ.
+      ConfigError: a batch size the plan chose that the replicas do not
+        split.
+    """
+    keras.utils.set_random_seed(given.seed)
+    if data is None:
+        data = JobData(*xinputs.read_datasets(given))
+    train, test = data.train, data.test
+    logging.info("train: %s", train)
+    logging.info("test: %s", test)
+    inv_prop = xinputs.save_inv_propensities(given, train, job.wd.path)
+    summary = xplan.summarize(train)
+    job.cluster.check_same("data", {
+        "train": summary.to_json(),
+        "test": [test.num_instances, test.num_features, test.num_labels]
+        if test is not None else None})
+    # config.json and the checkpoint's config are the config as given (a
+    # resume and an ensemble's members are checked against it); the
+    # values the data chose are kept beside it ("regime").
+    write_bytes_atomic(job.wd.file(Workdir.CONFIG),
+                       given.to_json_best_effort(indent=2).encode())
+    planned = xplan.make_plan(given, head, data, summary, inv_prop)
+    # Checked once, as given, for both label regimes (check_config); only
+    # a batch size the plan chose is new here.
+    if (job.cluster.strategy is not None and planned.config.train.batch_size
+            != given.train.batch_size):  # by regime, or capped
+        xplan.check_batch_split(planned.config.train.batch_size, job.cluster)
+    xresume.check_same_data(job.ckpt, planned.regime, summary.to_json())
+    return planned
+
+
+def split(job: Job, planned: xplan.Plan) -> Splits:
+    """The validation split and the feature normalisation fitted on the fit
+    part (:func:`xmc_tf.job.inputs.prepare_splits`), saved to the workdir."""
+    fit_data, val_data, norm = xinputs.prepare_splits(
+        planned.config, planned.data.train, job.wd.path,
+        planned.data.validation)
+    return Splits(fit_data, val_data, norm)
+
+
+def build(job: Job, planned: xplan.Plan, splits: Splits) -> Built:
+    """Builds and compiles the model, and makes the callbacks and the
+    checkpointer.
+
+    Raises:
+      DataError: the head rejects the fit data (``head.prepare``).
+      ConfigError: ``config.train.monitor="fused"`` that cannot be
+        monitored (:func:`_fusion_before_fit`).
+    """
+    config, head = planned.config, planned.head
+    try:
+        head.prepare(splits.fit_data)  # e.g. SCENT's per-instance duals
+    except ValueError as e:
+        raise DataError(" ".join(str(e).split())) from e
+    with job.scope():
+        model, layer, fit_model = xfit.build_and_compile(
+            config, head, splits.fit_data.num_features,
+            splits.fit_data.num_labels, planned.summary.sparse,
+            distributed=job.cluster.strategy is not None,
+            fit_data=splits.fit_data)
+    model.summary(print_fn=logging.info)
+    # What parsing, normalising and initialising freed stays resident
+    # in malloc's heaps otherwise, under training's peak.
+    _return_free_memory("the data and the model are built")
+    fusion, fused_cb = _fusion_before_fit(job, planned, splits, model)
+    cbs = xfit.make_callbacks(config, job.wd.path, head, layer,
+                              splits.val_data, job.cluster, fused=fused_cb)
+    callbacks = cbs + list(job.callbacks)
+    stateful = xckpt.stateful_objects(callbacks, fit_model)
+    meta = xresume.start_meta(planned.given, planned.regime,
+                              planned.summary.to_json(), job.ckpt)
+    checkpointer = xckpt.Checkpointer(
+        job.wd.backup_dir, stateful, job.wd.file(Workdir.HISTORY), meta)
+    return Built(model, layer, fit_model, fusion, callbacks, stateful,
+                 checkpointer)
+
+
+def _fusion_before_fit(job: Job, planned: xplan.Plan, splits: Splits, model):
+    """The fused scorers' plan and its
+    :class:`~xmc_tf.job.finalize.FusedValidation` when the fused
+    model's validation P@k drives the schedule and early stopping
+    (:func:`xmc_tf.job.plan.monitor_plan`), else ``(None, None)``
+    (:func:`xmc_tf.job.finalize.finalize` prepares the scorers after
+    training).
+
+    Raises:
+      ConfigError: ``config.train.monitor="fused"`` set by the user
+        under a strategy, or with no validation instances or no weight
+        read on them.
+    """
+    config, val_data = planned.config, splits.val_data
+    monitor = config.train.get("monitor", "network")
+    if monitor == "fused" and job.cluster.strategy is not None:
+        if planned.given.train.get("monitor", "auto") == "fused":
             raise ConfigError(
-                "config.train.monitor='fused' needs a scorer fused with its "
-                "weight read on validation (config.tree, config.centroids or "
-                "config.neighbours on with weight 'auto')")
-        return plan, xfinalize.FusedValidation(plan, self.model,
-                                               self.config.eval.ks)
+                "config.train.monitor='fused' is not supported under a "
+                "tf.distribute strategy; use 'network' or "
+                "--strategy=none")
+        logging.info("config.train.monitor: 'network' under a "
+                     "tf.distribute strategy")
+        monitor = "network"
+    if monitor != "fused":
+        return None, None
+    if val_data is None or not val_data.num_instances:
+        raise ConfigError("config.train.monitor='fused' needs validation "
+                          "instances (config.data.validation_fraction > "
+                          "0 or a validation file)")
+    fusion = xfinalize.prepare_fusion(config, job.wd, splits.fit_data,
+                                      val_data)
+    if not fusion.reads_weights:
+        raise ConfigError(
+            "config.train.monitor='fused' needs a scorer fused with its "
+            "weight read on validation (config.tree, config.centroids or "
+            "config.neighbours on with weight 'auto')")
+    return fusion, xfinalize.FusedValidation(fusion, model, config.eval.ks)
 
-    def fit(self) -> None:
-        """Restores the backup (if any) and trains the remaining epochs."""
-        with self.scope():  # the optimizer's variables, if it builds them
-            first, last = xresume.restore_run(
-                self.ckpt, self.fit_model, self.stateful, self.checkpointer,
-                self.wd.file(Workdir.HISTORY), self.config.train.epochs)
-        if self.ckpt is not None and self.ckpt.meta["phase"] == "trained":
-            return
-        # the fused pass replaces the network's own validation pass
-        val_data = self.val_data if self.fusion is None else None
-        xfit.fit_model(self.fit_model, self.config, self.head, self.fit_data,
-                       val_data, self.model, self.cluster,
-                       self.callbacks + [self.checkpointer], first, last)
 
-    def export(self) -> dict:
-        """Finalizes the model, evaluates it on the test set, exports it
-        and marks the workdir complete (the chief only).
+def fit(job: Job, planned: xplan.Plan, splits: Splits, built: Built) -> None:
+    """Restores the backup (if any) and trains ``built``'s models for the
+    remaining epochs (in place)."""
+    with job.scope():  # the optimizer's variables, if it builds them
+        first, last = xresume.restore_run(
+            job.ckpt, built.fit_model, built.stateful, built.checkpointer,
+            job.wd.file(Workdir.HISTORY), planned.config.train.epochs)
+    if job.ckpt is not None and job.ckpt.meta["phase"] == "trained":
+        return
+    # the fused pass replaces the network's own validation pass
+    val_data = splits.val_data if built.fusion is None else None
+    xfit.fit_model(built.fit_model, planned.config, planned.head,
+                   splits.fit_data, val_data, built.model, job.cluster,
+                   built.callbacks + [built.checkpointer], first, last)
 
-        Returns:
-          The ``metrics.json`` dict.
-        """
-        # Training is over and checkpointed: the optimizer's moments are
-        # not needed for evaluation and export (nor wanted in model.keras).
-        released = xfit.release_optimizer(self.fit_model)
-        if released:
-            logging.info("released the optimizer state (%.2f GiB) before "
-                         "evaluation and export", released / 2**30)
-        _return_free_memory("training is over")
-        exported, finalize_info, finalize_seconds = xfinalize.finalize(
-            self.config, self.wd, self.model, self.fit_data, self.val_data,
-            self.norm, plan=self.fusion)
-        test, config = self.data.test, self.config
-        metrics = (evaluate_model(exported, test, self.inv_prop,
-                                  tuple(config.eval.ks),
-                                  config.eval.batch_size)
-                   if test is not None else {})
-        extra = dict(self.head.results(self.layer))
-        if self.cluster.strategy is not None:
-            extra.update(strategy=self.cluster.kind,
-                         num_workers=self.cluster.num_workers,
-                         num_replicas=self.cluster.num_replicas)
-        extra.update(finalize_info)  # tree, centroids, neighbours, fusion
-        results = xreport.run_report(
-            config, self.summary, test.num_instances if test else 0,
-            self.model, metrics=metrics,
-            # the fused scorers' fit and weights included
-            train_seconds=self.checkpointer.train_seconds + finalize_seconds,
-            epochs=len(self.checkpointer.history),
-            head_bytes=xreport.layer_bytes(self.layer),
-            regime=self.regime, **extra)
-        artifacts.export_model(exported, self.wd.path, k=max(config.eval.ks))
-        results["peak_memory_bytes"] = self.checkpointer.peak_memory_bytes
-        meta = self.checkpointer.meta
-        done = self.wd.mark_complete(results, meta["run_id"],
-                                     resumes=meta["resumes"])
-        # The backup goes only now that the export is complete.
-        shutil.rmtree(self.wd.backup_dir, ignore_errors=True)
-        return done
 
-    def train(self) -> None:
-        """The phases every worker runs: plan, build, fit."""
-        self.plan()
-        self.build()
-        self.fit()
+def train(job: Job, given, head, data: JobData | None):
+    """The phases every worker runs: plan, split, build, fit.
+
+    Returns:
+      ``(plan, splits, built)``, ``built``'s models trained.
+    """
+    planned = plan(job, given, head, data)
+    splits = split(job, planned)
+    built = build(job, planned, splits)
+    fit(job, planned, splits, built)
+    return planned, splits, built
+
+
+def finalize(job: Job, planned: xplan.Plan, splits: Splits,
+             built: Built) -> Fused:
+    """Releases the optimizer state and adds the fused scorers and the
+    normalisation to the trained network
+    (:func:`xmc_tf.job.finalize.finalize`)."""
+    # Training is over and checkpointed: the optimizer's moments are
+    # not needed for evaluation and export (nor wanted in model.keras).
+    released = xfit.release_optimizer(built.fit_model)
+    if released:
+        logging.info("released the optimizer state (%.2f GiB) before "
+                     "evaluation and export", released / 2**30)
+    _return_free_memory("training is over")
+    model, info, seconds = xfinalize.finalize(
+        planned.config, job.wd, built.model, splits.fit_data,
+        splits.val_data, splits.norm, plan=built.fusion)
+    return Fused(model, info, seconds)
+
+
+def export(job: Job, planned: xplan.Plan, built: Built, fused: Fused) -> dict:
+    """Evaluates the fused model on the test set, exports it and marks the
+    workdir complete (the chief only).
+
+    Returns:
+      The ``metrics.json`` dict.
+    """
+    test, config = planned.data.test, planned.config
+    metrics = (evaluate_model(fused.model, test, planned.inv_prop,
+                              tuple(config.eval.ks), config.eval.batch_size)
+               if test is not None else {})
+    extra = dict(planned.head.results(built.layer))
+    cluster = job.cluster
+    if cluster.strategy is not None:
+        extra.update(strategy=cluster.kind, num_workers=cluster.num_workers,
+                     num_replicas=cluster.num_replicas)
+    extra.update(fused.info)  # tree, centroids, neighbours, fusion
+    checkpointer = built.checkpointer
+    results = xreport.run_report(
+        config, planned.summary, test.num_instances if test else 0,
+        built.model, metrics=metrics,
+        # the fused scorers' fit and weights included
+        train_seconds=checkpointer.train_seconds + fused.seconds,
+        epochs=len(checkpointer.history),
+        head_bytes=xreport.layer_bytes(built.layer),
+        regime=planned.regime, **extra)
+    meta = checkpointer.meta
+    done = _write_outputs(job.wd, fused.model, config, results,
+                          checkpointer.peak_memory_bytes, meta["run_id"],
+                          meta["resumes"])
+    # The backup goes only now that the export is complete.
+    shutil.rmtree(job.wd.backup_dir, ignore_errors=True)
+    return done
+
+
+def _write_outputs(wd: Workdir, model, config, results: dict,
+                   peak_memory_bytes: int, run_id: str, resumes: int) -> dict:
+    """The export step every run ends with (an ensemble's too): the model
+    files (:func:`xmc_tf.job.artifacts.export_model`), then
+    ``metrics.json``, the completion marker
+    (:meth:`~xmc_tf.job.workdir.Workdir.mark_complete`).
+
+    Returns:
+      The ``metrics.json`` dict.
+    """
+    artifacts.export_model(model, wd.path, k=max(config.eval.ks))
+    results["peak_memory_bytes"] = peak_memory_bytes
+    return wd.mark_complete(results, run_id, resumes=resumes)
 
 
 def _return_free_memory(when: str) -> None:
@@ -429,8 +525,9 @@ def _chief_job(config, workdir, head, data, callbacks, cluster, *, overwrite,
             ckpt = _open_workdir(config, wd, stack, overwrite=overwrite,
                                  force=force)
             if config.model.ensemble_size > 1:
-                return _run_ensemble(config, wd, data, overwrite=overwrite,
-                                     force=force, callbacks=callbacks)
+                return _run_ensemble(Job(wd, cluster), config, head, data,
+                                     overwrite=overwrite, force=force,
+                                     callbacks=callbacks)
         except BaseException as e:
             cluster.broadcast_json({"error": _one_line(e)})
             raise
@@ -441,10 +538,11 @@ def _chief_job(config, workdir, head, data, callbacks, cluster, *, overwrite,
         cluster.broadcast_json({"error": None})
         cluster.check_same("config", _config_dict(config))
         cluster.broadcast_files(wd.backup_dir, names)
-        run = Run(config, wd, head, cluster, data, ckpt, callbacks)
-        run.train()
+        job = Job(wd, cluster, ckpt, tuple(callbacks))
+        planned, splits, built = train(job, config, head, data)
         try:
-            metrics = run.export()
+            metrics = export(job, planned, built,
+                             finalize(job, planned, splits, built))
         except BaseException as e:
             cluster.broadcast_json({"error": _one_line(e)})
             raise
@@ -466,7 +564,7 @@ def _worker_job(config, head, data, callbacks, cluster) -> dict:
         cluster.check_same("config", _config_dict(config))
         names = cluster.broadcast_files(wd.backup_dir)
         ckpt = xckpt.load(wd.backup_dir) if names else None
-        Run(config, wd, head, cluster, data, ckpt, callbacks).train()
+        train(Job(wd, cluster, ckpt, tuple(callbacks)), config, head, data)
         logging.info("%s: trained; waiting for the chief (worker 0) to "
                      "evaluate and export the model", cluster.name)
         done = cluster.broadcast_json()
@@ -563,31 +661,25 @@ def _train_members(config, wd: Workdir, data, *, overwrite: bool,
     return member_metrics, member_dirs
 
 
-def _run_ensemble(config, wd: Workdir, data, *, overwrite: bool, force: bool,
-                  callbacks: list) -> dict:
+def _run_ensemble(job: Job, given, head, data, *, overwrite: bool,
+                  force: bool, callbacks: list) -> dict:
     """Trains ``config.model.ensemble_size`` members one after the other,
     each a complete run of its own in ``WORKDIR/members/<i>`` (so a killed
     ensemble resumes inside the member it was training, and finished
     members are not retrained), then exports the model that averages their
     scores (:func:`xmc_tf.job.ensemble.average_scores`) with its validation
     and test metrics; ``metrics.json`` also lists each member's."""
+    wd = job.wd
     member_metrics, member_dirs = _train_members(
-        config, wd, data, overwrite=overwrite, force=force,
+        given, wd, data, overwrite=overwrite, force=force,
         callbacks=callbacks)
-    keras.utils.set_random_seed(config.seed)
-    data = data or JobData(*xinputs.read_datasets(config))
-    train, test = data.train, data.test
-    inv_prop = xinputs.save_inv_propensities(config, train, wd.path)
-    write_bytes_atomic(wd.file(Workdir.CONFIG),
-                       config.to_json_best_effort(indent=2).encode())
-    summary = xplan.summarize(train)
-    config, regime = xplan.resolve_config(config, train, data.validation,
-                                          summary)
+    planned = plan(job, given, head, data)  # the members' plan, once more
+    config, test = planned.config, planned.data.test
     # Members share the split (and so the normalisation, inside each
     # member's model): the raw validation rows are theirs too.
-    val_data = data.validation
+    val_data = planned.data.validation
     if val_data is None:
-        _, val_data = xinputs.validation_split(train,
+        _, val_data = xinputs.validation_split(planned.data.train,
                                                member_config(config, 0))
     with atomic_path(wd.file(Workdir.PREPROCESSING)) as tmp:
         shutil.copyfile(os.path.join(member_dirs[0], Workdir.PREPROCESSING),
@@ -600,19 +692,19 @@ def _run_ensemble(config, wd: Workdir, data, *, overwrite: bool, force: bool,
         val = evaluate_model(model, val_data, None, ks, batch)
         metrics.update({f"val_{k}": v for k, v in val.items() if "@" in k})
     if test is not None:
-        metrics.update(evaluate_model(model, test, inv_prop, ks, batch))
+        metrics.update(evaluate_model(model, test, planned.inv_prop, ks,
+                                      batch))
     results = xreport.run_report(
-        config, summary, test.num_instances if test else 0,
+        config, planned.summary, test.num_instances if test else 0,
         model, metrics=metrics,
         train_seconds=sum(m["train_seconds"] for m in member_metrics),
         epochs=sum(m["epochs"] for m in member_metrics),
         head_bytes=sum(m["output_layer_bytes"] for m in member_metrics),
-        regime=regime, ensemble_size=len(member_dirs),
+        regime=planned.regime, ensemble_size=len(member_dirs),
         members={str(i): {k: v for k, v in m.items()
                           if k in xreport.MEMBER_KEYS}
                  for i, m in enumerate(member_metrics)})
-    artifacts.export_model(model, wd.path, k=max(ks))
-    results["peak_memory_bytes"] = max(
-        [xreport.peak_memory_bytes()] + [m.get("peak_memory_bytes", 0)
-                                         for m in member_metrics])
-    return wd.mark_complete(results, Workdir.new_run_id(), resumes=0)
+    peak = max([xreport.peak_memory_bytes()]
+               + [m.get("peak_memory_bytes", 0) for m in member_metrics])
+    return _write_outputs(wd, model, config, results, peak,
+                          Workdir.new_run_id(), resumes=0)

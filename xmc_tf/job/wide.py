@@ -2,7 +2,7 @@
 on the input features, its scores added to the head's -- planned (how many
 connections per label fit the memory cap), built and initialised from the
 training data here, by the model builder (:mod:`xmc_tf.job.build`) and the
-job (:class:`xmc_tf.job.run.Run`).
+job (:func:`xmc_tf.job.run.build`).
 
 Source: the "wide" part of Cheng et al., "Wide & Deep Learning for
 Recommender Systems" (DLRS 2016): a linear model on the sparse features
