@@ -283,3 +283,40 @@ def test_a_run_checks_its_config_once(tmp_path, monkeypatch):
     # the run's head is bound to the resolved config (batch size by regime)
     assert bound[-1].train.batch_size == 256
     assert metrics["regime"]["fields"]["train.batch_size"] == 256
+
+
+def _flat(config, prefix=""):
+    import ml_collections
+    for key, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            yield from _flat(value, prefix + key + ".")
+        else:
+            yield prefix + key, value
+
+
+@pytest.mark.parametrize("name", xconfig.names())
+@pytest.mark.parametrize("labels_per_instance", [1, 3])
+def test_the_plan_leaves_concrete_values(name, labels_per_instance):
+    """After the plan the config holds no "auto" but the fused scorers'
+    ``weight`` and ``idf`` (read on validation after training), and every
+    True/False/"auto" field a bool -- strings from the command line too."""
+    train = _toy(labels_per_instance)
+    config = xconfig.get_config(name)
+    for field in xconfig.AUTO_BOOL_FIELDS:
+        section, key = field.split(".")
+        if section in config and config[section][key] is True:
+            config[section][key] = "True"  # as --config.X=True gives it
+    planned = xplan.make_plan(config, xplan.check_config(config),
+                              xrun.JobData(train))
+    left = {k for k, v in _flat(planned.config)
+            if isinstance(v, str) and v.strip().lower() == "auto"}
+    assert left <= {f"{s}.{f}" for s in ("tree", "centroids", "neighbours")
+                    for f in ("weight", "idf")}, left
+    for field in xconfig.AUTO_BOOL_FIELDS:
+        section, key = field.split(".")
+        if section not in planned.config:
+            continue
+        value = planned.config[section][key]
+        assert isinstance(value, bool) or (key == "idf" and value == "auto"), (
+            field, value)
+    assert planned.head.config is planned.config

@@ -39,6 +39,7 @@ from ml_collections import config_dict
 __all__ = ["BASE", "DEFAULT_CONFIG", "DEFAULT_HEAD", "HEAD_DEFAULTS",
            "CONFIGS_DIR", "MULTI_CLASS_DEFAULTS", "REGIME_FIELDS", "base",
            "config_file", "get_config", "names", "by_regime", "AUTO", "auto_bool",
+           "AUTO_BOOL_FIELDS",
            "unresolved_fields", "regime_values", "resolve_regime",
            "flat_fields", "config_from_file"]
 
@@ -400,6 +401,12 @@ MULTI_CLASS_DEFAULTS = {
 }
 #: The fields :func:`by_regime` may leave to the data.
 REGIME_FIELDS = tuple(MULTI_CLASS_DEFAULTS)
+#: Fields that take True, False or ``"auto"`` (:func:`auto_bool`; the
+#: command line gives them strings).  The job's plan leaves a bool in each,
+#: except an ``idf="auto"`` that the finalize phase reads on validation.
+AUTO_BOOL_FIELDS = ("tree.enabled", "centroids.enabled", "centroids.idf",
+                    "neighbours.enabled", "neighbours.idf",
+                    "shortlist.enabled", "sampler.shared")
 
 
 def _get(config, field: str):

@@ -33,7 +33,6 @@ from xmc_tf.job.inputs import subset
 from xmc_tf.job.workdir import Workdir
 from xmc_tf.layers import FusedScores, candidate_scorer
 from xmc_tf.metrics import evaluator as xevaluation
-from xmc_tf.config import auto_bool
 from xmc_tf.shortlist.fusion import (NETWORK, ShortlistScores,
                                      choose_fusion_weights, exact_blocks,
                                      shortlist_blocks)
@@ -211,9 +210,9 @@ def prepare_fusion(config, wd: Workdir, fit_data, val_data) -> FusionPlan:
     has_validation = val_data is not None and val_data.num_instances > 0
     built = _built_scorers(config, wd, fit_data, has_validation, multi_class)
     sc = config.get("shortlist")
-    shortlist = bool(sc is not None and auto_bool(
-        sc.enabled, "config.shortlist.enabled") and any(
-            b.shortlist for b in built))
+    # the plan left a bool there (xmc_tf.job.plan.resolve_config)
+    shortlist = bool(sc is not None and sc.enabled is True
+                     and any(b.shortlist for b in built))
     logging.info("shortlist: %s", "on (%s)" % ", ".join(
         f"{b.kind.what} {b.shortlist}" for b in built if b.shortlist)
         if shortlist else "off (every label is scored)")

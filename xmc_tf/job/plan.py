@@ -530,9 +530,12 @@ def resolve_config(config, train: xdata.XCDataset,
     :func:`automatic` whose value is ``"auto"`` (feature normalisation,
     the sampled head's loss and candidate mode, the ANN index, LSH's K,
     each fused scorer's ``enabled`` (:mod:`xmc_tf.job.scorers`), the
-    shortlist, the monitor).  The fused scorers' ``weight="auto"`` is read
-    on the validation shortlists (:func:`xmc_tf.job.finalize.finalize`).
-    Values the config sets are kept.
+    shortlist, the monitor).  The fused scorers' ``weight="auto"`` and
+    ``idf="auto"`` are the only ``"auto"`` left: they are read on the
+    validation shortlists after training (:func:`xmc_tf.job.finalize.finalize`).
+    Values the config sets are kept; a field of
+    :data:`xmc_tf.config.AUTO_BOOL_FIELDS` given as a string (``"True"``
+    from the command line) becomes the bool.
 
     Args:
       config: the job config (checked by :func:`check_config`).
@@ -569,6 +572,15 @@ def resolve_config(config, train: xdata.XCDataset,
         values[field] = value
         logging.info("config.%s=%r: chosen from the data (%s)", field, value,
                      why)
+    for field in xconfig.AUTO_BOOL_FIELDS:  # "True" from the command line
+        node, name = _field(run, field)
+        if node is None or not isinstance(node[name], str) or is_auto(
+                node[name]):
+            continue
+        if run is config:
+            run = copy.deepcopy(config)
+            node, name = _field(run, field)
+        node[name] = auto_bool(node[name], f"config.{field}")
     cap = batch_cap(run, summary.num_labels, head)
     if cap is not None:
         if run is config:
@@ -581,6 +593,6 @@ def resolve_config(config, train: xdata.XCDataset,
         run.train.batch_size = cap
         values["train.batch_size"] = cap
     if not values:
-        return config, {}
+        return run, {}  # config itself unless a bool string was read
     return run, {"labels": summary.regime,
                  "fields": json.loads(json.dumps(values, sort_keys=True))}
