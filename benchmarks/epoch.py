@@ -135,7 +135,7 @@ def child(args) -> None:
     import keras
     import numpy as np
 
-    from xmc_tf.job import cli
+    from xmc_tf_cli import cli
     from xmc_tf.job import checkpoint as xckpt
     from xmc_tf import saving
     from xmc_tf.job import fit as xfit

@@ -269,7 +269,7 @@ def child(args) -> None:
     import keras
 
     from xmc_tf import saving
-    from xmc_tf.job import cli
+    from xmc_tf_cli import cli
     from xmc_tf.job import fit as xfit
     from xmc_tf.job import inputs as xinputs
     from xmc_tf.job import run as xrun

@@ -55,7 +55,7 @@ is compared with.
 Curves (P@k against training seconds)
 -------------------------------------
 Every ``xmc-tf train`` run goes through this script's worker (the same
-``xmc_tf.job.cli.main``), which adds two callbacks to the job's own
+``xmc_tf_cli.cli.main``), which adds two callbacks to the job's own
 (``xmc_tf.job.fit.make_callbacks``): a clock first in the list and a recorder
 last (before the checkpointer).  The recorder adds the seconds since the
 previous point (the step work, the head's callbacks: index / table refreshes,
@@ -88,7 +88,7 @@ The sampled heads use ``model.sampled_layer="dense"`` (a ``LabelDense``
 with the full heads' parameters), so all methods train the same function
 class; evaluation always scores every label.  Every run is an ``xmc-tf
 train`` command line (what users run): ``tf_sampled_softmax`` passes it to
-``xmc_tf.job.cli.main`` in a worker process of this script (same parsing, data
+``xmc_tf_cli.cli.main`` in a worker process of this script (same parsing, data
 loading, batches, callbacks, evaluation and RSS accounting) after
 registering a head ``"tf_sampled_softmax"`` whose trainer is
 :class:`baselines.TFSampledSoftmaxTrainer`.  The LR-halving and early-stopping
@@ -314,7 +314,7 @@ def prepare(dataset: str, args) -> dict:
 
 def method_command(method: str, spec: dict, workdir: str, args) -> list[str]:
     """The command line of one run: ``xmc-tf train`` arguments run by this
-    script's worker (``xmc_tf.job.cli.main`` with the curve recorder, and the
+    script's worker (``xmc_tf_cli.cli.main`` with the curve recorder, and the
     ``tf_sampled_softmax`` head registered)."""
     cfg = {"full_softmax": "dense", "full_squared_hinge": "dense",
            "tf_sampled_softmax": "astra", "scent": "scent"}.get(
@@ -524,7 +524,7 @@ def available_gib():
 
 
 def worker(argv):
-    """``--worker xmc-tf-args...``: ``xmc-tf train`` (``xmc_tf.job.cli.main``)
+    """``--worker xmc-tf-args...``: ``xmc-tf train`` (``xmc_tf_cli.cli.main``)
     with a head ``"tf_sampled_softmax"`` registered first, whose trainer is
     :class:`baselines.TFSampledSoftmaxTrainer` over the sampled head's
     ``LabelDense`` layer; ``config.sampler.num_negatives`` classes per step.
@@ -532,7 +532,7 @@ def worker(argv):
     Returns:
       The CLI's exit status.
     """
-    from xmc_tf.job import cli
+    from xmc_tf_cli import cli
     from xmc_tf.job import heads as xheads
     from xmc_tf.job.heads.base import Head
     from xmc_tf.job.heads.sampled import SampledHead

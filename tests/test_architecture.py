@@ -127,3 +127,53 @@ def test_library_import_loads_no_job_module():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _sources(package: str):
+    for directory, _, files in os.walk(os.path.join(ROOT, package)):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                yield os.path.join(directory, name)
+
+
+def test_no_module_is_loaded_from_its_file_path():
+    """The packages import their modules normally (no
+    ``spec_from_file_location`` trick to dodge ``xmc_tf/__init__``)."""
+    hits = [path for package in ("xmc_tf", "xmc_tf_cli")
+            for path in _sources(package)
+            if "spec_from_file_location" in open(path, encoding="utf-8").read()]
+    assert not hits, hits
+
+
+def test_the_command_line_package_imports_no_tensorflow_at_module_level():
+    """``xmc_tf_cli`` (schema, TF_CONFIG check, argument parsing) imports
+    neither TensorFlow, keras nor the ``xmc_tf`` package at the top of any
+    module: the commands import them when they run."""
+    import ast
+    bad = []
+    for path in _sources("xmc_tf_cli"):
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in tree.body:  # module level only
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            bad += [(os.path.relpath(path, ROOT), n) for n in names
+                    if n.split(".")[0] in ("tensorflow", "keras", "xmc_tf")]
+    assert not bad, bad
+
+
+def test_job_functions_are_at_most_60_lines():
+    """No function of the job (``xmc_tf/job``) is longer than 60 lines,
+    docstring included: a longer one holds more than one step."""
+    import ast
+    long = []
+    for path in _sources(os.path.join("xmc_tf", "job")):
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 60:
+                    long.append((os.path.relpath(path, ROOT), node.name, n))
+    assert not long, long

@@ -45,7 +45,7 @@ def xmc_tf_main(*args):
     stdout."""
     import contextlib
     import io
-    from xmc_tf.job import cli
+    from xmc_tf_cli import cli
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(["xmc-tf", *args])
@@ -363,7 +363,7 @@ def test_export_portable_yes_and_no(trained, trained_mach, which, capsys,
     want = {"uniform_sparse": "Xmc>UniformSparseMatmul",
             "mach": "Xmc>MachTopK"}[which]
     assert want in ops(workdir / "saved_model")  # auto: the fast ops
-    from xmc_tf.job import cli
+    from xmc_tf_cli import cli
     capsys.readouterr()
     code = cli.main(["xmc-tf", "export", f"--workdir={workdir}",
                      f"--output={tmp_path / 'p'}", "--portable=yes"])
@@ -389,7 +389,7 @@ def test_mach_head_rejects_label_wise_loss(tmp_path, capsys):
 
 def run_cli(capsys, *args):
     """Runs `xmc-tf ARGS` in this process; returns (exit status, stderr)."""
-    from xmc_tf.job import cli
+    from xmc_tf_cli import cli
     capsys.readouterr()
     code = cli.main(["xmc-tf", *args])
     return code, capsys.readouterr().err
@@ -526,7 +526,7 @@ def test_tf_startup_lines_below_the_log_level_are_dropped(capfd, monkeypatch,
     """Lines written to file descriptor 2 inside ``_quiet_tf_startup``: absl's
     preamble and INFO lines go at level 1, WARNING lines too at level 2;
     anything else comes back, also when the block raises."""
-    from xmc_tf.job import cli
+    from xmc_tf_cli import cli
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", level)
     lines = [cli._ABSL_PREAMBLE + "\n",
              "I0000 00:00:1.2 9 port.cc:153] oneDNN custom operations are on\n",
@@ -698,7 +698,7 @@ def test_non_finite_loss_stops_before_the_epoch_is_checkpointed():
 
 def test_print_config_resolves_every_automatic_field_and_trains_nothing(
         tmp_path, capsys):
-    from xmc_tf.job import cli
+    from xmc_tf_cli import cli
     capsys.readouterr()
     code = cli.main(["xmc-tf", "train", "--config=lsh", "--print-config",
                      f"--workdir={tmp_path / 'wd'}"])

@@ -150,7 +150,7 @@ def _history(workdir):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, files):
     """The same config in this process, without a strategy."""
-    from xmc_tf.job import cli
+    from xmc_tf_cli import cli
     workdir = tmp_path_factory.mktemp("one") / "run"
     assert cli.main(["xmc-tf", *_args(files, workdir)]) == 0
     return workdir
@@ -247,7 +247,7 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from xmc_tf.job import cli
+from xmc_tf_cli import cli
 sys.exit(cli.main(["xmc-tf"] + sys.argv[1:]))
 """
 

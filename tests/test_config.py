@@ -1,4 +1,4 @@
-"""The config schema (xmc_tf/config.py) and the packaged configs.
+"""The config schema (xmc_tf_cli/schema.py, imported as xmc_tf.config) and the packaged configs.
 
 References: the schema's own tables (BASE, HEAD_DEFAULTS) against what the
 code builds from a config, the repository's configs/*.py files against the
@@ -15,7 +15,7 @@ import scipy.sparse as sp
 import tensorflow as tf
 
 from xmc_tf import decoding
-from xmc_tf.job import cli
+from xmc_tf_cli import cli
 from xmc_tf import config as xconfig
 from xmc_tf.job import heads
 from xmc_tf.job.build import build_model, build_optimizer

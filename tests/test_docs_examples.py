@@ -119,7 +119,7 @@ def quickstart_dir(tmp_path_factory):
     """A directory holding ``workdir/quickstart``: the quick start trained
     for one epoch, with a narrower encoder and intermediate layer (4 s
     instead of 10; the example reads any such run)."""
-    from xmc_tf.job import cli
+    from xmc_tf_cli import cli
     base = tmp_path_factory.mktemp("quickstart")
     code = cli.main([
         "xmc-tf", "train",

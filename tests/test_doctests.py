@@ -19,6 +19,7 @@ import pkgutil
 import pytest
 
 import xmc_tf
+import xmc_tf_cli
 from op_requirements import missing_ops, skip_or_fail
 
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
@@ -30,7 +31,8 @@ NEEDS = {"xmc_tf.callbacks": "faiss", "xmc_tf.samplers.ann": "faiss",
 
 def _modules():
     names = []
-    for info in pkgutil.walk_packages(xmc_tf.__path__, "xmc_tf."):
+    for info in [*pkgutil.walk_packages(xmc_tf.__path__, "xmc_tf."),
+                 *pkgutil.walk_packages(xmc_tf_cli.__path__, "xmc_tf_cli.")]:
         if info.name.endswith("__main__"):
             continue
         spec = importlib.util.find_spec(info.name)
@@ -53,7 +55,8 @@ def test_modules_with_examples_are_found():
     # 44 when this was written; a drop means the discovery broke.
     assert len(MODULES) >= 40, MODULES
     assert {"xmc_tf.layers.uniform_sparse", "xmc_tf.losses.hinge",
-            "xmc_tf.ops.mach", "xmc_tf.initializers"} <= set(MODULES)
+            "xmc_tf.ops.mach", "xmc_tf.initializers", "xmc_tf_cli.schema",
+            "xmc_tf_cli.tf_config"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -45,14 +45,15 @@ def test_hierarchy():
 
 def test_cli_prints_every_error_as_one_line(capsys, monkeypatch):
     # An error raised by a command is one line on stderr, exit status 2.
-    from xmc_tf.job import cli
+    from xmc_tf.job import cli as commands
+    from xmc_tf_cli import cli
     for name in errors.__all__:
         cls = getattr(errors, name)
 
         def fail(fv, config_path, cls=cls):
             raise cls(f"the {cls.__name__} message")
 
-        monkeypatch.setitem(cli._RUN, "evaluate", fail)
+        monkeypatch.setattr(commands, "evaluate", fail)  # COMMANDS' run
         status = cli.main(["xmc-tf", "evaluate", "--workdir=/nonexistent",
                            "--data=x"])
         err = capsys.readouterr().err

@@ -15,7 +15,7 @@ import pytest
 import scipy.sparse as sp
 
 import xmc_tf
-from xmc_tf.job import cli
+from xmc_tf_cli import cli
 from xmc_tf import data as xdata
 from xmc_tf.errors import (CheckpointError, IncompleteWorkdir,
                            WorkdirFinished)

@@ -81,7 +81,7 @@ def test_explicit_values_are_kept_from_the_command_line():
     """``--config.model.encoder_dims=(64,)`` parses with the field's type
     (as ``xmc-tf train`` parses it) and survives the resolution; the other
     fields are still chosen."""
-    from xmc_tf.job import cli
+    from xmc_tf_cli import cli
     argv = cli._with_config_file([  # pylint: disable=protected-access
         "xmc-tf", "train", "--config=astra",
         "--config.model.encoder_dims=(64,)", "--config.train.batch_size=32",

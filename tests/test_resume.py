@@ -36,7 +36,8 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.experimental.enable_op_determinism()
 import keras
 from xmc_tf import saving
-from xmc_tf.job import cli, fit
+from xmc_tf.job import fit
+from xmc_tf_cli import cli
 
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)

@@ -30,7 +30,7 @@ Bibtex / Delicious.  A value set in a config file or on the command line
         --workdir=DIR
 """
 
-from xmc_tf.config import REGIME_FIELDS, base, by_regime
+from xmc_tf_cli.schema import REGIME_FIELDS, base, by_regime
 
 
 def get_config():

@@ -5,7 +5,7 @@ uniform-sparse head on Delicious' validation splits, worse on Bibtex's
 (docs/notes/defaults.md).
 """
 
-from xmc_tf.config import base
+from xmc_tf_cli.schema import base
 
 
 def get_config():

@@ -14,7 +14,7 @@ features (random, rewired by SET).
         --workdir=DIR
 """
 
-from xmc_tf.config import base
+from xmc_tf_cli.schema import base
 
 
 def get_config():

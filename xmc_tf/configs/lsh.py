@@ -15,7 +15,7 @@ is kept).
         --workdir=DIR
 """
 
-from xmc_tf.config import get_config as packaged
+from xmc_tf_cli.schema import get_config as packaged
 
 
 def get_config():

@@ -15,7 +15,7 @@ defaults: set them for your m::
         --workdir=DIR
 """
 
-from xmc_tf.config import base
+from xmc_tf_cli.schema import base
 
 
 def get_config():

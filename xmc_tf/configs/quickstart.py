@@ -3,7 +3,7 @@
     xmc-tf train --config=quickstart --workdir=workdir/quickstart
 """
 
-from xmc_tf.config import base
+from xmc_tf_cli.schema import base
 
 
 def get_config():

@@ -14,7 +14,7 @@ the defaults were chosen (ManNextWord): docs/notes/defaults.md, docs/notes/scent
         --workdir=DIR
 """
 
-from xmc_tf.config import base
+from xmc_tf_cli.schema import base
 
 
 def get_config():

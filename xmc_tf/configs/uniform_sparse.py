@@ -17,7 +17,7 @@ were chosen: docs/notes/defaults.md, docs/notes/real_data.md::
         --workdir=DIR
 """
 
-from xmc_tf.config import base
+from xmc_tf_cli.schema import base
 
 
 def get_config():

@@ -1,10 +1,12 @@
 """The main job, built on the library: files or scipy matrices -> a trained,
 evaluated and exported extreme classifier.
 
-Phases, one module each, run in this order by :mod:`xmc_tf.job.run`:
+Phases, run in this order by :mod:`xmc_tf.job.run` as functions from one
+frozen value to the next (plan -> splits -> built -> trained -> fused ->
+exported), each phase's work in its module:
 
-* :mod:`xmc_tf.job.plan` -- the config checked and resolved from a
-  summary of the training data;
+* :mod:`xmc_tf.job.plan` -- the config checked once, then resolved from a
+  summary of the training data into a :class:`xmc_tf.job.plan.Plan`;
 * :mod:`xmc_tf.job.inputs` -- user arrays checked, files read, the
   validation split and the feature normalisation;
 * :mod:`xmc_tf.job.build` -- the Keras model and optimizer a config
@@ -18,8 +20,10 @@ Phases, one module each, run in this order by :mod:`xmc_tf.job.run`:
   their weights read on the validation rows' shortlists;
 * :mod:`xmc_tf.job.report` -- the ``metrics.json`` dict.
 
-Beside them: the ``xmc-tf`` command (:mod:`xmc_tf.job.cli`), the output
-heads a config names (:mod:`xmc_tf.job.heads`), the work directory and its
+Beside them: the work of the ``xmc-tf`` commands (:mod:`xmc_tf.job.cli`; the
+command line itself is the TensorFlow-free :mod:`xmc_tf_cli`), the output
+heads a config names (:mod:`xmc_tf.job.heads`) and the samplers' config
+adapters (:mod:`xmc_tf.job.samplers`), the work directory and its
 backups (:mod:`xmc_tf.job.workdir`, :mod:`xmc_tf.job.checkpoint`), the
 fused scorers' registry (:mod:`xmc_tf.job.scorers`), ensembles, data-parallel
 clusters (:mod:`xmc_tf.job.cluster`) and decoding / evaluation of a trained
@@ -29,8 +33,8 @@ model (:mod:`xmc_tf.job.scoring`).
 (also ``xmc_tf.ExtremeClassifier``); ``xmc-tf train`` reads files and calls
 it.  The library half (layers, losses, samplers, callbacks,
 :mod:`xmc_tf.models`, saving, data) never imports this package: checked by
-``lint-imports`` (``[tool.importlinter]`` in pyproject.toml, which lists the
-few imports still to go).  Names are loaded on
+``lint-imports`` (``[tool.importlinter]`` in pyproject.toml), which also
+checks that no library module reads a field of the job's config.  Names are loaded on
 first use, so importing one phase does not import the others.
 """
 

@@ -24,9 +24,9 @@ others zeros, and integer sums are exact.  That is how the other workers
 restore the chief's backup (they need not see its disk) and agree on its
 epoch logs (:class:`xmc_tf.job.fit.ChiefLogs`).
 
-This module imports only the standard library at its top, so that the
-``xmc-tf`` command checks ``TF_CONFIG`` (:func:`parse_tf_config`) before it
-spends ~10 s importing TensorFlow; TensorFlow is imported inside the
+``TF_CONFIG`` is checked by :func:`xmc_tf_cli.tf_config.parse_tf_config`
+(re-exported here), which the ``xmc-tf`` command runs before it spends
+~10 s importing TensorFlow; this module imports TensorFlow inside the
 functions that need it.
 """
 
@@ -34,102 +34,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
+
+# The TF_CONFIG check lives in the TensorFlow-free package of the command
+# line, which checks it before the ~10 s TensorFlow import.
+from xmc_tf_cli.tf_config import (STRATEGIES, TF_CONFIG_EXAMPLE,  # noqa: F401
+                                  parse_tf_config)
 
 __all__ = ["STRATEGIES", "TF_CONFIG_EXAMPLE", "parse_tf_config",
            "make_strategy", "Cluster"]
 
-#: Values of ``xmc-tf train --strategy``.
-STRATEGIES = ("none", "mirrored", "multi_worker")
-
-#: What a ``TF_CONFIG`` looks like (worker 0 of two), for error messages.
-TF_CONFIG_EXAMPLE = ('{"cluster": {"worker": ["host0:12345", "host1:12345"]}, '
-                     '"task": {"type": "worker", "index": 0}}')
-
 #: int32 words per all-reduce of :meth:`Cluster.broadcast_files` (64 MiB).
 CHUNK_WORDS = 1 << 24
-
-_ADDRESS = re.compile(r"^\S+:\d{1,5}$")
-
-
-def parse_tf_config(text: str | None) -> dict:
-    """Checks a ``TF_CONFIG`` value for ``MultiWorkerMirroredStrategy``.
-
-    ``TF_CONFIG`` is the JSON that TensorFlow's ``TFConfigClusterResolver``
-    reads: ``{"cluster": {"worker": ["host:port", ...], "chief":
-    ["host:port"] (optional)}, "task": {"type": "worker" | "chief",
-    "index": I}}``.  TensorFlow itself reports a malformed one late, deep
-    in a traceback; this says what is wrong in one line.  Needs no
-    TensorFlow.
-
-    Args:
-      text: the variable's value; None or empty when unset.
-
-    Returns:
-      ``{"cluster": {type: [address, ...]}, "task_type": str,
-      "task_index": int, "num_workers": int (chief included), "index": int
-      (this process among them: the chief 0, then the workers in order),
-      "is_chief": bool, "address": str}``.
-
-    Raises:
-      ValueError: unset, not JSON, or not the layout above (the message
-        names what is missing or wrong and shows an example).
-
-    >>> info = parse_tf_config('{"cluster": {"worker": ["a:1", "b:2"]}, '
-    ...                        '"task": {"type": "worker", "index": 1}}')
-    >>> info["num_workers"], info["index"], info["is_chief"]
-    (2, 1, False)
-    """
-    example = f"e.g. TF_CONFIG='{TF_CONFIG_EXAMPLE}'"
-    if not text or not text.strip():
-        raise ValueError("TF_CONFIG is not set: it names every worker and "
-                         f"this one's index, {example}")
-    try:
-        tf_config = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"TF_CONFIG is not JSON ({e}): {text[:120]!r}; "
-                         f"{example}") from None
-    if not isinstance(tf_config, dict):
-        raise ValueError(f"TF_CONFIG must be a JSON object, got "
-                         f"{text[:120]!r}; {example}")
-    cluster, task = tf_config.get("cluster"), tf_config.get("task")
-    if not isinstance(cluster, dict) or not isinstance(
-            cluster.get("worker", cluster.get("chief")), list):
-        raise ValueError('TF_CONFIG has no "cluster": {"worker": ["host:port", '
-                         f'...]}}; {example}')
-    extra = sorted(set(cluster) - {"worker", "chief"})
-    if extra:
-        raise ValueError(f"TF_CONFIG's cluster names tasks {extra}; "
-                         "MultiWorkerMirroredStrategy trains with \"worker\" "
-                         "(and at most one \"chief\") tasks only")
-    for kind, addresses in cluster.items():
-        if not isinstance(addresses, list) or not addresses or not all(
-                isinstance(a, str) and _ADDRESS.match(a) for a in addresses):
-            raise ValueError(f'TF_CONFIG\'s cluster "{kind}" must be a '
-                             f'non-empty list of "host:port" strings, got '
-                             f"{json.dumps(addresses)[:120]}")
-    if len(cluster.get("chief", [])) > 1:
-        raise ValueError('TF_CONFIG\'s cluster "chief" names more than one '
-                         "task")
-    if not isinstance(task, dict) or "type" not in task or "index" not in task:
-        raise ValueError('TF_CONFIG has no "task": {"type": "worker", '
-                         f'"index": I}} (this process); {example}')
-    kind, index = task["type"], task["index"]
-    if kind not in cluster:
-        raise ValueError(f"TF_CONFIG's task type {kind!r} is not in its "
-                         f"cluster ({', '.join(sorted(cluster))})")
-    if not (isinstance(index, int) and not isinstance(index, bool)
-            and 0 <= index < len(cluster[kind])):
-        raise ValueError(f"TF_CONFIG's task index {index!r} is not an index "
-                         f'of its cluster\'s {len(cluster[kind])} "{kind}" '
-                         "tasks")
-    chiefs = len(cluster.get("chief", []))
-    position = index if kind == "chief" else chiefs + index
-    return {"cluster": cluster, "task_type": kind, "task_index": index,
-            "num_workers": chiefs + len(cluster.get("worker", [])),
-            "index": position, "is_chief": position == 0,
-            "address": cluster[kind][index]}
-
 
 def _error(message: str):
     from xmc_tf.errors import DistributeError  # (TensorFlow-free module top)

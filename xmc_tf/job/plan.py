@@ -277,18 +277,7 @@ def _check_resolved(config) -> xheads.Head:
             raise ValueError(
                 f"config.model.ensemble_size={size} needs a head that scores "
                 f"every label; head {head.name!r} does not (use 1)")
-        check_int("model.wide_connections", config.model.wide_connections, 0)
-        if config.model.wide_max_mib is not None:
-            check_int("model.wide_max_mib", config.model.wide_max_mib, 0)
-        fan_out = config.model.get("wide_max_fan_out")
-        if fan_out is not None and not (_is_number(fan_out) and fan_out > 0):
-            raise ValueError(f"config.model.wide_max_fan_out={fan_out!r} must "
-                             "be a number > 0 (or None: no cap)")
-        for name in ("input_dropout", "dropout", "intermediate_dropout"):
-            rate = config.model[name]
-            if not (_is_number(rate) and 0.0 <= rate < 1.0):
-                raise ValueError(f"config.model.{name}={rate!r} must be in "
-                                 "[0, 1)")
+        _check_model_fields(config.model)
         if tc.optimizer == "lazy_adamw":
             check_nonnegative("train.weight_decay", tc.weight_decay)
         if tc.min_delta is not None:
@@ -314,6 +303,23 @@ def _check_resolved(config) -> xheads.Head:
         raise ConfigError("config.train.tensorboard=True needs the tensorboard "
                           "package: pip install 'tensorboard~=2.21.0'")
     return head
+
+
+def _check_model_fields(mc) -> None:
+    """The wide path's and the dropout rates' fields of ``config.model``
+    (ValueError naming the field)."""
+    check_int("model.wide_connections", mc.wide_connections, 0)
+    if mc.wide_max_mib is not None:
+        check_int("model.wide_max_mib", mc.wide_max_mib, 0)
+    fan_out = mc.get("wide_max_fan_out")
+    if fan_out is not None and not (_is_number(fan_out) and fan_out > 0):
+        raise ValueError(f"config.model.wide_max_fan_out={fan_out!r} must "
+                         "be a number > 0 (or None: no cap)")
+    for name in ("input_dropout", "dropout", "intermediate_dropout"):
+        rate = mc[name]
+        if not (_is_number(rate) and 0.0 <= rate < 1.0):
+            raise ValueError(f"config.model.{name}={rate!r} must be in "
+                             "[0, 1)")
 
 
 def check_strategy(config, head, cluster: xcluster.Cluster) -> None:
@@ -523,17 +529,12 @@ def resolve_config(config, train: xdata.XCDataset,
     """The one resolver of automatic settings: the run's config with every
     field left to the data filled in, one log line per field.
 
-    First the fields a config leaves to the label regime
-    (:func:`xmc_tf.config.by_regime`: multi-class labels take
-    :data:`xmc_tf.config.MULTI_CLASS_DEFAULTS`, multi-label ones the
-    head's schema defaults), then each field registered with
-    :func:`automatic` whose value is ``"auto"`` (feature normalisation,
-    the sampled head's loss and candidate mode, the ANN index, LSH's K,
-    each fused scorer's ``enabled`` (:mod:`xmc_tf.job.scorers`), the
-    shortlist, the monitor).  The fused scorers' ``weight="auto"`` and
-    ``idf="auto"`` are the only ``"auto"`` left: they are read on the
-    validation shortlists after training (:func:`xmc_tf.job.finalize.finalize`).
-    Values the config sets are kept; a field of
+    First the fields left to the label regime (:func:`xmc_tf.config.by_regime`),
+    then each ``"auto"`` field registered with :func:`automatic`
+    (:func:`automatic_fields`), then the batch cap (:func:`batch_cap`).  The
+    fused scorers' ``weight`` and ``idf`` are the only ``"auto"`` left (read
+    on validation after training, :func:`xmc_tf.job.finalize.finalize`).
+    Values the config sets are kept; one of
     :data:`xmc_tf.config.AUTO_BOOL_FIELDS` given as a string (``"True"``
     from the command line) becomes the bool.
 
@@ -557,42 +558,63 @@ def resolve_config(config, train: xdata.XCDataset,
     """
     summary = summary or summarize(train)
     run, values = _resolve_regime(config, summary)
+    run = _CopyOnWrite(run, copied=run is not config)
     has_validation = validation is not None or bool(
-        validation_rows(run, summary.num_instances))
+        validation_rows(run.config, summary.num_instances))
     for field, resolve in _RESOLVERS.items():
-        node, name = _field(run, field)
+        node, name = _field(run.config, field)
         if node is None or not is_auto(node[name]):
             continue
-        if run is config:
-            run = copy.deepcopy(config)
-            node, name = _field(run, field)
-        head = head or xheads.get_head(run)
-        value, why = resolve(run, summary, head.bound_to(run), has_validation)
-        node[name] = value
+        head = head or xheads.get_head(run.config)
+        value, why = resolve(run.writable(), summary,
+                             head.bound_to(run.config), has_validation)
+        run.set(field, value)
         values[field] = value
         logging.info("config.%s=%r: chosen from the data (%s)", field, value,
                      why)
     for field in xconfig.AUTO_BOOL_FIELDS:  # "True" from the command line
-        node, name = _field(run, field)
-        if node is None or not isinstance(node[name], str) or is_auto(
+        node, name = _field(run.config, field)
+        if node is not None and isinstance(node[name], str) and not is_auto(
                 node[name]):
-            continue
-        if run is config:
-            run = copy.deepcopy(config)
-            node, name = _field(run, field)
-        node[name] = auto_bool(node[name], f"config.{field}")
-    cap = batch_cap(run, summary.num_labels, head)
-    if cap is not None:
-        if run is config:
-            run = copy.deepcopy(config)
-        logging.info(
-            "config.train.batch_size=%d: cut from %d so that a batch's "
-            "[batch, %d] float32 scores stay under "
-            "config.train.batch_scores_mib=%d MiB", cap, run.train.batch_size,
-            summary.num_labels, run.train.batch_scores_mib)
-        run.train.batch_size = cap
-        values["train.batch_size"] = cap
+            run.set(field, auto_bool(node[name], f"config.{field}"))
+    _cap_batch(run, summary, head, values)
     if not values:
-        return run, {}  # config itself unless a bool string was read
-    return run, {"labels": summary.regime,
-                 "fields": json.loads(json.dumps(values, sort_keys=True))}
+        return run.config, {}  # config itself unless a bool string was read
+    return run.config, {"labels": summary.regime, "fields": json.loads(
+        json.dumps(values, sort_keys=True))}
+
+
+class _CopyOnWrite:
+    """A config and a deep copy of it made at the first write (so that
+    :func:`resolve_config` returns the given config itself when nothing
+    changes)."""
+
+    def __init__(self, config, copied: bool = False):
+        self.config, self._copied = config, copied
+
+    def writable(self):
+        """The config, copied first if it is still the caller's."""
+        if not self._copied:
+            self.config, self._copied = copy.deepcopy(self.config), True
+        return self.config
+
+    def set(self, field: str, value) -> None:
+        """Sets the dotted ``field`` (which the config has)."""
+        node, name = _field(self.writable(), field)
+        node[name] = value
+
+
+def _cap_batch(run: _CopyOnWrite, summary, head, values: dict) -> None:
+    """Cuts ``train.batch_size`` to :func:`batch_cap` (logged, recorded in
+    ``values``) when the scores of a batch would exceed the cap."""
+    config = run.config
+    cap = batch_cap(config, summary.num_labels, head)
+    if cap is None:
+        return
+    logging.info(
+        "config.train.batch_size=%d: cut from %d so that a batch's "
+        "[batch, %d] float32 scores stay under "
+        "config.train.batch_scores_mib=%d MiB", cap, config.train.batch_size,
+        summary.num_labels, config.train.batch_scores_mib)
+    run.set("train.batch_size", cap)
+    values["train.batch_size"] = cap

@@ -406,14 +406,10 @@ def train_and_evaluate(config, workdir: str, *, data: JobData | None = None,
     resumes from it exactly (weights, optimizer, callback states, epoch,
     seconds, history); a finished workdir is refused unless ``overwrite``.
 
-    Under a ``tf.distribute`` ``strategy`` (:func:`xmc_tf.job.cluster.make_strategy`)
-    the model is trained data parallel; only the chief
-    (:class:`xmc_tf.job.cluster.Cluster`) locks and writes ``workdir``.
-    The other workers of a multi-worker run write nothing there: they
-    receive the chief's backup (so a resumed run restores the same state
-    everywhere), keep their own checkpoints in a temporary directory that
-    is deleted when they return, and wait until the chief has evaluated and
-    exported the model.
+    Under a ``tf.distribute`` ``strategy`` the model is trained data
+    parallel; only the chief locks and writes ``workdir`` (the others
+    receive its backup, checkpoint into a temporary directory and wait for
+    its export; see the module docstring).
 
     Args:
       config: ml_collections ConfigDict (see ``configs/uniform_sparse.py``).
@@ -432,32 +428,22 @@ def train_and_evaluate(config, workdir: str, *, data: JobData | None = None,
         ran any op.
 
     Returns:
-      The metrics dict also written to ``workdir/metrics.json``: ``P@k``,
-      ``nDCG@k``, ``PSP@k``, ``R@k`` (percent), ``train_seconds`` and
-      ``epochs`` (summed over all processes of a resumed run),
-      ``num_labels``, ``peak_memory_bytes`` (peak RSS, bytes, the largest
-      of the run's processes), ``output_layer_bytes`` and ``model_bytes``
-      (variables of the head / of the whole model, bytes), the data set
-      sizes, for MACH ``num_buckets`` and ``num_repetitions``, under a
-      strategy ``strategy`` / ``num_workers`` / ``num_replicas``, and
-      ``run`` (the completion marker: run id, finish time, resumes,
-      fingerprints of the model files).  A non-chief worker returns the
-      chief's dict (it wrote no file).
+      The ``workdir/metrics.json`` dict (:func:`xmc_tf.job.report.run_report`:
+      P@k, nDCG@k, PSP@k, R@k in percent, ``train_seconds``, ``epochs``,
+      ``peak_memory_bytes``, sizes; and ``run``, the completion marker); a
+      non-chief worker returns the chief's (it wrote no file).
 
     Raises:
-      ConfigError: a bad config value, or one that the strategy cannot
-        train (:func:`xmc_tf.job.plan.check_strategy`).
+      ConfigError: a bad config value, or one the strategy cannot train.
       DataError: unreadable or inconsistent data files.
-      WorkdirBusy: another process holds the workdir lock.
-      WorkdirFinished: the workdir holds a finished run (no ``overwrite``).
+      WorkdirBusy, WorkdirFinished: a locked workdir; a finished one
+        without ``overwrite``.
       CheckpointError: an unreadable backup, or one of another config or
-        other data.
-      DistributeError: (multi-worker) the chief stopped with an error,
-        workers run with different configs or data, or a worker lost
-        contact with the others.
+        data.
+      DistributeError: (multi-worker) the chief stopped, workers differ,
+        or a worker lost contact.
     """
-    head = xplan.check_config(config)
-    cluster = xcluster.Cluster(strategy)
+    head, cluster = xplan.check_config(config), xcluster.Cluster(strategy)
     if strategy is not None:
         xplan.check_strategy(config, head, cluster)
     try:
@@ -469,10 +455,14 @@ def train_and_evaluate(config, workdir: str, *, data: JobData | None = None,
         lost = _lost_contact(e) if cluster.multi_worker else None
         if lost is None:
             raise
-        raise DistributeError(
-            f"{cluster.name} lost contact with the other workers ({lost}); "
-            "rerun the same command on every worker: the run resumes from "
-            "the chief's backup") from e
+        raise _lost_error(cluster, lost) from e
+
+
+def _lost_error(cluster, lost: str) -> DistributeError:
+    return DistributeError(
+        f"{cluster.name} lost contact with the other workers ({lost}); "
+        "rerun the same command on every worker: the run resumes from the "
+        "chief's backup")
 
 
 def _lost_contact(error) -> str | None:
