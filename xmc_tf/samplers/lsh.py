@@ -51,9 +51,11 @@ Heads: :class:`xmc_tf.layers.UniformSparseDense` (label ``j`` is the sparse
 vector ``kernel[j]`` at coordinates ``indices[j]`` of the ``e =
 num_features`` head inputs, hashed without densifying), a label-major dense
 layer such as :class:`xmc_tf.layers.LabelDense` (``kernel [m, d]``), or a
-``keras.layers.Dense`` (``kernel [d, m]``), told apart by the layer's
-:func:`~xmc_tf.layers.scorer.label_layout`.  The bias is not part of the
-label vector (LNS hashes the weight vectors).
+``keras.layers.Dense`` (``kernel [d, m]``), told apart once, at
+:meth:`LshNegativeSampler.bind`, by the layer's
+:func:`~xmc_tf.layers.scorer.label_layout` (which picks how the label
+vectors are read: :mod:`xmc_tf.samplers._lsh_layouts`).  The bias is not
+part of the label vector (LNS hashes the weight vectors).
 
 The tables live in non-trainable ``tf.Variable`` s on the CPU (the ops are
 CPU-only), so :meth:`sample` and :meth:`rehash_rows` run inside a
@@ -70,15 +72,17 @@ from __future__ import annotations
 import math
 import time
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from xmc_tf.ops.lsh import (HASHES, LshHashFamily,
                             collision_inclusion_probability, lsh_build_tables,
-                            lsh_query, lsh_sparse_cosine, lsh_update_tables,
+                            lsh_query, lsh_update_tables,
                             simhash_inclusion_probability)
 from xmc_tf.layers.scorer import label_layout
+from xmc_tf.samplers._lsh_layouts import CPU as _CPU
+from xmc_tf.samplers._lsh_layouts import label_weights
+from xmc_tf.samplers._lsh_layouts import read as _read
 from xmc_tf.samplers.base import Candidates, NegativeSampler, mask_accidental_hits
 
 __all__ = ["LshNegativeSampler", "lsh_auto_K"]
@@ -86,18 +90,6 @@ __all__ = ["LshNegativeSampler", "lsh_auto_K"]
 QUERIES = ("embedding", "label")
 INCLUSIONS = ("auto", "cosine", "collisions")
 WEIGHTINGS = ("inverse_probability", "none")
-_CPU = "/CPU:0"
-
-
-def _read(variable):
-    """Dense read of a variable (aliases its buffer).
-
-    Rows are then taken with ``tf.gather`` on the tensor, never on the
-    variable: a ``ResourceGather`` puts a TensorFlow resource variable in
-    copy-on-read mode, after which *every* dense read copies the whole
-    buffer (measured: 0.4 s per read of a [10^6, 50] int32 variable).
-    """
-    return tf.convert_to_tensor(variable)
 
 
 class LshNegativeSampler(NegativeSampler):
@@ -194,8 +186,7 @@ class LshNegativeSampler(NegativeSampler):
         self.min_probability = (None if min_probability is None
                                 else float(min_probability))
         self.family: LshHashFamily | None = None
-        self._sparse = False
-        self._feature_major = False
+        self._weights = None  # the head's weight layout (bind)
         self._vars = None
         self._ready = False
         self._pending_state = None
@@ -229,8 +220,7 @@ class LshNegativeSampler(NegativeSampler):
         except ValueError:
             raise ValueError(f"{type(self).__name__}: the head must be built "
                              "and have a 2-d kernel") from None
-        self._sparse = layout.sparse
-        self._feature_major = layout.feature_major
+        self._weights = label_weights(layout)
         input_dim, rows = layout.input_dim, layout.num_labels
         if rows != self.num_labels:
             raise ValueError(f"{type(self).__name__}: head has {rows} label "
@@ -271,24 +261,7 @@ class LshNegativeSampler(NegativeSampler):
         The rows are gathered where the head lives (a GPU head sends only
         the ``r`` rows to the CPU); the hash ops run on the CPU.
         """
-        layout = label_layout(self.head)
-        if self._sparse:
-            indices, kernel = _read(layout.indices), _read(layout.kernel)
-            if rows is not None:
-                indices, kernel = tf.gather(indices, rows), tf.gather(kernel, rows)
-            with tf.device(_CPU):
-                return self.family.hash_sparse(
-                    tf.cast(indices, tf.int32), tf.cast(kernel, tf.float32),
-                    _read(self._vars["params"]))
-        kernel = _read(layout.kernel)
-        if self._feature_major:
-            vectors = (tf.transpose(kernel) if rows is None
-                       else tf.transpose(tf.gather(kernel, rows, axis=1)))
-        else:
-            vectors = kernel if rows is None else tf.gather(kernel, rows)
-        with tf.device(_CPU):
-            return self.family.hash_dense(tf.cast(vectors, tf.float32),
-                                          _read(self._vars["params"]))
+        return self._weights.hash(self.family, self._vars["params"], rows)
 
     # --------------------------------------------------------------- tables
     def refresh(self) -> dict:
@@ -436,52 +409,19 @@ class LshNegativeSampler(NegativeSampler):
             weights = tf.cast(mask, tf.float32)
         return Candidates(res.ids, mask, log_q, weights)
 
-    def _rows_dense(self, ids):
-        """Current dense label vectors ``[..., d]`` of the ids (dense heads)."""
-        kernel = _read(label_layout(self.head).kernel)
-        if self._feature_major:
-            rows = tf.gather(kernel, tf.reshape(ids, [-1]), axis=1)
-            rows = tf.transpose(rows)
-            return tf.reshape(rows, tf.concat([tf.shape(ids), [-1]], 0))
-        return tf.gather(kernel, ids)
-
     def _cosines(self, queries, positives, ids):
         """Cosine of every candidate with every query: ``[b, k, q]``, mask."""
         eps = 1e-30
         if self.query == "embedding":
             x = tf.cast(queries, tf.float32)
             x_norm = tf.norm(x, axis=-1)[:, None]  # [b, 1]
-            if self._sparse:
-                idx = tf.gather(tf.cast(_read(label_layout(self.head).indices), tf.int32),
-                                ids)
-                w = tf.cast(tf.gather(_read(label_layout(self.head).kernel), ids), tf.float32)
-                xv = tf.gather(x, idx, batch_dims=1)  # [b, k, s]
-                dot = tf.reduce_sum(xv * w, axis=-1)
-                # UniformSparseDense rows have distinct indices.
-                w_norm = tf.norm(w, axis=-1)
-            else:
-                w = tf.cast(self._rows_dense(ids), tf.float32)  # [b, k, d]
-                dot = tf.einsum("bkd,bd->bk", w, x)
-                w_norm = tf.norm(w, axis=-1)
+            dot, w_norm = self._weights.embedding_dot(x, ids)
             cos = dot / tf.maximum(w_norm * x_norm, eps)
             return cos[..., None], tf.ones([tf.shape(ids)[0], 1], tf.bool)
         query_mask = positives >= 0
-        if self._sparse:
-            indices = tf.cast(_read(label_layout(self.head).indices), tf.int32)
-            kernel = tf.cast(_read(label_layout(self.head).kernel), tf.float32)
-            safe = tf.maximum(positives, 0)  # padding: masked by query_mask
-            rows = [tf.gather(indices, ids), tf.gather(kernel, ids),
-                    tf.gather(indices, safe), tf.gather(kernel, safe)]
-            with tf.device(_CPU):
-                cos = lsh_sparse_cosine(*rows, self.family.input_dim)
-        else:
-            w = tf.cast(self._rows_dense(ids), tf.float32)  # [b, k, d]
-            v = tf.cast(self._rows_dense(tf.maximum(positives, 0)), tf.float32)
-            dot = tf.einsum("bkd,bnd->bkn", w, v)
-            norms = (tf.norm(w, axis=-1)[:, :, None] *
-                     tf.norm(v, axis=-1)[:, None, :])
-            cos = dot / tf.maximum(norms, eps)
-        return cos, query_mask
+        # Padding reads label 0: masked by query_mask.
+        return (self._weights.label_cosines(ids, tf.maximum(positives, 0)),
+                query_mask)
 
     # ---------------------------------------------------------------- state
     def get_state(self) -> dict:
@@ -557,15 +497,7 @@ class LshNegativeSampler(NegativeSampler):
           RuntimeError: no head bound.
         """
         self._check_bound()
-        kernel = np.asarray(keras.ops.convert_to_numpy(label_layout(self.head).kernel),
-                            np.float32)
-        if self._sparse:
-            return {"weights": kernel.copy(),
-                    "indices": np.asarray(keras.ops.convert_to_numpy(
-                        label_layout(self.head).indices), np.int32).copy()}
-        if self._feature_major:
-            kernel = kernel.T
-        return {"weights": np.ascontiguousarray(kernel)}
+        return self._weights.numpy_rows()
 
     def tables(self) -> dict:
         """The current tables as NumPy: ``offsets [L, B + 1]``, ``labels [L,
