@@ -90,6 +90,100 @@ __all__ = ["LshNegativeSampler", "lsh_auto_K"]
 QUERIES = ("embedding", "label")
 INCLUSIONS = ("auto", "cosine", "collisions")
 WEIGHTINGS = ("inverse_probability", "none")
+_EPS = 1e-30
+
+
+# ------------------------------------------------------------ query modes
+class _EmbeddingQuery:
+    """``query="embedding"``: one probe per row, the hashed head input."""
+
+    @staticmethod
+    def probe_codes(family, variables, queries, positives, codes):
+        """int32 ``[b, 1, L]`` (see :meth:`LshNegativeSampler.query_codes`)."""
+        del positives, codes
+        return tf.expand_dims(family.hash_dense(
+            tf.cast(queries, tf.float32), _read(variables["params"])), 1)
+
+    @staticmethod
+    def cosines(weights, queries, positives, ids):
+        """Cosines ``[b, k, 1]`` of the candidates with the head input."""
+        del positives
+        x = tf.cast(queries, tf.float32)
+        x_norm = tf.norm(x, axis=-1)[:, None]  # [b, 1]
+        dot, w_norm = weights.embedding_dot(x, ids)
+        cos = dot / tf.maximum(w_norm * x_norm, _EPS)
+        return cos[..., None], tf.ones([tf.shape(ids)[0], 1], tf.bool)
+
+
+class _LabelQuery:
+    """``query="label"``: one probe per positive, its stored codes."""
+
+    @staticmethod
+    def probe_codes(family, variables, queries, positives, codes):
+        """int32 ``[b, n, L]``, -1 for padding."""
+        del family, queries
+        positives = tf.cast(positives, tf.int32)
+        if codes is None:
+            codes = _read(variables["codes"])
+        rows = tf.gather(codes, tf.maximum(positives, 0))
+        return tf.where(positives[..., None] >= 0, rows, -1)
+
+    @staticmethod
+    def cosines(weights, queries, positives, ids):
+        """Cosines ``[b, k, n]`` of the candidates with the positives."""
+        del queries
+        query_mask = positives >= 0
+        # Padding reads label 0: masked by query_mask.
+        return weights.label_cosines(ids, tf.maximum(positives, 0)), query_mask
+
+
+_QUERY_MODES = {"embedding": _EmbeddingQuery(), "label": _LabelQuery()}
+
+
+# -------------------------------------------------------- inclusion modes
+class _CosineInclusion:
+    """``p_j`` from the cosines (SimHash's ``alpha = 1 - theta / pi``)."""
+
+    count_collisions = False
+
+    def __init__(self, K, L):  # pylint: disable=invalid-name
+        self.K, self.L = K, L  # pylint: disable=invalid-name
+
+    def probability(self, res, qcodes, cosines):
+        """``p [b, k]``; ``cosines()`` gives ``[b, k, q]`` and the mask."""
+        del qcodes
+        cos, query_mask = cosines()
+        cos = tf.stop_gradient(cos)  # a proposal, not a loss term
+        return simhash_inclusion_probability(cos, query_mask, self.K, self.L,
+                                             res.rate)
+
+
+class _CollisionInclusion:
+    """``p_j`` from the fraction of the row's probes that hold ``j``."""
+
+    count_collisions = True
+
+    def __init__(self, K, L):  # pylint: disable=invalid-name
+        del K
+        self.L = L  # pylint: disable=invalid-name
+
+    def probability(self, res, qcodes, cosines):
+        """As :meth:`_CosineInclusion.probability` (``cosines`` unused)."""
+        del cosines
+        valid_probes = tf.reduce_sum(
+            tf.cast(tf.reduce_all(qcodes >= 0, axis=-1), tf.int32),
+            axis=1) * self.L
+        return collision_inclusion_probability(res.collisions, valid_probes,
+                                               res.rate)
+
+
+def _inclusion_mode(inclusion, hash, K, L):  # pylint: disable=redefined-builtin,invalid-name
+    """The inclusion strategy; ``"auto"``: cosine for SimHash, collisions
+    for DWTA."""
+    if inclusion == "auto":
+        inclusion = "cosine" if hash == "simhash" else "collisions"
+    cls = _CosineInclusion if inclusion == "cosine" else _CollisionInclusion
+    return cls(K, L)
 
 
 class LshNegativeSampler(NegativeSampler):
@@ -186,19 +280,17 @@ class LshNegativeSampler(NegativeSampler):
         self.min_probability = (None if min_probability is None
                                 else float(min_probability))
         self.family: LshHashFamily | None = None
-        self._weights = None  # the head's weight layout (bind)
+        # Strategies: query and inclusion mode (fixed here), the head's
+        # weight layout (chosen at bind()).
+        self._query = _QUERY_MODES[query]
+        self._inclusion = _inclusion_mode(inclusion, hash, self.K, self.L)
+        self._weights = None
         self._vars = None
         self._ready = False
         self._pending_state = None
         self.rehashes = 0
 
     # ------------------------------------------------------------------ head
-    @property
-    def _inclusion(self) -> str:
-        if self.inclusion != "auto":
-            return self.inclusion
-        return "cosine" if self.hash == "simhash" else "collisions"
-
     def bind(self, head_layer) -> None:
         """Binds the head and draws the hash functions (see the class doc).
 
@@ -345,15 +437,8 @@ class LshNegativeSampler(NegativeSampler):
           codes: the label codes as a tensor, if already read.
         """
         with tf.device(_CPU):
-            if self.query == "embedding":
-                return tf.expand_dims(self.family.hash_dense(
-                    tf.cast(queries, tf.float32),
-                    _read(self._vars["params"])), 1)
-            positives = tf.cast(positives, tf.int32)
-            if codes is None:
-                codes = _read(self._vars["codes"])
-            rows = tf.gather(codes, tf.maximum(positives, 0))
-            return tf.where(positives[..., None] >= 0, rows, -1)
+            return self._query.probe_codes(self.family, self._vars, queries,
+                                           positives, codes)
 
     def sample(self, queries, positives, step) -> Candidates:
         """``k`` LSH candidates per row (see the class docstring).
@@ -376,26 +461,16 @@ class LshNegativeSampler(NegativeSampler):
         with tf.device(_CPU):
             codes = _read(self._vars["codes"])
             qcodes = self.query_codes(queries, positives, codes)
-            mode = self._inclusion
             res = lsh_query(_read(self._vars["offsets"]),
                             _read(self._vars["labels"]), codes, qcodes,
                             self.num_candidates,
                             step=step, seed=self.seed,
-                            count_collisions=mode == "collisions")
+                            count_collisions=self._inclusion.count_collisions)
         self._count_candidates(res.valid)
         mask = tf.logical_and(res.valid,
                               mask_accidental_hits(res.ids, positives))
-        if mode == "cosine":
-            cosines, query_mask = self._cosines(queries, positives, res.ids)
-            cosines = tf.stop_gradient(cosines)  # a proposal, not a loss term
-            p = simhash_inclusion_probability(cosines, query_mask, self.K,
-                                              self.L, res.rate)
-        else:
-            valid_probes = tf.reduce_sum(
-                tf.cast(tf.reduce_all(qcodes >= 0, axis=-1), tf.int32),
-                axis=1) * self.L
-            p = collision_inclusion_probability(res.collisions,
-                                                valid_probes, res.rate)
+        p = self._inclusion.probability(
+            res, qcodes, lambda: self._cosines(queries, positives, res.ids))
         floor = (self.min_probability if self.min_probability is not None
                  else 1.0 / self.num_labels)
         p = tf.maximum(p, floor)
@@ -411,17 +486,7 @@ class LshNegativeSampler(NegativeSampler):
 
     def _cosines(self, queries, positives, ids):
         """Cosine of every candidate with every query: ``[b, k, q]``, mask."""
-        eps = 1e-30
-        if self.query == "embedding":
-            x = tf.cast(queries, tf.float32)
-            x_norm = tf.norm(x, axis=-1)[:, None]  # [b, 1]
-            dot, w_norm = self._weights.embedding_dot(x, ids)
-            cos = dot / tf.maximum(w_norm * x_norm, eps)
-            return cos[..., None], tf.ones([tf.shape(ids)[0], 1], tf.bool)
-        query_mask = positives >= 0
-        # Padding reads label 0: masked by query_mask.
-        return (self._weights.label_cosines(ids, tf.maximum(positives, 0)),
-                query_mask)
+        return self._query.cosines(self._weights, queries, positives, ids)
 
     # ---------------------------------------------------------------- state
     def get_state(self) -> dict:
