@@ -51,9 +51,11 @@ Heads: :class:`xmc_tf.layers.UniformSparseDense` (label ``j`` is the sparse
 vector ``kernel[j]`` at coordinates ``indices[j]`` of the ``e =
 num_features`` head inputs, hashed without densifying), a label-major dense
 layer such as :class:`xmc_tf.layers.LabelDense` (``kernel [m, d]``), or a
-``keras.layers.Dense`` (``kernel [d, m]``), told apart by the layer's
-:func:`~xmc_tf.layers.scorer.label_layout`.  The bias is not part of the
-label vector (LNS hashes the weight vectors).
+``keras.layers.Dense`` (``kernel [d, m]``), told apart once, at
+:meth:`LshNegativeSampler.bind`, by the layer's
+:func:`~xmc_tf.layers.scorer.label_layout` (which picks how the label
+vectors are read: :mod:`xmc_tf.samplers._lsh_layouts`).  The bias is not
+part of the label vector (LNS hashes the weight vectors).
 
 The tables live in non-trainable ``tf.Variable`` s on the CPU (the ops are
 CPU-only), so :meth:`sample` and :meth:`rehash_rows` run inside a
@@ -70,15 +72,17 @@ from __future__ import annotations
 import math
 import time
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from xmc_tf.ops.lsh import (HASHES, LshHashFamily,
                             collision_inclusion_probability, lsh_build_tables,
-                            lsh_query, lsh_sparse_cosine, lsh_update_tables,
+                            lsh_query, lsh_update_tables,
                             simhash_inclusion_probability)
 from xmc_tf.layers.scorer import label_layout
+from xmc_tf.samplers._lsh_layouts import CPU as _CPU
+from xmc_tf.samplers._lsh_layouts import label_weights
+from xmc_tf.samplers._lsh_layouts import read as _read
 from xmc_tf.samplers.base import Candidates, NegativeSampler, mask_accidental_hits
 
 __all__ = ["LshNegativeSampler", "lsh_auto_K"]
@@ -86,18 +90,100 @@ __all__ = ["LshNegativeSampler", "lsh_auto_K"]
 QUERIES = ("embedding", "label")
 INCLUSIONS = ("auto", "cosine", "collisions")
 WEIGHTINGS = ("inverse_probability", "none")
-_CPU = "/CPU:0"
+_EPS = 1e-30
 
 
-def _read(variable):
-    """Dense read of a variable (aliases its buffer).
+# ------------------------------------------------------------ query modes
+class _EmbeddingQuery:
+    """``query="embedding"``: one probe per row, the hashed head input."""
 
-    Rows are then taken with ``tf.gather`` on the tensor, never on the
-    variable: a ``ResourceGather`` puts a TensorFlow resource variable in
-    copy-on-read mode, after which *every* dense read copies the whole
-    buffer (measured: 0.4 s per read of a [10^6, 50] int32 variable).
-    """
-    return tf.convert_to_tensor(variable)
+    @staticmethod
+    def probe_codes(family, variables, queries, positives, codes):
+        """int32 ``[b, 1, L]`` (see :meth:`LshNegativeSampler.query_codes`)."""
+        del positives, codes
+        return tf.expand_dims(family.hash_dense(
+            tf.cast(queries, tf.float32), _read(variables["params"])), 1)
+
+    @staticmethod
+    def cosines(weights, queries, positives, ids):
+        """Cosines ``[b, k, 1]`` of the candidates with the head input."""
+        del positives
+        x = tf.cast(queries, tf.float32)
+        x_norm = tf.norm(x, axis=-1)[:, None]  # [b, 1]
+        dot, w_norm = weights.embedding_dot(x, ids)
+        cos = dot / tf.maximum(w_norm * x_norm, _EPS)
+        return cos[..., None], tf.ones([tf.shape(ids)[0], 1], tf.bool)
+
+
+class _LabelQuery:
+    """``query="label"``: one probe per positive, its stored codes."""
+
+    @staticmethod
+    def probe_codes(family, variables, queries, positives, codes):
+        """int32 ``[b, n, L]``, -1 for padding."""
+        del family, queries
+        positives = tf.cast(positives, tf.int32)
+        if codes is None:
+            codes = _read(variables["codes"])
+        rows = tf.gather(codes, tf.maximum(positives, 0))
+        return tf.where(positives[..., None] >= 0, rows, -1)
+
+    @staticmethod
+    def cosines(weights, queries, positives, ids):
+        """Cosines ``[b, k, n]`` of the candidates with the positives."""
+        del queries
+        query_mask = positives >= 0
+        # Padding reads label 0: masked by query_mask.
+        return weights.label_cosines(ids, tf.maximum(positives, 0)), query_mask
+
+
+_QUERY_MODES = {"embedding": _EmbeddingQuery(), "label": _LabelQuery()}
+
+
+# -------------------------------------------------------- inclusion modes
+class _CosineInclusion:
+    """``p_j`` from the cosines (SimHash's ``alpha = 1 - theta / pi``)."""
+
+    count_collisions = False
+
+    def __init__(self, K, L):  # pylint: disable=invalid-name
+        self.K, self.L = K, L  # pylint: disable=invalid-name
+
+    def probability(self, res, qcodes, cosines):
+        """``p [b, k]``; ``cosines()`` gives ``[b, k, q]`` and the mask."""
+        del qcodes
+        cos, query_mask = cosines()
+        cos = tf.stop_gradient(cos)  # a proposal, not a loss term
+        return simhash_inclusion_probability(cos, query_mask, self.K, self.L,
+                                             res.rate)
+
+
+class _CollisionInclusion:
+    """``p_j`` from the fraction of the row's probes that hold ``j``."""
+
+    count_collisions = True
+
+    def __init__(self, K, L):  # pylint: disable=invalid-name
+        del K
+        self.L = L  # pylint: disable=invalid-name
+
+    def probability(self, res, qcodes, cosines):
+        """As :meth:`_CosineInclusion.probability` (``cosines`` unused)."""
+        del cosines
+        valid_probes = tf.reduce_sum(
+            tf.cast(tf.reduce_all(qcodes >= 0, axis=-1), tf.int32),
+            axis=1) * self.L
+        return collision_inclusion_probability(res.collisions, valid_probes,
+                                               res.rate)
+
+
+def _inclusion_mode(inclusion, hash, K, L):  # pylint: disable=redefined-builtin,invalid-name
+    """The inclusion strategy; ``"auto"``: cosine for SimHash, collisions
+    for DWTA."""
+    if inclusion == "auto":
+        inclusion = "cosine" if hash == "simhash" else "collisions"
+    cls = _CosineInclusion if inclusion == "cosine" else _CollisionInclusion
+    return cls(K, L)
 
 
 class LshNegativeSampler(NegativeSampler):
@@ -194,20 +280,17 @@ class LshNegativeSampler(NegativeSampler):
         self.min_probability = (None if min_probability is None
                                 else float(min_probability))
         self.family: LshHashFamily | None = None
-        self._sparse = False
-        self._feature_major = False
+        # Strategies: query and inclusion mode (fixed here), the head's
+        # weight layout (chosen at bind()).
+        self._query = _QUERY_MODES[query]
+        self._inclusion = _inclusion_mode(inclusion, hash, self.K, self.L)
+        self._weights = None
         self._vars = None
         self._ready = False
         self._pending_state = None
         self.rehashes = 0
 
     # ------------------------------------------------------------------ head
-    @property
-    def _inclusion(self) -> str:
-        if self.inclusion != "auto":
-            return self.inclusion
-        return "cosine" if self.hash == "simhash" else "collisions"
-
     def bind(self, head_layer) -> None:
         """Binds the head and draws the hash functions (see the class doc).
 
@@ -229,8 +312,7 @@ class LshNegativeSampler(NegativeSampler):
         except ValueError:
             raise ValueError(f"{type(self).__name__}: the head must be built "
                              "and have a 2-d kernel") from None
-        self._sparse = layout.sparse
-        self._feature_major = layout.feature_major
+        self._weights = label_weights(layout)
         input_dim, rows = layout.input_dim, layout.num_labels
         if rows != self.num_labels:
             raise ValueError(f"{type(self).__name__}: head has {rows} label "
@@ -271,24 +353,7 @@ class LshNegativeSampler(NegativeSampler):
         The rows are gathered where the head lives (a GPU head sends only
         the ``r`` rows to the CPU); the hash ops run on the CPU.
         """
-        layout = label_layout(self.head)
-        if self._sparse:
-            indices, kernel = _read(layout.indices), _read(layout.kernel)
-            if rows is not None:
-                indices, kernel = tf.gather(indices, rows), tf.gather(kernel, rows)
-            with tf.device(_CPU):
-                return self.family.hash_sparse(
-                    tf.cast(indices, tf.int32), tf.cast(kernel, tf.float32),
-                    _read(self._vars["params"]))
-        kernel = _read(layout.kernel)
-        if self._feature_major:
-            vectors = (tf.transpose(kernel) if rows is None
-                       else tf.transpose(tf.gather(kernel, rows, axis=1)))
-        else:
-            vectors = kernel if rows is None else tf.gather(kernel, rows)
-        with tf.device(_CPU):
-            return self.family.hash_dense(tf.cast(vectors, tf.float32),
-                                          _read(self._vars["params"]))
+        return self._weights.hash(self.family, self._vars["params"], rows)
 
     # --------------------------------------------------------------- tables
     def refresh(self) -> dict:
@@ -372,15 +437,8 @@ class LshNegativeSampler(NegativeSampler):
           codes: the label codes as a tensor, if already read.
         """
         with tf.device(_CPU):
-            if self.query == "embedding":
-                return tf.expand_dims(self.family.hash_dense(
-                    tf.cast(queries, tf.float32),
-                    _read(self._vars["params"])), 1)
-            positives = tf.cast(positives, tf.int32)
-            if codes is None:
-                codes = _read(self._vars["codes"])
-            rows = tf.gather(codes, tf.maximum(positives, 0))
-            return tf.where(positives[..., None] >= 0, rows, -1)
+            return self._query.probe_codes(self.family, self._vars, queries,
+                                           positives, codes)
 
     def sample(self, queries, positives, step) -> Candidates:
         """``k`` LSH candidates per row (see the class docstring).
@@ -403,26 +461,16 @@ class LshNegativeSampler(NegativeSampler):
         with tf.device(_CPU):
             codes = _read(self._vars["codes"])
             qcodes = self.query_codes(queries, positives, codes)
-            mode = self._inclusion
             res = lsh_query(_read(self._vars["offsets"]),
                             _read(self._vars["labels"]), codes, qcodes,
                             self.num_candidates,
                             step=step, seed=self.seed,
-                            count_collisions=mode == "collisions")
+                            count_collisions=self._inclusion.count_collisions)
         self._count_candidates(res.valid)
         mask = tf.logical_and(res.valid,
                               mask_accidental_hits(res.ids, positives))
-        if mode == "cosine":
-            cosines, query_mask = self._cosines(queries, positives, res.ids)
-            cosines = tf.stop_gradient(cosines)  # a proposal, not a loss term
-            p = simhash_inclusion_probability(cosines, query_mask, self.K,
-                                              self.L, res.rate)
-        else:
-            valid_probes = tf.reduce_sum(
-                tf.cast(tf.reduce_all(qcodes >= 0, axis=-1), tf.int32),
-                axis=1) * self.L
-            p = collision_inclusion_probability(res.collisions,
-                                                valid_probes, res.rate)
+        p = self._inclusion.probability(
+            res, qcodes, lambda: self._cosines(queries, positives, res.ids))
         floor = (self.min_probability if self.min_probability is not None
                  else 1.0 / self.num_labels)
         p = tf.maximum(p, floor)
@@ -436,52 +484,9 @@ class LshNegativeSampler(NegativeSampler):
             weights = tf.cast(mask, tf.float32)
         return Candidates(res.ids, mask, log_q, weights)
 
-    def _rows_dense(self, ids):
-        """Current dense label vectors ``[..., d]`` of the ids (dense heads)."""
-        kernel = _read(label_layout(self.head).kernel)
-        if self._feature_major:
-            rows = tf.gather(kernel, tf.reshape(ids, [-1]), axis=1)
-            rows = tf.transpose(rows)
-            return tf.reshape(rows, tf.concat([tf.shape(ids), [-1]], 0))
-        return tf.gather(kernel, ids)
-
     def _cosines(self, queries, positives, ids):
         """Cosine of every candidate with every query: ``[b, k, q]``, mask."""
-        eps = 1e-30
-        if self.query == "embedding":
-            x = tf.cast(queries, tf.float32)
-            x_norm = tf.norm(x, axis=-1)[:, None]  # [b, 1]
-            if self._sparse:
-                idx = tf.gather(tf.cast(_read(label_layout(self.head).indices), tf.int32),
-                                ids)
-                w = tf.cast(tf.gather(_read(label_layout(self.head).kernel), ids), tf.float32)
-                xv = tf.gather(x, idx, batch_dims=1)  # [b, k, s]
-                dot = tf.reduce_sum(xv * w, axis=-1)
-                # UniformSparseDense rows have distinct indices.
-                w_norm = tf.norm(w, axis=-1)
-            else:
-                w = tf.cast(self._rows_dense(ids), tf.float32)  # [b, k, d]
-                dot = tf.einsum("bkd,bd->bk", w, x)
-                w_norm = tf.norm(w, axis=-1)
-            cos = dot / tf.maximum(w_norm * x_norm, eps)
-            return cos[..., None], tf.ones([tf.shape(ids)[0], 1], tf.bool)
-        query_mask = positives >= 0
-        if self._sparse:
-            indices = tf.cast(_read(label_layout(self.head).indices), tf.int32)
-            kernel = tf.cast(_read(label_layout(self.head).kernel), tf.float32)
-            safe = tf.maximum(positives, 0)  # padding: masked by query_mask
-            rows = [tf.gather(indices, ids), tf.gather(kernel, ids),
-                    tf.gather(indices, safe), tf.gather(kernel, safe)]
-            with tf.device(_CPU):
-                cos = lsh_sparse_cosine(*rows, self.family.input_dim)
-        else:
-            w = tf.cast(self._rows_dense(ids), tf.float32)  # [b, k, d]
-            v = tf.cast(self._rows_dense(tf.maximum(positives, 0)), tf.float32)
-            dot = tf.einsum("bkd,bnd->bkn", w, v)
-            norms = (tf.norm(w, axis=-1)[:, :, None] *
-                     tf.norm(v, axis=-1)[:, None, :])
-            cos = dot / tf.maximum(norms, eps)
-        return cos, query_mask
+        return self._query.cosines(self._weights, queries, positives, ids)
 
     # ---------------------------------------------------------------- state
     def get_state(self) -> dict:
@@ -557,15 +562,7 @@ class LshNegativeSampler(NegativeSampler):
           RuntimeError: no head bound.
         """
         self._check_bound()
-        kernel = np.asarray(keras.ops.convert_to_numpy(label_layout(self.head).kernel),
-                            np.float32)
-        if self._sparse:
-            return {"weights": kernel.copy(),
-                    "indices": np.asarray(keras.ops.convert_to_numpy(
-                        label_layout(self.head).indices), np.int32).copy()}
-        if self._feature_major:
-            kernel = kernel.T
-        return {"weights": np.ascontiguousarray(kernel)}
+        return self._weights.numpy_rows()
 
     def tables(self) -> dict:
         """The current tables as NumPy: ``offsets [L, B + 1]``, ``labels [L,
