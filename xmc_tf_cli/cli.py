@@ -47,7 +47,7 @@ This module and the package it is in (:mod:`xmc_tf_cli`: the schema
 package, so that ``--help`` and every argument check answer without the
 ~10 s TensorFlow import.  One table, :data:`COMMANDS`, drives the help,
 the argument checks and the dispatch; a command's work is a function of
-:mod:`xmc_tf.job.cli`, imported after ``xmc_tf`` (:func:`_import_xmc_tf`).
+:mod:`xmc_tf.job.cli`, imported after ``xmc_tf`` (``_import_xmc_tf()``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Command:
         they are checked (``("data", "SPEC")``: "evaluate needs
         --data=SPEC").
       run: ``"module:function"`` doing the work, imported after ``xmc_tf``
-        (:func:`_import_xmc_tf`); called with the parsed flags and the
+        (``_import_xmc_tf()``); called with the parsed flags and the
         config path.
       check: further argument checks ``(flag_values) -> None`` (raise
         :class:`UsageError`), run before TensorFlow is imported; or None.
@@ -588,7 +588,7 @@ def _check_args(fv, rest) -> str:
 
 
 def _dispatch(command: str, fv, config_path) -> None:
-    """Imports xmc_tf (:func:`_import_xmc_tf`), then runs the command's
+    """Imports xmc_tf (``_import_xmc_tf()``), then runs the command's
     function (:attr:`Command.run`)."""
     _import_xmc_tf()
     module, function = COMMANDS[command].run.split(":")

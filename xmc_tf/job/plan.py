@@ -531,7 +531,7 @@ def resolve_config(config, train: xdata.XCDataset,
 
     First the fields left to the label regime (:func:`xmc_tf.config.by_regime`),
     then each ``"auto"`` field registered with :func:`automatic`
-    (:func:`automatic_fields`), then the batch cap (:func:`batch_cap`).  The
+    (:func:`automatic_fields`), then the batch cap (``batch_cap``).  The
     fused scorers' ``weight`` and ``idf`` are the only ``"auto"`` left (read
     on validation after training, :func:`xmc_tf.job.finalize.finalize`).
     Values the config sets are kept; one of

@@ -221,7 +221,7 @@ def build(job: Job, planned: xplan.Plan, splits: Splits) -> Built:
     Raises:
       DataError: the head rejects the fit data (``head.prepare``).
       ConfigError: ``config.train.monitor="fused"`` that cannot be
-        monitored (:func:`_fusion_before_fit`).
+        monitored (``_fusion_before_fit``).
     """
     config, head = planned.config, planned.head
     try:

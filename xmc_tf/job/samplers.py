@@ -336,7 +336,7 @@ def sampler_config_K(sampler_config, num_labels: int) -> int:  # noqa: N802
     Args:
       sampler_config: ``config.sampler`` (``K``, ``L``, ``hash``,
         ``shared`` resolved to a bool, the sizes of
-        :func:`xmc_tf.samplers.registry.sampler_sizes`).
+        :func:`sampler_sizes`).
       num_labels: m.
 
     Returns:

@@ -54,7 +54,7 @@ layer such as :class:`xmc_tf.layers.LabelDense` (``kernel [m, d]``), or a
 ``keras.layers.Dense`` (``kernel [d, m]``), told apart once, at
 :meth:`LshNegativeSampler.bind`, by the layer's
 :func:`~xmc_tf.layers.scorer.label_layout` (which picks how the label
-vectors are read: :mod:`xmc_tf.samplers._lsh_layouts`).  The bias is not
+vectors are read: ``xmc_tf/samplers/_lsh_layouts.py``).  The bias is not
 part of the label vector (LNS hashes the weight vectors).
 
 The tables live in non-trainable ``tf.Variable`` s on the CPU (the ops are
