@@ -325,7 +325,7 @@ def _skip_zeros_reference(x, indices, g):
 
 
 # (batch, num_features, density): which CPU path computes grad_weights
-# depends on the density of backward (see uniform_sparse_kernels.cc).
+# depends on the density of backward (see uniform_sparse_grad_plan.h).
 @pytest.mark.parametrize("b,e,density", [
     (64, 8, 1.0),      # transposed features, dense dot product per label
     (64, 8, 0.1),      # transposed features, dense or sparse per label

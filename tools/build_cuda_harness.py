@@ -34,8 +34,13 @@ if _TOOLS not in sys.path:
 import build_ops  # noqa: E402  (tools/build_ops.py; imports no TensorFlow)
 
 ROOT = build_ops.ROOT
-DEFAULT_SOURCES = (os.path.join("ops", "uniform_sparse",
-                                "uniform_sparse_kernels.cu.cc"),)
+# The uniform-sparse launchers: gradients (with the design comment), forward,
+# and the host helpers and workspace query both use.
+DEFAULT_SOURCES = tuple(
+    os.path.join("ops", "uniform_sparse", name)
+    for name in ("uniform_sparse_kernels.cu.cc",
+                 "uniform_sparse_cuda_forward.cu.cc",
+                 "uniform_sparse_cuda_common.cu.cc"))
 DEFAULT_OUTPUT = os.path.join(ROOT, "build", "libxmc_uniform_sparse_cuda.so")
 
 

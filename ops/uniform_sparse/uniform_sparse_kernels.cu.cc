@@ -79,6 +79,13 @@
 // (index 0, weight 0), never used as an address, so the reported position
 // is the smallest bad one.
 // Zero-size inputs launch no empty grid: see the launchers at the end.
+//
+// Files: this one holds the gradient kernels and launchers
+// (XmcUniformSparseGrad*Gpu*); the forward ones are in
+// uniform_sparse_cuda_forward.cu.cc; the constants and the device and host
+// helpers both use in uniform_sparse_cuda_common.h (non-template host
+// helpers, the index-check kernel and XmcUniformSparseGpuWorkspaceBytes in
+// uniform_sparse_cuda_common.cu.cc).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -89,201 +96,12 @@
 #include <type_traits>
 
 #include "ops/common/cuda_launch.h"
+#include "ops/uniform_sparse/uniform_sparse_cuda_common.h"
 #include "ops/uniform_sparse/uniform_sparse_kernels.h"
 
 namespace xmc_tf {
 namespace uniform_sparse_cuda {
 namespace {
-
-using cuda::CeilDiv;
-using cuda::kFullMask;
-using cuda::kWarpSize;
-using cuda::RecordBad;
-
-constexpr int kWarps = 8;                       // warps per block
-constexpr int kThreads = kWarps * kWarpSize;    // 256
-constexpr int kLabels = kWarpSize;              // labels per block tile
-constexpr int kStride = kLabels + 1;            // shared tile row stride
-constexpr int kMaxRows = 8;                     // max instance rows per lane
-constexpr int kLd = kWarpSize;                  // features_t row alignment
-constexpr int64_t kAlign = 256;                 // workspace part alignment
-// Resident blocks per SM aimed at when splitting instance tiles over y.
-constexpr int kBlocksPerSmTarget = 8;
-constexpr int64_t kMaxGridY = 65535;
-
-__host__ __device__ inline int64_t Min64(int64_t a, int64_t b) {
-  return a < b ? a : b;
-}
-__host__ __device__ inline int64_t Max64(int64_t a, int64_t b) {
-  return a < b ? b : a;
-}
-inline int64_t AlignUp(int64_t x, int64_t a) { return CeilDiv(x, a) * a; }
-
-__device__ __forceinline__ bool InRange(int32_t idx, int64_t num_features) {
-  return idx >= 0 && static_cast<int64_t>(idx) < num_features;
-}
-
-// Loads as float / stores from float, for each value type.
-__device__ __forceinline__ float Load(const float* p) { return __ldg(p); }
-__device__ __forceinline__ float Load(const __half* p) {
-  return __half2float(__ldg(p));
-}
-__device__ __forceinline__ float Load(const __nv_bfloat16* p) {
-  return __bfloat162float(__ldg(p));
-}
-template <typename T>
-__device__ __forceinline__ T FromFloat(float x);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-// Range check of every entry of indices [total] (grid-stride).
-__global__ void __launch_bounds__(kThreads)
-    ValidateIndicesKernel(const int32_t* __restrict__ indices, int64_t total,
-                          int64_t num_features,
-                          int64_t* __restrict__ error_scratch) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       p < total; p += stride) {
-    if (!InRange(__ldg(indices + p), num_features)) RecordBad(error_scratch, p);
-  }
-}
-
-// out[c * ld_out + r] = in[r * ld_in + c] for r < rows, c < cols, converted
-// to Out (32 x 32 tiles through shared memory; both sides coalesced).
-// Block (32, 8); grid x over column tiles, y (grid-stride) over row tiles.
-template <typename In, typename Out>
-__global__ void __launch_bounds__(kThreads)
-    TransposeKernel(const In* __restrict__ in, int64_t rows, int64_t cols,
-                    int64_t ld_in, Out* __restrict__ out, int64_t ld_out) {
-  __shared__ float tile[kWarpSize][kWarpSize + 1];
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kWarpSize;
-  const int64_t row_tiles = CeilDiv(rows, kWarpSize);
-  for (int64_t rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
-    const int64_t r0 = rt * kWarpSize;
-    for (int dy = threadIdx.y; dy < kWarpSize; dy += blockDim.y) {
-      const int64_t r = r0 + dy, c = c0 + threadIdx.x;
-      if (r < rows && c < cols) tile[dy][threadIdx.x] = Load(in + r * ld_in + c);
-    }
-    __syncthreads();
-    for (int dy = threadIdx.y; dy < kWarpSize; dy += blockDim.y) {
-      const int64_t c = c0 + dy, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) {
-        out[c * ld_out + r] = FromFloat<Out>(tile[threadIdx.x][dy]);
-      }
-    }
-    __syncthreads();
-  }
-}
-
-// out[p] = in[p] converted, p < total (grid-stride).
-template <typename Out>
-__global__ void __launch_bounds__(kThreads)
-    ConvertKernel(const float* __restrict__ in, int64_t total,
-                  Out* __restrict__ out) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       p < total; p += stride) {
-    out[p] = FromFloat<Out>(in[p]);
-  }
-}
-
-// Loads connections [kc, kc + 32) of the label whose first connection is at
-// flat position `row`: lane l gets (index, weight) of connection kc + l, or
-// (0, 0) past fan_in or for an out-of-range index (recorded).
-template <typename T, bool kWithWeights>
-__device__ __forceinline__ void LoadConnections(
-    const int32_t* __restrict__ indices, const T* __restrict__ weights,
-    int64_t row, int64_t kc, int64_t fan_in, int64_t num_features, int lane,
-    int32_t* idx, float* w, int64_t* __restrict__ error_scratch) {
-  *idx = 0;
-  *w = 0.0f;
-  const int64_t k = kc + lane;
-  if (k < fan_in) {
-    const int32_t raw = __ldg(indices + row + k);
-    if (InRange(raw, num_features)) {
-      *idx = raw;
-      if (kWithWeights) *w = Load(weights + row + k);
-    } else {
-      RecordBad(error_scratch, row + k);
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Forward (Algorithm 1; see the file comment).
-//
-// Grid: x = label tiles of 32, y = groups of instance tiles (tile t goes to
-// blockIdx.y = t mod gridDim.y).  Block: kThreads.  R: rows per lane.
-
-template <typename T, int R>
-__global__ void __launch_bounds__(kThreads)
-    ForwardKernel(const T* __restrict__ features_t, int64_t ld,
-                  const int32_t* __restrict__ indices,
-                  const T* __restrict__ weights, T* __restrict__ scores,
-                  int64_t batch, int64_t num_features, int64_t num_labels,
-                  int64_t fan_in, int64_t* __restrict__ error_scratch) {
-  constexpr int kTileRows = kWarpSize * R;
-  __shared__ float tile[kTileRows][kStride];
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int64_t label_begin = static_cast<int64_t>(blockIdx.x) * kLabels;
-  const int64_t tiles = CeilDiv(batch, kTileRows);
-
-  for (int64_t t = blockIdx.y; t < tiles; t += gridDim.y) {
-    const int64_t i0 = t * kTileRows;
-    const int64_t rows_here = Min64(kTileRows, batch - i0);
-    for (int jj = warp; jj < kLabels; jj += kWarps) {
-      const int64_t j = label_begin + jj;
-      float acc[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-      if (j < num_labels) {  // uniform within the warp
-        const int64_t row = j * fan_in;
-        const T* base = features_t + i0 + lane;
-        for (int64_t kc = 0; kc < fan_in; kc += kWarpSize) {
-          int32_t idx;
-          float w;
-          LoadConnections<T, true>(indices, weights, row, kc, fan_in,
-                                   num_features, lane, &idx, &w,
-                                   error_scratch);
-          const int n = static_cast<int>(Min64(kWarpSize, fan_in - kc));
-#pragma unroll 4
-          for (int q = 0; q < n; ++q) {
-            const int64_t it = __shfl_sync(kFullMask, idx, q);
-            const float wt = __shfl_sync(kFullMask, w, q);
-            const T* line = base + it * ld;
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-              if (lane + kWarpSize * r < rows_here) {
-                acc[r] = fmaf(Load(line + kWarpSize * r), wt, acc[r]);
-              }
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) tile[lane + kWarpSize * r][jj] = acc[r];
-    }
-    __syncthreads();
-    const int64_t j = label_begin + lane;
-    if (j < num_labels) {
-      for (int64_t r = warp; r < rows_here; r += kWarps) {
-        scores[(i0 + r) * num_labels + j] = FromFloat<T>(tile[r][lane]);
-      }
-    }
-    __syncthreads();  // the tile is rewritten by the next instance tile
-  }
-}
 
 // ---------------------------------------------------------------------------
 // Gradients (Algorithms 2 and 3; see the file comment), one or both.
@@ -481,27 +299,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------------------
-// Host side.
-
-// Rows per lane for a batch: the smallest of 1, 2, 4, 8 whose tile (32 * R
-// instances) covers the batch, 8 beyond 256 instances.
-int RowsPerLane(int64_t batch) {
-  int r = 1;
-  while (r < kMaxRows && static_cast<int64_t>(r) * kWarpSize < batch) r *= 2;
-  return r;
-}
-
-// features_t row length: the batch rounded up to whole 128-byte lines.
-int64_t LeadingDim(int64_t batch) { return AlignUp(Max64(batch, 1), kLd); }
-
-// Instance-tile groups over gridDim.y so that about kBlocksPerSmTarget
-// blocks per SM exist.
-int64_t SplitTiles(int64_t label_tiles, int64_t instance_tiles, int num_sms) {
-  const int64_t target = static_cast<int64_t>(num_sms) * kBlocksPerSmTarget;
-  if (label_tiles >= target) return 1;
-  return Max64(1, Min64(Min64(CeilDiv(target, label_tiles), instance_tiles),
-                        kMaxGridY));
-}
+// Host side (the helpers shared with the forward are in
+// uniform_sparse_cuda_common.h).
 
 // *bytes = the L2 cache size of the current device.
 cudaError_t L2CacheBytes(int* bytes) {
@@ -509,150 +308,6 @@ cudaError_t L2CacheBytes(int* bytes) {
   const cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   return cudaDeviceGetAttribute(bytes, cudaDevAttrL2CacheSize, device);
-}
-
-cudaError_t EnqueueValidate(const int32_t* indices, int64_t total,
-                            int64_t num_features, int num_sms,
-                            int64_t* error_scratch, cudaStream_t stream) {
-  if (total <= 0) return cudaSuccess;
-  const unsigned blocks =
-      cuda::Grid1d(CeilDiv(total, kThreads),
-                   static_cast<int64_t>(num_sms) * kBlocksPerSmTarget * 4);
-  ValidateIndicesKernel<<<blocks, kThreads, 0, stream>>>(
-      indices, total, num_features, error_scratch);
-  return cudaGetLastError();
-}
-
-template <typename In, typename Out>
-cudaError_t EnqueueTranspose(const In* in, int64_t rows, int64_t cols,
-                             int64_t ld_in, Out* out, int64_t ld_out,
-                             cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return cudaSuccess;
-  const int64_t col_tiles = CeilDiv(cols, kWarpSize);
-  if (col_tiles > INT_MAX) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(col_tiles),
-                  static_cast<unsigned>(
-                      Min64(CeilDiv(rows, kWarpSize), kMaxGridY)));
-  TransposeKernel<In, Out><<<grid, dim3(kWarpSize, kWarps), 0, stream>>>(
-      in, rows, cols, ld_in, out, ld_out);
-  return cudaGetLastError();
-}
-
-template <typename Out>
-cudaError_t EnqueueConvert(const float* in, int64_t total, Out* out,
-                           int num_sms, cudaStream_t stream) {
-  if (total <= 0) return cudaSuccess;
-  const unsigned blocks =
-      cuda::Grid1d(CeilDiv(total, kThreads),
-                   static_cast<int64_t>(num_sms) * kBlocksPerSmTarget * 4);
-  ConvertKernel<Out><<<blocks, kThreads, 0, stream>>>(in, total, out);
-  return cudaGetLastError();
-}
-
-// The workspace parts (byte offsets from the workspace start) of a launch.
-struct Workspace {
-  int64_t ld = 0;
-  int64_t features_t = -1, grad_features_t = -1, grad_weights_acc = -1;
-  int64_t bytes = 0;
-};
-
-// kind: 0 forward, 1 grad features, 2 grad weights, 3 both gradients.
-Workspace PlanWorkspace(int kind, int value_bytes, int64_t batch,
-                        int64_t num_features, int64_t num_labels,
-                        int64_t fan_in) {
-  Workspace w;
-  w.ld = LeadingDim(batch);
-  const int64_t lines = num_features * w.ld;
-  const bool features = kind == 1 || kind == 3;
-  const bool weights = kind == 2 || kind == 3;
-  if (kind != 1) {
-    w.features_t = w.bytes;
-    w.bytes += AlignUp(lines * value_bytes, kAlign);
-  }
-  if (features) {
-    w.grad_features_t = w.bytes;
-    w.bytes += AlignUp(lines * 4, kAlign);
-  }
-  // A float accumulator for 16-bit weights gradients; float ones accumulate
-  // in grad_weights itself.
-  if (weights && value_bytes != 4) {
-    w.grad_weights_acc = w.bytes;
-    w.bytes += AlignUp(num_labels * fan_in * 4, kAlign);
-  }
-  return w;
-}
-
-template <typename T>
-T* Part(void* workspace, int64_t offset) {
-  return reinterpret_cast<T*>(static_cast<unsigned char*>(workspace) + offset);
-}
-
-template <typename T, int R>
-cudaError_t EnqueueForwardR(const T* features_t, int64_t ld,
-                            const int32_t* indices, const T* weights,
-                            T* scores, int64_t batch, int64_t num_features,
-                            int64_t num_labels, int64_t fan_in, dim3 grid,
-                            int64_t* error_scratch, cudaStream_t stream) {
-  ForwardKernel<T, R><<<grid, kThreads, 0, stream>>>(
-      features_t, ld, indices, weights, scores, batch, num_features,
-      num_labels, fan_in, error_scratch);
-  return cudaGetLastError();
-}
-
-template <typename T>
-int Forward(const T* features, const int32_t* indices, const T* weights,
-            T* scores, int64_t batch, int64_t num_features, int64_t num_labels,
-            int64_t fan_in, void* workspace, int64_t* error_scratch,
-            int64_t* bad_position, cudaStream_t stream) {
-  *bad_position = -1;
-  if (batch < 0 || num_features < 0 || num_labels < 0 || fan_in < 0) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  if (num_labels == 0) return static_cast<int>(cudaSuccess);  // no indices
-  if (fan_in == 0) {  // every score is an empty sum (all-zero bits)
-    if (batch == 0) return static_cast<int>(cudaSuccess);
-    return static_cast<int>(cudaMemsetAsync(
-        scores, 0, static_cast<size_t>(batch * num_labels) * sizeof(T),
-        stream));
-  }
-  int num_sms = 0;
-  cudaError_t err = cuda::MultiprocessorCount(&num_sms);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  const int64_t label_tiles = CeilDiv(num_labels, kLabels);
-  if (label_tiles > INT_MAX) return static_cast<int>(cudaErrorInvalidValue);
-  if (batch == 0 || num_features == 0) {
-    // Nothing to compute (batch == 0), or every index is out of range
-    // (num_features == 0) and the features must not be read: check only.
-    return cuda::RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
-      return EnqueueValidate(indices, num_labels * fan_in, num_features,
-                             num_sms, error_scratch, stream);
-    });
-  }
-  const Workspace ws = PlanWorkspace(0, sizeof(T), batch, num_features,
-                                     num_labels, fan_in);
-  T* features_t = Part<T>(workspace, ws.features_t);
-  const int rows = RowsPerLane(batch);
-  const int64_t instance_tiles = CeilDiv(batch, kWarpSize * rows);
-  const dim3 grid(static_cast<unsigned>(label_tiles),
-                  static_cast<unsigned>(
-                      SplitTiles(label_tiles, instance_tiles, num_sms)));
-  return cuda::RunWithChecks<1>(error_scratch, bad_position, stream, [&] {
-    cudaError_t e = EnqueueTranspose(features, batch, num_features,
-                                     num_features, features_t, ws.ld, stream);
-    if (e != cudaSuccess) return e;
-    const auto go = [&](auto r_tag) {
-      constexpr int kR = decltype(r_tag)::value;
-      return EnqueueForwardR<T, kR>(features_t, ws.ld, indices, weights,
-                                    scores, batch, num_features, num_labels,
-                                    fan_in, grid, error_scratch, stream);
-    };
-    switch (rows) {
-      case 1: return go(std::integral_constant<int, 1>());
-      case 2: return go(std::integral_constant<int, 2>());
-      case 4: return go(std::integral_constant<int, 4>());
-      default: return go(std::integral_constant<int, 8>());
-    }
-  });
 }
 
 template <typename T, int R, bool kFeatures, bool kWeights>
@@ -811,34 +466,9 @@ int Gradients(const T* backward, const T* features, const int32_t* indices,
 // ---------------------------------------------------------------------------
 // Launchers (extern "C", declared in uniform_sparse_kernels.h).
 
-using xmc_tf::uniform_sparse_cuda::Forward;
 using xmc_tf::uniform_sparse_cuda::Gradients;
-using xmc_tf::uniform_sparse_cuda::PlanWorkspace;
-
-extern "C" int64_t XmcUniformSparseGpuWorkspaceBytes(
-    int kind, int value_bytes, int64_t batch, int64_t num_features,
-    int64_t num_labels, int64_t fan_in) {
-  if (kind < 0 || kind > 3 || (value_bytes != 2 && value_bytes != 4) ||
-      batch < 0 || num_features < 0 || num_labels < 0 || fan_in < 0) {
-    return -1;
-  }
-  return PlanWorkspace(kind, value_bytes, batch, num_features, num_labels,
-                       fan_in)
-      .bytes;
-}
 
 #define XMC_US_LAUNCHERS(SUFFIX, CT, T)                                       \
-  extern "C" int XmcUniformSparseForwardGpu##SUFFIX(                          \
-      const CT* features, const int32_t* indices, const CT* weights,          \
-      CT* scores, int64_t batch, int64_t num_features, int64_t num_labels,    \
-      int64_t fan_in, void* workspace, int64_t* error_scratch,                \
-      int64_t* bad_position, void* stream) {                                  \
-    return Forward<T>(reinterpret_cast<const T*>(features), indices,          \
-                      reinterpret_cast<const T*>(weights),                    \
-                      reinterpret_cast<T*>(scores), batch, num_features,      \
-                      num_labels, fan_in, workspace, error_scratch,           \
-                      bad_position, static_cast<cudaStream_t>(stream));       \
-  }                                                                           \
   extern "C" int XmcUniformSparseGradFeaturesGpu##SUFFIX(                     \
       const CT* backward, const int32_t* indices, const CT* weights,          \
       CT* grad_features, int64_t batch, int64_t num_features,                 \

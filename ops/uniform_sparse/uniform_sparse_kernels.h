@@ -16,8 +16,9 @@
 // Structure (ops/common/device.h): one OpKernel class per op, templated on
 // the device, validates ranks and shapes, allocates the outputs and calls
 // the functor below; the CpuDevice functors (every registered T: float,
-// half, bfloat16, accumulated in float32) are in uniform_sparse_kernels.cc,
-// the GpuDevice ones (float, half and bfloat16, behind XMC_TF_WITH_CUDA)
+// half, bfloat16, accumulated in float32) are in uniform_sparse_kernels.cc
+// (calling uniform_sparse_cpu.h: one translation unit per CPU path), the
+// GpuDevice ones (float, half and bfloat16, behind XMC_TF_WITH_CUDA)
 // call the extern "C" launchers declared further down.  Each functor
 // range-checks `indices` itself and fails the op with InvalidArgument on an
 // entry outside [0, num_features): the forward and the GPU launchers every

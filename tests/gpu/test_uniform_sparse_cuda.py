@@ -2,7 +2,7 @@
 
 Checks ``XmcUniformSparse{Forward,GradFeatures,GradWeights,Grad}Gpu{F32,F16,
 BF16}`` and ``XmcUniformSparseGpuWorkspaceBytes``
-(``ops/uniform_sparse/uniform_sparse_kernels.cu.cc``, Schultheis & Babbar
+(``ops/uniform_sparse/*.cu.cc``, Schultheis & Babbar
 Sec. 3.2-3.3, Algorithms 1-3) against a float64 NumPy reference, without
 TensorFlow: the launchers are built alone with nvcc
 (``tools/build_cuda_harness.py``), loaded with ``ctypes`` and fed CuPy device
