@@ -264,3 +264,14 @@ def test_every_packaged_config_builds_on_sparse_data(name):
     has_wide = any(l.name == "wide" for l in model.layers)
     assert has_wide == bool(mc.wide_connections and head.wide_path and
                             not linear)
+
+
+def test_xmc_tf_config_is_the_schema_module():
+    """``xmc_tf.config`` is the TensorFlow-free schema module itself, so
+    setting one of its names sets the schema's (as a new head's
+    ``HEAD_DEFAULTS`` entry must)."""
+    import xmc_tf
+    from xmc_tf_cli import schema
+    assert xconfig is schema and xmc_tf.config is schema
+    import xmc_tf.config as by_path
+    assert by_path is schema

@@ -2,18 +2,15 @@
 
 The schema lives in the TensorFlow-free package of the command line
 (:mod:`xmc_tf_cli.schema`, where ``xmc-tf --help`` and config files read it
-without TensorFlow); this module is its name in the library, with the same
-objects: ``from xmc_tf.config import base`` in a config file and
-``xmc_tf_cli.schema.base`` are one function.
-
-Example:
-    >>> from xmc_tf import config as xconfig
-    >>> from xmc_tf_cli import schema
-    >>> xconfig.base is schema.base and xconfig.HEAD_DEFAULTS is schema.HEAD_DEFAULTS
-    True
+without TensorFlow); ``xmc_tf.config`` is the same module under its library
+name (this file makes the name point at it), so ``from xmc_tf.config import
+base`` in a config file, ``xmc_tf_cli.schema.base`` and a test's
+``monkeypatch.setattr(xmc_tf.config, ...)`` all reach one set of objects
+(``xmc_tf.config is xmc_tf_cli.schema``; tests/test_config.py checks it).
 """
 
-from xmc_tf_cli import schema as _schema
-from xmc_tf_cli.schema import *  # noqa: F401,F403  (the schema's __all__)
+import sys
 
-__all__ = list(_schema.__all__)
+from xmc_tf_cli import schema as _schema
+
+sys.modules[__name__] = _schema

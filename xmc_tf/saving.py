@@ -43,7 +43,6 @@ from xmc_tf import variable_io
 # The layers, losses, metrics and optimizers register their Keras classes
 # (and the ops' gradients) when imported: load_keras_file needs them.
 from xmc_tf import layers, losses, metrics, optimizers  # noqa: F401
-from xmc_tf.models import candidates as _candidates
 from xmc_tf.layers.uniform_sparse import per_call_inverted_index
 from xmc_tf.errors import OpLibraryError, OpNotRegisteredError
 from xmc_tf.ops import _loader, stock
@@ -170,8 +169,6 @@ def _export(model, path, k, portable) -> bool:
         archive.write_out(path, verbose=False)
     return stock_only
 
-
-_candidates.register_saved_model_writer(export_saved_model)
 
 
 def _serving_archive(model: keras.Model, k: int):

@@ -40,6 +40,7 @@ import numpy as np
 import scipy.sparse as sp
 import tensorflow as tf
 
+from xmc_tf import saving
 from xmc_tf.data.labels import padded_label_ids
 from xmc_tf.data.pipeline import count_non_finite
 from xmc_tf.layers.scorer import SCORER_MEMBERS, LabelScorer
@@ -51,20 +52,6 @@ __all__ = ["CandidateTrainer", "find_label_scorer", "TRAIN_METRICS_MAX_LABELS"]
 #: ``train_metrics=None``: compiled metrics are computed on training batches
 #: (from the head layer's full scores) up to this many labels.
 TRAIN_METRICS_MAX_LABELS = 16384
-
-# The SavedModel writer of CandidateTrainer.export: xmc_tf.saving registers
-# export_saved_model here when imported (``import xmc_tf`` does).  The
-# library's saving module imports the heads, which build these trainers, so
-# this module cannot import it back.
-_SAVED_MODEL_WRITER = []
-
-
-def register_saved_model_writer(writer) -> None:
-    """Sets the function behind :meth:`CandidateTrainer.export`
-    (``writer(model, path, k=..., portable=...)``; called by
-    :mod:`xmc_tf.saving` on import)."""
-    _SAVED_MODEL_WRITER[:] = [writer]
-
 
 def find_label_scorer(model, head=None, needed_by: str = "candidate training"):
     """The layer of ``model`` that scores labels: its one
@@ -399,10 +386,8 @@ class CandidateTrainer(DistributedTrainerMixin, keras.Model):
                                                **kwargs)
         if kwargs:
             raise ValueError(f"unexpected arguments {sorted(kwargs)}")
-        if not _SAVED_MODEL_WRITER:
-            raise RuntimeError("import xmc_tf.saving to export")
-        return _SAVED_MODEL_WRITER[0](self.inference_model, filepath, k=k,
-                                      portable=portable)
+        return saving.export_saved_model(self.inference_model, filepath, k=k,
+                                         portable=portable)
 
     # -- the training step ----------------------------------------------------
 
