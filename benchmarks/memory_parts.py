@@ -128,7 +128,7 @@ def measure_child(scale_name: str, head: str, paths: dict, args) -> dict:
     from xmc_tf.callbacks import SetRewiring
     from xmc_tf.job import cluster as xcluster
     from xmc_tf.job import fit as xfit
-    from xmc_tf.job import plan as xplan
+    from xmc_tf.job import checks as xchecks
     from xmc_tf.job import run as xrun
     from xmc_tf.job.workdir import Workdir
     from xmc_tf.optimizers import slot_variables
@@ -145,11 +145,11 @@ def measure_child(scale_name: str, head: str, paths: dict, args) -> dict:
     config.train.verbose = 0
     workdir = os.path.join(args.workdir, f"parts_{scale_name}_{head}")
     os.makedirs(workdir, exist_ok=True)
-    head_kind = xplan.check_config(config)
     job = xrun.Job(Workdir(workdir), xcluster.Cluster(None))
+    checked = xchecks.check(config, job.cluster)
 
     def plan_and_split():
-        planned = xrun.plan(job, config, head_kind, None)
+        planned = xrun.plan(job, checked, None)
         return planned, xrun.split(job, planned)
 
     planned, splits = phase("data", plan_and_split)

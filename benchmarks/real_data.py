@@ -1060,9 +1060,9 @@ def run(args) -> int:
     from xmc_tf import data as xdata  # pylint: disable=import-outside-toplevel
     from xmc_tf import metrics as xmetrics  # pylint: disable=import-outside-toplevel
     from xmc_tf.errors import UserError  # pylint: disable=import-outside-toplevel
-    from xmc_tf.job import plan as xplan  # pylint: disable=import-outside-toplevel
+    from xmc_tf.job import checks as xchecks  # pylint: disable=import-outside-toplevel
     try:
-        xplan.check_config(config)
+        xchecks.check_config(config)
     except UserError as e:
         raise UsageError(f"config {args.config!r}: {e}") from None
     specs = {n: dataset_specs(n, args.shared) for n in names}

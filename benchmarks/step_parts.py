@@ -203,7 +203,7 @@ def measure(name, train, test, args, peaks):
     from xmc_tf.callbacks import SetRewiring
     from xmc_tf.job import cluster as xcluster
     from xmc_tf.job import fit as xfit
-    from xmc_tf.job import plan as xplan
+    from xmc_tf.job import checks as xchecks
     from xmc_tf.job import run as xrun
     from xmc_tf.job.workdir import Workdir
 
@@ -219,10 +219,9 @@ def measure(name, train, test, args, peaks):
         for part in sec.split("."):
             target = target[part]
         target[attr] = json.loads(value)
-    head = xplan.check_config(config)
     workdir = tempfile.mkdtemp(prefix=f"step_parts_{name}_")
     job = xrun.Job(Workdir(workdir), xcluster.Cluster(None))
-    planned = xrun.plan(job, config, head, None)
+    planned = xrun.plan(job, xchecks.check(config, job.cluster), None)
     splits = xrun.split(job, planned)
     built = xrun.build(job, planned, splits)
     cfg = planned.config

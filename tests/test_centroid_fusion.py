@@ -17,6 +17,7 @@ from xmc_tf import data as xdata
 from xmc_tf.errors import ConfigError
 from xmc_tf.job import artifacts
 from xmc_tf.job import plan as xplan
+from xmc_tf.job import checks as xchecks
 from xmc_tf.job import scorers as xscorers
 from xmc_tf.job.classifier import load_config
 from xmc_tf.job.run import JobData, train_and_evaluate
@@ -76,7 +77,7 @@ def test_plan_reads_the_labels_frequency_profile():
     summary = xplan.summarize(train)
     assert summary.label_instances_median == 3.0
     c = _config()
-    head = xplan.check_config(c)
+    head = xchecks.check_config(c)
     assert _plan(c, head, summary, True)[0]
     # off: many instances per label, dense input, no validation, too many
     # labels or entries, MACH (no full scores), or set off
@@ -90,14 +91,14 @@ def test_plan_reads_the_labels_frequency_profile():
     assert not _plan(
         c, head, _summary(train, label_nnz=10**9), True)[0]
     mach = xconfig.get_config("mach")
-    assert not _plan(mach, xplan.check_config(mach), summary,
+    assert not _plan(mach, xchecks.check_config(mach), summary,
                                    True)[0]
     off = _config(**{"centroids.enabled": "False"})
-    assert not _plan(off, xplan.check_config(off), summary,
+    assert not _plan(off, xchecks.check_config(off), summary,
                                    True)[0]
     # a fixed weight needs no validation split
     fixed = _config(**{"centroids.weight": "2"})
-    assert _plan(fixed, xplan.check_config(fixed), summary,
+    assert _plan(fixed, xchecks.check_config(fixed), summary,
                                False)[0]
     run, regime = xplan.resolve_config(c, train)
     assert run.centroids.enabled is True
@@ -113,13 +114,13 @@ def test_config_checks_name_the_field():
                      ("centroids.max_labels", 0),
                      ("centroids.idf", "sometimes")):
         with pytest.raises(ConfigError, match=key):
-            xplan.check_config(_config(**{key: bad}))
+            xchecks.check_config(_config(**{key: bad}))
     mach = xconfig.get_config("mach")
     mach.centroids.enabled = True
     with pytest.raises(ConfigError, match="scores every label"):
-        xplan.check_config(mach)
+        xchecks.check_config(mach)
     with pytest.raises(ConfigError, match="validation"):
-        xplan.check_config(_config(**{"centroids.enabled": True,
+        xchecks.check_config(_config(**{"centroids.enabled": True,
                                       "data.validation_fraction": 0.0}))
 
 

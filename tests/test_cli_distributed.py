@@ -342,7 +342,7 @@ def test_strategy_flag_rejects_unknown_values(tmp_path):
 
 
 class _TwoReplicas:
-    """What :func:`xmc_tf.plan.check_strategy` reads of a Cluster."""
+    """What :func:`xmc_tf.job.checks.check_strategy` reads of a Cluster."""
     num_replicas = 2
 
 
@@ -353,29 +353,29 @@ class _TwoReplicas:
 ])
 def test_check_strategy(overrides, message):
     from xmc_tf import config as xconfig
-    from xmc_tf.job import plan
+    from xmc_tf.job import checks
     from xmc_tf.errors import ConfigError
     config = xconfig.get_config("uniform_sparse")
     for key, value in overrides.items():
         section, field = key.split(".")
         config[section][field] = value
-    head = plan.check_config(config)
+    head = checks.check_config(config)
     with pytest.raises(ConfigError, match=message):
-        plan.check_strategy(config, head, _TwoReplicas())
+        checks.check_strategy(config, head, _TwoReplicas())
     config.model.ensemble_size, config.train.batch_size = 1, 64
-    plan.check_strategy(config, head, _TwoReplicas())  # fine
+    checks.check_strategy(config, head, _TwoReplicas())  # fine
 
 
 @pytest.mark.parametrize("name", ["astra", "lsh", "scent"])
 def test_check_strategy_refuses_heads_with_per_process_state(name):
     from xmc_tf import config as xconfig
-    from xmc_tf.job import plan
+    from xmc_tf.job import checks
     from xmc_tf.errors import ConfigError
     from xmc_tf.job import heads
     config = xconfig.get_config(name)
     with pytest.raises(ConfigError, match="cannot be trained under a "
                                           "tf.distribute strategy"):
-        plan.check_strategy(config, heads.get_head(config), _TwoReplicas())
+        checks.check_strategy(config, heads.get_head(config), _TwoReplicas())
 
 
 def test_parse_tf_config_with_a_chief_task():

@@ -236,6 +236,7 @@ def test_every_packaged_config_builds_on_sparse_data(name):
     from xmc_tf import data as xdata
     from xmc_tf.job import fit as xfit
     from xmc_tf.job import plan as xplan
+    from xmc_tf.job import checks as xchecks
     config = xconfig.get_config(name)
     config.data.train = config.data.train or "unused.txt"  # scent: no default
     data = xdata.make_synthetic(num_instances=200, num_features=60,
@@ -246,10 +247,10 @@ def test_every_packaged_config_builds_on_sparse_data(name):
         data = xdata.XCDataset(features=data.features, labels=sp.csr_matrix(
             (np.ones(first.size, np.float32), (np.arange(first.size), first)),
             shape=y.shape))
-    head = xplan.check_config(config)
+    head = xchecks.check_config(config)
     # the fields left to the data's regime (astra, lsh), as the job does
     config, _ = xplan.resolve_config(config, data)
-    head = xplan.check_config(config)
+    head = xchecks.check_config(config)
     head.prepare(data)
     model, layer, fit_model = xfit.build_and_compile(
         config, head, data.num_features, data.num_labels, True)

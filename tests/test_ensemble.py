@@ -22,7 +22,7 @@ from xmc_tf.layers import FusedScores, ScoreAverage, UniformSparseDense
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.preprocessing import load_for_model
 from xmc_tf.job.workdir import Workdir
-from xmc_tf.job.plan import check_config
+from xmc_tf.job.checks import check_config
 from xmc_tf.job.run import member_config, train_and_evaluate
 from xmc_tf.job.inputs import validation_split
 

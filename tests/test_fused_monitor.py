@@ -19,6 +19,7 @@ from xmc_tf.job import build as xbuild
 from xmc_tf.job import fit as xfit
 from xmc_tf.job import inputs as xinputs
 from xmc_tf.job import plan as xplan
+from xmc_tf.job import checks as xchecks
 from xmc_tf.job.run import JobData, train_and_evaluate
 from xmc_tf.job.workdir import Workdir
 from xmc_tf.shortlist.fusion import NETWORK
@@ -93,7 +94,7 @@ def test_monitor_plan():
     assert xplan.monitor_plan(fused, True)[0]
     assert xplan.monitor_plan(fused, False)[0]  # the job raises (below)
     with pytest.raises(ConfigError, match="train.monitor"):
-        xplan.check_config(_config(**{"train.monitor": "val_loss"}))
+        xchecks.check_config(_config(**{"train.monitor": "val_loss"}))
     # the one resolver: "auto" becomes "fused" on few-shot labels
     train = _few_shot()
     run, regime = xplan.resolve_config(_config(), train)

@@ -140,7 +140,7 @@ def test_a_new_head_is_one_module_and_its_registration(monkeypatch):
     the job's config check and model builder take it -- no other edit."""
     from xmc_tf.job.heads.dense import DenseHead
     from xmc_tf.losses import SquaredHinge
-    from xmc_tf.job.plan import check_config
+    from xmc_tf.job.checks import check_config
 
     monkeypatch.setattr(heads.base, "_REGISTRY", dict(heads.base._REGISTRY))
     monkeypatch.setattr(xconfig, "HEAD_DEFAULTS", dict(xconfig.HEAD_DEFAULTS))

@@ -29,7 +29,7 @@ from xmc_tf import decoding
 from xmc_tf.layers import UniformSparseDense
 from xmc_tf.errors import ConfigError
 from xmc_tf.job.preprocessing import load_for_model
-from xmc_tf.job.plan import check_config
+from xmc_tf.job.checks import check_config
 from xmc_tf.job.run import train_and_evaluate
 
 SYN = "synthetic:num_instances=400,num_features=120,num_labels=24,seed=3"

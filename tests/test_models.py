@@ -158,7 +158,7 @@ def test_cosine_schedule_replaces_plateau_halving_in_the_callbacks():
 
 
 def test_check_config_rejects_bad_weight_decay():
-    from xmc_tf.job.plan import check_config
+    from xmc_tf.job.checks import check_config
     from xmc_tf.errors import ConfigError
     c = xconfig.get_config("uniform_sparse")
     c.train.optimizer = "lazy_adamw"

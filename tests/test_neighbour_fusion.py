@@ -17,6 +17,7 @@ from xmc_tf import data as xdata
 from xmc_tf.errors import ConfigError
 from xmc_tf.job import artifacts
 from xmc_tf.job import plan as xplan
+from xmc_tf.job import checks as xchecks
 from xmc_tf.job import scorers as xscorers
 from xmc_tf.job.classifier import load_config
 from xmc_tf.job.run import JobData, train_and_evaluate
@@ -143,7 +144,7 @@ def test_plan_and_config_checks():
     assert summary.postings_per_instance == pytest.approx(
         (df.astype(float) ** 2).sum() / train.num_instances)
     c = _config()
-    head = xplan.check_config(c)
+    head = xchecks.check_config(c)
     plan = xscorers.get("neighbours").plan
     assert plan(c, head, summary, True)[0]
     for changes in (dict(label_instances_median=40.0), dict(sparse=False),
@@ -155,7 +156,7 @@ def test_plan_and_config_checks():
     # are on where the fused model ranks shortlists (the votes shortlist).
     many = dataclasses.replace(summary, num_labels=10**6)
     exact = _config(**{"shortlist.enabled": False})
-    assert not plan(exact, xplan.check_config(exact), many, True)[0]
+    assert not plan(exact, xchecks.check_config(exact), many, True)[0]
     on, why = plan(c, head, many, True)
     assert on and "shortlisted" in why
     for key, bad in (("neighbours.enabled", "yes"),
@@ -164,7 +165,7 @@ def test_plan_and_config_checks():
                      ("neighbours.idf", "sometimes"),
                      ("neighbours.shortlist", -1)):
         with pytest.raises(ConfigError, match=key):
-            xplan.check_config(_config(**{key: bad}))
+            xchecks.check_config(_config(**{key: bad}))
 
 
 def fused_layer(model):

@@ -18,6 +18,7 @@ import pytest
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
 from xmc_tf.job import plan as xplan
+from xmc_tf.job import checks as xchecks
 from xmc_tf.job import resume as xresume
 from xmc_tf.job import run as xrun
 from xmc_tf.errors import CheckpointError
@@ -149,13 +150,13 @@ def test_every_automatic_field_is_resolved_once_from_the_data(
                                                      "lsh"))
         if config.tree.enabled == "auto":
             # 30 labels: under both max_labels and max_classes
-            assert run.tree.enabled == xplan.check_config(
+            assert run.tree.enabled == xchecks.check_config(
                 run).scores_every_label
         if config.centroids.enabled == "auto":
             counts = train.label_counts()
             assert run.centroids.enabled == bool(
                 np.median(counts[counts > 0]) <= 8
-                and xplan.check_config(run).scores_every_label)
+                and xchecks.check_config(run).scores_every_label)
         if config.neighbours.enabled == "auto":
             counts = train.label_counts()
             df = np.bincount(train.features.indices,
@@ -164,7 +165,7 @@ def test_every_automatic_field_is_resolved_once_from_the_data(
                 np.median(counts[counts > 0]) <= 8
                 and (df.astype(float) ** 2).sum() / train.num_instances
                 <= run.neighbours.max_postings
-                and xplan.check_config(run).scores_every_label)
+                and xchecks.check_config(run).scores_every_label)
         assert regime["labels"] == ("multi-class" if multi_class
                                     else "multi-label")
 
@@ -172,14 +173,14 @@ def test_every_automatic_field_is_resolved_once_from_the_data(
 def test_check_config_checks_both_regimes_and_the_json_is_plain():
     config = xconfig.get_config("astra")
     config.data.train = "unused"
-    head = xplan.check_config(config)  # None fields pass
+    head = xchecks.check_config(config)  # None fields pass
     assert head.name == "sampled"
     saved = json.loads(config.to_json_best_effort())
     assert saved["model"]["encoder_dims"] is None
     assert xresume.config_changes(saved, config) == []
     config.model.dropout = 1.5  # an explicit bad value is still refused
     with pytest.raises(Exception, match="config.model.dropout=1.5"):
-        xplan.check_config(config)
+        xchecks.check_config(config)
     with pytest.raises(ValueError, match="cannot be chosen by regime"):
         xconfig.by_regime(xconfig.base("sampled"), ("model.head",))
 
@@ -259,16 +260,16 @@ def test_a_run_checks_its_config_once(tmp_path, monkeypatch):
         init(self, c)
 
     monkeypatch.setattr(heads_base.Head, "__init__", counting_init)
-    xplan.check_config(config)
+    xchecks.check_config(config)
     heads_per_check, made[:] = len(made), []
     checks = []
-    check = xplan.check_config
+    check = xchecks.check_config
 
     def counting_check(c):
         checks.append(c)
         return check(c)
 
-    monkeypatch.setattr(xplan, "check_config", counting_check)
+    monkeypatch.setattr(xchecks, "check_config", counting_check)
     bound = []
     bound_to = heads_base.Head.bound_to
 
@@ -306,8 +307,8 @@ def test_the_plan_leaves_concrete_values(name, labels_per_instance):
         section, key = field.split(".")
         if section in config and config[section][key] is True:
             config[section][key] = "True"  # as --config.X=True gives it
-    planned = xplan.make_plan(config, xplan.check_config(config),
-                              xrun.JobData(train))
+    checked = xchecks.Checked(config, xchecks.check_config(config))
+    planned = xplan.make_plan(checked, xrun.JobData(train))
     left = {k for k, v in _flat(planned.config)
             if isinstance(v, str) and v.strip().lower() == "auto"}
     assert left <= {f"{s}.{f}" for s in ("tree", "centroids", "neighbours")

@@ -252,7 +252,7 @@ def test_missing_faiss_is_a_config_error_before_training(monkeypatch, kind,
     import importlib.util
 
     from xmc_tf.errors import ConfigError
-    from xmc_tf.job.plan import check_config
+    from xmc_tf.job.checks import check_config
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "faiss"

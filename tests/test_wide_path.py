@@ -19,7 +19,7 @@ from xmc_tf.layers import (SparseDropout, UniformSparseDense,
 from xmc_tf.job import wide as xwide
 from xmc_tf.job.build import build_model, build_network
 from xmc_tf.errors import ConfigError
-from xmc_tf.job.plan import check_config
+from xmc_tf.job.checks import check_config
 from xmc_tf.job.fit import make_callbacks
 
 

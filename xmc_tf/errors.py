@@ -51,7 +51,7 @@ class UserError(Exception):
 class ConfigError(UserError, ValueError):
     """A config value is invalid (the message names the field).
 
-    Raised by :func:`xmc_tf.job.plan.check_config` and while building the model
+    Raised by :func:`xmc_tf.job.checks.check_config` and while building the model
     and optimizer from a config; the ``xmc-tf train`` command prefixes the
     config file.
     """

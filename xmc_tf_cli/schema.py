@@ -42,6 +42,7 @@ from ml_collections import config_dict
 __all__ = ["BASE", "DEFAULT_CONFIG", "DEFAULT_HEAD", "HEAD_DEFAULTS",
            "CONFIGS_DIR", "MULTI_CLASS_DEFAULTS", "REGIME_FIELDS", "base",
            "config_file", "get_config", "names", "by_regime", "AUTO", "auto_bool",
+           "check_int", "check_nonnegative",
            "AUTO_BOOL_FIELDS",
            "unresolved_fields", "regime_values", "resolve_regime",
            "flat_fields", "config_from_file"]
@@ -95,6 +96,33 @@ def auto_bool(value, field: str):
     if text in ("false", "0", "none", ""):
         return False
     raise ValueError(f"{field}={value!r}; expected True, False or {AUTO!r}")
+
+
+def check_int(field: str, value, low: int) -> None:
+    """An int field (not a bool) of at least ``low``.
+
+    Args:
+      field: its dotted name without ``config.`` (``"tree.beam"``).
+      value: the field's value.
+      low: the smallest value allowed.
+
+    Raises:
+      ValueError: any other value (the message names the field).
+    """
+    if not (isinstance(value, int) and not isinstance(value, bool)
+            and value >= low):
+        raise ValueError(f"config.{field}={value!r} must be an int >= {low}")
+
+
+def check_nonnegative(field: str, value) -> None:
+    """A number field (int or float, not a bool) of at least 0.
+
+    Raises:
+      ValueError: any other value (the message names ``config.<field>``).
+    """
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and value >= 0):
+        raise ValueError(f"config.{field}={value!r} must be a number >= 0")
 
 
 def _base() -> dict:

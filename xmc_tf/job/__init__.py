@@ -2,11 +2,13 @@
 evaluated and exported extreme classifier.
 
 Phases, run in this order by :mod:`xmc_tf.job.run` as functions from one
-frozen value to the next (plan -> splits -> built -> trained -> fused ->
-exported), each phase's work in its module:
+frozen value to the next (checked -> plan -> splits -> built -> trained ->
+fused -> exported), each phase's work in its module:
 
-* :mod:`xmc_tf.job.plan` -- the config checked once, then resolved from a
-  summary of the training data into a :class:`xmc_tf.job.plan.Plan`;
+* :mod:`xmc_tf.job.checks` -- the config as given checked once, before any
+  data is read (:class:`xmc_tf.job.checks.Checked`);
+* :mod:`xmc_tf.job.plan` -- the checked config resolved from a summary of
+  the training data into a :class:`xmc_tf.job.plan.Plan`;
 * :mod:`xmc_tf.job.inputs` -- user arrays checked, files read, the
   validation split and the feature normalisation;
 * :mod:`xmc_tf.job.build` -- the Keras model and optimizer a config

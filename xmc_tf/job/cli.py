@@ -55,9 +55,9 @@ def print_config(config, config_path):
     :func:`xmc_tf.job.plan.resolve_config` on the training data (no
     workdir is touched)."""
     from xmc_tf.errors import ConfigError
-    from xmc_tf.job import inputs, plan
+    from xmc_tf.job import checks, inputs, plan
     try:
-        head = plan.check_config(config)
+        head = checks.check_config(config)
         train, _ = inputs.read_datasets(config)
         resolved, _ = plan.resolve_config(config, train, head=head)
     except ConfigError as e:

@@ -18,12 +18,13 @@ from absl import logging
 from xmc_tf import data as xdata
 from xmc_tf import metrics as xmetrics
 from xmc_tf.job import preprocessing as xprep
+from xmc_tf.job.plan import validation_rows
 from xmc_tf.errors import ConfigError, DataError
 from xmc_tf.job.workdir import Workdir
 from xmc_tf.files import atomic_path
 
 __all__ = ["JobData", "as_dataset", "read_datasets", "check_compatible", "subset",
-           "validation_rows", "validation_split", "prepare_splits",
+           "validation_split", "prepare_splits",
            "save_inv_propensities"]
 
 
@@ -173,12 +174,6 @@ def subset(dataset: xdata.XCDataset, rows: np.ndarray) -> xdata.XCDataset:
     """The instances `rows` of `dataset` (a new XCDataset)."""
     return xdata.XCDataset(features=dataset.features[rows],
                            labels=dataset.labels[rows])
-
-
-def validation_rows(config, num_instances: int) -> int:
-    """Instances :func:`validation_split` holds out of ``num_instances``:
-    ``round(config.data.validation_fraction * num_instances)``."""
-    return int(round(config.data.validation_fraction * num_instances))
 
 
 def validation_split(train: xdata.XCDataset, config):

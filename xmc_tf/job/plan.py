@@ -1,15 +1,14 @@
-"""Plan phase of the main job: check the config, summarise the training
-data, and resolve every field the config leaves to the data.
+"""Plan phase of the main job: summarise the training data and resolve
+every field the config leaves to the data.
 
 The job (:mod:`xmc_tf.job.run`) runs the phases
-plan -> splits -> build -> fit -> finalize -> export, each a function from
-the value of the one before; this module makes the first value, a frozen
+check -> plan -> splits -> build -> fit -> finalize -> export, each a
+function from the value of the one before; this module makes the plan from
+the checked config (:class:`xmc_tf.job.checks.Checked`), a frozen
 :class:`Plan` (:func:`make_plan`): the config as given and resolved to
 concrete values (:func:`resolve_config`), what the data chose, the head
 bound to the resolved config, and a :class:`DataSummary` of the training
-data that the resume check and ``metrics.json`` keep.  The checks
-(:func:`check_config`, :func:`check_strategy`) run once, on the config as
-given, before any data is read.
+data that the resume check and ``metrics.json`` keep.
 
 Source: Schultheis & Babbar, "Towards Memory-Efficient Training for
 Extremely Large Output Spaces", Sec. 4.1 (the schedule the configs use).
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import json
 
 import numpy as np
@@ -27,21 +25,14 @@ from absl import logging
 
 from xmc_tf import config as xconfig
 from xmc_tf import data as xdata
-from xmc_tf.job import cluster as xcluster
 from xmc_tf.job import heads as xheads
 from xmc_tf.job import scorers as xscorers
-from xmc_tf.job.scorers.base import (check_int, check_nonnegative,
-                                     shortlist_plan)
-from xmc_tf.errors import ConfigError
-from xmc_tf.job.build import (ENCODERS, INTERMEDIATE_ACTIVATIONS, OPTIMIZERS,
-                             SCHEDULES)
-from xmc_tf.job.inputs import validation_rows
+from xmc_tf.job.scorers.base import shortlist_plan
 from xmc_tf.config import AUTO, auto_bool
 
-__all__ = ["DataSummary", "Plan", "make_plan", "summarize", "check_config",
-           "check_strategy", "check_batch_split", "resolve_config", "automatic",
-           "automatic_fields", "is_auto", "MONITORS", "monitor_plan",
-           "shortlist_plan"]
+__all__ = ["DataSummary", "Plan", "make_plan", "summarize", "resolve_config",
+           "automatic", "automatic_fields", "is_auto", "monitor_plan",
+           "shortlist_plan", "validation_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,15 +135,32 @@ class Plan:
     inv_prop: object = None
 
 
-def make_plan(given, head: xheads.Head, data, summary: DataSummary | None =
-              None, inv_prop=None) -> Plan:
-    """The :class:`Plan` of ``given`` on ``data``: the config resolved from
-    the training data (:func:`resolve_config`) and ``head`` bound to it
-    (:meth:`xmc_tf.job.heads.Head.bound_to`: no second check).
+def validation_rows(config, num_instances: int) -> int:
+    """Instances the validation split holds out of ``num_instances``
+    (:func:`xmc_tf.job.inputs.validation_split`):
+    ``round(config.data.validation_fraction * num_instances)``, with the
+    fraction as resolved (by regime: :data:`xmc_tf.config.REGIME_FIELDS`).
 
     Args:
-      given: the config as given, checked by :func:`check_config`.
-      head: what :func:`check_config` returned for it.
+      config: a resolved config (``config.data.validation_fraction`` a float
+        in ``[0, 1)``).
+      num_instances: training instances, an int.
+
+    Returns:
+      An int in ``[0, num_instances]``.
+    """
+    return int(round(config.data.validation_fraction * num_instances))
+
+
+def make_plan(checked, data, summary: DataSummary | None = None,
+              inv_prop=None) -> Plan:
+    """The :class:`Plan` of the checked config on ``data``: the config
+    resolved from the training data (:func:`resolve_config`) and the
+    checked head bound to it (:meth:`xmc_tf.job.heads.Head.bound_to`: no
+    second check).
+
+    Args:
+      checked: the :class:`xmc_tf.job.checks.Checked` config as given.
       data: :class:`xmc_tf.job.inputs.JobData` (``train`` and, when the
         caller has one, ``validation``).
       summary: ``data.train``'s :class:`DataSummary` when the caller has it.
@@ -161,20 +169,13 @@ def make_plan(given, head: xheads.Head, data, summary: DataSummary | None =
     Returns:
       The frozen :class:`Plan`.
     """
+    given, head = checked.config, checked.head
     summary = summary or summarize(data.train)
     config, regime = resolve_config(given, data.train, data.validation,
                                     summary, head=head)
     return Plan(given=given, config=config, regime=regime,
                 head=head.bound_to(config), summary=summary, data=data,
                 inv_prop=inv_prop)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-#: The values of ``config.train.monitor``.
-MONITORS = ("auto", "network", "fused")
 
 
 def monitor_plan(config, has_validation: bool,
@@ -225,152 +226,6 @@ def monitor_plan(config, has_validation: bool,
             return True, (f"config.{kind.section} is on with its weight read "
                           "on validation: the fused model is exported")
     return False, "no few-shot scorer's weight is read on validation"
-
-
-def check_config(config) -> xheads.Head:
-    """Validates the config before anything is read or written.
-
-    A config that leaves fields to the data's label regime
-    (:func:`xmc_tf.config.by_regime`, value None) is checked as it would be
-    resolved for multi-label and for multi-class training labels
-    (:func:`resolve_config` fills them in once the labels are read).
-
-    Returns:
-      The :class:`xmc_tf.job.heads.Head` that ``config.model.head`` names
-      (bound to ``config`` as given).
-
-    Raises:
-      ConfigError: a bad value (the message names the field), or
-        ``train.tensorboard`` without the tensorboard package.
-    """
-    if not xconfig.unresolved_fields(config):
-        return _check_resolved(config)
-    for multi_class in (False, True):
-        _check_resolved(xconfig.resolve_regime(config, multi_class))
-    try:
-        return xheads.get_head(config)
-    except (ValueError, KeyError, AttributeError, TypeError) as e:
-        raise ConfigError(" ".join(str(e).split()).strip("'\"")) from e
-
-
-def _check_resolved(config) -> xheads.Head:
-    try:
-        head = xheads.get_head(config)
-        tc = config.train
-        for name in ("batch_size", "epochs"):
-            if int(tc[name]) < 1:
-                raise ValueError(f"config.train.{name}={tc[name]!r} must be "
-                                 ">= 1")
-        for field, value, allowed in (
-                ("train.optimizer", tc.optimizer, OPTIMIZERS),
-                ("train.schedule", tc.get("schedule", "plateau"), SCHEDULES),
-                ("model.encoder", config.model.encoder, ENCODERS),
-                ("model.intermediate_activation",
-                 config.model.intermediate_activation,
-                 INTERMEDIATE_ACTIVATIONS)):
-            if value not in allowed:
-                raise ValueError(f"config.{field}={value!r}; expected one of "
-                                 f"{allowed}")
-        check_int("model.ensemble_size", config.model.ensemble_size, 1)
-        size = config.model.ensemble_size
-        if size > 1 and not head.scores_every_label:
-            raise ValueError(
-                f"config.model.ensemble_size={size} needs a head that scores "
-                f"every label; head {head.name!r} does not (use 1)")
-        _check_model_fields(config.model)
-        if tc.optimizer == "lazy_adamw":
-            check_nonnegative("train.weight_decay", tc.weight_decay)
-        if tc.min_delta is not None:
-            check_nonnegative("train.min_delta", tc.min_delta)
-        if tc.get("batch_scores_mib") is not None:
-            check_int("train.batch_scores_mib", tc.batch_scores_mib, 1)
-        if tc.get("monitor", "auto") not in MONITORS:
-            raise ValueError(f"config.train.monitor={tc.monitor!r}; expected "
-                             f"one of {MONITORS}")
-        for kind in xscorers.kinds():
-            kind.check(config, head)
-        sc = config.get("shortlist")
-        if sc is not None:
-            auto_bool(sc.enabled, "config.shortlist.enabled")
-            check_int("shortlist.min_labels", sc.min_labels, 0)
-        frac = config.data.validation_fraction
-        if not 0.0 <= frac < 1.0:
-            raise ValueError(f"config.data.validation_fraction={frac!r} must "
-                             "be in [0, 1)")
-    except (ValueError, KeyError, AttributeError, TypeError) as e:
-        raise ConfigError(" ".join(str(e).split()).strip("'\"")) from e
-    if tc.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError("config.train.tensorboard=True needs the tensorboard "
-                          "package: pip install 'tensorboard~=2.21.0'")
-    return head
-
-
-def _check_model_fields(mc) -> None:
-    """The wide path's and the dropout rates' fields of ``config.model``
-    (ValueError naming the field)."""
-    check_int("model.wide_connections", mc.wide_connections, 0)
-    if mc.wide_max_mib is not None:
-        check_int("model.wide_max_mib", mc.wide_max_mib, 0)
-    fan_out = mc.get("wide_max_fan_out")
-    if fan_out is not None and not (_is_number(fan_out) and fan_out > 0):
-        raise ValueError(f"config.model.wide_max_fan_out={fan_out!r} must "
-                         "be a number > 0 (or None: no cap)")
-    for name in ("input_dropout", "dropout", "intermediate_dropout"):
-        rate = mc[name]
-        if not (_is_number(rate) and 0.0 <= rate < 1.0):
-            raise ValueError(f"config.model.{name}={rate!r} must be in "
-                             "[0, 1)")
-
-
-def check_strategy(config, head, cluster: xcluster.Cluster) -> None:
-    """Checks that ``config`` can be trained data parallel.
-
-    Args:
-      config: the job config (checked by :func:`check_config`).
-      head: its :class:`xmc_tf.job.heads.Head`.
-      cluster: the :class:`xmc_tf.job.cluster.Cluster` of the strategy
-        (``num_replicas`` is read).
-
-    Raises:
-      ConfigError: ``config.model.ensemble_size > 1`` (members are trained
-        one process at a time), a head that cannot be trained data parallel
-        (:attr:`xmc_tf.job.heads.Head.data_parallel`), or
-        ``config.train.batch_size`` not a multiple of the replicas
-        (:func:`check_batch_split`; a batch size left to the label regime,
-        None, is checked once resolved).
-    """
-    batch_size = config.train.batch_size
-    if config.model.ensemble_size > 1:
-        raise ConfigError(
-            f"config.model.ensemble_size={config.model.ensemble_size}: "
-            "ensembles are trained without a strategy (--strategy=none); "
-            "train the members as separate runs to spread them over machines")
-    if not head.data_parallel:
-        raise ConfigError(
-            f"config.model.head={head.name!r} cannot be trained under a "
-            "tf.distribute strategy (its trainer keeps per-process sampler "
-            "or per-instance state); use --strategy=none")
-    if batch_size is not None:
-        check_batch_split(batch_size, cluster)
-
-
-def check_batch_split(batch_size: int, cluster: xcluster.Cluster) -> None:
-    """Checks that the global batch splits evenly over the replicas.
-
-    Args:
-      batch_size: ``config.train.batch_size`` (instances per step, all
-        replicas together).
-      cluster: the :class:`xmc_tf.job.cluster.Cluster` of the strategy.
-
-    Raises:
-      ConfigError: ``batch_size`` not a multiple of ``cluster.num_replicas``.
-    """
-    replicas = cluster.num_replicas
-    if batch_size % replicas:
-        raise ConfigError(
-            f"config.train.batch_size={batch_size} must be a "
-            f"multiple of the {replicas} replicas of the strategy (the global "
-            "batch is split evenly over them)")
 
 
 #: Automatic fields other than the regime's, in the order they are
@@ -539,14 +394,15 @@ def resolve_config(config, train: xdata.XCDataset,
     from the command line) becomes the bool.
 
     Args:
-      config: the job config (checked by :func:`check_config`).
+      config: the job config (checked by :func:`~xmc_tf.job.checks.check`).
       train: the raw training set.
       validation: the validation set the caller gives, or None (the run
         splits ``config.data.validation_fraction`` of ``train``).
       summary: ``train``'s :class:`DataSummary` when the caller has it
         (:func:`summarize` reads every feature value).
-      head: the :class:`~xmc_tf.job.heads.Head` that :func:`check_config`
-        returned for ``config`` (None: made from the config); the resolvers
+      head: the :class:`~xmc_tf.job.heads.Head` that
+        :func:`xmc_tf.job.checks.check_config` returned for ``config``
+        (None: made from the config); the resolvers
         read it bound to the config resolved so far.
 
     Returns:

@@ -1,15 +1,17 @@
-"""The main job: plan -> build -> fit -> finalize -> export, in a work
-directory that keeps its promises.
+"""The main job: check -> plan -> build -> fit -> finalize -> export, in a
+work directory that keeps its promises.
 
 ``train_and_evaluate(config, workdir)`` trains the model of
 :func:`xmc_tf.job.build.build_model` on the data of ``config.data`` (or
 in-memory data sets: :class:`JobData`, what
 :class:`xmc_tf.ExtremeClassifier` passes), evaluates it on the test set
 and writes ``model.keras``, ``saved_model/`` and, last, ``metrics.json``.
-The config is checked once, as given (:func:`xmc_tf.job.plan.check_config`,
-:func:`xmc_tf.job.plan.check_strategy`), before any data is read.  Each
-phase is then a function from the value of the one before, all of them
-reading the process's :class:`Job` (workdir, cluster, backup, callbacks):
+The config is checked once, as given, before any data is read
+(:func:`xmc_tf.job.checks.check`: a frozen
+:class:`xmc_tf.job.checks.Checked`, what every later step reads instead of
+the config).  Each phase is then a function from the value of the one
+before, all of them reading the process's :class:`Job` (workdir, cluster,
+backup, callbacks):
 
 * :func:`plan` (:mod:`xmc_tf.job.plan`): data -> a frozen
   :class:`xmc_tf.job.plan.Plan`, the config resolved from a summary of the
@@ -55,6 +57,7 @@ from absl import logging
 
 from xmc_tf.job import artifacts
 from xmc_tf.job import checkpoint as xckpt
+from xmc_tf.job import checks as xchecks
 from xmc_tf import data as xdata
 from xmc_tf.job import cluster as xcluster
 from xmc_tf.job import ensemble as xensemble
@@ -159,16 +162,15 @@ class Fused:
     seconds: float
 
 
-def plan(job: Job, given, head, data: JobData | None) -> xplan.Plan:
+def plan(job: Job, checked: xchecks.Checked,
+         data: JobData | None) -> xplan.Plan:
     """Seeds, reads the data, writes ``config.json`` and the PSP weights,
     and makes the :class:`xmc_tf.job.plan.Plan` (the config resolved from
     the training data).
 
     Args:
       job: the :class:`Job`.
-      given: the config as given, checked by
-        :func:`xmc_tf.job.plan.check_config`.
-      head: what that check returned.
+      checked: the :class:`xmc_tf.job.checks.Checked` config as given.
       data: the :class:`JobData`, or None to read ``config.data``.
 
     Raises:
@@ -178,6 +180,7 @@ def plan(job: Job, given, head, data: JobData | None) -> xplan.Plan:
       ConfigError: a batch size the plan chose that the replicas do not
         split.
     """
+    given = checked.config
     keras.utils.set_random_seed(given.seed)
     if data is None:
         data = JobData(*xinputs.read_datasets(given))
@@ -195,12 +198,13 @@ def plan(job: Job, given, head, data: JobData | None) -> xplan.Plan:
     # values the data chose are kept beside it ("regime").
     write_bytes_atomic(job.wd.file(Workdir.CONFIG),
                        given.to_json_best_effort(indent=2).encode())
-    planned = xplan.make_plan(given, head, data, summary, inv_prop)
-    # Checked once, as given, for both label regimes (check_config); only
+    planned = xplan.make_plan(checked, data, summary, inv_prop)
+    # Checked once, as given, for both label regimes (xchecks.check); only
     # a batch size the plan chose is new here.
     if (job.cluster.strategy is not None and planned.config.train.batch_size
             != given.train.batch_size):  # by regime, or capped
-        xplan.check_batch_split(planned.config.train.batch_size, job.cluster)
+        xchecks.check_batch_split(planned.config.train.batch_size,
+                                  job.cluster)
     xresume.check_same_data(job.ckpt, planned.regime, summary.to_json())
     return planned
 
@@ -307,13 +311,13 @@ def fit(job: Job, planned: xplan.Plan, splits: Splits, built: Built) -> None:
                    built.callbacks + [built.checkpointer], first, last)
 
 
-def train(job: Job, given, head, data: JobData | None):
+def train(job: Job, checked: xchecks.Checked, data: JobData | None):
     """The phases every worker runs: plan, split, build, fit.
 
     Returns:
       ``(plan, splits, built)``, ``built``'s models trained.
     """
-    planned = plan(job, given, head, data)
+    planned = plan(job, checked, data)
     splits = split(job, planned)
     built = build(job, planned, splits)
     fit(job, planned, splits, built)
@@ -443,14 +447,13 @@ def train_and_evaluate(config, workdir: str, *, data: JobData | None = None,
       DistributeError: (multi-worker) the chief stopped, workers differ,
         or a worker lost contact.
     """
-    head, cluster = xplan.check_config(config), xcluster.Cluster(strategy)
-    if strategy is not None:
-        xplan.check_strategy(config, head, cluster)
+    cluster = xcluster.Cluster(strategy)
+    checked = xchecks.check(config, cluster)
     try:
         if not cluster.is_chief:
-            return _worker_job(config, head, data, list(callbacks), cluster)
-        return _chief_job(config, workdir, head, data, list(callbacks),
-                          cluster, overwrite=overwrite, force=force)
+            return _worker_job(checked, data, list(callbacks), cluster)
+        return _chief_job(checked, workdir, data, list(callbacks), cluster,
+                          overwrite=overwrite, force=force)
     except Exception as e:
         lost = _lost_contact(e) if cluster.multi_worker else None
         if lost is None:
@@ -486,36 +489,36 @@ def _lost_contact(error) -> str | None:
     return text[:200]
 
 
-def _open_workdir(config, wd: Workdir, stack, *, overwrite: bool,
-                  force: bool):
+def _open_workdir(checked: xchecks.Checked, wd: Workdir, stack, *,
+                  overwrite: bool, force: bool):
     """Locks and prepares the chief's workdir; returns the backup to
-    resume (checked against ``config``) or None."""
+    resume (checked against the config) or None."""
     lock = stack.enter_context(wd.lock(force=force))
     if lock.previous_owner:
         logging.warning("workdir %s: the previous run (pid %s) ended "
                         "without releasing its lock", wd.path,
                         lock.previous_owner.get("pid"))
     wd.prepare_training(overwrite)
-    if config.model.ensemble_size > 1:
+    if checked.config.model.ensemble_size > 1:
         return None
     ckpt = xckpt.load(wd.backup_dir)
     if ckpt is not None:
-        xresume.check_resumable(ckpt, config)
+        xresume.check_resumable(ckpt, checked.config)
     return ckpt
 
 
-def _chief_job(config, workdir, head, data, callbacks, cluster, *, overwrite,
-               force) -> dict:
+def _chief_job(checked: xchecks.Checked, workdir, data, callbacks, cluster, *,
+               overwrite, force) -> dict:
     """The job of the chief (or the only process): lock and prepare the
     workdir, tell the other workers whether and from what to resume, train,
     evaluate and export, and tell them the outcome."""
     wd = Workdir(workdir)
     with contextlib.ExitStack() as stack:
         try:
-            ckpt = _open_workdir(config, wd, stack, overwrite=overwrite,
+            ckpt = _open_workdir(checked, wd, stack, overwrite=overwrite,
                                  force=force)
-            if config.model.ensemble_size > 1:
-                return _run_ensemble(Job(wd, cluster), config, head, data,
+            if checked.config.model.ensemble_size > 1:
+                return _run_ensemble(Job(wd, cluster), checked, data,
                                      overwrite=overwrite, force=force,
                                      callbacks=callbacks)
         except BaseException as e:
@@ -526,10 +529,10 @@ def _chief_job(config, workdir, head, data, callbacks, cluster, *, overwrite,
                         os.path.isfile(os.path.join(wd.backup_dir, n)))
                  if ckpt is not None else [])
         cluster.broadcast_json({"error": None})
-        cluster.check_same("config", _config_dict(config))
+        cluster.check_same("config", _config_dict(checked.config))
         cluster.broadcast_files(wd.backup_dir, names)
         job = Job(wd, cluster, ckpt, tuple(callbacks))
-        planned, splits, built = train(job, config, head, data)
+        planned, splits, built = train(job, checked, data)
         try:
             metrics = export(job, planned, built,
                              finalize(job, planned, splits, built))
@@ -540,7 +543,7 @@ def _chief_job(config, workdir, head, data, callbacks, cluster, *, overwrite,
         return metrics
 
 
-def _worker_job(config, head, data, callbacks, cluster) -> dict:
+def _worker_job(checked: xchecks.Checked, data, callbacks, cluster) -> dict:
     """The job of a non-chief worker: train beside the chief from the
     chief's backup, in a temporary directory (nothing in the workdir), then
     wait for the chief's evaluation and export."""
@@ -551,10 +554,10 @@ def _worker_job(config, head, data, callbacks, cluster) -> dict:
         if start["error"] is not None:
             raise DistributeError(f"the chief (worker 0) stopped: "
                                   f"{start['error']}")
-        cluster.check_same("config", _config_dict(config))
+        cluster.check_same("config", _config_dict(checked.config))
         names = cluster.broadcast_files(wd.backup_dir)
         ckpt = xckpt.load(wd.backup_dir) if names else None
-        train(Job(wd, cluster, ckpt, tuple(callbacks)), config, head, data)
+        train(Job(wd, cluster, ckpt, tuple(callbacks)), checked, data)
         logging.info("%s: trained; waiting for the chief (worker 0) to "
                      "evaluate and export the model", cluster.name)
         done = cluster.broadcast_json()
@@ -651,8 +654,8 @@ def _train_members(config, wd: Workdir, data, *, overwrite: bool,
     return member_metrics, member_dirs
 
 
-def _run_ensemble(job: Job, given, head, data, *, overwrite: bool,
-                  force: bool, callbacks: list) -> dict:
+def _run_ensemble(job: Job, checked: xchecks.Checked, data, *,
+                  overwrite: bool, force: bool, callbacks: list) -> dict:
     """Trains ``config.model.ensemble_size`` members one after the other,
     each a complete run of its own in ``WORKDIR/members/<i>`` (so a killed
     ensemble resumes inside the member it was training, and finished
@@ -661,9 +664,9 @@ def _run_ensemble(job: Job, given, head, data, *, overwrite: bool,
     and test metrics; ``metrics.json`` also lists each member's."""
     wd = job.wd
     member_metrics, member_dirs = _train_members(
-        given, wd, data, overwrite=overwrite, force=force,
+        checked.config, wd, data, overwrite=overwrite, force=force,
         callbacks=callbacks)
-    planned = plan(job, given, head, data)  # the members' plan, once more
+    planned = plan(job, checked, data)  # the members' plan, once more
     config, test = planned.config, planned.data.test
     # Members share the split (and so the normalisation, inside each
     # member's model): the raw validation rows are theirs too.

@@ -163,7 +163,7 @@ class Head:
     def bound_to(self, config) -> "Head":
         """This head bound to ``config`` without checking it again: the
         resolved copy (:func:`xmc_tf.job.plan.resolve_config`) of the config
-        this head was checked with (:func:`xmc_tf.job.plan.check_config`
+        this head was checked with (:func:`xmc_tf.job.checks.check_config`
         checks both label regimes' values).  Call it before
         :meth:`prepare`: the copy shares what ``__init__`` set.
 

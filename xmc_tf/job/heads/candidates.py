@@ -69,7 +69,7 @@ class CandidateHead(Head):
         """Validates ``config.model.sampled_layer``.
 
         None (left to the data's regime, :func:`xmc_tf.config.by_regime`)
-        passes: :func:`xmc_tf.job.plan.check_config` checks the values it
+        passes: :func:`xmc_tf.job.checks.check_config` checks the values it
         resolves to.
 
         Raises:

@@ -32,8 +32,7 @@ from xmc_tf.config import AUTO, auto_bool
 from xmc_tf.shortlist.fusion import FusionPart
 
 __all__ = ["Variant", "BuiltScorer", "FusedScorer", "register", "kinds",
-           "get", "fusion_weight", "check_int", "check_nonnegative",
-           "few_shot_limits", "shortlist_plan"]
+           "get", "fusion_weight", "few_shot_limits", "shortlist_plan"]
 
 
 def fusion_weight(value, field: str):
@@ -56,20 +55,6 @@ def fusion_weight(value, field: str):
     if isinstance(value, bool) or not weight >= 0:
         raise ValueError(f"{field}={value!r} must be 'auto' or a number >= 0")
     return weight
-
-
-def check_int(field: str, value, low: int) -> None:
-    """Raises ValueError unless ``value`` is an int (not a bool) >= low."""
-    if not (isinstance(value, int) and not isinstance(value, bool)
-            and value >= low):
-        raise ValueError(f"config.{field}={value!r} must be an int >= {low}")
-
-
-def check_nonnegative(field: str, value) -> None:
-    """Raises ValueError unless ``value`` is a number >= 0."""
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and value >= 0):
-        raise ValueError(f"config.{field}={value!r} must be a number >= 0")
 
 
 def few_shot_limits(section, summary, name: str, label_cap: bool = True):

@@ -14,12 +14,11 @@ import time
 
 import scipy.sparse as sp
 
-from xmc_tf.job.scorers.base import (BuiltScorer, FusedScorer, check_int,
-                                     check_nonnegative, few_shot_limits,
+from xmc_tf.job.scorers.base import (BuiltScorer, FusedScorer, few_shot_limits,
                                      register)
 from xmc_tf.job.scorers.idf import idf_variants, variants
 from xmc_tf.layers import NearestNeighbourScores
-from xmc_tf.config import auto_bool
+from xmc_tf.config import auto_bool, check_int, check_nonnegative
 
 __all__ = ["NeighbourScorer", "WEIGHTS"]
 

@@ -18,7 +18,8 @@ from absl import logging
 
 from xmc_tf.files import atomic_path
 from xmc_tf.job.scorers.base import (BuiltScorer, FusedScorer, Variant,
-                                     check_int, check_nonnegative, register)
+                                     register)
+from xmc_tf.config import check_int, check_nonnegative
 from xmc_tf.layers import LabelTreeScores
 from xmc_tf.shortlist import (LabelTree, fit_centroid_tree, fit_label_tree,
                               label_tree_bytes)
