@@ -101,6 +101,54 @@ def test_classifiers_match_linearsvc_on_the_nodes_instances():
                                rtol=1e-5, atol=1e-6)
 
 
+def test_node_solves_on_its_columns_match_a_solve_over_all_features():
+    """Two blocks of labels on disjoint feature blocks: below the root a
+    node's instances use one block only, and the tree solves on those
+    columns; every label's classifier must still be LinearSVC's solution
+    over all D features on the instances that reach its leaf."""
+    from sklearn.svm import LinearSVC
+    rng = np.random.default_rng(4)
+    n, d, m = 240, 50, 8
+    block = np.arange(m) // 4  # labels 0-3 on features 0-24, 4-7 on 25-49
+    x = np.zeros((n, d), np.float32)
+    y = np.zeros((n, m), np.float32)
+    for i in range(n):
+        b = i % 2
+        labs = rng.choice(np.flatnonzero(block == b), 1 + (i % 3 == 0),
+                          replace=False)
+        y[i, labs] = 1
+        cols = 25 * b + rng.choice(25, 6, replace=False)  # noise
+        x[i, cols] = rng.random(cols.size) + 0.2
+        x[i, 25 * b + 3 * (labs % 4)] += 1.0
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    x, y = sp.csr_matrix(x), sp.csr_matrix(y)
+    tree = lt.fit_label_tree(x, y, leaf_size=2, threshold=0.0)
+    w = tree.weights.toarray()
+    ycsc = y.tocsc()
+    compacted = 0
+    for label in range(m):
+        reach = np.ones(n, bool)
+        for depth in range(tree.paths.shape[1] - 1):
+            under = tree.paths[:, depth] == tree.paths[label, depth]
+            reach &= np.asarray(ycsc[:, under].sum(1)).ravel() > 0
+        target = y[reach][:, label].toarray().ravel().astype(int)
+        ref = LinearSVC(C=1.0, loss="squared_hinge", dual=True, tol=0.1,
+                        fit_intercept=False, random_state=0).fit(
+            x[reach], target)
+        np.testing.assert_allclose(w[:, tree.paths[label, -1]],
+                                   ref.coef_.ravel(), rtol=1e-5, atol=1e-6)
+        compacted += np.unique(x[reach].indices).size < d
+    assert compacted > 0  # some leaves solved on fewer than D columns
+
+
+def test_non_finite_features_are_refused():
+    x, y = _data()
+    x = x.copy()
+    x.data[3] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        lt.fit_label_tree(x, y, leaf_size=4)
+
+
 def _multi_class_data(n=600, d=80, m=40, seed=1):
     """One label per instance (labels m-2, m-1 have none); each label owns
     two features, plus noise features."""

@@ -263,18 +263,52 @@ def label_tree_bytes(tree: LabelTree) -> int:
     return int(sum(np.asarray(v).nbytes for v in tree.to_arrays().values()))
 
 
-def _fit_column(features, y, c, tol, threshold, seed):
-    """One L2 squared-hinge classifier; ``(weights float32 [D], bias)``."""
+@dataclasses.dataclass(frozen=True)
+class _Node:
+    """A node's instances on the feature columns they use: ``features``
+    CSR float32 ``[n, len(used)]``, the columns ``used`` (sorted int ids)
+    of the ``num_features`` = D features.  A liblinear solve on them gives
+    the weights of a solve over all D (a column no instance uses keeps the
+    zero weight dual coordinate descent starts from; every dot product
+    sums the same entries in the same order), at a cost that follows the
+    node's entries, not D."""
+
+    features: sp.csr_matrix
+    used: np.ndarray
+    num_features: int
+
+    @classmethod
+    def of(cls, rows: sp.csr_matrix) -> "_Node":
+        rows = sp.csr_matrix(rows)
+        used = np.unique(rows.indices)
+        return cls(rows[:, used], used, rows.shape[1])
+
+    def row(self, w=None) -> sp.csr_matrix:
+        """CSR float32 ``[1, D]``: ``w`` (over ``used``; zeros dropped)
+        at its columns, or zeros."""
+        if w is None:
+            return sp.csr_matrix((1, self.num_features), dtype=np.float32)
+        keep = np.flatnonzero(w)
+        return sp.csr_matrix((w[keep], self.used[keep], [0, keep.size]),
+                             shape=(1, self.num_features), dtype=np.float32)
+
+
+def _fit_column(node: _Node, y, c, tol, threshold, seed):
+    """One L2 squared-hinge classifier on ``node``'s instances (labels
+    ``y``, 0/1 int ``[n]``); ``(weights CSR float32 [1, D], bias)``, weights
+    below ``threshold`` in magnitude dropped."""
     if y.size == 0:  # no instance reaches the node
-        return np.zeros(features.shape[1], np.float32), -1.0
+        return node.row(), -1.0
     if y.min() == y.max():  # liblinear needs both classes
-        return np.zeros(features.shape[1], np.float32), (1.0 if y[0] else -1.0)
+        return node.row(), (1.0 if y[0] else -1.0)
+    if node.used.size == 0:  # no features: liblinear's w stays 0
+        return node.row(), 0.0
     from sklearn.svm import LinearSVC  # pylint: disable=import-outside-toplevel
     svm = LinearSVC(C=c, loss="squared_hinge", dual=True, tol=tol,
                     fit_intercept=False, random_state=seed, max_iter=1000)
-    w = svm.fit(features, y).coef_.ravel().astype(np.float32)
+    w = svm.fit(node.features, y).coef_.ravel().astype(np.float32)
     w[np.abs(w) < threshold] = 0.0
-    return w, 0.0
+    return node.row(w), 0.0
 
 
 def _fit_leaf_multi_class(features, classes, num_labels, c, tol, threshold,
@@ -372,7 +406,8 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
       solves where instances without a label reach the node).
 
     Raises:
-      ValueError: shapes that do not match, or a bad argument.
+      ValueError: shapes that do not match, a bad argument, or features
+        that are not finite.
       ImportError: scikit-learn is missing (``pip install scikit-learn``).
     """
     if features.shape[0] != labels.shape[0]:
@@ -382,6 +417,8 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
         raise ValueError("need leaf_size >= 2, c > 0, tol > 0, threshold >= 0;"
                          f" got {leaf_size}, {c}, {tol}, {threshold}")
     x = sp.csr_matrix(features, dtype=np.float32)
+    if not np.isfinite(x.data).all():
+        raise ValueError("features hold NaN or infinite values")
     y = sp.csc_matrix(labels, dtype=np.float32)
     y.data[:] = 1.0
     m = y.shape[1]
@@ -424,26 +461,27 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
         labelled = cls >= 0
         has = labelled & left[np.maximum(cls, 0)]
         other = labelled & ~has
-        w, b = _fit_column(xs, has.astype(np.int32), c, tol, threshold, seed)
+        node = _Node.of(xs)
+        w, b = _fit_column(node, has.astype(np.int32), c, tol, threshold,
+                           seed)
         if labelled.all():
-            w = sp.csr_matrix(w[None, :])
             col = add(sp.vstack([w, -w]), np.array([b, -b], np.float32))
         else:  # unlabelled instances are negatives of both children
             add(w, b)
-            col = add(*_fit_column(xs, other.astype(np.int32), c, tol,
+            col = add(*_fit_column(node, other.astype(np.int32), c, tol,
                                    threshold, seed))
         build_multi_class(ids[left], inst[has], path + [col - 1])
         build_multi_class(ids[~left], inst[other], path + [col])
 
     def build(ids, inst, path):
-        xs = x[inst]
+        node = _Node.of(x[inst])
         ys = y[inst][:, ids]
         if ids.size <= leaf_size:
             ys = ys.tocsc()
             for j, label in enumerate(ids):
                 yj = np.zeros(inst.size, np.int32)
                 yj[ys.indices[ys.indptr[j]:ys.indptr[j + 1]]] = 1
-                col = add(*_fit_column(xs, yj, c, tol, threshold, seed))
+                col = add(*_fit_column(node, yj, c, tol, threshold, seed))
                 paths[label] = path + [col]
             done[0] += ids.size
             report()
@@ -451,17 +489,23 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
         left = _split(pifa, ids, rng)
         for part in (left, ~left):
             has = np.asarray(ys[:, part].sum(1)).ravel() > 0
-            col = add(*_fit_column(xs, has.astype(np.int32), c, tol,
+            col = add(*_fit_column(node, has.astype(np.int32), c, tol,
                                    threshold, seed))
             build(ids[part], inst[has], path + [col])
 
     rows = sp.csr_matrix(y)
-    if is_multi_class(rows):
-        label_of = np.full(rows.shape[0], m, np.int64)  # m: no label
-        label_of[np.diff(rows.indptr) == 1] = rows.indices
-        build_multi_class(np.arange(m), np.arange(x.shape[0]), [])
-    else:
-        build(np.arange(m), np.arange(x.shape[0]), [])
+    import sklearn  # pylint: disable=import-outside-toplevel
+    # The arguments are checked above, once: scikit-learn's own checks of
+    # every LinearSVC call (its parameters, the features' finiteness) cost
+    # about as much as a small node's solve.
+    with sklearn.config_context(skip_parameter_validation=True,
+                                assume_finite=True):
+        if is_multi_class(rows):
+            label_of = np.full(rows.shape[0], m, np.int64)  # m: no label
+            label_of[np.diff(rows.indptr) == 1] = rows.indices
+            build_multi_class(np.arange(m), np.arange(x.shape[0]), [])
+        else:
+            build(np.arange(m), np.arange(x.shape[0]), [])
     depth = max((len(p) for p in paths), default=1)
     ncols = len(bias)
     padded = np.full((m, max(depth, 1)), ncols, np.int32)
