@@ -1,8 +1,8 @@
 // The instruction set of the CPU hot loops, picked at run time by CPU
 // *features* (framework-free: no TensorFlow).  Shared by the uniform-sparse
-// loops (ops/uniform_sparse/uniform_sparse_cpu_loops.h), the LSH kernels
-// (ops/lsh/lsh_hash_kernels.cc) and the sampled-scoring kernels
-// (ops/sampled/sampled_kernels.cc).
+// loops (ops/uniform_sparse/uniform_sparse_cpu_loops.h), the LSH hash
+// functions (ops/lsh/lsh_hash_functions.cc) and the sampled-scoring CPU
+// functors (ops/sampled/sampled_cpu.cc).
 //
 // Why not GCC's target_clones("arch=haswell", "default"): its resolver picks
 // an `arch=` clone by CPU *model* (__builtin_cpu_is), so on AMD CPUs (and

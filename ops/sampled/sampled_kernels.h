@@ -36,11 +36,11 @@
 // per op, templated on the device and T (float, half, bfloat16 on the CPU;
 // float on the GPU), reads the operands, checks ranks and shapes and
 // allocates the output, then calls functor::X<Device, T> with the sizes
-// below.  CpuDevice: sampled_kernels.cc (TensorFlow's intra-op pool);
-// GpuDevice (float): sampled_kernels.cc behind XMC_TF_WITH_CUDA, calling the
-// launchers below on TensorFlow's stream.  The functors range-check every
-// candidate and every index row they read, and fail `ctx` with
-// InvalidArgument naming the first bad entry.
+// below.  CpuDevice: sampled_cpu.cc (declared in sampled_cpu.h; TensorFlow's
+// intra-op pool); GpuDevice (float): sampled_kernels.cc behind
+// XMC_TF_WITH_CUDA, calling the launchers below on TensorFlow's stream.  The
+// functors range-check every candidate and every index row they read, and
+// fail `ctx` with InvalidArgument naming the first bad entry.
 
 namespace xmc_tf {
 
