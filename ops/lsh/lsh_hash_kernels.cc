@@ -25,9 +25,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>

@@ -116,13 +116,12 @@ class WeightsOperand {
 
 }  // namespace
 
-namespace functor {
-
 // ---------------------------------------------------------------------------
 // GPU functors: framework-free CUDA launchers (sampled_kernels.cu.cc) called
 // on TensorFlow's stream.  float32 only.
 
 #if XMC_TF_WITH_CUDA
+namespace functor {
 
 // Runs the launcher `launcher(pointers..., batch, num_features, num_labels,
 // fan_in, num_candidates, error_scratch, bad_positions, stream)` (the
@@ -188,9 +187,8 @@ struct SampledMatmulGradWeights<GpuDevice, float> {
   }
 };
 
-#endif  // XMC_TF_WITH_CUDA
-
 }  // namespace functor
+#endif  // XMC_TF_WITH_CUDA
 
 // ---------------------------------------------------------------------------
 // The op kernels: one class per op, templated on the device and dtype.
