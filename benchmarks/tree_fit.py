@@ -35,7 +35,8 @@ import numpy as np
 
 SETS = {"bibtex": "Bibtex/xc/bibtex_xcsplit_train.txt.gz",
         "delicious": "Delicious/xc/delicious_xcsplit_train.txt.gz",
-        "wordnet": "WordNetHypernyms/train.txt.gz"}
+        "wordnet": "WordNetHypernyms/train.txt.gz",
+        "mannextword": "ManNextWord/train.txt.gz"}
 
 _FIT = """
 import sys, time, numpy as np, sklearn.preprocessing as skp
