@@ -311,10 +311,10 @@ def _fit_column(node: _Node, y, c, tol, threshold, seed):
     return node.row(w), 0.0
 
 
-def _fit_leaf_multi_class(features, classes, num_labels, c, tol, threshold,
-                          seed):
-    """The classifiers of a leaf's ``num_labels`` labels on multi-class
-    instances (``classes[i]``: instance ``i``'s label, in ``[0,
+def _fit_leaf_multi_class(node: _Node, classes, num_labels, c, tol,
+                          threshold, seed):
+    """The classifiers of a leaf's ``num_labels`` labels on ``node``'s
+    multi-class instances (``classes[i]``: instance ``i``'s label, in ``[0,
     num_labels)``, or -1 for an instance without a label, a negative of
     every classifier): liblinear's one-vs-rest in one call, which solves
     the same per-label problems as :func:`_fit_column` would one by one.
@@ -323,7 +323,7 @@ def _fit_leaf_multi_class(features, classes, num_labels, c, tol, threshold,
       ``(weights, bias)``: ``scipy.sparse`` CSR float32 ``[num_labels, D]``
       and float32 ``[num_labels]``.
     """
-    d = features.shape[1]
+    d = node.num_features
     b = np.full(num_labels, -1.0, np.float32)  # no instance: all negative
     # an unlabelled instance is one more class, whose classifier is dropped
     classes = np.where(classes < 0, num_labels, classes)
@@ -334,16 +334,14 @@ def _fit_leaf_multi_class(features, classes, num_labels, c, tol, threshold,
         b[present[0]] = 1.0  # every instance is positive
         return sp.csr_matrix((num_labels, d), dtype=np.float32), b
     from sklearn.svm import LinearSVC  # pylint: disable=import-outside-toplevel
-    # Only the features the leaf's instances use can get a weight: solve on
-    # those columns (a leaf's dense coef_ over all D features would cost
-    # more than the solve).
-    features = sp.csr_matrix(features)
-    used = np.unique(features.indices)
+    # On the node's columns (a leaf's dense coef_ over all D features would
+    # cost more than the solve).
+    used = node.used
     svm = LinearSVC(C=c, loss="squared_hinge", dual=True, tol=tol,
                     fit_intercept=False, random_state=seed, max_iter=1000)
     with warnings.catch_warnings():  # "more classes than 50% of samples"
         warnings.simplefilter("ignore", UserWarning)
-        coef = svm.fit(features[:, used], classes).coef_.astype(np.float32)
+        coef = svm.fit(node.features, classes).coef_.astype(np.float32)
     if present.size == 2:  # liblinear solves one problem: class 1 vs 0
         coef = np.vstack([-coef, coef])
     coef[np.abs(coef) < threshold] = 0.0
@@ -444,12 +442,12 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
         # liblinear call, and an internal node's second child is the
         # negation of the first (a labelled row that reaches a node is in
         # exactly one child; unlabelled rows only reach the root).
-        xs = x[inst]
+        node = _Node.of(x[inst])
         where = np.full(m + 1, -1, np.int64)  # [m]: no label
         where[ids] = np.arange(ids.size)
         cls = where[label_of[inst]]
         if ids.size <= leaf_size:
-            w, b = _fit_leaf_multi_class(xs, cls, ids.size, c, tol,
+            w, b = _fit_leaf_multi_class(node, cls, ids.size, c, tol,
                                          threshold, seed)
             last = add(w, b)
             for j, label in enumerate(ids):
@@ -461,7 +459,6 @@ def fit_label_tree(features: sp.spmatrix, labels: sp.spmatrix, *,
         labelled = cls >= 0
         has = labelled & left[np.maximum(cls, 0)]
         other = labelled & ~has
-        node = _Node.of(xs)
         w, b = _fit_column(node, has.astype(np.int32), c, tol, threshold,
                            seed)
         if labelled.all():
