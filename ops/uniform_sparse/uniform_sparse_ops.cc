@@ -197,6 +197,75 @@ Status InvertedIndexShapes(InferenceContext* c, int offsets_input,
 
 }  // namespace
 
+REGISTER_OP("Xmc>UniformSparseGradApply")
+    .Input("backward: T")
+    .Input("features: T")
+    .Input("indices: int32")
+    .Input("weights: resource")
+    .Input("state: num_state * resource")
+    .Input("alpha: float")
+    .Input("one_minus_beta1: float")
+    .Input("one_minus_beta2: float")
+    .Input("epsilon: float")
+    .Output("grad_features: T")
+    .Attr("T: {float, bfloat16}")
+    .Attr("rule: {'sgd', 'adam'}")
+    .Attr("kahan: bool = false")
+    .Attr("num_state: int >= 0")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle backward, features, indices;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &backward));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &features));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &indices));
+      int num_state;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_state", &num_state));
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 4 + num_state, 4));
+      DimensionHandle unused;
+      TF_RETURN_IF_ERROR(
+          c->Merge(c->Dim(backward, 0), c->Dim(features, 0), &unused));
+      TF_RETURN_IF_ERROR(
+          c->Merge(c->Dim(backward, 1), c->Dim(indices, 0), &unused));
+      c->set_output(0, features);
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Gradient w.r.t. features of Xmc>UniformSparseMatmul, and the weights'
+optimizer step applied in place, in one op: the [num_labels, fan_in] weights
+gradient never exists whole.
+
+grad_features[i, indices[j, k]] += backward[i, j] * weights[j, k]  (the
+weights before the step; Algorithm 2 of Schultheis & Babbar), then, for every
+label j with a non-zero backward[:, j] and every k,
+
+  g = sum_i backward[i, j] * features[i, indices[j, k]]   (Algorithm 3)
+  rule "sgd":  u = -alpha * g
+  rule "adam": m += (g - m) * one_minus_beta1;
+               v += (g * g - v) * one_minus_beta2;
+               u = -alpha * m / (sqrt(v) + epsilon)
+  kahan false: w += u
+  kahan true:  y = u - c; t = w + y (rounded to T); c = (t - w) - y; w = t
+               (Kahan-compensated: the rounding lost by a bfloat16 store is
+               carried in c and added back at the label's next step)
+
+computed in float32 and stored in T.  A label without signal keeps its
+weights and state (a "lazy" row update, as xmc_tf.optimizers.LazyAdam on an
+IndexedSlices gradient; with the squared hinge its gradient is exactly 0).
+
+backward: [batch, num_labels]; features: [batch, num_features]; indices:
+  [num_labels, fan_in] int32, the rows of labels with signal checked where
+  they are read (InvalidArgument naming the smallest bad position; nothing
+  is written then).
+weights: a resource variable [num_labels, fan_in] of dtype T.
+state: num_state resource variables of weights' shape and dtype, in the
+  order [c (kahan)] [m, v (adam)]: num_state = kahan + 2 * (rule == adam).
+alpha: the step size (adam: lr * sqrt(1 - beta2^t) / (1 - beta1^t), the
+  folded bias correction of Kingma & Ba, Sec. 2); one_minus_beta1,
+  one_minus_beta2, epsilon: Adam's (ignored by sgd).
+grad_features: [batch, num_features], dtype T (accumulated in float32).
+The variables are locked exclusively in address order; a buffer another
+tensor still shares is copied before the write.  CPU only.
+)doc");
+
 REGISTER_OP("Xmc>UniformSparseInvertedIndex")
     .Input("indices: int32")
     .Input("num_features: int64")

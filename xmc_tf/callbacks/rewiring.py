@@ -495,7 +495,8 @@ class SetRewiring(keras.callbacks.Callback):
         Per layer: :func:`rewire` on the variables (the op reads them in
         place and its new indices tensor is assigned as it is; with
         gradient regrowth NumPy grows at :func:`gradient_candidates`), then
-        the kernel and its optimizer slots, one after another, are zeroed at
+        the kernel and its optimizer slots (a fused update's state, where
+        the layer has one), one after another, are zeroed at
         the moved positions (``tf.where`` with a ``[m, s]`` bool mask: one
         ``[m, s]`` copy at a time, 1.1 GB at m = 2.8M, s = 96).
         """
@@ -545,7 +546,11 @@ class SetRewiring(keras.callbacks.Callback):
             pruned_abs += float(tf.reduce_sum(tf.where(
                 mask, tf.abs(kernel), tf.zeros((), kernel.dtype))))
             del kernel
-            slots = _optimizer_slots(self.model.optimizer, layer.kernel)
+            # A fused update (UniformSparseDense(fused_update=...)) keeps
+            # the kernel's state in the layer, the optimizer has none of it.
+            slots = (layer.fused_state_variables()
+                     if getattr(layer, "fused_update", None) is not None
+                     else _optimizer_slots(self.model.optimizer, layer.kernel))
             for variable in [layer.kernel] + list(slots):
                 value = tf.convert_to_tensor(variable)
                 variable.assign(tf.where(mask, tf.zeros((), value.dtype),

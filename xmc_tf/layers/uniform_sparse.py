@@ -22,7 +22,9 @@ from xmc_tf.ops.sparse_candidates import sparse_input_sampled_matmul
 from xmc_tf.ops.sampled import (check_candidates, check_shared_candidates,
                                 gather_label_rows,
                                 uniform_sparse_sampled_matmul)
-from xmc_tf.ops.uniform_sparse import (uniform_sparse_inverted_index,
+from xmc_tf.optimizers.fused import FusedUpdate
+from xmc_tf.ops.uniform_sparse import (uniform_sparse_grad_apply,
+                                       uniform_sparse_inverted_index,
                                        uniform_sparse_matmul,
                                        uniform_sparse_matmul_sparse_input)
 
@@ -350,6 +352,26 @@ class UniformSparseDense(keras.layers.Layer):
         effective learning rate by ``kernel_scale`` (a per-layer learning
         rate, as the wide part of a wide-and-deep model needs: a label's
         weights move only on the few batches where it matters).  Default 1.
+      fused_update: None (the model's optimizer trains the kernel, from the
+        dense ``[m, s]`` gradient of ``Xmc>UniformSparseMatmulGrad``), or
+        a :class:`xmc_tf.optimizers.FusedUpdate`: the kernel is trained
+        inside the backward pass (op ``Xmc>UniformSparseGradApply``,
+        :func:`xmc_tf.ops.uniform_sparse_grad_apply`) by that rule, so no
+        ``[m, s]`` gradient and no optimizer slots exist for it.  The
+        kernel is then a non-trainable variable (the model's optimizer
+        skips it) beside the rule's state in the kernel's dtype
+        (``fused_compensation`` with Kahan steps, ``fused_m`` /
+        ``fused_v`` for Adam) and a step count ``fused_step``: all saved
+        with the model and rewired by :class:`xmc_tf.callbacks.SetRewiring`.
+        A bfloat16 kernel (``dtype="bfloat16"``: 2 bytes per weight) takes
+        Kahan-compensated steps by default (ELMO, Zhang et al., ICML 2025).
+        The step runs on every gradient through a training call
+        (``training=True``, as ``model.fit`` calls it); inference calls and
+        a frozen layer (``trainable=False``) do not step.  CPU only; not
+        under a distribution strategy with several replicas (each replica
+        would step its own copy: ValueError), nor with loss scaling
+        (``mixed_float16``), a kernel regularizer or constraint (ValueError
+        at construction).
 
     Input shape: ``[batch, num_features]`` float tensor, or a
     ``tf.SparseTensor`` (the layer directly on sparse input features: a
@@ -387,7 +409,7 @@ class UniformSparseDense(keras.layers.Layer):
                  bias_initializer="hinge_prior", kernel_regularizer=None,
                  bias_regularizer=None, activity_regularizer=None,
                  kernel_constraint=None, bias_constraint=None, seed=None,
-                 kernel_scale=1.0, **kwargs):
+                 kernel_scale=1.0, fused_update=None, **kwargs):
         super().__init__(activity_regularizer=activity_regularizer, **kwargs)
         if int(units) < 1 or int(connections_per_label) < 1:
             raise ValueError("units and connections_per_label must be >= 1, got "
@@ -406,6 +428,26 @@ class UniformSparseDense(keras.layers.Layer):
         if not float(kernel_scale) > 0:
             raise ValueError(f"kernel_scale must be > 0, got {kernel_scale}")
         self.kernel_scale = float(kernel_scale)
+        if isinstance(fused_update, dict):
+            fused_update = FusedUpdate.from_config(fused_update)
+        if fused_update is not None:
+            if not isinstance(fused_update, FusedUpdate):
+                raise ValueError("fused_update must be None or an "
+                                 "xmc_tf.optimizers.FusedUpdate, got "
+                                 f"{type(fused_update).__name__}")
+            if self.kernel_regularizer is not None or \
+                    self.kernel_constraint is not None:
+                raise ValueError("fused_update trains the kernel inside the "
+                                 "backward: a kernel_regularizer or "
+                                 "kernel_constraint would not reach it")
+            if self.dtype_policy.name == "mixed_float16":
+                raise ValueError("fused_update does not undo loss scaling "
+                                 "(mixed_float16): use float32 or bfloat16")
+            if keras.backend.standardize_dtype(self.variable_dtype) not in (
+                    "float32", "bfloat16"):
+                raise ValueError("fused_update needs a float32 or bfloat16 "
+                                 f"kernel, got {self.variable_dtype}")
+        self.fused_update = fused_update
         self.input_spec = keras.layers.InputSpec(min_ndim=2, max_ndim=2)
         # XLA cannot compile the custom op: jit_compile="auto" then stays off.
         self.supports_jit = False
@@ -427,11 +469,24 @@ class UniformSparseDense(keras.layers.Layer):
                 self.kernel_initializer, connections.shape,
                 self.variable_dtype),
             regularizer=self.kernel_regularizer,
-            constraint=self.kernel_constraint)
+            constraint=self.kernel_constraint,
+            trainable=self.fused_update is None)
+        self._fused_state, self._fused_step = [], None
+        if self.fused_update is not None:
+            for state in self.fused_update.state_names(self.variable_dtype):
+                self._fused_state.append(self.add_weight(
+                    name=f"fused_{state}", shape=connections.shape,
+                    initializer="zeros", trainable=False))
+            self._fused_step = self.add_weight(
+                name="fused_step", shape=(), dtype="int64",
+                initializer="zeros", trainable=False)
         self.bias = None
         if self.use_bias:
+            # A fused update keeps the bias (stepped by the model's
+            # optimizer) in float32 beside a 16-bit kernel.
             self.bias = self.add_weight(
                 name="bias", shape=(self.units,),
+                dtype="float32" if self.fused_update is not None else None,
                 initializer=self.bias_initializer,
                 regularizer=self.bias_regularizer,
                 constraint=self.bias_constraint)
@@ -467,7 +522,12 @@ class UniformSparseDense(keras.layers.Layer):
                 _check_connections(store[str(i)], self.num_features, self.name)
         super().load_own_variables(store)
 
-    def call(self, inputs):
+    def call(self, inputs, training=None):
+        fused = (self.fused_update is not None and self.trainable
+                 and bool(training))
+        if isinstance(inputs, tf.SparseTensor) and fused:
+            raise ValueError(f"{self.name}: fused_update trains on dense "
+                             "inputs only, got a SparseTensor")
         if isinstance(inputs, tf.SparseTensor) and (
                 inputs.dtype == tf.float32 and self.kernel.dtype == "float32"):
             # Directly on sparse input features (a linear model): the
@@ -479,12 +539,64 @@ class UniformSparseDense(keras.layers.Layer):
         else:
             if isinstance(inputs, tf.SparseTensor):  # other dtypes: densify
                 inputs = tf.sparse.to_dense(tf.sparse.reorder(inputs))
+            if fused:  # training: the kernel steps in the backward
+                return self.activation(self._fused_call(inputs))
             outputs = uniform_sparse_matmul(
                 self._scaled(inputs), self.indices,
                 keras.ops.cast(self.kernel, inputs.dtype))
         if self.bias is not None:
             outputs = outputs + keras.ops.cast(self.bias, outputs.dtype)
         return self.activation(outputs)
+
+    def fused_state_variables(self) -> list:
+        """The state of :attr:`fused_update` per weight (``[m, s]`` each:
+        the Kahan compensation, Adam's moments), in the op's order; empty
+        without a fused update or before ``build``."""
+        return list(getattr(self, "_fused_state", []))
+
+    def _fused_call(self, inputs):
+        """The logits (bias added), whose gradient steps the kernel in place
+        (``fused_update``): ``tf.custom_gradient`` around the forward op,
+        whose backward is ``Xmc>UniformSparseGradApply`` (the features
+        gradient, and the kernel's step) and the bias' gradient."""
+        replica = tf.distribute.get_replica_context()
+        if replica is not None and replica.num_replicas_in_sync > 1:
+            raise ValueError(
+                f"{self.name}: fused_update steps each replica's own copy of "
+                "the kernel; train it without fused_update under a "
+                "strategy with several replicas")
+        rule, kernel, step = self.fused_update, self.kernel, self._fused_step
+        state = self._fused_state
+        dtype = kernel.dtype
+        kahan = rule.uses_kahan(dtype)
+        x = keras.ops.cast(self._scaled(inputs), dtype)
+        out_dtype = inputs.dtype
+        # The bias is read here, outside the custom gradient: the tape
+        # records the read, and the gradient reaches the variable.
+        bias = () if self.bias is None else (tf.convert_to_tensor(self.bias),)
+
+        @tf.custom_gradient
+        def scores_of(x, *bias):
+            scores = uniform_sparse_matmul(x, self.indices, kernel)
+            if bias:
+                scores = scores + tf.cast(bias[0], scores.dtype)
+
+            def grad(dy):
+                dy = tf.cast(dy, dtype)
+                count = step.assign_add(1)
+                alpha = rule.step_size(tf.convert_to_tensor(count))
+                gx = uniform_sparse_grad_apply(
+                    dy, x, self.indices, kernel, state, alpha, rule=rule.rule,
+                    kahan=kahan, beta_1=rule.beta_1, beta_2=rule.beta_2,
+                    epsilon=rule.epsilon)
+                if not bias:
+                    return gx
+                gb = tf.cast(tf.reduce_sum(tf.cast(dy, tf.float32), 0),
+                             bias[0].dtype)
+                return gx, gb
+            return scores, grad
+
+        return keras.ops.cast(scores_of(x, *bias), out_dtype)
 
     def _kept_inverted_index(self):
         """The inverted index of ``indices`` (``uniform_sparse_inverted_index``),
@@ -752,4 +864,6 @@ class UniformSparseDense(keras.layers.Layer):
             "seed": self.seed,
             "kernel_scale": self.kernel_scale,
         })
+        if self.fused_update is not None:
+            config["fused_update"] = self.fused_update.get_config()
         return config

@@ -5,12 +5,14 @@ from xmc_tf.ops.mach import MachHashing, mach_top_k, meta_probabilities
 from xmc_tf.ops.sampled import (check_candidates, check_shared_candidates,
                                 dense_sampled_matmul,
                                 uniform_sparse_sampled_matmul)
-from xmc_tf.ops.uniform_sparse import (uniform_sparse_inverted_index,
+from xmc_tf.ops.uniform_sparse import (uniform_sparse_grad_apply,
+                                       uniform_sparse_inverted_index,
                                        uniform_sparse_matmul,
                                        uniform_sparse_matmul_sparse_input)
 
 __all__ = ["MachHashing", "load", "mach_top_k",
-           "meta_probabilities", "uniform_sparse_inverted_index",
+           "meta_probabilities", "uniform_sparse_grad_apply",
+           "uniform_sparse_inverted_index",
            "uniform_sparse_matmul", "uniform_sparse_matmul_sparse_input"]
 __all__ += ["check_candidates", "check_shared_candidates",
             "dense_sampled_matmul",

@@ -197,6 +197,75 @@ def _uniform_sparse_matmul_grad(op, grad):
     return grad_features, None, grad_weights
 
 
+def uniform_sparse_grad_apply(backward, features, indices, weights, state,
+                              alpha, rule="sgd", kahan=False, beta_1=0.9,
+                              beta_2=0.999, epsilon=1e-7, name=None):
+    """The features gradient and the weights' optimizer step, in one op.
+
+    Returns ``grad_features[i, indices[j, k]] += backward[i, j] *
+    weights[j, k]`` (Algorithm 2 of Schultheis & Babbar, with the weights
+    before the step) and, in place, steps every label ``j`` with a non-zero
+    ``backward[:, j]`` along its gradient ``g[j, k] = sum_i backward[i, j] *
+    features[i, indices[j, k]]`` (Algorithm 3): ``rule="sgd"``: ``w -= alpha
+    * g``; ``rule="adam"``: ``m += (g - m)(1 - beta_1)``, ``v += (g^2 - v)(1
+    - beta_2)``, ``w -= alpha m / (sqrt(v) + epsilon)`` (Kingma & Ba,
+    Algorithm 1 per row, the bias correction folded into ``alpha``).  With
+    ``kahan`` the step is added with Kahan's compensated summation (a
+    compensation ``c`` per weight carries what the store in the weights'
+    dtype rounded off), so a bfloat16 weight keeps steps far below its
+    precision (ELMO, Zhang et al., ICML 2025, trains its classifier so).
+    Labels without signal keep weights and state (a "lazy" update; with the
+    squared hinge their gradient is 0).  The ``[m, s]`` weights gradient
+    never exists: memory is the ``[b, e]`` output and a few KiB per thread.
+    Arithmetic in float32 (op ``Xmc>UniformSparseGradApply``; CPU only).
+
+    Args:
+      backward: ``[b, m]`` float32 or bfloat16, the loss's gradient w.r.t.
+        the scores.
+      features: ``[b, e]``, ``backward``'s dtype.
+      indices: ``[m, s]`` int32.
+      weights: a resource ``tf.Variable`` ``[m, s]`` of ``features``' dtype.
+      state: list of variables of ``weights``' shape and dtype: ``[c]``
+        with ``kahan``, then ``[m, v]`` with ``rule="adam"``.
+      alpha: float32 scalar, the step size (see above).
+      rule: ``"sgd"`` or ``"adam"``.
+      kahan: compensated summation (one more state variable).
+      beta_1, beta_2, epsilon: Adam's (unused by sgd).
+      name: optional op name.
+
+    Returns:
+      ``[b, e]`` grad_features, ``features``' dtype.
+
+    Raises:
+      tf.errors.InvalidArgumentError: shapes, dtypes or the number of state
+        variables that do not match, two operands that are one variable, or
+        an index out of range in the row of a label with signal (the message
+        names the smallest such position; nothing is written then).
+      tf.errors.FailedPreconditionError: an uninitialised variable.
+      xmc_tf.errors.OpLibraryError: the op library lacks the op.
+
+    >>> import numpy as np, tensorflow as tf
+    >>> w = tf.Variable([[1.0, 2.0]])
+    >>> gx = uniform_sparse_grad_apply(
+    ...     np.array([[0.5]], np.float32), np.array([[1.0, 3.0, 0.0]], np.float32),
+    ...     np.array([[0, 1]], np.int32), w, [], 0.1)
+    >>> gx.numpy().tolist(), [round(float(v), 3) for v in w.numpy()[0]]
+    ([[0.5, 1.0, 0.0]], [0.95, 1.85])
+    """
+    variables = [v.handle if hasattr(v, "handle") else v for v in state]
+    handle = weights.handle if hasattr(weights, "handle") else weights
+    return _loader.load().xmc_uniform_sparse_grad_apply(
+        backward=backward, features=features,
+        indices=tf.convert_to_tensor(indices, tf.int32), weights=handle,
+        state=variables, alpha=tf.cast(alpha, tf.float32),
+        one_minus_beta1=tf.cast(1.0 - beta_1, tf.float32),
+        one_minus_beta2=tf.cast(1.0 - beta_2, tf.float32),
+        epsilon=tf.cast(epsilon, tf.float32), rule=rule, kahan=bool(kahan),
+        name=name)
+
+
+tf.no_gradient("Xmc>UniformSparseGradApply")
+
 _INT32_MAX = 2**31 - 1
 
 

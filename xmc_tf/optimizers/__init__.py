@@ -23,9 +23,10 @@ Example:
   ...               jit_compile=False)
 """
 
+from xmc_tf.optimizers.fused import FusedUpdate
 from xmc_tf.optimizers.lazy import LazyAdam, LazyAdamW, LazySGD
 from xmc_tf.optimizers.rows import deduplicate, gather_rows, tf_variable
 from xmc_tf.optimizers.slots import slot_names, slot_variables
 
-__all__ = ["LazyAdam", "LazyAdamW", "LazySGD", "deduplicate", "gather_rows",
+__all__ = ["FusedUpdate", "LazyAdam", "LazyAdamW", "LazySGD", "deduplicate", "gather_rows",
            "slot_names", "slot_variables", "tf_variable"]
