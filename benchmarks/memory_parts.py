@@ -83,6 +83,8 @@ def _part(layer_name: str, variable_name: str) -> str:
         return "intermediate"
     if layer_name == "output":
         leaf = variable_name.rsplit("/", 1)[-1]
+        if leaf.startswith("fused_"):  # a fused update's state
+            return "head fused state"
         return {"kernel": "head kernel", "indices": "head indices",
                 "bias": "head bias"}.get(leaf, "head other")
     if layer_name == "wide":
@@ -136,6 +138,7 @@ def measure_child(scale_name: str, head: str, paths: dict, args) -> dict:
     config_name, flags = scale._overrides(scale_name, head, args)
     prefix = "base_" if head == "base" else ""
     overrides = dict(parse_set(f[len("--config."):]) for f in flags)
+    overrides.update(parse_set(item) for item in args.set)
     overrides.update({"data.train": paths[prefix + "train"],
                       "data.test": paths[prefix + "test"]})
     config = load_config(config_name, overrides)
@@ -143,7 +146,8 @@ def measure_child(scale_name: str, head: str, paths: dict, args) -> dict:
         if section in config:
             config[section].enabled = False
     config.train.verbose = 0
-    workdir = os.path.join(args.workdir, f"parts_{scale_name}_{head}")
+    workdir = os.path.join(args.workdir, f"parts_{scale_name}_{head}"
+                           + (f"_{args.label}" if args.label else ""))
     os.makedirs(workdir, exist_ok=True)
     job = xrun.Job(Workdir(workdir), xcluster.Cluster(None))
     checked = xchecks.check(config, job.cluster)
@@ -180,6 +184,7 @@ def measure_child(scale_name: str, head: str, paths: dict, args) -> dict:
             part = _part(layer.name, "")
             kept[part] = kept.get(part, 0) + sum(_nbytes(v) for v in cache)
     return {"scale": scale_name, "head": head, "steps": steps,
+            "label": args.label, "set": list(args.set),
             "num_labels": (scale.BASE_LABELS if head == "base" else
                            scale.SCALES[scale_name]["num_labels"]),
             "rss_bytes": rss, "phase_peak_bytes": peak,
@@ -239,6 +244,11 @@ def main(argv=None):
     p.add_argument("--steps", default="",
                    help="as scale.py: e.g. 3m=8 trains that scale on fewer "
                         "steps")
+    p.add_argument("--set", action="append", default=[],
+                   help="a config override KEY=VALUE for every run (e.g. "
+                        "model.head_update=fused_adam); repeatable")
+    p.add_argument("--label", default="",
+                   help="names the runs of these --set overrides")
     p.add_argument("--out", default=None, help="write the results as JSON")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -258,7 +268,9 @@ def main(argv=None):
                    "--child", json.dumps([scale_name, head, paths]),
                    "--encoder", str(args.encoder),
                    "--intermediate", str(args.intermediate),
-                   "--workdir", args.workdir, "--steps", args.steps]
+                   "--workdir", args.workdir, "--steps", args.steps,
+                   "--label", args.label] + [f"--set={item}"
+                                             for item in args.set]
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
             proc = subprocess.run(cmd, capture_output=True, text=True,
                                   env=env)

@@ -27,6 +27,16 @@ __all__ = ["CHUNK_BYTES", "write_variable", "read_variable", "put_npy",
 CHUNK_BYTES = 16 * 2**20
 
 
+def _numpy_dtype(variable) -> np.dtype:
+    """The NumPy dtype of a Keras or TF variable (``ml_dtypes``' for
+    bfloat16, whose ``.npy`` files hold it as raw ``|V2``).
+
+    Raises:
+      TypeError: a dtype without a NumPy equivalent.
+    """
+    return np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype)
+
+
 def _rows_per_block(variable, shape, dtype, chunk_bytes: int):
     """``(tf variable, rows per block)`` when ``variable`` is read or
     assigned in blocks of rows, else ``(None, None)`` (scalars, small
@@ -56,7 +66,7 @@ def write_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
       chunk_bytes: bytes per block (> 0).
     """
     shape = tuple(int(d) for d in variable.shape)
-    dtype = np.dtype(variable.dtype)
+    dtype = _numpy_dtype(variable)
     tf_var, rows = _rows_per_block(variable, shape, dtype, chunk_bytes)
     if tf_var is None:
         value = np.asarray(keras.ops.convert_to_numpy(variable))  # 0-d stays
@@ -72,7 +82,9 @@ def write_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
         # np.asarray views the gathered tensor's buffer (.numpy() and
         # tobytes() each made one more copy of the block).
         block = np.asarray(tf.gather(tf_var, tf.range(start, stop)))
-        f.write(memoryview(np.ascontiguousarray(block, dtype)).cast("B"))
+        # Bytes (a uint8 view: bfloat16 has no buffer-protocol format).
+        f.write(memoryview(np.ascontiguousarray(block, dtype).reshape(-1)
+                           .view(np.uint8)))
 
 
 def write_h5_dataset(group, name: str, variable,
@@ -97,8 +109,10 @@ def write_h5_dataset(group, name: str, variable,
     """
     shape = tuple(int(d) for d in getattr(variable, "shape", ()))
     try:
-        dtype = np.dtype(variable.dtype)
-    except TypeError:  # e.g. bfloat16: Keras' own writer marks it
+        dtype = _numpy_dtype(variable)
+    except TypeError:
+        return False
+    if dtype.kind == "V":  # bfloat16: Keras' own writer marks it
         return False
     tf_var, rows = _rows_per_block(variable, shape, dtype, chunk_bytes)
     if tf_var is None:
@@ -146,9 +160,13 @@ def read_variable(f, variable, chunk_bytes: int = CHUNK_BYTES) -> None:
                    np.lib.format.read_array_header_2_0)
     shape, fortran, dtype = read_header(f)
     want = tuple(int(d) for d in variable.shape)
-    if tuple(shape) != want or dtype != np.dtype(variable.dtype) or fortran:
+    own = _numpy_dtype(variable)
+    if dtype != own and dtype.kind == own.kind == "V" and \
+            dtype.itemsize == own.itemsize:
+        dtype = own  # bfloat16 (ml_dtypes) is written as raw "|V2"
+    if tuple(shape) != want or dtype != own or fortran:
         raise ValueError(f"{variable.path}: file holds {dtype}{list(shape)}, "
-                         f"variable is {np.dtype(variable.dtype)}{list(want)}")
+                         f"variable is {_numpy_dtype(variable)}{list(want)}")
     tf_var, rows = _rows_per_block(variable, shape, dtype, chunk_bytes)
     if tf_var is None:
         count = int(np.prod(shape, dtype=np.int64))

@@ -76,6 +76,7 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
         optimizer = head.make_optimizer() or build_optimizer(config, steps)
     except ValueError as e:
         raise ConfigError(" ".join(str(e).split())) from e
+    _follow_optimizer(model, optimizer)
     fit_model = head.training_model(model, layer)
     if distributed and not isinstance(fit_model, DistributedTrainerMixin):
         if fit_model is not model:
@@ -89,6 +90,17 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
                                      name=model.name)
     head.compile(fit_model, layer, optimizer)  # jit_compile=False
     return model, layer, fit_model
+
+
+def _follow_optimizer(model, optimizer) -> None:
+    """Binds every fused head update of ``model``
+    (``UniformSparseDense(fused_update=...)``) to ``optimizer``'s current
+    learning rate, read at every step: the LR schedule (plateau halving,
+    cosine) steps the kernel too."""
+    for layer in model._flatten_layers():  # pylint: disable=protected-access
+        rule = getattr(layer, "fused_update", None)
+        if rule is not None:
+            rule.learning_rate = lambda: optimizer.learning_rate
 
 
 #: The progress an epoch must make in the fused monitor

@@ -12,8 +12,13 @@ from xmc_tf import config as xconfig
 from xmc_tf.job.heads.base import OUTPUT_LAYER, register
 from xmc_tf.job.heads.dense import LabelWiseHead
 from xmc_tf.layers import UniformSparseDense
+from xmc_tf.optimizers import FusedUpdate
 
-__all__ = ["UniformSparseHead"]
+__all__ = ["UniformSparseHead", "HEAD_UPDATES"]
+
+#: ``config.model.head_update``: the model's optimizer, or a fused update
+#: (:class:`xmc_tf.optimizers.FusedUpdate` with rule ``"adam"`` / ``"sgd"``).
+HEAD_UPDATES = ("optimizer", "fused_adam", "fused_sgd")
 
 
 @register
@@ -26,16 +31,32 @@ class UniformSparseHead(LabelWiseHead):
     config_defaults = xconfig.HEAD_DEFAULTS["uniform_sparse"]
 
     def build_layer(self, num_labels, input_dim, sparse_input=False):
-        fan_in = min(self.config.model.connections_per_label, input_dim)
+        mc = self.config.model
+        fan_in = min(mc.connections_per_label, input_dim)
+        fused = None
+        if mc.head_update != "optimizer":
+            # Its learning rate follows the model's optimizer once compiled
+            # (xmc_tf.job.fit.build_and_compile binds it).
+            fused = FusedUpdate(mc.head_update[len("fused_"):],
+                                learning_rate=self.config.train.learning_rate)
         # Starts at 0; initialize() assigns each label's prior when
         # config.model.output_bias_init="prior" (LabelWiseHead).
         return UniformSparseDense(num_labels, fan_in, seed=self.config.seed,
-                                  bias_initializer="zeros", name=OUTPUT_LAYER)
+                                  bias_initializer="zeros", name=OUTPUT_LAYER,
+                                  fused_update=fused, dtype=mc.head_dtype)
 
     _fit_data = None
 
     def check_config(self):
         super().check_config()
+        for field, value, allowed in (
+                ("model.head_update", self.config.model.head_update,
+                 HEAD_UPDATES),
+                ("model.head_dtype", self.config.model.head_dtype,
+                 ("float32", "bfloat16"))):
+            if value not in allowed:
+                raise ValueError(f"config.{field}={value!r}; expected one of "
+                                 f"{allowed}")
         from xmc_tf.callbacks.rewiring import REGROWTH
         regrowth = self.config.set.regrowth
         if regrowth not in REGROWTH:
