@@ -264,3 +264,19 @@ def test_bfloat16_variables_round_trip_through_npy_blocks():
         np.testing.assert_array_equal(target.numpy().view(np.uint16),
                                       value.view(np.uint16))
         target.assign(np.zeros_like(value))
+
+
+def test_set_rewire_op_on_bfloat16_weights_equals_float32():
+    from xmc_tf.ops.uniform_sparse import set_rewire
+    rng = np.random.default_rng(5)
+    idx = np.sort(np.stack([rng.choice(50, 8, replace=False)
+                            for _ in range(30)]), axis=1).astype(np.int32)
+    w16 = rng.normal(size=(30, 8)).astype(ml_dtypes.bfloat16)
+    new16, pos16 = set_rewire(idx, w16, 3, 50, [7, 8])
+    new32, pos32 = set_rewire(idx, w16.astype(np.float32), 3, 50, [7, 8])
+    np.testing.assert_array_equal(pos16.numpy(), pos32.numpy())
+    np.testing.assert_array_equal(new16.numpy(), new32.numpy())
+    # the moved positions are the 3 smallest |w| of each row
+    smallest = np.sort(np.argsort(np.abs(w16.astype(np.float32)), axis=1,
+                                  kind="stable")[:, :3], axis=1)
+    np.testing.assert_array_equal(pos16.numpy(), smallest)

@@ -422,12 +422,13 @@ index is checked where it is read, as in Xmc>UniformSparseMatmulSparseInput.
 
 REGISTER_OP("Xmc>SetRewire")
     .Input("indices: int32")
-    .Input("weights: float")
+    .Input("weights: T")
     .Input("num_features: int64")
     .Input("seed: int64")
     .Output("new_indices: int32")
     .Output("positions: int64")
     .Attr("num_moved: int >= 0")
+    .Attr("T: {float, bfloat16} = DT_FLOAT")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle merged, unused;
       TF_RETURN_IF_ERROR(MergeMatrices(c, 0, 1, &merged));
@@ -460,7 +461,7 @@ networks with adaptive sparse connectivity inspired by network science"
 Sec. 4.1).
 
 indices: [num_labels, fan_in] int32, entries in [0, num_features).
-weights: [num_labels, fan_in] float32.
+weights: [num_labels, fan_in] float32 or bfloat16.
 num_features: scalar int64, fan_in <= num_features < 2^31.
 seed: [2] int64.
 num_moved: connections moved per label, <= fan_in.

@@ -31,6 +31,7 @@
 #include "ops/common/bad_index.h"
 #include "ops/common/validation.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/register_types.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/util/work_sharder.h"
 
@@ -74,14 +75,16 @@ inline uint64_t Key(float w, int32_t k) {
 // The n smallest keys of row wj (s entries), their positions sorted into
 // out[0:n].  n <= 16: one pass keeping a sorted buffer of n keys; else
 // nth_element over all s keys.
-void SmallestPositions(const float* wj, int64_t s, int64_t n,
+template <typename T>
+void SmallestPositions(const T* wj, int64_t s, int64_t n,
                        std::vector<uint64_t>* keys, int64_t* out) {
   if (n == 0) return;
   uint64_t* key = keys->data();
   if (n <= 16) {
     int64_t have = 0;
     for (int64_t k = 0; k < s; ++k) {
-      const uint64_t x = Key(wj[k], static_cast<int32_t>(k));
+      const uint64_t x =
+          Key(static_cast<float>(wj[k]), static_cast<int32_t>(k));
       if (have == n && x >= key[n - 1]) continue;
       int64_t q = have < n ? have++ : n - 1;
       while (q > 0 && key[q - 1] > x) {
@@ -91,13 +94,18 @@ void SmallestPositions(const float* wj, int64_t s, int64_t n,
       key[q] = x;
     }
   } else {
-    for (int64_t k = 0; k < s; ++k) key[k] = Key(wj[k], static_cast<int32_t>(k));
+    for (int64_t k = 0; k < s; ++k) {
+      key[k] = Key(static_cast<float>(wj[k]), static_cast<int32_t>(k));
+    }
     std::nth_element(key, key + (n - 1), key + s);
   }
   for (int64_t q = 0; q < n; ++q) out[q] = static_cast<uint32_t>(key[q]);
   std::sort(out, out + n);
 }
 
+// T: the weights' dtype (float or bfloat16: |w| compared as float32, which
+// holds every bfloat16 exactly, so the order is the same).
+template <typename T>
 class SetRewireOp : public OpKernel {
  public:
   explicit SetRewireOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -129,7 +137,7 @@ class SetRewireOp : public OpKernel {
                     "num_features = ", e, " must be in [fan_in = ", s,
                     ", 2^31): every label needs fan_in distinct sources"));
     const int32_t* idx = indices.flat<int32_t>().data();
-    const float* w = weights.flat<float>().data();
+    const T* w = weights.flat<T>().data();
     auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
 
     // Range check (the first bad entry in row-major order).
@@ -172,7 +180,7 @@ class SetRewireOp : public OpKernel {
           };
           for (int64_t j = start; j < limit; ++j) {
             const int32_t* ij = idx + j * s;
-            const float* wj = w + j * s;
+            const T* wj = w + j * s;
             int32_t* oj = out + j * s;
             int64_t* pj = pos + j * n;
             std::copy(ij, ij + s, oj);
@@ -218,7 +226,13 @@ class SetRewireOp : public OpKernel {
   int64_t num_moved_ = 0;
 };
 
-REGISTER_KERNEL_BUILDER(Name("Xmc>SetRewire").Device(DEVICE_CPU), SetRewireOp);
+REGISTER_KERNEL_BUILDER(
+    Name("Xmc>SetRewire").Device(DEVICE_CPU).TypeConstraint<float>("T"),
+    SetRewireOp<float>);
+REGISTER_KERNEL_BUILDER(Name("Xmc>SetRewire")
+                            .Device(DEVICE_CPU)
+                            .TypeConstraint<Eigen::bfloat16>("T"),
+                        SetRewireOp<Eigen::bfloat16>);
 
 }  // namespace
 }  // namespace xmc_tf

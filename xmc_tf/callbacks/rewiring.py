@@ -87,7 +87,8 @@ def _rewire_by_op(indices, weights, fraction, num_features, rng, use_op):
     num_labels, fan_in = (int(d) for d in indices.shape)
     n = int(round(fraction * fan_in))
     if use_op is None:
-        use_op = (_dtype_name(weights) == "float32" and fan_in <= num_features
+        use_op = (_dtype_name(weights) in ("float32", "bfloat16")
+                  and fan_in <= num_features
                   and set_rewire_supported())
     if not use_op or n == 0 or num_labels == 0:
         return None
@@ -119,7 +120,7 @@ def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
         (:func:`xmc_tf.ops.uniform_sparse.set_rewire`, seeded with two
         draws of ``rng``; one multi-threaded pass, 10-100x faster than
         NumPy at 10^5-10^6 labels) rather than NumPy; None: when the op
-        library has it and ``weights`` are float32 (with ``fan_in <=
+        library has it and ``weights`` are float32 or bfloat16 (with ``fan_in <=
         num_features``).  The two give different draws for one ``rng``
         state, each deterministic in it.  With ``grow`` NumPy runs.
       grow: optional int ``[num_labels, round(fraction * s)]``: per label,

@@ -468,7 +468,8 @@ def set_rewire(indices, weights, num_moved, num_features, seed, name=None):
 
     Args:
       indices: ``[m, s]`` int32, entries in ``[0, num_features)``.
-      weights: ``[m, s]`` float32.
+      weights: ``[m, s]`` float32 or bfloat16 (other dtypes are cast to
+        float32).
       num_moved: int ``n``, ``0 <= n <= s`` (an op attribute).
       num_features: int ``e``, ``s <= e < 2^31``.
       seed: two int64 values.
@@ -493,7 +494,16 @@ def set_rewire(indices, weights, num_moved, num_features, seed, name=None):
     """
     return _loader.load().xmc_set_rewire(
         indices=tf.convert_to_tensor(indices, tf.int32),
-        weights=tf.convert_to_tensor(weights, tf.float32),
+        weights=_set_weights(weights),
         num_features=tf.cast(num_features, tf.int64),
         seed=tf.cast(tf.convert_to_tensor(seed), tf.int64),
         num_moved=int(num_moved), name=name)
+
+
+def _set_weights(weights):
+    """``weights`` as the ``Xmc>SetRewire`` operand: float32 or bfloat16 as
+    they are, other dtypes cast to float32."""
+    weights = tf.convert_to_tensor(weights)
+    if weights.dtype in (tf.float32, tf.bfloat16):
+        return weights
+    return tf.cast(weights, tf.float32)
