@@ -280,3 +280,80 @@ def test_set_rewire_op_on_bfloat16_weights_equals_float32():
     smallest = np.sort(np.argsort(np.abs(w16.astype(np.float32)), axis=1,
                                   kind="stable")[:, :3], axis=1)
     np.testing.assert_array_equal(pos16.numpy(), smallest)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_resource_set_rewire_equals_the_tensor_op_in_place(dtype):
+    from xmc_tf.ops.uniform_sparse import resource_set_rewire, set_rewire
+    rng = np.random.default_rng(6)
+    idx0 = np.sort(np.stack([rng.choice(60, 10, replace=False)
+                             for _ in range(40)]), axis=1).astype(np.int32)
+    w0 = rng.normal(size=(40, 10)).astype(dtype)
+    m0 = rng.normal(size=(40, 10)).astype(np.float32) + 5.0
+    new, pos = set_rewire(idx0, w0, 3, 60, [11, 12])
+    idx, w, m = tf.Variable(idx0), tf.Variable(w0), tf.Variable(m0)
+    moved, pruned = resource_set_rewire(idx, w, [m], 3, 60, [11, 12])
+    np.testing.assert_array_equal(idx.numpy(), new.numpy())
+    mask = np.zeros(idx0.shape, bool)
+    np.put_along_axis(mask, pos.numpy(), True, axis=1)
+    want_w = np.where(mask, 0, w0.astype(np.float32))
+    np.testing.assert_array_equal(w.numpy().astype(np.float32), want_w)
+    np.testing.assert_array_equal(m.numpy(), np.where(mask, 0, m0))
+    assert int(moved) == 40 * 3
+    assert float(pruned) == pytest.approx(
+        np.abs(w0.astype(np.float64))[mask].sum(), rel=1e-6)
+    # a bad index: InvalidArgument, nothing written
+    bad = idx0.copy()
+    bad[2, 4] = 60
+    idx.assign(bad)
+    w.assign(w0)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"indices\[2, 4\] = 60"):
+        resource_set_rewire(idx, w, [], 3, 60, [1, 2])
+    np.testing.assert_array_equal(idx.numpy(), bad)
+    np.testing.assert_array_equal(w.numpy(), w0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same variable"):
+        resource_set_rewire(tf.Variable(idx0), w, [w], 3, 60, [1, 2])
+
+
+def test_set_rewiring_callback_rewires_in_place_as_by_tensors():
+    # The callback's in-place op and the tensor path draw the same
+    # connections from the same seed.
+    from xmc_tf.callbacks import rewiring
+    x, y = _data(seed=7)
+    results = []
+    for in_place in (True, False):
+        keras.utils.set_random_seed(0)
+        model = _model(None)
+        model.compile(keras.optimizers.Adam(0.01), "mse", jit_compile=False)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+        cb = xmc_tf.callbacks.SetRewiring(every_n_steps=1, fraction=0.4,
+                                          seed=3)
+        cb.set_model(model)
+        cb.on_train_begin()
+        original = rewiring._rewire_in_place
+        used = []
+
+        def recorded(*args):
+            out = original(*args)
+            used.append(out is not None)
+            return out
+        rewiring._rewire_in_place = recorded if in_place else (
+            lambda *a: None)
+        try:
+            stats = cb.rewire_now()
+        finally:
+            rewiring._rewire_in_place = original
+        assert used == ([True] if in_place else [])
+        head = model.layers[-1]
+        slots = xmc_tf.optimizers.slot_variables(model.optimizer, head.kernel)
+        results.append((stats, head.indices.numpy(), head.kernel.numpy(),
+                        [s.numpy() for s in slots]))
+    (s1, i1, k1, o1), (s2, i2, k2, o2) = results
+    np.testing.assert_array_equal(i1, i2)
+    np.testing.assert_array_equal(k1, k2)
+    for a, b in zip(o1, o2):
+        np.testing.assert_array_equal(a, b)
+    assert s1["set_moved"] == s2["set_moved"] == 50 * 2
+    assert s1["set_mean_abs_pruned"] == pytest.approx(
+        s2["set_mean_abs_pruned"], rel=1e-6)

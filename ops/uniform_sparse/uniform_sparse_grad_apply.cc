@@ -14,7 +14,8 @@
 // Design:
 //  1. The variables (weights, then the state in op order) are looked up,
 //     checked (distinct, initialised, dtype T, shape [num_labels, fan_in])
-//     and locked exclusively in address order.
+//     and locked exclusively in address order (ops/common/
+//     locked_variables.h).
 //  2. The features gradient is the registered gradient's own CPU path
 //     (GradientsCpu with the weights buffer read in place), run before any
 //     write: it checks the index rows of every label with signal, so a bad
@@ -34,20 +35,16 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <functional>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "ops/common/locked_variables.h"
 #include "ops/common/validation.h"
 #include "ops/uniform_sparse/uniform_sparse_cpu.h"
 #include "ops/uniform_sparse/uniform_sparse_cpu_common.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
-#include "tensorflow/core/framework/resource_mgr.h"
-#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/platform/mutex.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace xmc_tf {
@@ -58,83 +55,6 @@ using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
-
-// The weights variable and its state, looked up, checked and held under
-// exclusive locks (address order) for the object's lifetime.
-class LockedVariables {
- public:
-  // Inputs first..first+n-1; names[i] names input first+i in messages.
-  Status Init(OpKernelContext* ctx, int first, int n,
-              const std::vector<std::string>& names,
-              ::tensorflow::DataType dtype, const TensorShape& shape) {
-    vars_.resize(n);
-    for (int i = 0; i < n; ++i) {
-      TF_RETURN_IF_ERROR(::tensorflow::LookupResource(
-          ctx, ::tensorflow::HandleFromInput(ctx, first + i), &vars_[i]));
-    }
-    std::vector<::tensorflow::Var*> order;
-    for (int i = 0; i < n; ++i) {
-      for (int j = 0; j < i; ++j) {
-        if (vars_[i].get() == vars_[j].get()) {
-          return errors::InvalidArgument(names[j], " and ", names[i],
-                                         " are the same variable");
-        }
-      }
-      order.push_back(vars_[i].get());
-    }
-    std::sort(order.begin(), order.end(), std::less<::tensorflow::Var*>());
-    locks_.resize(n);
-    for (int i = 0; i < n; ++i) locks_[i].emplace(*order[i]->mu());
-    for (int i = 0; i < n; ++i) {
-      const Tensor* t = vars_[i]->tensor();
-      if (!vars_[i]->is_initialized || !t->IsInitialized()) {
-        return errors::FailedPrecondition("variable ", names[i],
-                                          " is not initialized");
-      }
-      if (t->dtype() != dtype) {
-        return errors::InvalidArgument(
-            "variable ", names[i], " has dtype ",
-            ::tensorflow::DataTypeString(t->dtype()), ", features have ",
-            ::tensorflow::DataTypeString(dtype));
-      }
-      if (t->shape() != shape) {
-        return errors::InvalidArgument(
-            "variable ", names[i], " has shape ", t->shape().DebugString(),
-            ", indices have ", shape.DebugString(), " ([num_labels, fan_in])");
-      }
-    }
-    return ::tensorflow::OkStatus();
-  }
-
-  // Copies a buffer that another tensor still shares, so that it can be
-  // written in place (TensorFlow's PrepareToUpdateVariable, dense mode).
-  template <typename T>
-  Status PrepareToWrite(OpKernelContext* ctx) {
-    for (auto& var : vars_) {
-      Tensor* t = var->tensor();
-      if (t->RefCountIsOne()) continue;
-      Tensor copy;
-      ::tensorflow::AllocatorAttributes attr;
-      attr.set_gpu_compatible(true);
-      TF_RETURN_IF_ERROR(
-          ctx->allocate_temp(t->dtype(), t->shape(), &copy, attr));
-      std::copy_n(t->flat<T>().data(), t->NumElements(),
-                  copy.flat<T>().data());
-      *t = copy;
-    }
-    return ::tensorflow::OkStatus();
-  }
-
-  template <typename T>
-  T* data(int i) {
-    return vars_[i]->tensor()->flat<T>().data();
-  }
-
- private:
-  std::vector<::tensorflow::core::RefCountPtr<::tensorflow::Var>> vars_;
-  // Released before vars_ (members are destroyed in reverse order).
-  std::vector<std::optional<::tensorflow::mutex_lock>> locks_;
-};
 
 struct StepParams {
   bool adam = false, kahan = false;
@@ -226,7 +146,9 @@ class UniformSparseGradApplyOp : public OpKernel {
     }
     LockedVariables vars;
     OP_REQUIRES_OK(ctx, vars.Init(ctx, 3, 1 + num_state_, names,
-                                  features.dtype(), indices.shape()));
+                                  std::vector<::tensorflow::DataType>(
+                                      1 + num_state_, features.dtype()),
+                                  indices.shape()));
     Tensor* grad_features = nullptr;
     OP_REQUIRES_OK(ctx,
                    ctx->allocate_output(0, features.shape(), &grad_features));
@@ -241,7 +163,7 @@ class UniformSparseGradApplyOp : public OpKernel {
                                         nullptr);
     if (!ctx->status().ok()) return;
     if (d.num_labels == 0 || d.fan_in == 0 || d.batch == 0) return;
-    OP_REQUIRES_OK(ctx, vars.PrepareToWrite<T>(ctx));
+    OP_REQUIRES_OK(ctx, vars.PrepareToWrite(ctx));
     T* w = vars.data<T>(0);
     int slot = 1;
     T* c = p.kahan ? vars.data<T>(slot++) : nullptr;

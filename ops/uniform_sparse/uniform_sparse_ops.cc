@@ -471,4 +471,43 @@ Violations (shapes, an index out of range, num_moved > fan_in,
 num_features < fan_in) are InvalidArgument naming the offending value.
 )doc");
 
+REGISTER_OP("Xmc>ResourceSetRewire")
+    .Input("indices: resource")
+    .Input("weights: resource")
+    .Input("state: num_state * resource")
+    .Input("num_features: int64")
+    .Input("seed: int64")
+    .Output("moved: int64")
+    .Output("pruned_abs_sum: double")
+    .Attr("num_moved: int >= 0")
+    .Attr("num_state: int >= 0")
+    .Attr("T: {float, bfloat16} = DT_FLOAT")
+    .SetShapeFn([](InferenceContext* c) {
+      int num_state;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_state", &num_state));
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2 + num_state), 0, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3 + num_state), 1, &unused));
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Scalar());
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Xmc>SetRewire written into the variables: the same new connections for the
+same seed, with the indices variable's rows rewritten in place and the
+moved positions of the weights and of every state variable (optimizer
+slots, a fused update's state) set to zero.
+
+indices: a resource variable [num_labels, fan_in] int32, entries in
+  [0, num_features) (all checked first: InvalidArgument naming the first
+  bad one, nothing written).
+weights: a resource variable of the same shape, dtype T.
+state: num_state resource variables of the same shape, any dtype.
+num_features, seed: as Xmc>SetRewire.
+moved: num_labels * num_moved.
+pruned_abs_sum: the sum of |weights| at the moved positions (float64).
+No [num_labels, fan_in] buffer is allocated (a variable whose buffer
+another tensor shares is copied first).  CPU only.
+)doc");
+
 }  // namespace xmc_tf

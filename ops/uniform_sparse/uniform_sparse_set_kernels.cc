@@ -25,14 +25,17 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "ops/common/bad_index.h"
+#include "ops/common/locked_variables.h"
 #include "ops/common/validation.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/mutex.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace xmc_tf {
@@ -103,6 +106,106 @@ void SmallestPositions(const T* wj, int64_t s, int64_t n,
   std::sort(out, out + n);
 }
 
+// The per-row work of a rewire, with one thread's scratch (a bitmap of
+// num_features bits, or a list of the sources to avoid; the row's keys).
+// Rewire(j, ...) gives the same draws whatever thread and order run it.
+class RowRewirer {
+ public:
+  RowRewirer(int64_t s, int64_t n, int64_t e, uint64_t key0, uint64_t key1)
+      : s_(s), n_(n), e_(e), key0_(key0), key1_(key1),
+        // Avoid every current source when enough others exist, else only
+        // the ones that stay (as xmc_tf.callbacks.rewiring.rewire).
+        avoid_all_(e - s >= n), bitmap_(e <= kMaxBitmapBits),
+        bits_(bitmap_ ? (e + 63) / 64 : 0, 0), keys_(s) {}
+
+  // Row j: the old sources ij and weights wj in; the new sources oj (may
+  // not alias ij) and the moved positions pj[0:n] (sorted) out.
+  template <typename T>
+  void Rewire(int64_t j, const int32_t* ij, const T* wj, int32_t* oj,
+              int64_t* pj) {
+    std::copy(ij, ij + s_, oj);
+    if (n_ == 0) return;
+    SmallestPositions(wj, s_, n_, &keys_, pj);
+    if (avoid_all_) {
+      for (int64_t k = 0; k < s_; ++k) Mark(ij[k]);
+    } else {
+      // Only the kept sources: positions pj are sorted.
+      int64_t q = 0;
+      for (int64_t k = 0; k < s_; ++k) {
+        if (q < n_ && pj[q] == k) {
+          ++q;
+          continue;
+        }
+        Mark(ij[k]);
+      }
+    }
+    uint64_t state =
+        key0_ ^ (0xD1B54A32D192ED03ull * (static_cast<uint64_t>(j) + key1_));
+    for (int64_t q = 0; q < n_; ++q) {
+      int32_t f;
+      do {
+        f = static_cast<int32_t>(Bounded(&state, static_cast<uint32_t>(e_)));
+      } while (Test(f));
+      Mark(f);
+      oj[pj[q]] = f;
+    }
+    if (bitmap_) {  // clear what was set: the old row and the draws
+      for (int64_t k = 0; k < s_; ++k) {
+        bits_[ij[k] >> 6] = 0;
+        bits_[oj[k] >> 6] = 0;
+      }
+    } else {
+      avoid_.clear();
+    }
+  }
+
+ private:
+  bool Test(int32_t f) const {
+    if (bitmap_) return ((bits_[f >> 6] >> (f & 63)) & 1) != 0;
+    return std::find(avoid_.begin(), avoid_.end(), f) != avoid_.end();
+  }
+  void Mark(int32_t f) {
+    if (bitmap_) {
+      bits_[f >> 6] |= uint64_t{1} << (f & 63);
+    } else {
+      avoid_.push_back(f);
+    }
+  }
+
+  const int64_t s_, n_, e_;
+  const uint64_t key0_, key1_;
+  const bool avoid_all_, bitmap_;
+  std::vector<uint64_t> bits_;
+  std::vector<uint64_t> keys_;
+  std::vector<int32_t> avoid_;  // scan mode: sources to avoid
+};
+
+// Checks num_moved n against fan_in s and num_features e (every label needs
+// s distinct sources), and reads the [2] seed.
+Status CheckRewire(const Tensor& num_features_t, const Tensor& seed_t,
+                   int64_t s, int64_t n, int64_t* e, uint64_t* key0,
+                   uint64_t* key1) {
+  TF_RETURN_IF_ERROR(NonNegativeScalar(num_features_t, "num_features", e));
+  if (!TensorShapeUtils::IsVector(seed_t.shape()) ||
+      seed_t.NumElements() != 2) {
+    return errors::InvalidArgument("seed must be a [2] vector, got shape ",
+                                   seed_t.shape().DebugString());
+  }
+  if (n > s) {
+    return errors::InvalidArgument("num_moved = ", n, " must be <= fan_in = ",
+                                   s);
+  }
+  if (*e < s || *e > std::numeric_limits<int32_t>::max()) {
+    return errors::InvalidArgument(
+        "num_features = ", *e, " must be in [fan_in = ", s,
+        ", 2^31): every label needs fan_in distinct sources");
+  }
+  const auto seed = seed_t.flat<int64_t>();
+  *key0 = static_cast<uint64_t>(seed(0));
+  *key1 = static_cast<uint64_t>(seed(1));
+  return ::tensorflow::OkStatus();
+}
+
 // T: the weights' dtype (float or bfloat16: |w| compared as float32, which
 // holds every bfloat16 exactly, so the order is the same).
 template <typename T>
@@ -115,30 +218,17 @@ class SetRewireOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& indices = ctx->input(0);
     const Tensor& weights = ctx->input(1);
-    const Tensor& num_features_t = ctx->input(2);
-    const Tensor& seed_t = ctx->input(3);
     OP_REQUIRES_OK(ctx, CheckMatrix(indices, "indices"));
     OP_REQUIRES_OK(ctx, CheckSameShape(weights, "weights", indices, "indices",
                                        "[num_labels, fan_in]"));
-    int64_t e = 0;
-    OP_REQUIRES_OK(ctx, NonNegativeScalar(num_features_t, "num_features", &e));
-    OP_REQUIRES(ctx,
-                TensorShapeUtils::IsVector(seed_t.shape()) &&
-                    seed_t.NumElements() == 2,
-                errors::InvalidArgument("seed must be a [2] vector, got shape ",
-                                        seed_t.shape().DebugString()));
     const int64_t m = indices.dim_size(0), s = indices.dim_size(1);
     const int64_t n = num_moved_;
-    OP_REQUIRES(ctx, n <= s,
-                errors::InvalidArgument("num_moved = ", n,
-                                        " must be <= fan_in = ", s));
-    OP_REQUIRES(ctx, e >= s && e <= std::numeric_limits<int32_t>::max(),
-                errors::InvalidArgument(
-                    "num_features = ", e, " must be in [fan_in = ", s,
-                    ", 2^31): every label needs fan_in distinct sources"));
+    int64_t e = 0;
+    uint64_t key0 = 0, key1 = 0;
+    OP_REQUIRES_OK(ctx, CheckRewire(ctx->input(2), ctx->input(3), s, n, &e,
+                                    &key0, &key1));
     const int32_t* idx = indices.flat<int32_t>().data();
     const T* w = weights.flat<T>().data();
-    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
 
     // Range check (the first bad entry in row-major order).
     const int64_t bad = FirstOutOfRange(ctx, idx, m * s, 0, e);
@@ -153,71 +243,14 @@ class SetRewireOp : public OpKernel {
     int32_t* out = new_t->flat<int32_t>().data();
     int64_t* pos = pos_t->flat<int64_t>().data();
     if (m == 0) return;
-    const auto seed = seed_t.flat<int64_t>();
-    const uint64_t key0 = static_cast<uint64_t>(seed(0));
-    const uint64_t key1 = static_cast<uint64_t>(seed(1));
-    // Avoid every current source when enough others exist, else only the
-    // ones that stay (as xmc_tf.callbacks.rewiring.rewire).
-    const bool avoid_all = e - s >= n;
-    const bool bitmap = e <= kMaxBitmapBits;
-
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     ::tensorflow::Shard(
         workers->num_threads, workers->workers, m, 20 * s + 60 * n + 20,
         [&](int64_t start, int64_t limit) {
-          std::vector<uint64_t> bits(bitmap ? (e + 63) / 64 : 0, 0);
-          std::vector<uint64_t> keys(s);
-          std::vector<int32_t> avoid;  // scan mode: sources to avoid
-          auto test = [&](int32_t f) {
-            if (bitmap) return ((bits[f >> 6] >> (f & 63)) & 1) != 0;
-            return std::find(avoid.begin(), avoid.end(), f) != avoid.end();
-          };
-          auto mark = [&](int32_t f) {
-            if (bitmap) {
-              bits[f >> 6] |= uint64_t{1} << (f & 63);
-            } else {
-              avoid.push_back(f);
-            }
-          };
+          RowRewirer rewirer(s, n, e, key0, key1);
           for (int64_t j = start; j < limit; ++j) {
-            const int32_t* ij = idx + j * s;
-            const T* wj = w + j * s;
-            int32_t* oj = out + j * s;
-            int64_t* pj = pos + j * n;
-            std::copy(ij, ij + s, oj);
-            if (n == 0) continue;
-            SmallestPositions(wj, s, n, &keys, pj);
-            if (avoid_all) {
-              for (int64_t k = 0; k < s; ++k) mark(ij[k]);
-            } else {
-              // Only the kept sources: positions pj are sorted.
-              int64_t q = 0;
-              for (int64_t k = 0; k < s; ++k) {
-                if (q < n && pj[q] == k) {
-                  ++q;
-                  continue;
-                }
-                mark(ij[k]);
-              }
-            }
-            uint64_t state = key0 ^ (0xD1B54A32D192ED03ull *
-                                     (static_cast<uint64_t>(j) + key1));
-            for (int64_t q = 0; q < n; ++q) {
-              int32_t f;
-              do {
-                f = static_cast<int32_t>(
-                    Bounded(&state, static_cast<uint32_t>(e)));
-              } while (test(f));
-              mark(f);
-              oj[pj[q]] = f;
-            }
-            if (bitmap) {  // clear what was set: the old row and the draws
-              for (int64_t k = 0; k < s; ++k) {
-                bits[ij[k] >> 6] = 0;
-                bits[oj[k] >> 6] = 0;
-              }
-            } else {
-              avoid.clear();
-            }
+            rewirer.Rewire(j, idx + j * s, w + j * s, out + j * s,
+                           pos + j * n);
           }
         });
   }
@@ -226,13 +259,121 @@ class SetRewireOp : public OpKernel {
   int64_t num_moved_ = 0;
 };
 
-REGISTER_KERNEL_BUILDER(
-    Name("Xmc>SetRewire").Device(DEVICE_CPU).TypeConstraint<float>("T"),
-    SetRewireOp<float>);
-REGISTER_KERNEL_BUILDER(Name("Xmc>SetRewire")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<Eigen::bfloat16>("T"),
-                        SetRewireOp<Eigen::bfloat16>);
+// Xmc>ResourceSetRewire: the same rewire, written into the variables: the
+// indices variable's rows in place, and the moved positions of the weights
+// and of every state variable (optimizer slots, a fused update's state; any
+// dtype) set to zero.  Outputs the number moved and the sum of the pruned
+// |weights| (float64).  Nothing of [m, s] size is allocated (unless a
+// buffer is shared: LockedVariables copies it first).
+template <typename T>
+class ResourceSetRewireOp : public OpKernel {
+ public:
+  explicit ResourceSetRewireOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("num_moved", &num_moved_));
+    OP_REQUIRES_OK(c, c->GetAttr("num_state", &num_state_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    // The shape comes from the indices variable: look it up first.
+    ::tensorflow::core::RefCountPtr<::tensorflow::Var> probe;
+    OP_REQUIRES_OK(ctx, ::tensorflow::LookupResource(
+                            ctx, ::tensorflow::HandleFromInput(ctx, 0),
+                            &probe));
+    TensorShape shape;
+    {
+      ::tensorflow::tf_shared_lock lock(*probe->mu());
+      shape = probe->tensor()->shape();
+    }
+    probe.reset();
+    OP_REQUIRES(ctx, shape.dims() == 2,
+                errors::InvalidArgument(
+                    "indices must be a [num_labels, fan_in] matrix, got shape ",
+                    shape.DebugString()));
+    const int64_t m = shape.dim_size(0), s = shape.dim_size(1);
+    const int64_t n = num_moved_;
+    const int first_scalar = 2 + num_state_;
+    int64_t e = 0;
+    uint64_t key0 = 0, key1 = 0;
+    OP_REQUIRES_OK(ctx, CheckRewire(ctx->input(first_scalar),
+                                    ctx->input(first_scalar + 1), s, n, &e,
+                                    &key0, &key1));
+    std::vector<std::string> names = {"indices", "weights"};
+    std::vector<::tensorflow::DataType> dtypes = {
+        ::tensorflow::DT_INT32, ::tensorflow::DataTypeToEnum<T>::value};
+    for (int i = 0; i < num_state_; ++i) {
+      names.push_back("state[" + std::to_string(i) + "]");
+      dtypes.push_back(::tensorflow::DT_INVALID);
+    }
+    LockedVariables vars;
+    OP_REQUIRES_OK(ctx, vars.Init(ctx, 0, 2 + num_state_, names, dtypes,
+                                  shape));
+    const int32_t* idx = vars.data<int32_t>(0);
+    const int64_t bad = FirstOutOfRange(ctx, idx, m * s, 0, e);
+    OP_REQUIRES(ctx, bad < 0,
+                OutOfRange("indices", shape, bad, idx[bad], 0, e,
+                           "num_features"));
+    Tensor* moved_t = nullptr;
+    Tensor* pruned_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &moved_t));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &pruned_t));
+    moved_t->scalar<int64_t>()() = m * n;
+    pruned_t->scalar<double>()() = 0.0;
+    if (m == 0 || n == 0) return;
+    OP_REQUIRES_OK(ctx, vars.PrepareToWrite(ctx));
+    int32_t* ind = vars.data<int32_t>(0);
+    T* w = vars.data<T>(1);
+    std::vector<char*> state(num_state_);
+    std::vector<int64_t> bytes(num_state_);
+    for (int i = 0; i < num_state_; ++i) {
+      Tensor* t = vars.tensor(2 + i);
+      state[i] = const_cast<char*>(t->tensor_data().data());
+      bytes[i] = ::tensorflow::DataTypeSize(t->dtype());
+    }
+    auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::mutex mu;
+    double total = 0.0;  // the shards' sums, added under mu (stats only)
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, m, 20 * s + 80 * n + 20,
+        [&](int64_t start, int64_t limit) {
+          RowRewirer rewirer(s, n, e, key0, key1);
+          std::vector<int32_t> old(s);
+          std::vector<int64_t> pj(n);
+          double sum = 0.0;
+          for (int64_t j = start; j < limit; ++j) {
+            int32_t* row = ind + j * s;
+            std::copy(row, row + s, old.begin());
+            rewirer.Rewire(j, old.data(), w + j * s, row, pj.data());
+            for (int64_t q = 0; q < n; ++q) {
+              const int64_t p = j * s + pj[q];
+              sum += std::fabs(static_cast<double>(static_cast<float>(w[p])));
+              w[p] = static_cast<T>(0.0f);
+              for (int i = 0; i < num_state_; ++i) {
+                std::memset(state[i] + p * bytes[i], 0, bytes[i]);
+              }
+            }
+          }
+          ::tensorflow::mutex_lock lock(mu);
+          total += sum;
+        });
+    pruned_t->scalar<double>()() = total;
+  }
+
+ private:
+  int64_t num_moved_ = 0;
+  int num_state_ = 0;
+};
+
+#define REGISTER(T)                                                          \
+  REGISTER_KERNEL_BUILDER(                                                   \
+      Name("Xmc>SetRewire").Device(DEVICE_CPU).TypeConstraint<T>("T"),       \
+      SetRewireOp<T>);                                                       \
+  REGISTER_KERNEL_BUILDER(                                                   \
+      Name("Xmc>ResourceSetRewire").Device(DEVICE_CPU).TypeConstraint<T>(    \
+          "T"),                                                              \
+      ResourceSetRewireOp<T>);
+REGISTER(float);
+REGISTER(Eigen::bfloat16);
+#undef REGISTER
 
 }  // namespace
 }  // namespace xmc_tf

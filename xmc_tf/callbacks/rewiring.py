@@ -26,7 +26,10 @@ import tensorflow as tf
 
 from xmc_tf.callbacks._steps import optimizer_step, print_line
 from xmc_tf.layers.uniform_sparse import UniformSparseDense
-from xmc_tf.ops.uniform_sparse import set_rewire, set_rewire_supported
+from xmc_tf.ops.uniform_sparse import (resource_set_rewire,
+                                       resource_set_rewire_supported,
+                                       set_rewire, set_rewire_supported)
+from xmc_tf.optimizers.rows import tf_variable
 from xmc_tf.optimizers.slots import slot_names, slot_variables
 
 __all__ = ["REGROWTH", "gradient_candidates", "layer_gradient_sample",
@@ -95,6 +98,33 @@ def _rewire_by_op(indices, weights, fraction, num_features, rng, use_op):
     seed = rng.integers(0, np.iinfo(np.int64).max, size=2, dtype=np.int64)
     new, positions = set_rewire(indices, weights, n, num_features, seed)
     return new, positions.numpy()
+
+
+def _rewire_in_place(layer, state, fraction, rng):
+    """One rewire of ``layer`` by ``Xmc>ResourceSetRewire``: its indices
+    rewritten in place, the moved positions of its kernel and ``state``
+    zeroed, no ``[m, s]`` buffer; the same draws from ``rng`` as
+    :func:`_rewire_by_op`, so the same new connections.  ``(moved, sum of
+    the pruned |w|)``, or None where the op does not apply (float16 or
+    other kernels, ``fan_in > num_features``, ``tf.distribute`` variables,
+    an op library without it: the caller rewires by tensors instead)."""
+    variables = [layer.indices, layer.kernel] + list(state)
+    num_labels, fan_in = (int(d) for d in layer.indices.shape)
+    n = int(round(fraction * fan_in))
+    if (_dtype_name(layer.kernel) not in ("float32", "bfloat16")
+            or fan_in > layer.num_features or n == 0 or num_labels == 0
+            or not resource_set_rewire_supported()):
+        return None
+    try:
+        tf_vars = [tf_variable(v) for v in variables]
+    except TypeError:
+        return None
+    if any(isinstance(v, tf.distribute.DistributedValues) for v in tf_vars):
+        return None
+    seed = rng.integers(0, np.iinfo(np.int64).max, size=2, dtype=np.int64)
+    moved, pruned = resource_set_rewire(tf_vars[0], tf_vars[1], tf_vars[2:],
+                                        n, layer.num_features, seed)
+    return int(moved), float(pruned)
 
 
 def rewire(indices: np.ndarray, weights: np.ndarray, fraction: float,
@@ -490,16 +520,29 @@ class SetRewiring(keras.callbacks.Callback):
             self._periods_done += 1
             self.rewire_now()
 
+    def _state_of(self, layer) -> list:
+        """The per-weight state of ``layer``'s kernel that a rewire resets:
+        the optimizer's slots, or a fused update's state (the layer keeps
+        it, the optimizer has none: ``UniformSparseDense(fused_update=...)``).
+        """
+        if getattr(layer, "fused_update", None) is not None:
+            return layer.fused_state_variables()
+        return list(_optimizer_slots(self.model.optimizer, layer.kernel))
+
     def rewire_now(self):
         """Rewires the target layers once and returns the statistics dict.
 
-        Per layer: :func:`rewire` on the variables (the op reads them in
-        place and its new indices tensor is assigned as it is; with
-        gradient regrowth NumPy grows at :func:`gradient_candidates`), then
-        the kernel and its optimizer slots (a fused update's state, where
-        the layer has one), one after another, are zeroed at
-        the moved positions (``tf.where`` with a ``[m, s]`` bool mask: one
-        ``[m, s]`` copy at a time, 1.1 GB at m = 2.8M, s = 96).
+        Per layer, with random regrowth: ``Xmc>ResourceSetRewire``
+        (:func:`xmc_tf.ops.uniform_sparse.resource_set_rewire`) rewrites
+        the indices in place and zeroes the moved positions of the kernel
+        and of its optimizer slots (a fused update's state, where the layer
+        has one), with no ``[m, s]`` buffer.  Otherwise (gradient regrowth,
+        where NumPy grows at :func:`gradient_candidates`; ``tf.distribute``
+        variables; a float16 kernel): :func:`rewire` on the variables, its
+        new indices tensor assigned as it is, then the kernel and its state,
+        one after another, are zeroed at the moved positions (``tf.where``
+        with a ``[m, s]`` bool mask: one ``[m, s]`` copy at a time, 1.1 GB
+        at m = 2.8M, s = 96).
         """
         moved, pruned_abs, by_gradient = 0, 0.0, 0
         targets = self._targets()
@@ -522,6 +565,12 @@ class SetRewiring(keras.callbacks.Callback):
                                         grow=grow)
                 del indices, grow
             else:
+                in_place = _rewire_in_place(
+                    layer, self._state_of(layer), self.fraction, self._rng)
+                if in_place is not None:
+                    moved += in_place[0]
+                    pruned_abs += in_place[1]
+                    continue
                 by_op = _rewire_by_op(layer.indices, layer.kernel,
                                       self.fraction, layer.num_features,
                                       self._rng, None)
@@ -547,12 +596,7 @@ class SetRewiring(keras.callbacks.Callback):
             pruned_abs += float(tf.reduce_sum(tf.where(
                 mask, tf.abs(kernel), tf.zeros((), kernel.dtype))))
             del kernel
-            # A fused update (UniformSparseDense(fused_update=...)) keeps
-            # the kernel's state in the layer, the optimizer has none of it.
-            slots = (layer.fused_state_variables()
-                     if getattr(layer, "fused_update", None) is not None
-                     else _optimizer_slots(self.model.optimizer, layer.kernel))
-            for variable in [layer.kernel] + list(slots):
+            for variable in [layer.kernel] + self._state_of(layer):
                 value = tf.convert_to_tensor(variable)
                 variable.assign(tf.where(mask, tf.zeros((), value.dtype),
                                          value))

@@ -500,6 +500,70 @@ def set_rewire(indices, weights, num_moved, num_features, seed, name=None):
         num_moved=int(num_moved), name=name)
 
 
+def resource_set_rewire_supported() -> bool:
+    """Whether the op library has ``Xmc>ResourceSetRewire``.
+
+    Returns:
+      bool; False when the library is missing, stale or lacks the op.
+    """
+    try:
+        return hasattr(_loader.load(), "xmc_resource_set_rewire")
+    except Exception:  # OpLibraryError, or a library that fails to load
+        return False
+
+
+def resource_set_rewire(indices, weights, state, num_moved, num_features,
+                        seed, name=None):
+    """:func:`set_rewire` written into the variables (op
+    ``Xmc>ResourceSetRewire``).
+
+    The same new connections as ``set_rewire(indices, weights, num_moved,
+    num_features, seed)``; the ``indices`` variable's rows are rewritten in
+    place, and the moved positions of ``weights`` and of every variable in
+    ``state`` (optimizer slots, a fused update's state) are set to zero.
+    No ``[m, s]`` buffer is allocated: at 2.8M labels and fan-in 96 the
+    tensor path holds a new ``[m, s]`` int32 index (1 GiB), the ``[m, n]``
+    positions, an ``[m, s]`` mask and one ``[m, s]`` copy per variable
+    reset.  Source: Mocanu et al., SET (2018); Schultheis & Babbar,
+    Sec. 4.1.  CPU only.
+
+    Args:
+      indices: int32 resource variable ``[m, s]``, entries in ``[0, e)``.
+      weights: float32 or bfloat16 resource variable ``[m, s]``.
+      state: list of resource variables ``[m, s]`` (any dtype).
+      num_moved: int ``n``, ``0 <= n <= s``.
+      num_features: int ``e``, ``s <= e < 2^31``.
+      seed: two int64 values (as :func:`set_rewire`).
+      name: optional op name.
+
+    Returns:
+      ``(moved, pruned_abs_sum)``: int64 scalar ``m n`` and the float64 sum
+      of the pruned ``|weights|``.
+
+    Raises:
+      tf.errors.InvalidArgumentError: shapes or dtypes that do not match,
+        two operands that are one variable, an index out of range (the
+        message names the first; nothing is written), ``n > s`` or
+        ``e < s``.
+      xmc_tf.errors.OpLibraryError: the op library is missing or stale.
+
+    >>> import numpy as np, tensorflow as tf
+    >>> idx = tf.Variable(np.array([[0, 1, 2]], np.int32))
+    >>> w = tf.Variable(np.array([[0.5, -0.1, 2.0]], np.float32))
+    >>> moved, pruned = resource_set_rewire(idx, w, [], 1, 10, [1, 2])
+    >>> int(moved), round(float(pruned), 3), w.numpy()[0].tolist()
+    (1, 0.1, [0.5, 0.0, 2.0])
+    """
+    def handle(v):
+        return v.handle if hasattr(v, "handle") else v
+    return _loader.load().xmc_resource_set_rewire(
+        indices=handle(indices), weights=handle(weights),
+        state=[handle(v) for v in state],
+        num_features=tf.cast(num_features, tf.int64),
+        seed=tf.cast(tf.convert_to_tensor(seed), tf.int64),
+        num_moved=int(num_moved), T=weights.dtype, name=name)
+
+
 def _set_weights(weights):
     """``weights`` as the ``Xmc>SetRewire`` operand: float32 or bfloat16 as
     they are, other dtypes cast to float32."""
