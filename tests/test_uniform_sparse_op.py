@@ -641,3 +641,32 @@ def test_registered_gradient_uses_the_fused_op():
     types = {op.type for op in graph.get_operations()}
     assert "Xmc>UniformSparseMatmulGrad" in types
     assert "Xmc>UniformSparseMatmulGradFeatures" not in types
+
+
+@pytest.mark.parametrize("density", [0.002, 0.3])
+def test_16_bit_weights_widened_where_read(density):
+    # bfloat16 weights are widened a tile / span / label at a time, the
+    # rows the signal reads only: labels without signal hold NaN weights,
+    # which must reach neither gradient (and the forward's scores of the
+    # other labels), over many tiles and spans.
+    rng = np.random.default_rng(23)
+    x, indices, weights, g = make_case(rng, 24, 64, 3000, 8, density=density)
+    g[:, ::7] = 0.0
+    silent = ~(g != 0).any(axis=0)
+    assert silent.any() and (~silent).any()
+    weights[silent] = np.nan
+    rounded = [tf.cast(tf.cast(a, tf.bfloat16), tf.float32).numpy()
+               for a in (x, weights, g)]
+    ref_y, ref_gx, ref_gw = reference(rounded[0], indices,
+                                      np.nan_to_num(rounded[1]), rounded[2])
+    xt, wt, gt = (tf.cast(a, tf.bfloat16) for a in (x, weights, g))
+    gx, gw = lib.xmc_uniform_sparse_matmul_grad(gt, xt, indices, wt)
+    y = xmc_tf.ops.uniform_sparse_matmul(xt, indices, wt)
+    got_y = tf.cast(y, tf.float32).numpy()
+    assert np.isnan(got_y[:, silent]).all()
+    for got, ref in ((got_y[:, ~silent], ref_y[:, ~silent]), (gx, ref_gx),
+                     (gw, ref_gw)):
+        got = tf.cast(got, tf.float32).numpy()
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, ref, rtol=2e-2,
+                                   atol=2e-2 * np.abs(ref).max())

@@ -178,7 +178,6 @@ struct LabelGradients {
   const UniformSparseDims& d;
   const T* feat;       // features [batch, num_features]
   const float* featT;  // [num_features, bp] or nullptr
-  const float* w;      // weights as float32 (the features gradient only)
   int64_t bp;
   Isa isa;
 
@@ -267,10 +266,6 @@ void GradientsByLabelBlocks(OpKernelContext* ctx, const T* back,
     featT = featT_t.flat<float>().data();
     TransposeFeatures(ctx, feat, d.batch, d.num_features, bp, featT);
   }
-  std::vector<float> w_storage;
-  const float* w =
-      parts > 0 ? AsFloat(weights, d.num_labels * d.fan_in, &w_storage)
-                : nullptr;
   Tensor gT_t;
   float* gT_all = nullptr;
   const int64_t slice = d.num_features * bp;
@@ -280,7 +275,7 @@ void GradientsByLabelBlocks(OpKernelContext* ctx, const T* back,
                             TensorShape({parts, d.num_features, bp}), &gT_t));
     gT_all = gT_t.flat<float>().data();
   }
-  const LabelGradients<T> label{d, feat, featT, w, bp, CpuIsa()};
+  const LabelGradients<T> label{d, feat, featT, bp, CpuIsa()};
 
   // Work units: with the features gradient one per part (a contiguous range
   // of blocks and its own gT buffer), else one per block.
@@ -295,6 +290,7 @@ void GradientsByLabelBlocks(OpKernelContext* ctx, const T* back,
       [&](int64_t start, int64_t limit) {
         TileSignal<T> signal(d.batch, bp, dense_signal);
         std::vector<float> sums(d.fan_in);
+        std::vector<float> w_row;
         for (int64_t unit = start; unit < limit; ++unit) {
           bool stop = false;  // a bad index: the rest of the unit is larger
           float* gT = nullptr;
@@ -329,7 +325,12 @@ void GradientsByLabelBlocks(OpKernelContext* ctx, const T* back,
               }
               if (gj != nullptr) label.Weights(&signal, t, n, ij, sums.data(), gj);
               if (gT != nullptr) {
-                label.Features(&signal, t, n, ij, w + j * d.fan_in, gT);
+                // 16-bit weights widened a label at a time (float32 ones
+                // read in place).
+                label.Features(&signal, t, n, ij,
+                               AsFloat(weights + j * d.fan_in, d.fan_in,
+                                       &w_row),
+                               gT);
               }
             }
           }

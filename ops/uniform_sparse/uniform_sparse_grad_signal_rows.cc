@@ -154,12 +154,15 @@ void GradientsBySignalRows(OpKernelContext* ctx, const T* back, const T* feat,
       });
 
   // 2. Apply.
-  std::vector<float> feat_storage, w_storage;
+  std::vector<float> feat_storage;
   const float* featf =
       weights_grad ? AsFloat(feat, row_size, &feat_storage) : nullptr;
-  const float* w = features_grad
-                       ? AsFloat(weights, d.num_labels * d.fan_in, &w_storage)
+  // float32 weights are read in place; 16-bit ones are widened per span,
+  // the rows its entries read only (never the whole [m, s] matrix).
+  const float* w = features_grad && std::is_same<T, float>::value
+                       ? reinterpret_cast<const float*>(weights)
                        : nullptr;
+  const bool widen = features_grad && !std::is_same<T, float>::value;
   Tensor buffer_t;
   float* buffer = nullptr;
   if (features_grad) {
@@ -177,7 +180,7 @@ void GradientsBySignalRows(OpKernelContext* ctx, const T* back, const T* feat,
   ::tensorflow::Shard(
       workers->num_threads, workers->workers, parts, cost,
       [&](int64_t start, int64_t limit) {
-        std::vector<float> gw_storage;
+        std::vector<float> gw_storage, w_span(widen ? span * d.fan_in : 0);
         std::vector<uint8_t> read(span);
         if (weights_grad && !std::is_same<T, float>::value) {
           gw_storage.resize(span * d.fan_in);
@@ -221,6 +224,17 @@ void GradientsBySignalRows(OpKernelContext* ctx, const T* back, const T* feat,
               break;  // every later position of this part is larger
             }
             const float* wj = w != nullptr ? w + j0 * d.fan_in : nullptr;
+            if (widen) {
+              const T* src = weights + j0 * d.fan_in;
+              for (int64_t t = 0; t < n; ++t) {
+                if (!read[t]) continue;
+                for (int64_t k = 0; k < d.fan_in; ++k) {
+                  w_span[t * d.fan_in + k] =
+                      static_cast<float>(src[t * d.fan_in + k]);
+                }
+              }
+              wj = w_span.data();
+            }
             // The span's weights, read at random by its entries next.
             if (wj != nullptr) PrefetchBytes(wj, n * d.fan_in * sizeof(float));
             float* gw = nullptr;
