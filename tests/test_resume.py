@@ -97,12 +97,20 @@ def _history(workdir):
 # with the label tree (fit before training, reloaded by the resume);
 # "cosine": the learning rate follows a per-step cosine (read at the
 # optimizer's restored step counter) instead of halving on plateaus.
-@pytest.mark.parametrize("monitor,schedule", [
-    ("auto", "plateau"), ("fused", "plateau"), ("auto", "cosine")])
-def test_killed_run_resumes_exactly(tmp_path, monitor, schedule):
+# "fused_adam": the head steps its bfloat16 kernel in the backward
+# (config.model.head_update, head_dtype): the fused state, its step count
+# and the bfloat16 variables go through the checkpoint too.
+@pytest.mark.parametrize("monitor,schedule,head_update", [
+    ("auto", "plateau", "optimizer"), ("fused", "plateau", "optimizer"),
+    ("auto", "cosine", "optimizer"), ("auto", "plateau", "fused_adam")])
+def test_killed_run_resumes_exactly(tmp_path, monitor, schedule,
+                                    head_update):
     ref, run = tmp_path / "uninterrupted", tmp_path / "killed"
     extra = [f"--config.train.monitor={monitor}",
-             f"--config.train.schedule={schedule}"]
+             f"--config.train.schedule={schedule}",
+             f"--config.model.head_update={head_update}"]
+    if head_update != "optimizer":
+        extra.append("--config.model.head_dtype=bfloat16")
     reference = _start(tmp_path, ref, extra)  # runs beside the killed one
 
     kill_step = 2 * STEPS_PER_EPOCH + 4  # mid third epoch

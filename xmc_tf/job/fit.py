@@ -15,6 +15,7 @@ import sys
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from xmc_tf import callbacks as xcallbacks
 from xmc_tf import data as xdata
@@ -77,6 +78,12 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     except ValueError as e:
         raise ConfigError(" ".join(str(e).split())) from e
     _follow_optimizer(model, optimizer)
+    if distributed and tf.distribute.get_strategy().num_replicas_in_sync > 1 \
+            and config.model.head_update != "optimizer":
+        raise ConfigError(
+            f"config.model.head_update={config.model.head_update!r} steps "
+            "each replica's own copy of the head: use head_update="
+            "'optimizer' under a strategy with several replicas")
     fit_model = head.training_model(model, layer)
     if distributed and not isinstance(fit_model, DistributedTrainerMixin):
         if fit_model is not model:

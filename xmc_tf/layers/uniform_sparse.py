@@ -582,13 +582,12 @@ class UniformSparseDense(keras.layers.Layer):
                 scores = scores + tf.cast(bias[0], scores.dtype)
 
             def grad(dy):
-                dy = tf.cast(dy, dtype)
                 count = step.assign_add(1)
                 alpha = rule.step_size(tf.convert_to_tensor(count))
                 gx = uniform_sparse_grad_apply(
-                    dy, x, self.indices, kernel, state, alpha, rule=rule.rule,
-                    kahan=kahan, beta_1=rule.beta_1, beta_2=rule.beta_2,
-                    epsilon=rule.epsilon)
+                    tf.cast(dy, dtype), x, self.indices, kernel, state, alpha,
+                    rule=rule.rule, kahan=kahan, beta_1=rule.beta_1,
+                    beta_2=rule.beta_2, epsilon=rule.epsilon)
                 if not bias:
                     return gx
                 gb = tf.cast(tf.reduce_sum(tf.cast(dy, tf.float32), 0),

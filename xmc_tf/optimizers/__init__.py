@@ -6,6 +6,9 @@
   ``SGD`` for dense gradients.  Keras 3.15's own Adam/AdamW and momentum SGD
   densify such gradients and update every row (details in
   :mod:`xmc_tf.optimizers.lazy`).
+* :class:`FusedUpdate`: the rule a ``UniformSparseDense(fused_update=...)``
+  steps its own kernel with inside the backward pass (no ``[m, s]``
+  gradient, no optimizer slots; bfloat16 with Kahan-compensated steps).
 * :func:`slot_names`, :func:`slot_variables`: the per-variable optimizer
   state of Keras' Adam/AdamW/SGD and their subclasses (the only place in
   xmc_tf that knows the slot attribute names).
@@ -28,5 +31,5 @@ from xmc_tf.optimizers.lazy import LazyAdam, LazyAdamW, LazySGD
 from xmc_tf.optimizers.rows import deduplicate, gather_rows, tf_variable
 from xmc_tf.optimizers.slots import slot_names, slot_variables
 
-__all__ = ["FusedUpdate", "LazyAdam", "LazyAdamW", "LazySGD", "deduplicate", "gather_rows",
-           "slot_names", "slot_variables", "tf_variable"]
+__all__ = ["FusedUpdate", "LazyAdam", "LazyAdamW", "LazySGD", "deduplicate",
+           "gather_rows", "slot_names", "slot_variables", "tf_variable"]
