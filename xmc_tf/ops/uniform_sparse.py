@@ -437,16 +437,22 @@ def _uniform_sparse_matmul_sparse_input_grad(op, grad):
 tf.no_gradient("Xmc>SetRewire")
 
 
+def _has_op(python_name: str) -> bool:
+    """Whether the op library has the op of this wrapper name; False when
+    the library is missing, stale or fails to load."""
+    try:
+        return hasattr(_loader.load(), python_name)
+    except Exception:  # OpLibraryError, or a library that fails to load
+        return False
+
+
 def set_rewire_supported() -> bool:
     """Whether the op library has ``Xmc>SetRewire``.
 
     Returns:
       bool; False when the library is missing, stale or lacks the op.
     """
-    try:
-        return hasattr(_loader.load(), "xmc_set_rewire")
-    except Exception:  # OpLibraryError, or a library that fails to load
-        return False
+    return _has_op("xmc_set_rewire")
 
 
 def set_rewire(indices, weights, num_moved, num_features, seed, name=None):
@@ -506,10 +512,7 @@ def resource_set_rewire_supported() -> bool:
     Returns:
       bool; False when the library is missing, stale or lacks the op.
     """
-    try:
-        return hasattr(_loader.load(), "xmc_resource_set_rewire")
-    except Exception:  # OpLibraryError, or a library that fails to load
-        return False
+    return _has_op("xmc_resource_set_rewire")
 
 
 def resource_set_rewire(indices, weights, state, num_moved, num_features,
