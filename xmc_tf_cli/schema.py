@@ -177,10 +177,11 @@ def _base() -> dict:
             intermediate_dropout=0.0,  # after the intermediate layer
             connections_per_label=64,  # uniform-sparse fan-in per label
             # the uniform-sparse head's kernel: "optimizer" (train.optimizer,
-            # from a dense [m, s] gradient) or "fused_adam" / "fused_sgd"
-            # (stepped inside the backward at the optimizer's learning
-            # rate: no [m, s] gradient, no optimizer slots;
-            # xmc_tf.optimizers.FusedUpdate)
+            # from a dense [m, s] gradient) or "fused_adam" (Adam, every
+            # label) / "fused_lazy_adam" (the labels with signal only) /
+            # "fused_sgd", stepped inside the backward at the optimizer's
+            # learning rate: no [m, s] gradient, no optimizer slots
+            # (xmc_tf.optimizers.FusedUpdate)
             head_update="optimizer",
             # the uniform-sparse head's kernel dtype: "float32" or
             # "bfloat16" (2 bytes a weight; with a fused update its state is

@@ -25,7 +25,8 @@
 //     variables are not put in copy-on-read mode (the forward's dense read
 //     keeps sharing the buffer).
 //  4. The labels are sharded in blocks of kSignalBlock over the intra-op
-//     pool.  A block's backward columns are scanned row by row (whole cache
+//     pool (with lazy=false and Adam, a label without signal takes the
+//     step of a zero gradient).  A block's backward columns are scanned row by row (whole cache
 //     lines), its non-zeros bucketed by label; each label with signal then
 //     forms its fan_in gradient entries from its non-zeros only (instance
 //     rows of features gathered at its indices) and updates its row of
@@ -57,7 +58,7 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 
 struct StepParams {
-  bool adam = false, kahan = false;
+  bool adam = false, kahan = false, lazy = true;
   float alpha = 0, one_minus_beta1 = 0, one_minus_beta2 = 0, epsilon = 0;
 };
 
@@ -97,8 +98,12 @@ class UniformSparseGradApplyOp : public OpKernel {
     std::string rule;
     OP_REQUIRES_OK(c, c->GetAttr("rule", &rule));
     OP_REQUIRES_OK(c, c->GetAttr("kahan", &params_.kahan));
+    OP_REQUIRES_OK(c, c->GetAttr("lazy", &params_.lazy));
     OP_REQUIRES_OK(c, c->GetAttr("num_state", &num_state_));
     params_.adam = rule == "adam";
+    // SGD moves a weight only along its gradient: every row without
+    // signal keeps its weights either way.
+    if (!params_.adam) params_.lazy = true;
     const int expected = (params_.kahan ? 1 : 0) + (params_.adam ? 2 : 0);
     OP_REQUIRES(c, num_state_ == expected,
                 errors::InvalidArgument(
@@ -205,7 +210,7 @@ class UniformSparseGradApplyOp : public OpKernel {
             }
             for (int64_t l = 0; l < n; ++l) count[l + 1] += count[l];
             const int64_t nnz = count[n];
-            if (nnz == 0) continue;
+            if (nnz == 0 && p.lazy) continue;
             rows.resize(nnz);
             vals.resize(nnz);
             std::vector<int32_t> fill(count.begin(), count.begin() + n);
@@ -221,8 +226,18 @@ class UniformSparseGradApplyOp : public OpKernel {
               }
             }
             for (int64_t l = 0; l < n; ++l) {
-              if (count[l] == count[l + 1]) continue;
               const int64_t j = j0 + l;
+              if (count[l] == count[l + 1]) {
+                if (p.lazy) continue;
+                // Adam on a zero gradient: the moments decay and the
+                // weights move along the first one (keras' Adam on a
+                // dense gradient).  The indices are not read.
+                std::fill(g.begin(), g.end(), 0.0f);
+                const int64_t off = j * s;
+                UpdateRow<T>(p, g.data(), s, w + off, c ? c + off : nullptr,
+                             m + off, v + off);
+                continue;
+              }
               const int32_t* ij = idx + j * s;
               bool ok = true;
               for (int64_t k = 0; k < s; ++k) {

@@ -211,6 +211,7 @@ REGISTER_OP("Xmc>UniformSparseGradApply")
     .Attr("T: {float, bfloat16}")
     .Attr("rule: {'sgd', 'adam'}")
     .Attr("kahan: bool = false")
+    .Attr("lazy: bool = true")
     .Attr("num_state: int >= 0")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle backward, features, indices;
@@ -247,9 +248,12 @@ label j with a non-zero backward[:, j] and every k,
                (Kahan-compensated: the rounding lost by a bfloat16 store is
                carried in c and added back at the label's next step)
 
-computed in float32 and stored in T.  A label without signal keeps its
-weights and state (a "lazy" row update, as xmc_tf.optimizers.LazyAdam on an
-IndexedSlices gradient; with the squared hinge its gradient is exactly 0).
+computed in float32 and stored in T.  With `lazy` a label without signal
+keeps its weights and state (a "lazy" row update, as
+xmc_tf.optimizers.LazyAdam on an IndexedSlices gradient; with the squared
+hinge its gradient is exactly 0); without it (rule "adam" only) such a label
+takes the step of a zero gradient: its moments decay and its weights move
+along m, as keras' Adam on a dense gradient.
 
 backward: [batch, num_labels]; features: [batch, num_features]; indices:
   [num_labels, fan_in] int32, the rows of labels with signal checked where

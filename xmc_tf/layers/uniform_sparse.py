@@ -587,7 +587,7 @@ class UniformSparseDense(keras.layers.Layer):
                 gx = uniform_sparse_grad_apply(
                     tf.cast(dy, dtype), x, self.indices, kernel, state, alpha,
                     rule=rule.rule, kahan=kahan, beta_1=rule.beta_1,
-                    beta_2=rule.beta_2, epsilon=rule.epsilon)
+                    beta_2=rule.beta_2, epsilon=rule.epsilon, lazy=rule.lazy)
                 if not bias:
                     return gx
                 gb = tf.cast(tf.reduce_sum(tf.cast(dy, tf.float32), 0),

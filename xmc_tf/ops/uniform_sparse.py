@@ -199,7 +199,8 @@ def _uniform_sparse_matmul_grad(op, grad):
 
 def uniform_sparse_grad_apply(backward, features, indices, weights, state,
                               alpha, rule="sgd", kahan=False, beta_1=0.9,
-                              beta_2=0.999, epsilon=1e-7, name=None):
+                              beta_2=0.999, epsilon=1e-7, lazy=True,
+                              name=None):
     """The features gradient and the weights' optimizer step, in one op.
 
     Returns ``grad_features[i, indices[j, k]] += backward[i, j] *
@@ -214,8 +215,11 @@ def uniform_sparse_grad_apply(backward, features, indices, weights, state,
     compensation ``c`` per weight carries what the store in the weights'
     dtype rounded off), so a bfloat16 weight keeps steps far below its
     precision (ELMO, Zhang et al., ICML 2025, trains its classifier so).
-    Labels without signal keep weights and state (a "lazy" update; with the
-    squared hinge their gradient is 0).  The ``[m, s]`` weights gradient
+    With ``lazy`` labels without signal keep weights and state (a "lazy"
+    update; with the squared hinge their gradient is 0); without it (Adam)
+    they take the step of a zero gradient (the moments decay, the weights
+    move along ``m``: ``keras.optimizers.Adam`` on the dense gradient), a
+    pass over all ``m s`` weights and moments.  The ``[m, s]`` weights gradient
     never exists: memory is the ``[b, e]`` output and a few KiB per thread.
     Arithmetic in float32 (op ``Xmc>UniformSparseGradApply``; CPU only).
 
@@ -231,6 +235,7 @@ def uniform_sparse_grad_apply(backward, features, indices, weights, state,
       rule: ``"sgd"`` or ``"adam"``.
       kahan: compensated summation (one more state variable).
       beta_1, beta_2, epsilon: Adam's (unused by sgd).
+      lazy: step only the labels with signal (Adam; SGD is lazy anyway).
       name: optional op name.
 
     Returns:
@@ -261,7 +266,7 @@ def uniform_sparse_grad_apply(backward, features, indices, weights, state,
         one_minus_beta1=tf.cast(1.0 - beta_1, tf.float32),
         one_minus_beta2=tf.cast(1.0 - beta_2, tf.float32),
         epsilon=tf.cast(epsilon, tf.float32), rule=rule, kahan=bool(kahan),
-        name=name)
+        lazy=bool(lazy), name=name)
 
 
 tf.no_gradient("Xmc>UniformSparseGradApply")

@@ -27,9 +27,8 @@ class FusedUpdate:
     """The optimizer step a layer applies to its own kernel in the backward.
 
     Args:
-      rule: ``"adam"`` (lazy Adam on the label rows with signal: two moments
-        per weight, in the kernel's dtype) or ``"sgd"`` (no state: the
-        memory of ELMO's classifier).
+      rule: ``"adam"`` (two moments per weight, in the kernel's dtype) or
+        ``"sgd"`` (no state: the memory of ELMO's classifier).
       learning_rate: a float, a ``keras.optimizers.schedules``
         ``LearningRateSchedule`` (called with the layer's own step count,
         from 0), or a zero-argument callable returning a scalar, read at
@@ -41,6 +40,11 @@ class FusedUpdate:
         ``keras.optimizers.Adam``.
       kahan: Kahan-compensated steps (one more state variable per weight);
         None: on for a 16-bit kernel, off for float32.
+      lazy: Adam steps only the labels with a non-zero signal in the batch
+        (as :class:`xmc_tf.optimizers.LazyAdam` on a row-sparse gradient:
+        less work, other results); False (default): every label, those
+        without signal along a zero gradient, as ``keras.optimizers.Adam``
+        on the dense gradient the model's optimizer would get.
 
     Raises:
       ValueError: an unknown ``rule``, a ``learning_rate`` that is not
@@ -54,7 +58,7 @@ class FusedUpdate:
     """
 
     def __init__(self, rule="adam", learning_rate=1e-3, beta_1=0.9,
-                 beta_2=0.999, epsilon=1e-7, kahan=None):
+                 beta_2=0.999, epsilon=1e-7, kahan=None, lazy=False):
         if rule not in RULES:
             raise ValueError(f"FusedUpdate rule={rule!r}; expected one of "
                              f"{RULES}")
@@ -69,6 +73,7 @@ class FusedUpdate:
         self.beta_2 = float(beta_2)
         self.epsilon = float(epsilon)
         self.kahan = kahan
+        self.lazy = bool(lazy)
 
     def uses_kahan(self, dtype) -> bool:
         """Whether steps on a kernel of ``dtype`` are compensated."""
@@ -111,7 +116,7 @@ class FusedUpdate:
             lr = float(keras.ops.convert_to_numpy(lr()))
         return {"rule": self.rule, "learning_rate": lr, "beta_1": self.beta_1,
                 "beta_2": self.beta_2, "epsilon": self.epsilon,
-                "kahan": self.kahan}
+                "kahan": self.kahan, "lazy": self.lazy}
 
     @classmethod
     def from_config(cls, config):

@@ -17,8 +17,10 @@ from xmc_tf.optimizers import FusedUpdate
 __all__ = ["UniformSparseHead", "HEAD_UPDATES"]
 
 #: ``config.model.head_update``: the model's optimizer, or a fused update
-#: (:class:`xmc_tf.optimizers.FusedUpdate` with rule ``"adam"`` / ``"sgd"``).
-HEAD_UPDATES = ("optimizer", "fused_adam", "fused_sgd")
+#: (:class:`xmc_tf.optimizers.FusedUpdate`: ``"adam"`` on every label as
+#: the optimizer would, ``"lazy_adam"`` on the labels with signal only, or
+#: ``"sgd"``).
+HEAD_UPDATES = ("optimizer", "fused_adam", "fused_lazy_adam", "fused_sgd")
 
 
 @register
@@ -37,8 +39,10 @@ class UniformSparseHead(LabelWiseHead):
         if mc.head_update != "optimizer":
             # Its learning rate follows the model's optimizer once compiled
             # (xmc_tf.job.fit.build_and_compile binds it).
-            fused = FusedUpdate(mc.head_update[len("fused_"):],
-                                learning_rate=self.config.train.learning_rate)
+            rule = mc.head_update[len("fused_"):]
+            fused = FusedUpdate(rule.replace("lazy_", ""),
+                                learning_rate=self.config.train.learning_rate,
+                                lazy=rule.startswith("lazy_"))
         # Starts at 0; initialize() assigns each label's prior when
         # config.model.output_bias_init="prior" (LabelWiseHead).
         return UniformSparseDense(num_labels, fan_in, seed=self.config.seed,
