@@ -77,13 +77,7 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
         optimizer = head.make_optimizer() or build_optimizer(config, steps)
     except ValueError as e:
         raise ConfigError(" ".join(str(e).split())) from e
-    _follow_optimizer(model, optimizer)
-    if distributed and tf.distribute.get_strategy().num_replicas_in_sync > 1 \
-            and config.model.head_update != "optimizer":
-        raise ConfigError(
-            f"config.model.head_update={config.model.head_update!r} steps "
-            "each replica's own copy of the head: use head_update="
-            "'optimizer' under a strategy with several replicas")
+    _bind_fused_updates(config, model, optimizer, distributed)
     fit_model = head.training_model(model, layer)
     if distributed and not isinstance(fit_model, DistributedTrainerMixin):
         if fit_model is not model:
@@ -99,15 +93,26 @@ def build_and_compile(config, head, num_features: int, num_labels: int,
     return model, layer, fit_model
 
 
-def _follow_optimizer(model, optimizer) -> None:
+def _bind_fused_updates(config, model, optimizer, distributed) -> None:
     """Binds every fused head update of ``model``
     (``UniformSparseDense(fused_update=...)``) to ``optimizer``'s current
     learning rate, read at every step: the LR schedule (plateau halving,
-    cosine) steps the kernel too."""
-    for layer in model._flatten_layers():  # pylint: disable=protected-access
-        rule = getattr(layer, "fused_update", None)
-        if rule is not None:
-            rule.learning_rate = lambda: optimizer.learning_rate
+    cosine) steps the kernel too.
+
+    Raises:
+      ConfigError: a fused update under a strategy with several replicas
+        (each would step its own copy of the kernel).
+    """
+    rules = [layer.fused_update for layer in model._flatten_layers()  # pylint: disable=protected-access
+             if getattr(layer, "fused_update", None) is not None]
+    if rules and distributed and \
+            tf.distribute.get_strategy().num_replicas_in_sync > 1:
+        raise ConfigError(
+            f"config.model.head_update={config.model.head_update!r} steps "
+            "each replica's own copy of the head: use head_update="
+            "'optimizer' under a strategy with several replicas")
+    for rule in rules:
+        rule.learning_rate = lambda: optimizer.learning_rate
 
 
 #: The progress an epoch must make in the fused monitor
