@@ -14,10 +14,11 @@ instance; most of it early in training, a small share later), for
   float32 weights gradient) and then the in-place Adam step on the whole
   kernel (``Xmc>ResourceApplyAdam``, what
   :class:`xmc_tf.optimizers.LazyAdam` runs on a dense gradient);
-* ``fused_adam_f32``, ``fused_adam_bf16``, ``fused_sgd_bf16``:
-  ``Xmc>UniformSparseGradApply`` (the features gradient and the step of the
-  labels with signal, in one op) on a float32 / bfloat16 kernel (Kahan
-  steps for bfloat16).
+* ``fused_adam_*``, ``fused_lazy_adam_*``, ``fused_sgd_bf16``:
+  ``Xmc>UniformSparseGradApply`` (the features gradient and the step, in
+  one op: of every label for ``fused_adam``, as Adam on the dense
+  gradient; of the labels with signal only for the lazy rule and SGD) on a
+  float32 / bfloat16 kernel (Kahan steps for bfloat16).
 
 Reported per method: the median of ``--repeats`` calls (after one warm-up)
 in ms, the bytes of the kernel and its optimizer state, and the bytes the
@@ -47,8 +48,8 @@ import ml_dtypes
 import numpy as np
 
 SCALES = {"670k": (670_091, 32), "3m": (2_812_281, 96), "tiny": (5_000, 8)}
-METHODS = ("optimizer", "fused_adam_f32", "fused_adam_bf16",
-           "fused_sgd_bf16")
+METHODS = ("optimizer", "fused_adam_f32", "fused_lazy_adam_f32",
+           "fused_adam_bf16", "fused_lazy_adam_bf16", "fused_sgd_bf16")
 
 
 def _signal(rng, batch, m, density):
@@ -96,6 +97,7 @@ def measure(scale: str, batch: int, e: int, density: float, repeats: int,
             extra = 4 * m * s  # the dense [m, s] float32 weights gradient
         else:
             rule = "sgd" if method.startswith("fused_sgd") else "adam"
+            lazy = "lazy" in method or rule == "sgd"
             count = (1 if bf16 else 0) + (2 if rule == "adam" else 0)
             state = [tf.Variable(tf.zeros_like(kernel)) for _ in range(count)]
 
@@ -103,7 +105,7 @@ def measure(scale: str, batch: int, e: int, density: float, repeats: int,
             def step():
                 gx = uniform_sparse_grad_apply(
                     back, features, indices, kernel, state, 1e-3, rule=rule,
-                    kahan=bf16)
+                    kahan=bf16, lazy=lazy)
                 return tf.reduce_sum(gx[:1])
             extra = 0
         step().numpy()  # warm-up (tracing)
