@@ -366,8 +366,10 @@ class UniformSparseDense(keras.layers.Layer):
         A bfloat16 kernel (``dtype="bfloat16"``: 2 bytes per weight) takes
         Kahan-compensated steps by default (ELMO, Zhang et al., ICML 2025).
         The step runs on every gradient through a training call
-        (``training=True``, as ``model.fit`` calls it); inference calls and
-        a frozen layer (``trainable=False``) do not step.  CPU only; not
+        (``training=True``, as ``model.fit`` calls it); inference calls,
+        a frozen layer (``trainable=False``) and the candidate scorers
+        (``score_candidates``, ``score_shared``: sampled training) do not
+        step.  CPU only; not
         under a distribution strategy with several replicas (each replica
         would step its own copy: ValueError), nor with loss scaling
         (``mixed_float16``), a kernel regularizer or constraint (ValueError
