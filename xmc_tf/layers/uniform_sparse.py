@@ -551,7 +551,7 @@ class UniformSparseDense(keras.layers.Layer):
         return self.activation(outputs)
 
     def fused_state_variables(self) -> list:
-        """The state of :attr:`fused_update` per weight (``[m, s]`` each:
+        """The state of the ``fused_update`` rule per weight (``[m, s]`` each:
         the Kahan compensation, Adam's moments), in the op's order; empty
         without a fused update or before ``build``."""
         return list(getattr(self, "_fused_state", []))
