@@ -192,7 +192,7 @@ class UniformSparseGradApplyOp : public OpKernel {
         workers->num_threads, workers->workers, blocks,
         d.batch * kBlock * 4 + kBlock * s * 16,
         [&](int64_t start, int64_t limit) {
-          std::vector<int32_t> count(kBlock + 1);
+          std::vector<int32_t> count(kBlock + 1), fill(kBlock);
           std::vector<int32_t> rows;
           std::vector<float> vals;
           std::vector<float> g(s);
@@ -213,7 +213,7 @@ class UniformSparseGradApplyOp : public OpKernel {
             if (nnz == 0 && p.lazy) continue;
             rows.resize(nnz);
             vals.resize(nnz);
-            std::vector<int32_t> fill(count.begin(), count.begin() + n);
+            std::copy(count.begin(), count.begin() + n, fill.begin());
             for (int64_t i = 0; i < d.batch; ++i) {
               const T* row = back + i * d.num_labels + j0;
               if (uniform_sparse_cpu::AllZero(row, n)) continue;
